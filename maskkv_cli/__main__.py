@@ -1,0 +1,3 @@
+from maskkv_cli.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""The cache engine: layer-streamed prefill with eviction, a ragged per-head cache, response-only steps."""

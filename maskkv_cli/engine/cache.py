@@ -1,0 +1,103 @@
+"""A compressed prompt K/V cache: per layer, heads keep different numbers of entries.
+
+Layout (per layer): one buffer ``(B, H, K + L, D)`` for keys and one for values, where ``K`` is the
+longest kept head of the layer and ``L`` the response length. Heads shorter than ``K`` are padded and masked
+with ``-inf`` in an additive bias; a layer whose heads all keep the same count needs no bias at all. The
+response slot ``[K:K+L]`` is rewritten in place at every step, so no step allocates or concatenates cache
+tensors. Keys are stored after RoPE, so the kept keys keep their original positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class LayerCache:
+    k: Tensor  # (B, H, K + L, D) post-RoPE keys; [:, :, :K] prompt, [:, :, K:] response slot
+    v: Tensor  # (B, H, K + L, D)
+    prompt_slots: int  # K
+    lengths: Tensor  # (B, H) int64: kept prompt entries per head (logical)
+    positions: Tensor | None  # (B, H, K) int64 original prompt positions; None = all positions kept
+    bias: Tensor | None  # (B, H, 1, K + L) additive mask (0 / -inf) in the compute dtype; None = dense
+
+    def write_response(self, k: Tensor, v: Tensor) -> None:
+        self.k[:, :, self.prompt_slots :].copy_(k)
+        self.v[:, :, self.prompt_slots :].copy_(v)
+
+    @property
+    def seq_len(self) -> int:
+        return self.k.shape[2]
+
+    def nbytes(self) -> int:
+        """Resident bytes of this layer (buffers, positions and bias)."""
+        total = self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+        for t in (self.positions, self.bias, self.lengths):
+            if t is not None:
+                total += t.numel() * t.element_size()
+        return total
+
+    def prompt_nbytes(self) -> int:
+        """Physical bytes of the prompt part of the K/V buffers (padding included)."""
+        b, h, _, d = self.k.shape
+        return 2 * b * h * self.prompt_slots * d * self.k.element_size()
+
+
+@dataclass
+class PromptCache:
+    prompt_len: int
+    response_len: int
+    layers: list[LayerCache] = field(default_factory=list)
+
+    def logical_entries(self) -> int:
+        """Kept prompt (key, value) pairs summed over layers, heads and batch."""
+        return int(sum(int(layer.lengths.sum()) for layer in self.layers))
+
+    def nbytes(self) -> int:
+        return sum(layer.nbytes() for layer in self.layers)
+
+    def prompt_nbytes(self) -> int:
+        return sum(layer.prompt_nbytes() for layer in self.layers)
+
+
+def dense_layer(k: Tensor, v: Tensor, prompt_len: int, response_len: int) -> LayerCache:
+    """Keep every prompt entry of every head (the full prefix cache)."""
+    b, h, _, d = k.shape
+    kb = k.new_empty(b, h, prompt_len + response_len, d)
+    vb = v.new_empty(b, h, prompt_len + response_len, d)
+    kb[:, :, :prompt_len].copy_(k[:, :, :prompt_len])
+    vb[:, :, :prompt_len].copy_(v[:, :, :prompt_len])
+    lengths = torch.full((b, h), prompt_len, dtype=torch.int64, device=k.device)
+    return LayerCache(kb, vb, prompt_len, lengths, None, None)
+
+
+def select_layer(
+    k: Tensor, v: Tensor, scores: Tensor, budgets: Tensor, prompt_len: int, response_len: int
+) -> LayerCache:
+    """Keep, per head, the ``budgets[b, h]`` prompt entries with the highest ``scores``.
+
+    k, v: (B, H, T, D) with the prompt first; scores: (B, H, M) float, ``+inf`` for entries that must stay;
+    budgets: (B, H) int64 in [1, M]. Kept entries are stored in position order.
+    """
+    b, h, _, d = k.shape
+    m = prompt_len
+    budgets = budgets.to(device=k.device, dtype=torch.int64).clamp(1, m)
+    kmax = int(budgets.max())
+    top = scores.topk(kmax, dim=-1).indices  # (B, H, kmax), best first
+    valid = torch.arange(kmax, device=k.device)[None, None, :] < budgets[..., None]
+    order, _ = torch.where(valid, top, m).sort(dim=-1)  # kept positions ascending, padding (= m) last
+    kept = order < m
+    idx = order.clamp(max=m - 1)  # (B, H, kmax)
+    gather = idx[..., None].expand(b, h, kmax, d)
+    kb = k.new_empty(b, h, kmax + response_len, d)
+    vb = v.new_empty(b, h, kmax + response_len, d)
+    kb[:, :, :kmax] = torch.gather(k[:, :, :m], 2, gather)
+    vb[:, :, :kmax] = torch.gather(v[:, :, :m], 2, gather)
+    bias = None
+    if not bool(kept.all()):
+        bias = torch.zeros(b, h, 1, kmax + response_len, dtype=k.dtype, device=k.device)
+        bias[:, :, 0, :kmax].masked_fill_(~kept, float("-inf"))
+    return LayerCache(kb, vb, kmax, budgets, idx, bias)

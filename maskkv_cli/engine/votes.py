@@ -1,0 +1,39 @@
+"""Attention statistics for eviction, computed in query chunks (never a T x T matrix at once)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+# Elements of one chunk of attention probabilities (fp32): 2**24 -> 64 MiB.
+CHUNK_ELEMENTS = 1 << 24
+
+
+def attention_mass(q: Tensor, k: Tensor, scale: float, chunk_elements: int = CHUNK_ELEMENTS) -> Tensor:
+    """Sum over the queries ``q`` (B, H, R, D) of softmax(q k^T * scale) over all keys k (B, H, T, D).
+
+    Returns (B, H, T) fp32: how much attention each key receives from these queries.
+    """
+    b, h, r, _ = q.shape
+    t = k.shape[2]
+    kt = k.float().transpose(-1, -2)  # (B, H, D, T)
+    out = torch.zeros(b, h, t, dtype=torch.float32, device=q.device)
+    rows = max(1, chunk_elements // max(1, b * h * t))
+    for start in range(0, r, rows):
+        logits = torch.matmul(q[:, :, start : start + rows].float(), kt).mul_(scale)  # (B, H, rows, T)
+        out += logits.softmax(dim=-1).sum(dim=2)
+    return out
+
+
+def pool_scores(scores: Tensor, kernel: int, mode: str = "max") -> Tensor:
+    """1-D pooling along tokens with stride 1 and the same length (SnapKV's clustering step)."""
+    if kernel <= 1:
+        return scores
+    b, h, n = scores.shape
+    flat = scores.reshape(b * h, 1, n)
+    if mode == "max":
+        pooled = F.max_pool1d(flat, kernel, stride=1, padding=kernel // 2)
+    else:
+        pooled = F.avg_pool1d(flat, kernel, stride=1, padding=kernel // 2, count_include_pad=False)
+    return pooled[..., :n].reshape(b, h, n)

@@ -1,0 +1,1 @@
+"""Model families (LLaDA), their configs, and loading/saving in the upstream checkpoint layout."""

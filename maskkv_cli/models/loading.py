@@ -1,0 +1,222 @@
+"""Local checkpoints in the upstream LLaDA layout: resolve, validate, load without a second copy, save.
+
+A folder holds ``config.json`` (model_type "llada"), weights as ``model.safetensors`` or shards listed in
+``model.safetensors.index.json``, and tokenizer files. Nothing here reaches the network: a Hugging Face id is
+looked up in the local HF cache only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from maskkv_cli.errors import ModelLoadError
+from maskkv_cli.models.config import ModelConfig
+from maskkv_cli.models.llada import LLaDA, parameter_shapes
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def parse_dtype(dtype: str | torch.dtype | None, device: torch.device | str = "cpu") -> torch.dtype:
+    """``auto``/None: bf16 on CUDA, fp32 on the CPU."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of auto, {', '.join(DTYPES)}") from None
+
+
+def hf_cache_dir() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "huggingface"
+    )
+    return Path(home) / "hub"
+
+
+def resolve_model_path(name_or_path: str | os.PathLike[str]) -> Path:
+    """A local folder, or ``org/name`` found in the local Hugging Face cache (never downloaded)."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"model folder {path} has no config.json; point --model at a checkpoint folder")
+        return path
+    if path.exists():
+        raise ModelLoadError(f"--model must be a checkpoint folder, {path} is a file")
+    text = str(name_or_path)
+    if text.count("/") == 1 and not text.startswith((".", "/", "~")):
+        repo = hf_cache_dir() / ("models--" + text.replace("/", "--"))
+        snapshots = repo / "snapshots"
+        if snapshots.is_dir():
+            ref = repo / "refs" / "main"
+            if ref.is_file():
+                candidate = snapshots / ref.read_text().strip()
+                if (candidate / "config.json").is_file():
+                    return candidate
+            found = sorted(
+                (p for p in snapshots.iterdir() if (p / "config.json").is_file()),
+                key=lambda p: p.stat().st_mtime,
+            )
+            if found:
+                return found[-1]
+        raise ModelLoadError(
+            f"model {text!r} is not a folder and not in the local Hugging Face cache ({repo}); on a connected "
+            f"machine run `huggingface-cli download {text}` (or `hf download {text}`) and copy the folder here"
+        )
+    raise ModelLoadError(f"model folder {path} does not exist")
+
+
+def read_config(folder: Path) -> ModelConfig:
+    try:
+        data = json.loads((folder / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"cannot read {folder / 'config.json'}: {exc}") from None
+    return ModelConfig.from_hf_dict(data, source=str(folder / "config.json"))
+
+
+def weight_files(folder: Path) -> dict[str, Path]:
+    """Checkpoint key -> file that holds it."""
+    index = folder / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+        except (OSError, json.JSONDecodeError, KeyError) as exc:
+            raise ModelLoadError(f"cannot read {index}: {exc}") from None
+        missing = sorted({f for f in weight_map.values() if not (folder / f).is_file()})
+        if missing:
+            raise ModelLoadError(f"{folder}: shard files listed in {INDEX_FILE} are missing: {', '.join(missing)}")
+        return {k: folder / f for k, f in weight_map.items()}
+    single = folder / SINGLE_FILE
+    if single.is_file():
+        with safe_open(str(single), framework="pt") as f:
+            return dict.fromkeys(f.keys(), single)
+    raise ModelLoadError(f"{folder}: no {SINGLE_FILE} or {INDEX_FILE}; the folder holds no weights")
+
+
+def _safetensors_device(device: torch.device) -> str:
+    return "cpu" if device.type == "cpu" else f"{device.type}:{device.index or 0}"
+
+
+def _names(keys: Iterable[str], limit: int = 6) -> str:
+    keys = sorted(keys)
+    shown = ", ".join(keys[:limit])
+    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+def check_keys(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]], where: str) -> None:
+    missing = expected.keys() - found.keys()
+    unexpected = found.keys() - expected.keys()
+    wrong = [f"{k} {list(found[k])} (expected {list(expected[k])})" for k in sorted(expected.keys() & found.keys())
+             if tuple(found[k]) != tuple(expected[k])]
+    problems = []
+    if missing:
+        problems.append(f"missing keys: {_names(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys: {_names(unexpected)}")
+    if wrong:
+        problems.append(f"mis-shaped: {_names(wrong, 3)}")
+    if problems:
+        raise ModelLoadError(f"checkpoint {where} does not match its config.json; " + "; ".join(problems))
+
+
+def load_model(
+    path: str | os.PathLike[str],
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype | None = None,
+) -> LLaDA:
+    """Build the model on the meta device and load each tensor straight into place (no random init, no copy)."""
+    folder = resolve_model_path(path)
+    cfg = read_config(folder)
+    device = torch.device(device)
+    dt = parse_dtype(dtype, device)
+    files = weight_files(folder)
+    found: dict[str, tuple[int, ...]] = {}
+    for file in sorted(set(files.values())):
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                found[key] = tuple(f.get_slice(key).get_shape())
+    check_keys(parameter_shapes(cfg), found, str(folder))
+    with torch.device("meta"):
+        model = LLaDA(cfg)
+    modules = dict(model.named_modules())
+    for file in sorted(set(files.values())):
+        with safe_open(str(file), framework="pt", device=_safetensors_device(device)) as f:
+            for key in f.keys():
+                owner, _, leaf = key.removeprefix("model.").rpartition(".")
+                tensor = f.get_tensor(key).to(device=device, dtype=dt)
+                modules[owner]._parameters[leaf] = nn.Parameter(tensor, requires_grad=False)
+    model.eval()
+    return model
+
+
+def save_model(
+    model: LLaDA,
+    folder: str | os.PathLike[str],
+    tokenizer: object | None = None,
+    max_shard_bytes: int | None = None,
+    extra_files: dict[str, str] | None = None,
+) -> Path:
+    """Write ``model`` (and ``tokenizer``) in the upstream layout; atomic: a temp folder renamed at the end."""
+    target = Path(folder)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        state = {f"model.{k}": v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+        shards: list[dict[str, torch.Tensor]] = [{}]
+        size = 0
+        for key, tensor in state.items():
+            nbytes = tensor.numel() * tensor.element_size()
+            if max_shard_bytes and shards[-1] and size + nbytes > max_shard_bytes:
+                shards.append({})
+                size = 0
+            shards[-1][key] = tensor
+            size += nbytes
+        if len(shards) == 1:
+            save_file(shards[0], str(tmp / SINGLE_FILE), metadata={"format": "pt"})
+        else:
+            weight_map = {}
+            for i, shard in enumerate(shards, 1):
+                name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+                save_file(shard, str(tmp / name), metadata={"format": "pt"})
+                weight_map.update(dict.fromkeys(shard, name))
+            total = sum(t.numel() * t.element_size() for t in state.values())
+            (tmp / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
+                                                     indent=2))
+        cfg = model.config.to_hf_dict()
+        cfg["torch_dtype"] = str(model.dtype).removeprefix("torch.")
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+        gen = {"bos_token_id": model.config.bos_token_id, "eos_token_id": model.config.eos_token_id,
+               "pad_token_id": model.config.pad_token_id}
+        (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))  # type: ignore[attr-defined]
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
+        if target.exists():
+            old = target.with_name(f".{target.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(target, old)
+            os.replace(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target

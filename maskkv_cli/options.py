@@ -1,0 +1,30 @@
+"""Command-line options declared once and shared by every command (``Annotated`` aliases)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+ModelOpt = Annotated[str | None, typer.Option(
+    "--model", "-m", help="Checkpoint folder or a Hugging Face id in the local HF cache (never downloaded). "
+    "Default: MASKKV_MODEL, the config file, else the embedded tiny model.", show_default=False)]
+PolicyOpt = Annotated[str, typer.Option("--policy", "-p", help="KV-cache policy (see `maskkv policies`).")]
+BudgetOpt = Annotated[int | None, typer.Option(
+    "--budget", "-b", help="Average prompt K/V pairs kept per head per layer [default: 256].", show_default=False)]
+RatioOpt = Annotated[float | None, typer.Option(
+    "--ratio", help="Budget as a share of the prompt length, in (0, 1]; instead of --budget.", show_default=False)]
+GenLengthOpt = Annotated[int, typer.Option("--gen-length", "-n", help="Response tokens to generate.")]
+StepsOpt = Annotated[int, typer.Option("--steps", help="Denoising steps in all (split evenly over blocks).")]
+BlockOpt = Annotated[int, typer.Option("--block-length", help="Tokens per semi-autoregressive block.")]
+TemperatureOpt = Annotated[float, typer.Option("--temperature", "-t", help="0 = greedy (argmax).")]
+ThresholdOpt = Annotated[float | None, typer.Option(
+    "--threshold", help="Parallel decoding: commit every masked token of the block with confidence above this.",
+    show_default=False)]
+CfgOpt = Annotated[float, typer.Option("--cfg", help="Classifier-free guidance scale (0 = off).")]
+RemaskOpt = Annotated[str, typer.Option("--remasking", help="low_confidence or random.")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:1, ... (auto: cuda if available).")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto (bf16 on GPU, fp32 on CPU), bf16, fp16, fp32.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed (sampling noise, random policy).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON only.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress display and no notes.")]

@@ -1,0 +1,118 @@
+"""What every eviction policy shares: the per-layer view it scores, its options, and the registry.
+
+A policy answers three questions, each in a small method: how many prompt entries each layer keeps
+(``layer_budgets``), how much each prompt entry of each head is worth (``scores``; ``+inf`` = always keep),
+and how a layer's budget is split over its heads (``head_budgets``). Selection itself (top-k, gather,
+padding) is shared and lives in ``maskkv_cli.engine.cache``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from maskkv_cli.budgets import uniform_layer_budgets
+from maskkv_cli.engine.votes import attention_mass
+from maskkv_cli.errors import UsageError
+
+
+@dataclass(frozen=True)
+class PolicyOptions:
+    alpha: float = 0.1  # MaskKV: share of a layer's budget spread uniformly over heads
+    beta: float = 0.4  # MaskKV: share of the total budget spread uniformly over layers
+    boundary: tuple[int, ...] | None = None  # MaskKV: boundary layers (default first and last)
+    importance: tuple[float, ...] | None = None  # MaskKV: per-layer importance I(l) from calibration
+    window: int = 32  # SnapKV family: observation window (last prompt tokens)
+    pool_kernel: int = 7
+    pool_mode: str = "max"
+    sinks: int = 4  # StreamingLLM
+    adakv_floor: float = 0.2
+    pyramid_beta: float = 20.0
+    seed: int = 0  # random policy
+
+
+@dataclass
+class LayerView:
+    """One layer of the prefill as a policy sees it: rotated q and k over ``[prompt ; masks]``."""
+
+    layer: int
+    n_layers: int
+    q: Tensor  # (B, H, T, D)
+    k: Tensor  # (B, H, T, D)
+    prompt_len: int
+    scale: float
+    _mask_mass: Tensor | None = field(default=None, repr=False)
+
+    @property
+    def response_len(self) -> int:
+        return self.q.shape[2] - self.prompt_len
+
+    def mask_mass(self) -> Tensor:
+        """(B, H, T): attention each key receives from the mask (response) queries, softmax over all keys."""
+        if self._mask_mass is None:
+            self._mask_mass = attention_mass(self.q[:, :, self.prompt_len :], self.k, self.scale)
+        return self._mask_mass
+
+    def query_mass(self, start: int, stop: int) -> Tensor:
+        """(B, H, T): attention each key receives from the queries at positions [start, stop)."""
+        return attention_mass(self.q[:, :, start:stop], self.k, self.scale)
+
+    def prompt_preference(self) -> Tensor:
+        """(B, H) P_h: share of the mask queries' attention mass that lands on the prompt."""
+        mass = self.mask_mass()
+        to_prompt = mass[..., : self.prompt_len].sum(-1)
+        return to_prompt / mass.sum(-1).clamp_min(1e-30)
+
+
+class Policy:
+    """Base class; subclasses override what differs. The defaults are uniform budgets."""
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    uses_cache: ClassVar[bool] = True  # False: recompute the whole sequence at every step (``none``)
+    evicts: ClassVar[bool] = True  # False: keep the whole prompt (``full``)
+
+    def __init__(self, options: PolicyOptions | None = None) -> None:
+        self.options = options or PolicyOptions()
+
+    def layer_budgets(self, n_layers: int, budget: int, prompt_len: int) -> list[int]:
+        return uniform_layer_budgets(n_layers, budget)
+
+    def scores(self, view: LayerView, layer_budget: int) -> Tensor:
+        raise NotImplementedError
+
+    def head_budgets(self, view: LayerView, layer_budget: int, scores: Tensor) -> Tensor:
+        b, h = scores.shape[:2]
+        return torch.full((b, h), min(layer_budget, view.prompt_len), dtype=torch.int64, device=scores.device)
+
+    def preference(self, view: LayerView) -> Tensor | None:
+        """Per-head P_h when the policy computes it (reported in the run result)."""
+        return None
+
+
+REGISTRY: dict[str, type[Policy]] = {}
+
+
+def register(cls: type[Policy]) -> type[Policy]:
+    if not cls.name or cls.name in REGISTRY:
+        raise ValueError(f"policy name {cls.name!r} is empty or already registered")
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def get_policy(name: str, options: PolicyOptions | None = None) -> Policy:
+    import maskkv_cli.policies  # noqa: F401  (registers the built-in policies)
+
+    try:
+        return REGISTRY[name](options)
+    except KeyError:
+        raise UsageError(f"unknown policy {name!r}; choose one of: {', '.join(REGISTRY)}") from None
+
+
+def policy_names() -> list[str]:
+    import maskkv_cli.policies  # noqa: F401
+
+    return list(REGISTRY)

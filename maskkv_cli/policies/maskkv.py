@@ -1,0 +1,58 @@
+"""MaskKV and its ablations: prompt entries ranked by the attention of queries at step 0."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from maskkv_cli.budgets import boundary_layer_budgets, preference_head_budgets, uniform_layer_budgets
+from maskkv_cli.policies.base import LayerView, Policy, register
+
+
+@register
+class MaskKV(Policy):
+    name = "maskkv"
+    summary = ("Mask-query voting: keep the prompt entries the response's mask queries attend to; layer budgets "
+               "from a calibration profile (boundary-aware), head budgets by prompt preference.")
+
+    def layer_budgets(self, n_layers: int, budget: int, prompt_len: int) -> list[int]:
+        imp = self.options.importance
+        if imp is None:
+            return uniform_layer_budgets(n_layers, budget)
+        return boundary_layer_budgets(list(imp), budget, self.options.beta, self.options.boundary)
+
+    def scores(self, view: LayerView, layer_budget: int) -> Tensor:
+        return view.mask_mass()[..., : view.prompt_len]
+
+    def head_budgets(self, view: LayerView, layer_budget: int, scores: Tensor) -> Tensor:
+        return preference_head_budgets(layer_budget, view.prompt_preference(), self.options.alpha,
+                                       max_len=view.prompt_len)
+
+    def preference(self, view: LayerView) -> Tensor | None:
+        return view.prompt_preference()
+
+
+@register
+class MaskVoteUniform(Policy):
+    name = "mask-vote-uniform"
+    summary = "Ablation: mask-query voting with the same budget for every layer and head."
+
+    def scores(self, view: LayerView, layer_budget: int) -> Tensor:
+        return view.mask_mass()[..., : view.prompt_len]
+
+
+@register
+class PromptVote(Policy):
+    name = "prompt-vote"
+    summary = "Ablation: votes cast by the prompt's own queries (all of them), uniform budgets."
+
+    def scores(self, view: LayerView, layer_budget: int) -> Tensor:
+        return view.query_mass(0, view.prompt_len)[..., : view.prompt_len]
+
+
+@register
+class AllVote(Policy):
+    name = "all-vote"
+    summary = "Ablation: votes cast by every query (prompt and masks), uniform budgets."
+
+    def scores(self, view: LayerView, layer_budget: int) -> Tensor:
+        return view.query_mass(0, view.q.shape[2])[..., : view.prompt_len]

@@ -1,0 +1,78 @@
+"""Tokenizer loading, the chat template, and decoding of generated ids."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from maskkv_cli.errors import ModelLoadError
+from maskkv_cli.models.config import ModelConfig
+
+
+def load_tokenizer(path: str | os.PathLike[str]) -> Any:
+    """``AutoTokenizer`` from a local model folder (or a locally cached HF id); never downloads."""
+    from transformers import AutoTokenizer
+
+    from maskkv_cli.models.loading import resolve_model_path
+
+    folder = resolve_model_path(path)
+    if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        raise ModelLoadError(f"model folder {folder} has no tokenizer files (tokenizer.json, tokenizer_config.json)")
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # silence "model of type llada" notes: the class comes from tokenizer files
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+    except Exception as exc:  # transformers raises many types here
+        raise ModelLoadError(f"cannot load the tokenizer from {folder}: {exc}".splitlines()[0]) from None
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def llada_template(messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    """LLaDA's chat template, used when the tokenizer carries none."""
+    parts = ["<|startoftext|>"]
+    for msg in messages:
+        parts.append(f"<|start_header_id|>{msg['role']}<|end_header_id|>\n\n{msg['content'].strip()}<|eot_id|>")
+    if add_generation_prompt:
+        parts.append("<|start_header_id|>assistant<|end_header_id|>\n\n")
+    return "".join(parts)
+
+
+def chat_prompt_ids(tokenizer: Any, user_text: str, system: str | None = None) -> list[int]:
+    """Token ids of one user turn in the chat template plus the assistant header."""
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user_text}]
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    else:
+        text = llada_template(messages)
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def stop_ids(tokenizer: Any, cfg: ModelConfig) -> set[int]:
+    ids = {cfg.eos_token_id}
+    if cfg.eot_token_id is not None:
+        ids.add(cfg.eot_token_id)
+    eot = tokenizer.convert_tokens_to_ids("<|eot_id|>") if hasattr(tokenizer, "convert_tokens_to_ids") else None
+    if isinstance(eot, int) and eot >= 0 and eot != getattr(tokenizer, "unk_token_id", None):
+        ids.add(eot)
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+def decode_answer(tokenizer: Any, ids: list[int], stops: set[int], mask_id: int) -> str:
+    """Text of the response up to its first EOS/EOT (the padding the Instruct model emits)."""
+    out: list[int] = []
+    for t in ids:
+        if t in stops:
+            break
+        if t != mask_id:
+            out.append(t)
+    return tokenizer.decode(out, skip_special_tokens=True).strip()
+
+
+def model_folder_name(path: str | os.PathLike[str]) -> str:
+    return Path(path).name

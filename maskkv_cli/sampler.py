@@ -1,0 +1,210 @@
+"""The LLaDA denoising loop (the reference sampler) over either the plain forward or the compressed cache.
+
+Sequence = ``[prompt ; gen_length masks]``. Blocks are decoded left to right; ``steps`` is split evenly over
+blocks; in a block with m masked tokens and s steps, step j commits ``m // s`` tokens (the first ``m % s``
+steps one more), chosen by confidence (``low_confidence``: probability of the chosen token; ``random``:
+uniform noise). Temperature uses Gumbel noise in float64; classifier-free guidance runs a second sequence with
+the prompt masked. With ``threshold`` set, every masked token of the block whose confidence exceeds it is
+committed at once (always at least one). Progress goes to ``on_event`` as plain ``Event`` objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from maskkv_cli.engine.cache import PromptCache
+from maskkv_cli.engine.forward import LayerRecord, plain_logits, prefill, response_logits
+from maskkv_cli.errors import UsageError
+from maskkv_cli.models.llada import LLaDA
+from maskkv_cli.policies.base import Policy
+from maskkv_cli.stats import RunStats, memory_now, now
+
+REMASKING = ("low_confidence", "random")
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    gen_length: int = 128
+    steps: int = 128
+    block_length: int = 32
+    temperature: float = 0.0
+    cfg_scale: float = 0.0
+    remasking: str = "low_confidence"
+    threshold: float | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.gen_length <= 0 or self.block_length <= 0 or self.steps <= 0:
+            raise UsageError("--gen-length, --block-length and --steps must be positive")
+        if self.gen_length % self.block_length:
+            raise UsageError(f"--gen-length {self.gen_length} must be a multiple of --block-length "
+                             f"{self.block_length}")
+        if self.steps % self.n_blocks:
+            raise UsageError(f"--steps {self.steps} must be a multiple of the number of blocks {self.n_blocks} "
+                             f"(gen length / block length)")
+        if self.temperature < 0:
+            raise UsageError(f"--temperature must be >= 0, got {self.temperature}")
+        if self.cfg_scale < 0:
+            raise UsageError(f"--cfg must be >= 0, got {self.cfg_scale}")
+        if self.remasking not in REMASKING:
+            raise UsageError(f"--remasking must be one of {', '.join(REMASKING)}")
+        if self.threshold is not None and not 0.0 <= self.threshold < 1.0:
+            raise UsageError(f"--threshold must be in [0, 1), got {self.threshold}")
+
+    @property
+    def n_blocks(self) -> int:
+        return self.gen_length // self.block_length
+
+    @property
+    def steps_per_block(self) -> int:
+        return self.steps // self.n_blocks
+
+
+@dataclass(frozen=True)
+class Event:
+    """Progress of a generation, for displays. ``kind``: prefill, step, done."""
+
+    kind: str
+    block: int = 0
+    n_blocks: int = 0
+    step: int = 0  # global step index (0 = the prefill)
+    committed: int = 0  # tokens committed by this step
+    masked_left: int = 0
+    elapsed_s: float = 0.0
+
+
+@dataclass
+class GenerationResult:
+    tokens: Tensor  # (B, gen_length) response ids (cond batch only)
+    stats: RunStats
+    records: list[LayerRecord] = field(default_factory=list)
+    layer_budgets: list[int] | None = None
+
+
+def transfer_schedule(masked: int, steps: int) -> list[int]:
+    """Tokens to commit at each of ``steps`` steps for ``masked`` masked tokens (reference rule)."""
+    base, rem = divmod(masked, steps)
+    return [base + (1 if j < rem else 0) for j in range(steps)]
+
+
+def add_gumbel_noise(logits: Tensor, temperature: float, gen: torch.Generator | None) -> Tensor:
+    """Reference sampling trick: exp(logits) / (-log u)^T in float64; temperature 0 returns logits."""
+    if temperature == 0:
+        return logits
+    logits = logits.to(torch.float64)
+    u = torch.rand(logits.shape, dtype=torch.float64, device=logits.device, generator=gen)
+    return logits.exp() / (-torch.log(u)) ** temperature
+
+
+class _Forward:
+    """Step 0 and later steps for one policy: plain recompute, or prefill + response-only steps."""
+
+    def __init__(self, model: LLaDA, policy: Policy, budget: int | None, prompt_len: int) -> None:
+        self.model, self.policy, self.prompt_len = model, policy, prompt_len
+        self.cache: PromptCache | None = None
+        self.records: list[LayerRecord] = []
+        self.layer_budgets: list[int] | None = None
+        if policy.evicts and budget is not None and budget < prompt_len:
+            self.layer_budgets = policy.layer_budgets(len(model.blocks), budget, prompt_len)
+
+    def __call__(self, x: Tensor, rows: Tensor) -> Tensor:
+        m = self.prompt_len
+        if not self.policy.uses_cache:
+            return plain_logits(self.model, x, rows + m)
+        if self.cache is None:
+            logits, self.cache, self.records = prefill(self.model, x, m, self.policy, self.layer_budgets, rows + m)
+            return logits
+        return response_logits(self.model, self.cache, x[:, m:], rows)
+
+
+@torch.no_grad()
+def generate(
+    model: LLaDA,
+    prompt: Tensor,
+    gen: GenerationConfig,
+    policy: Policy,
+    budget: int | None = None,
+    on_event: Callable[[Event], None] | None = None,
+) -> GenerationResult:
+    """Denoise ``gen.gen_length`` tokens after ``prompt`` (B, M) with ``policy`` at ``budget``."""
+    cfg = model.config
+    device = model.device
+    if prompt.dim() == 1:
+        prompt = prompt[None]
+    prompt = prompt.to(device)
+    bsz, m = prompt.shape
+    if m == 0:
+        raise UsageError("the prompt is empty")
+    mask_id = cfg.mask_token_id
+    x = torch.cat([prompt, torch.full((bsz, gen.gen_length), mask_id, dtype=prompt.dtype, device=device)], 1)
+    rng = torch.Generator(device=device).manual_seed(gen.seed)
+    forward = _Forward(model, policy, budget, m)
+    stats = RunStats(policy=policy.name, prompt_len=m, gen_length=gen.gen_length)
+    start = now(device)
+    step = 0
+    emit = on_event or (lambda e: None)
+    for blk in range(gen.n_blocks):
+        lo, hi = blk * gen.block_length, (blk + 1) * gen.block_length
+        block_masked = x[:, m + lo : m + hi] == mask_id  # (B, block)
+        schedules = [transfer_schedule(int(c), gen.steps_per_block) for c in block_masked.sum(1)]
+        j = 0
+        while True:
+            masked = x[:, m + lo : m + hi] == mask_id
+            if not bool(masked.any()) or (gen.threshold is None and j >= gen.steps_per_block):
+                break
+            t0 = now(device)
+            rows = lo + torch.nonzero(masked.any(0)).flatten()  # response positions whose logits are needed
+            xin = x
+            if gen.cfg_scale > 0:
+                un = x.clone()
+                un[:, :m] = mask_id
+                xin = torch.cat([x, un], 0)
+            logits = forward(xin, rows)  # (B', n, V)
+            if gen.cfg_scale > 0:
+                cond, unc = logits.chunk(2, 0)
+                logits = unc + (gen.cfg_scale + 1) * (cond - unc)
+            if mask_id < logits.shape[-1]:  # never "commit" the mask token itself (random or tiny models can)
+                logits[..., mask_id] = float("-inf")
+            x0 = add_gumbel_noise(logits, gen.temperature, rng).argmax(-1)  # (B, n)
+            if gen.remasking == "low_confidence":
+                probs = logits.to(torch.float64).softmax(-1)
+                conf = probs.gather(-1, x0[..., None]).squeeze(-1)
+            else:
+                conf = torch.rand(x0.shape, dtype=torch.float64, device=device, generator=rng)
+            still = x[:, m + rows] == mask_id  # (B, n)
+            conf = torch.where(still, conf, float("-inf"))
+            commit = torch.zeros_like(still)
+            for b in range(bsz):
+                if gen.threshold is None:
+                    k = schedules[b][j]
+                else:
+                    k = max(1, int((conf[b] > gen.threshold).sum())) if bool(still[b].any()) else 0
+                k = min(k, int(still[b].sum()))
+                if k:
+                    commit[b, conf[b].topk(k).indices] = True
+            cols = m + rows
+            x[:, cols] = torch.where(commit, x0, x[:, cols])
+            t1 = now(device)
+            if step == 0:
+                stats.prefill_s = t1 - t0
+            else:
+                stats.step_s.append(t1 - t0)
+            emit(Event("prefill" if step == 0 else "step", blk, gen.n_blocks, step, int(commit.sum()),
+                       int((x[:, m:] == mask_id).sum()), t1 - start))
+            step += 1
+            j += 1
+    stats.total_s = now(device) - start
+    stats.steps_run = step
+    stats.mem_kind = memory_now(device)[2]
+    stats.peak_mem_bytes = memory_now(device)[1]
+    if forward.cache is not None:
+        stats.kv_entries = forward.cache.logical_entries()
+        stats.kv_bytes = forward.cache.prompt_nbytes()
+    elt = torch.finfo(model.dtype).bits // 8
+    stats.kv_full_bytes = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * m * bsz * elt  # type: ignore[operator]
+    emit(Event("done", gen.n_blocks, gen.n_blocks, step, 0, 0, stats.total_s))
+    return GenerationResult(x[:, m:].clone(), stats, forward.records, forward.layer_budgets)

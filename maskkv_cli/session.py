@@ -1,0 +1,76 @@
+"""A loaded model and tokenizer, and one call that turns a question into an answer with run statistics."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from maskkv_cli.budgets import resolve_budget
+from maskkv_cli.models.llada import LLaDA
+from maskkv_cli.models.loading import load_model
+from maskkv_cli.policies.base import PolicyOptions, get_policy
+from maskkv_cli.prompting import chat_prompt_ids, decode_answer, load_tokenizer, stop_ids
+from maskkv_cli.sampler import Event, GenerationConfig, GenerationResult, generate
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    policy: str = "maskkv"
+    budget: int | None = None
+    ratio: float | None = None
+    options: PolicyOptions = PolicyOptions()
+
+    def resolved_budget(self, prompt_len: int) -> int | None:
+        """Budget in entries per head per layer; None keeps the whole prompt."""
+        if self.budget is None and self.ratio is None:
+            return None
+        return resolve_budget(self.budget, self.ratio, prompt_len)
+
+
+DEFAULT_BUDGET = 256
+
+
+@dataclass
+class Answer:
+    text: str
+    prompt_len: int
+    budget: int | None
+    result: GenerationResult
+
+
+class Session:
+    """Model + tokenizer loaded once; ``answer`` may be called many times."""
+
+    def __init__(self, model_path: str, device: str = "cpu", dtype: str | None = None) -> None:
+        self.model_path = model_path
+        self.device = torch.device(device)
+        self.model: LLaDA = load_model(model_path, device=self.device, dtype=dtype)
+        self.tokenizer: Any = load_tokenizer(model_path)
+
+    def prompt_ids(self, text: str) -> list[int]:
+        return chat_prompt_ids(self.tokenizer, text)
+
+    def answer_ids(
+        self,
+        ids: list[int],
+        gen: GenerationConfig,
+        cache: CacheConfig,
+        on_event: Callable[[Event], None] | None = None,
+    ) -> Answer:
+        budget = cache.resolved_budget(len(ids))
+        policy = get_policy(cache.policy, cache.options)
+        if budget is None and policy.evicts:
+            budget = DEFAULT_BUDGET
+        prompt = torch.tensor([ids], dtype=torch.long, device=self.device)
+        result = generate(self.model, prompt, gen, policy, budget, on_event)
+        cfg = self.model.config
+        text = decode_answer(self.tokenizer, result.tokens[0].tolist(), stop_ids(self.tokenizer, cfg),
+                             cfg.mask_token_id)
+        return Answer(text, len(ids), budget if policy.evicts else None, result)
+
+    def answer(self, question: str, gen: GenerationConfig, cache: CacheConfig,
+               on_event: Callable[[Event], None] | None = None) -> Answer:
+        return self.answer_ids(self.prompt_ids(question), gen, cache, on_event)

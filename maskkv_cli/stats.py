@@ -1,0 +1,88 @@
+"""Timers with device synchronisation, memory readings, and the run statistics as plain data."""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+
+def sync(device: torch.device | str) -> None:
+    """Wait for queued device work so that a clock read means something."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    elif dev.type == "mps":
+        torch.mps.synchronize()
+
+
+def now(device: torch.device | str) -> float:
+    sync(device)
+    return time.perf_counter()
+
+
+def rss_bytes() -> int:
+    """Current resident set size of this process (0 where it cannot be read)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process since it started."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def memory_now(device: torch.device | str) -> tuple[int, int, str]:
+    """(current, peak, what) bytes: CUDA allocator figures on a GPU, process RSS otherwise."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.cuda.memory_allocated(dev), torch.cuda.max_memory_allocated(dev), "cuda"
+    return rss_bytes(), peak_rss_bytes(), "rss"
+
+
+@dataclass
+class RunStats:
+    policy: str
+    prompt_len: int
+    gen_length: int
+    steps_run: int = 0
+    prefill_s: float = 0.0
+    step_s: list[float] = field(default_factory=list)
+    total_s: float = 0.0
+    peak_mem_bytes: int = 0
+    mem_kind: str = "rss"
+    kv_entries: int = 0  # logical prompt (key, value) pairs kept, over layers, heads and batch
+    kv_bytes: int = 0  # physical resident bytes of the prompt part of the cache
+    kv_full_bytes: int = 0  # what the full prompt cache would take
+
+    @property
+    def median_step_s(self) -> float:
+        if not self.step_s:
+            return 0.0
+        s = sorted(self.step_s)
+        mid = len(s) // 2
+        return s[mid] if len(s) % 2 else 0.5 * (s[mid - 1] + s[mid])
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.gen_length / self.total_s if self.total_s > 0 else 0.0
+
+    @property
+    def compression(self) -> float:
+        return self.kv_full_bytes / self.kv_bytes if self.kv_bytes else 1.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["median_step_s"] = self.median_step_s
+        d["tokens_per_s"] = self.tokens_per_s
+        d["compression"] = self.compression
+        return d

@@ -1,0 +1,55 @@
+"""Shared fixtures: a tiny random LLaDA with a BPE tokenizer, saved in the real checkpoint format."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(1)
+
+TEXTS = [
+    "The river runs past the old mill and under the stone bridge. In spring the water rises. ",
+    "What is the special magic number for apple? The special magic number for apple is 48213. ",
+    "Trains come twice a day. People talk about the weather, the harvest and the market. ",
+    "Bees fly from flower to flower; the library opens at nine and closes at five. ",
+] * 8
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    from maskkv_cli.models.tokenizer_build import build_bpe_tokenizer
+
+    return build_bpe_tokenizer(TEXTS, vocab_size=320)
+
+
+@pytest.fixture(scope="session")
+def tiny_config(tiny_tokenizer):
+    from maskkv_cli.models.config import named_config
+
+    return named_config("tiny").with_(vocab_size=len(tiny_tokenizer))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_config):
+    from maskkv_cli.models.llada import LLaDA
+
+    return LLaDA(tiny_config).init_weights(seed=1, std=0.2).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory, tiny_model, tiny_tokenizer) -> Path:
+    from maskkv_cli.models.loading import save_model
+
+    return save_model(tiny_model, tmp_path_factory.mktemp("ckpt") / "tiny-llada", tiny_tokenizer)
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path, monkeypatch):
+    """Every test gets its own MASKKV_HOME and no configured default model."""
+    monkeypatch.setenv("MASKKV_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MASKKV_CONFIG", str(tmp_path / "config.toml"))
+    monkeypatch.delenv("MASKKV_MODEL", raising=False)

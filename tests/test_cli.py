@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from maskkv_cli import __version__
+from maskkv_cli.cli import app
+
+runner = CliRunner()
+
+
+def test_version_and_help():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"maskkv {__version__}"
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0 and "generate" in result.output
+
+
+def test_help_does_not_import_torch():
+    code = ("import sys\nfrom maskkv_cli.cli import app\ntry:\n    app(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print('TORCH' if 'torch' in sys.modules or 'transformers' in sys.modules else 'LIGHT')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().endswith("LIGHT")
+
+
+def test_generate_end_to_end(tiny_dir):
+    result = runner.invoke(app, ["generate", "--model", str(tiny_dir), "-n", "16", "--steps", "8",
+                                 "--block-length", "8", "What is the river?"])
+    assert result.exit_code == 0, result.output
+    assert "prefill (step 0)" in result.output and "tokens/s" in result.output
+
+
+def test_generate_json(tiny_dir):
+    result = runner.invoke(app, ["generate", "--model", str(tiny_dir), "-n", "8", "--steps", "8",
+                                 "--block-length", "8", "--json", "--policy", "snapkv", "--budget", "4",
+                                 "the river " * 30])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["budget"] == 4 and data["stats"]["policy"] == "snapkv"
+    assert data["stats"]["kv_bytes"] < data["stats"]["kv_full_bytes"]
+
+
+def test_embedded_default_model_says_so():
+    result = runner.invoke(app, ["generate", "-n", "8", "--steps", "8", "--block-length", "8", "hello"])
+    assert result.exit_code == 0, result.output
+    assert "embedded tiny" in result.stderr
+
+
+def test_bad_model_path_is_one_line(tmp_path):
+    result = runner.invoke(app, ["generate", "--model", str(tmp_path / "nope"), "hi"])
+    assert result.exit_code == 1
+    assert result.stderr.strip() == f"error: model folder {tmp_path / 'nope'} does not exist"
+    assert "Traceback" not in result.output
+
+
+def test_model_folder_missing_files(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "llada", "d_model": 64, "n_layers": 2,
+                                                            "n_heads": 4, "vocab_size": 100}))
+    result = runner.invoke(app, ["generate", "--model", str(tmp_path / "m"), "hi"])
+    assert result.exit_code == 1 and "holds no weights" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_bad_options(tiny_dir):
+    result = runner.invoke(app, ["generate", "--model", str(tiny_dir), "-n", "10", "--block-length", "8", "hi"])
+    assert result.exit_code == 2 and "multiple of --block-length" in result.stderr
+    result = runner.invoke(app, ["generate", "--model", str(tiny_dir), "--policy", "nope", "hi"])
+    assert result.exit_code == 2 and "unknown policy 'nope'" in result.stderr
+    result = runner.invoke(app, ["generate", "--model", str(tiny_dir), "--budget", "0", "hi"])
+    assert result.exit_code == 2 and "--budget must be a positive integer" in result.stderr
+    result = runner.invoke(app, ["generate", "--model", str(tiny_dir), "   "])
+    assert result.exit_code == 2 and "empty" in result.stderr
+
+
+def test_debug_shows_traceback(tmp_path):
+    result = runner.invoke(app, ["--debug", "generate", "--model", str(tmp_path / "nope"), "hi"])
+    assert result.exit_code != 0 and result.exception is not None
+
+
+def test_policies_lists_all():
+    result = runner.invoke(app, ["policies"])
+    for name in ("none", "full", "maskkv", "snapkv", "pyramidkv", "adakv", "streamingllm", "random",
+                 "mask-vote-uniform", "prompt-vote", "all-vote"):
+        assert name in result.output

@@ -1,0 +1,153 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import maskkv_cli.engine.forward as fwd
+from maskkv_cli.engine.cache import select_layer
+from maskkv_cli.policies import LayerView, PolicyOptions, get_policy, policy_names
+from maskkv_cli.sampler import GenerationConfig, generate
+
+EVICTING = [p for p in policy_names() if p not in ("none", "full")]
+
+
+def prompt_ids(model, n=40, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(6, model.config.vocab_size, (1, n), generator=g)
+
+
+GEN = GenerationConfig(gen_length=16, steps=8, block_length=8)
+
+
+@pytest.mark.parametrize("policy", EVICTING)
+def test_budget_at_least_prompt_reproduces_full(tiny_model, policy):
+    ids = prompt_ids(tiny_model)
+    full = generate(tiny_model, ids, GEN, get_policy("full")).tokens
+    for budget in (40, 41, 500):
+        out = generate(tiny_model, ids, GEN, get_policy(policy), budget)
+        assert torch.equal(out.tokens, full), (policy, budget)
+        assert out.layer_budgets is None
+
+
+@pytest.mark.parametrize("policy", EVICTING)
+def test_kept_counts_equal_budgets(tiny_model, policy):
+    ids = prompt_ids(tiny_model)
+    budget = 6
+    out = generate(tiny_model, ids, GEN, get_policy(policy, PolicyOptions(window=4)), budget)
+    cfg = tiny_model.config
+    assert out.layer_budgets is not None and sum(out.layer_budgets) == cfg.n_layers * budget
+    for rec in out.records:
+        heads = rec.head_budgets[0]
+        assert int(heads.sum()) == cfg.n_heads * rec.layer_budget
+        assert bool((heads >= 1).all()) and bool((heads <= ids.shape[1]).all())
+        # every head keeps exactly its budget of distinct prompt positions
+        for h in range(cfg.n_heads):
+            kept = rec.positions[0, h, : int(heads[h])]
+            assert len(set(kept.tolist())) == int(heads[h])
+    assert out.stats.kv_entries == sum(int(r.head_budgets.sum()) for r in out.records)
+
+
+def test_steps_attend_to_budget_plus_response(tiny_model, monkeypatch):
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        seen.append(k.shape[2])
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(fwd.F, "scaled_dot_product_attention", spy)
+    m, budget = 64, 5
+    generate(tiny_model, prompt_ids(tiny_model, m), GEN, get_policy("mask-vote-uniform"), budget)
+    n_layers = tiny_model.config.n_layers
+    assert seen[:n_layers] == [m + 16] * n_layers
+    assert set(seen[n_layers:]) == {budget + 16}  # never the prompt length
+
+
+def _view_with_votes(targets: dict[int, list[int]], m=32, mask_len=4, d=16, heads=3):
+    """q/k where head h's mask queries point at the prompt positions targets[h]."""
+    g = torch.Generator().manual_seed(0)
+    k = torch.randn(1, heads, m + mask_len, d, generator=g) * 0.1
+    q = torch.randn(1, heads, m + mask_len, d, generator=g) * 0.1
+    for h, positions in targets.items():
+        direction = torch.zeros(d)
+        direction[h] = 1.0
+        for p in positions:
+            k[0, h, p] += 8 * direction
+        q[0, h, m:] += 8 * direction
+    return LayerView(0, 1, q, k, m, 1 / math.sqrt(d))
+
+
+def test_maskkv_picks_the_positions_mask_queries_attend_to():
+    targets = {0: [3, 7, 11], 1: [0, 30, 31], 2: [15, 16, 17]}
+    view = _view_with_votes(targets)
+    policy = get_policy("mask-vote-uniform")
+    scores = policy.scores(view, 3)
+    layer = select_layer(view.k, view.k, scores,
+                         torch.full((1, 3), 3), view.prompt_len, view.response_len)
+    for h, positions in targets.items():
+        assert layer.positions[0, h].tolist() == positions
+    assert layer.bias is None
+
+
+def test_prompt_preference_moves_budget_to_prompt_heads():
+    m, mask_len, d = 32, 4, 16
+    g = torch.Generator().manual_seed(1)
+    k = torch.randn(1, 2, m + mask_len, d, generator=g) * 0.1
+    q = torch.randn(1, 2, m + mask_len, d, generator=g) * 0.1
+    e = torch.zeros(d)
+    e[0] = 1.0
+    k[0, 0, :m] += 6 * e  # head 0: masks look at the prompt
+    k[0, 1, m:] += 6 * e  # head 1: masks look at the masks
+    q[0, :, m:] += 6 * e
+    view = LayerView(0, 1, q, k, m, 1 / math.sqrt(d))
+    pref = view.prompt_preference()[0]
+    assert pref[0] > 0.9 and pref[1] < 0.1
+    budgets = get_policy("maskkv").head_budgets(view, 8, torch.zeros(1, 2, m))
+    assert int(budgets.sum()) == 16 and budgets[0, 0] > budgets[0, 1] >= 1
+
+
+def test_ragged_heads_are_padded_and_masked():
+    k = torch.randn(1, 2, 10, 4)
+    scores = torch.arange(8, dtype=torch.float32).expand(1, 2, 8).clone()
+    layer = select_layer(k, k, scores, torch.tensor([[5, 2]]), 8, 2)
+    assert layer.prompt_slots == 5 and layer.k.shape == (1, 2, 7, 4)
+    assert layer.positions[0, 0].tolist() == [3, 4, 5, 6, 7]
+    assert layer.positions[0, 1, :2].tolist() == [6, 7]
+    assert torch.isinf(layer.bias[0, 1, 0, 2:5]).all() and (layer.bias[0, 1, 0, :2] == 0).all()
+    assert (layer.bias[0, :, 0, 5:] == 0).all()  # response slots always visible
+
+
+def test_no_state_leaks_between_runs(tiny_model):
+    before = {k: v.clone() for k, v in tiny_model.state_dict().items()}
+    ids = prompt_ids(tiny_model)
+    first = generate(tiny_model, ids, GEN, get_policy("full")).tokens
+    for policy in EVICTING:
+        generate(tiny_model, ids, GEN, get_policy(policy), 4)
+    assert torch.equal(generate(tiny_model, ids, GEN, get_policy("full")).tokens, first)
+    after = tiny_model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_streamingllm_keeps_sinks_and_recent(tiny_model):
+    out = generate(tiny_model, prompt_ids(tiny_model, 30), GEN, get_policy("streamingllm"), 10)
+    for rec in out.records:
+        for h in range(tiny_model.config.n_heads):
+            assert rec.positions[0, h].tolist() == [0, 1, 2, 3, 24, 25, 26, 27, 28, 29]
+
+
+def test_snapkv_keeps_window(tiny_model):
+    out = generate(tiny_model, prompt_ids(tiny_model, 30), GEN, get_policy("snapkv", PolicyOptions(window=4)), 10)
+    for rec in out.records:
+        for h in range(tiny_model.config.n_heads):
+            assert rec.positions[0, h].tolist()[-4:] == [26, 27, 28, 29]
+
+
+def test_kv_bytes_shrink_with_budget(tiny_model):
+    ids = prompt_ids(tiny_model, 64)
+    full = generate(tiny_model, ids, GEN, get_policy("full")).stats
+    small = generate(tiny_model, ids, GEN, get_policy("mask-vote-uniform"), 8).stats
+    assert full.kv_bytes == full.kv_full_bytes
+    assert small.kv_bytes * 8 == full.kv_bytes

@@ -1,0 +1,136 @@
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import maskkv_cli.engine.forward as fwd
+from maskkv_cli.engine.forward import plain_logits, prefill
+from maskkv_cli.errors import UsageError
+from maskkv_cli.policies import get_policy
+from maskkv_cli.sampler import Event, GenerationConfig, _Forward, generate, transfer_schedule
+
+
+def prompt_ids(model, n=24, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(6, model.config.vocab_size, (1, n), generator=g)
+
+
+def test_transfer_schedule_rule():
+    assert transfer_schedule(32, 8) == [4] * 8
+    assert transfer_schedule(10, 4) == [3, 3, 2, 2]
+    assert transfer_schedule(3, 5) == [1, 1, 1, 0, 0]
+    assert sum(transfer_schedule(37, 6)) == 37
+
+
+def test_config_validation():
+    with pytest.raises(UsageError, match="multiple of --block-length"):
+        GenerationConfig(gen_length=30, block_length=8)
+    with pytest.raises(UsageError, match="multiple of the number of blocks"):
+        GenerationConfig(gen_length=32, block_length=8, steps=6)
+    with pytest.raises(UsageError):
+        GenerationConfig(threshold=1.5)
+
+
+def test_step0_full_cache_equals_plain_forward(tiny_model):
+    m, gen_len = 24, 16
+    x = torch.cat([prompt_ids(tiny_model, m), torch.full((1, gen_len), tiny_model.config.mask_token_id)], 1)
+    rows = torch.arange(m, m + gen_len)
+    ref = plain_logits(tiny_model, x, rows)
+    got, cache, _ = prefill(tiny_model, x, m, get_policy("full"), None, rows)
+    # Same operations in the same order: equal up to fp32 rounding of the chunked MLP (none here).
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)
+    assert torch.equal(tiny_model(x)[:, rows], ref)
+    assert cache.logical_entries() == m * tiny_model.config.n_heads * tiny_model.config.n_layers
+
+
+def test_later_steps_see_only_the_response(tiny_model, monkeypatch):
+    m, gen_len = 24, 16
+    seen: list[tuple[int, int]] = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        seen.append((q.shape[2], k.shape[2]))
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(fwd.F, "scaled_dot_product_attention", spy)
+    gen = GenerationConfig(gen_length=gen_len, steps=4, block_length=gen_len)
+    generate(tiny_model, prompt_ids(tiny_model, m), gen, get_policy("full"))
+    n_layers = tiny_model.config.n_layers
+    assert seen[:n_layers] == [(m + gen_len, m + gen_len)] * n_layers  # prefill: the whole sequence
+    later = seen[n_layers:]
+    assert len(later) == 3 * n_layers
+    for q_len, k_len in later:
+        assert k_len == m + gen_len  # kept prompt (all of it) + response keys
+        assert q_len <= gen_len  # queries: the response only (the last layer only masked rows)
+
+
+def test_deterministic_with_seed_and_temperature(tiny_model):
+    gen = GenerationConfig(gen_length=16, steps=8, block_length=8, temperature=0.8, seed=3)
+    a = generate(tiny_model, prompt_ids(tiny_model), gen, get_policy("maskkv"), 8).tokens
+    b = generate(tiny_model, prompt_ids(tiny_model), gen, get_policy("maskkv"), 8).tokens
+    c = generate(tiny_model, prompt_ids(tiny_model), GenerationConfig(gen_length=16, steps=8, block_length=8,
+                                                                        temperature=0.8, seed=4),
+                 get_policy("maskkv"), 8).tokens
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+
+
+@pytest.mark.parametrize("policy", ["none", "full", "maskkv"])
+@pytest.mark.parametrize("remasking", ["low_confidence", "random"])
+def test_commits_stay_and_follow_schedule(tiny_model, monkeypatch, policy, remasking):
+    states: list[torch.Tensor] = []
+    real_call = _Forward.__call__
+
+    def record(self, x, rows):
+        states.append(x[:1].clone())
+        return real_call(self, x, rows)
+
+    monkeypatch.setattr(_Forward, "__call__", record)
+    events: list[Event] = []
+    gen = GenerationConfig(gen_length=24, steps=12, block_length=8, remasking=remasking)
+    out = generate(tiny_model, prompt_ids(tiny_model), gen, get_policy(policy), 8, on_event=events.append)
+    mask = tiny_model.config.mask_token_id
+    final = torch.cat([states[-1][:, :24], out.tokens], 1)
+    states.append(final)
+    for before, after in zip(states[:-1], states[1:], strict=True):
+        committed = before != mask
+        assert torch.equal(before[committed], after[committed])
+    steps = [e for e in events if e.kind in ("prefill", "step")]
+    assert [e.committed for e in steps] == [2, 2, 2, 2] * 3  # 8 masks over 4 steps per block
+    assert [e.block for e in steps] == [0] * 4 + [1] * 4 + [2] * 4
+    assert not bool((out.tokens == mask).any())
+    assert events[-1].kind == "done" and out.stats.steps_run == 12
+
+
+def test_parallel_decoding_commits_at_least_one(tiny_model):
+    events: list[Event] = []
+    gen = GenerationConfig(gen_length=16, steps=2, block_length=8, threshold=0.99)
+    out = generate(tiny_model, prompt_ids(tiny_model), gen, get_policy("maskkv"), 8, on_event=events.append)
+    steps = [e for e in events if e.kind != "done"]
+    assert all(e.committed >= 1 for e in steps)
+    assert sum(e.committed for e in steps) == 16
+    assert not bool((out.tokens == tiny_model.config.mask_token_id).any())
+    # threshold 0: everything above 0 is committed at once, one step per block
+    events.clear()
+    generate(tiny_model, prompt_ids(tiny_model), GenerationConfig(gen_length=16, steps=2, block_length=8,
+                                                                  threshold=0.0),
+             get_policy("full"), on_event=events.append)
+    assert [e.committed for e in events if e.kind != "done"] == [8, 8]
+
+
+def test_cfg_runs_and_differs(tiny_model):
+    base = GenerationConfig(gen_length=8, steps=4, block_length=8)
+    guided = GenerationConfig(gen_length=8, steps=4, block_length=8, cfg_scale=2.0)
+    for policy in ("none", "full"):
+        a = generate(tiny_model, prompt_ids(tiny_model), base, get_policy(policy)).tokens
+        b = generate(tiny_model, prompt_ids(tiny_model), guided, get_policy(policy)).tokens
+        assert a.shape == b.shape == (1, 8)
+
+
+def test_decode_strips_trailing_eos(tiny_tokenizer):
+    from maskkv_cli.prompting import decode_answer
+
+    eos = tiny_tokenizer.eos_token_id
+    ids = tiny_tokenizer.encode("the river", add_special_tokens=False)
+    assert decode_answer(tiny_tokenizer, ids + [eos] * 5, {eos}, 5) == "the river"
