@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import functools
 import json
-import sys
-from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated
 
 import typer
 
 from maskkv_cli import __version__
-from maskkv_cli.errors import MaskKVError
+from maskkv_cli.commands.common import State, fail, guarded, note, pick_device
 from maskkv_cli.options import (
     BlockOpt,
     BudgetOpt,
@@ -42,46 +39,6 @@ app = typer.Typer(
 )
 
 
-class _State:
-    debug: bool = False
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def fail(message: str, code: int = 1) -> typer.Exit:
-    sys.stderr.write(f"error: {message}\n")
-    sys.stderr.flush()
-    return typer.Exit(code)
-
-
-def guarded(fn: F) -> F:
-    """Translate errors into one line on stderr and an exit code; tracebacks only with ``--debug``."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (typer.Exit, typer.Abort):
-            raise
-        except MaskKVError as exc:
-            if _State.debug:
-                raise
-            raise fail(str(exc), exc.exit_code) from None
-        except KeyboardInterrupt:
-            raise fail("interrupted", 130) from None
-        except Exception as exc:
-            if _State.debug:
-                raise
-            if type(exc).__name__ == "OutOfMemoryError":
-                raise fail("the device ran out of memory; try a smaller --budget, --dtype bf16, a shorter "
-                           "document, or --device cpu") from None
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            raise fail(f"{type(exc).__name__}: {first} (run with --debug for the traceback)") from None
-
-    return wrapper  # type: ignore[return-value]
-
-
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"maskkv {__version__}")
@@ -95,20 +52,7 @@ def root(
     debug: Annotated[bool, typer.Option("--debug", help="Show full tracebacks on errors.")] = False,
 ) -> None:
     """maskkv: long documents, diffusion LLMs, a compressed KV cache."""
-    _State.debug = debug
-
-
-def pick_device(device: str) -> str:
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def note(message: str | None, quiet: bool, as_json: bool) -> None:
-    if message and not quiet and not as_json:
-        sys.stderr.write(f"note: {message}\n")
+    State.debug = debug
 
 
 @app.command()

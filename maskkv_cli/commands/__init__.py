@@ -1,0 +1,1 @@
+"""Command implementations registered on the Typer app in ``maskkv_cli.cli``."""
