@@ -76,3 +76,8 @@ def decode_answer(tokenizer: Any, ids: list[int], stops: set[int], mask_id: int)
 
 def model_folder_name(path: str | os.PathLike[str]) -> str:
     return Path(path).name
+
+
+def document_question(context: str, question: str) -> str:
+    """The user message for a question about a document (used by ``ask``, the benchmarks and training)."""
+    return f"{context.strip()}\n\n{question.strip()}"

@@ -82,9 +82,10 @@ class Block(nn.Module):
             return self.ff_out(F.silu(self.ff_proj(n)) * self.up_proj(n))
         return torch.cat([self.mlp(x[:, i : i + chunk]) for i in range(0, x.shape[1], chunk)], dim=1)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, key_mask: Tensor | None = None) -> Tensor:
+        """``key_mask`` (B, 1, 1, T) bool, True = may be attended (padding in training batches)."""
         q, k, v = self.qkv(x, cos, sin)
-        h = x + self.attn_proj(F.scaled_dot_product_attention(q, k, v))
+        h = x + self.attn_proj(F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask))
         return h + self.mlp(h)
 
 
@@ -127,12 +128,16 @@ class LLaDA(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.transformer["wte"].weight.dtype
 
-    def forward(self, ids: Tensor) -> Tensor:
+    def forward(self, ids: Tensor, key_mask: Tensor | None = None, rows: Tensor | None = None) -> Tensor:
+        """Logits (B, T, V); with ``rows`` (B, R) only at those positions; ``key_mask`` (B, T) marks real tokens."""
         x = self.embed(ids)  # (B, T, d)
         cos, sin = self.rope(torch.arange(ids.shape[1], device=ids.device))
+        mask = None if key_mask is None else key_mask[:, None, None, :]
         for block in self.blocks:
-            x = block(x, cos, sin)
-        return self.head(x)  # (B, T, V)
+            x = block(x, cos, sin, mask)
+        if rows is not None:
+            x = torch.gather(x, 1, rows[..., None].expand(-1, -1, x.shape[-1]))
+        return self.head(x)  # (B, T or R, V)
 
     def init_weights(self, seed: int = 0, std: float = 0.02) -> LLaDA:
         """Random normal weights (norms at one), reproducible from ``seed``; returns self."""
