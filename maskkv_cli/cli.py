@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from maskkv_cli import __version__
-from maskkv_cli.commands.common import State, fail, guarded, note, pick_device
+from maskkv_cli.commands.common import State, cache_config, fail, generation_config, guarded, open_session
 from maskkv_cli.options import (
     BlockOpt,
     BudgetOpt,
@@ -63,9 +63,9 @@ def generate(
     policy: PolicyOpt = "maskkv",
     budget: BudgetOpt = None,
     ratio: RatioOpt = None,
-    gen_length: GenLengthOpt = 32,
-    steps: StepsOpt = 32,
-    block_length: BlockOpt = 32,
+    gen_length: GenLengthOpt = None,
+    steps: StepsOpt = None,
+    block_length: BlockOpt = None,
     temperature: TemperatureOpt = 0.0,
     threshold: ThresholdOpt = None,
     cfg: CfgOpt = 0.0,
@@ -88,32 +88,23 @@ def generate(
     """
     from rich.console import Console
 
-    from maskkv_cli.defaults import resolve_default_model
-    from maskkv_cli.policies.base import PolicyOptions
     from maskkv_cli.render import StepProgress, stats_table
-    from maskkv_cli.sampler import GenerationConfig
-    from maskkv_cli.session import CacheConfig, Session
 
     if not prompt.strip():
         raise fail("the prompt is empty; pass some text", 2)
-    gen = GenerationConfig(gen_length=gen_length, steps=steps, block_length=block_length, temperature=temperature,
-                           cfg_scale=cfg, remasking=remasking, threshold=threshold, seed=seed)
-    cache = CacheConfig(policy=policy, budget=budget, ratio=ratio, options=PolicyOptions(seed=seed))
-    if budget is not None and ratio is not None:
-        raise fail("give either --budget or --ratio, not both", 2)
-    path, msg = resolve_default_model(model)
-    note(msg, quiet, as_json)
-    session = Session(path, device=pick_device(device), dtype=None if dtype == "auto" else dtype)
+    cache = cache_config(policy, budget, ratio, seed)
+    session = open_session(model, device, dtype, quiet, as_json)
+    gen = generation_config(session.generation_defaults, gen_length, steps, block_length, temperature=temperature,
+                            cfg_scale=cfg, remasking=remasking, threshold=threshold, seed=seed)
     err = Console(stderr=True)
-    live = err.is_terminal and not quiet and not as_json
-    if live:
+    if err.is_terminal and not quiet and not as_json:
         with StepProgress(err, gen.steps) as progress:
             answer = session.answer(prompt, gen, cache, on_event=progress)
     else:
         answer = session.answer(prompt, gen, cache)
     stats = answer.result.stats
     if as_json:
-        typer.echo(json.dumps({"answer": answer.text, "model": path, "budget": answer.budget,
+        typer.echo(json.dumps({"answer": answer.text, "model": session.model_path, "budget": answer.budget,
                                "stats": stats.as_dict()}))
         return
     typer.echo(answer.text)
@@ -128,6 +119,19 @@ def policies() -> None:
 
     for name in policy_names():
         typer.echo(f"{name:20s} {REGISTRY[name].summary}")
+
+
+
+
+def _register() -> None:
+    from maskkv_cli.commands.documents import ask, ingest, summarize
+
+    app.command()(ingest)
+    app.command()(ask)
+    app.command()(summarize)
+
+
+_register()
 
 
 def main() -> None:

@@ -14,9 +14,12 @@ BudgetOpt = Annotated[int | None, typer.Option(
     "--budget", "-b", help="Average prompt K/V pairs kept per head per layer [default: 256].", show_default=False)]
 RatioOpt = Annotated[float | None, typer.Option(
     "--ratio", help="Budget as a share of the prompt length, in (0, 1]; instead of --budget.", show_default=False)]
-GenLengthOpt = Annotated[int, typer.Option("--gen-length", "-n", help="Response tokens to generate.")]
-StepsOpt = Annotated[int, typer.Option("--steps", help="Denoising steps in all (split evenly over blocks).")]
-BlockOpt = Annotated[int, typer.Option("--block-length", help="Tokens per semi-autoregressive block.")]
+GenLengthOpt = Annotated[int | None, typer.Option(
+    "--gen-length", "-n", help="Response tokens to generate [default: the model's, else 128].", show_default=False)]
+StepsOpt = Annotated[int | None, typer.Option(
+    "--steps", help="Denoising steps in all, split evenly over blocks [default: gen length].", show_default=False)]
+BlockOpt = Annotated[int | None, typer.Option(
+    "--block-length", help="Tokens per semi-autoregressive block [default: 32].", show_default=False)]
 TemperatureOpt = Annotated[float, typer.Option("--temperature", "-t", help="0 = greedy (argmax).")]
 ThresholdOpt = Annotated[float | None, typer.Option(
     "--threshold", help="Parallel decoding: commit every masked token of the block with confidence above this.",
@@ -27,4 +30,9 @@ DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:1, ...
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto (bf16 on GPU, fp32 on CPU), bf16, fp16, fp32.")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed (sampling noise, random policy).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON only.")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress display and no notes.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", help="No progress display and no notes.")]
+PasswordOpt = Annotated[str | None, typer.Option("--password", help="Password of an encrypted PDF.",
+                                                 show_default=False)]
+LongOpt = Annotated[str, typer.Option(
+    "--long", help="Documents longer than the window: truncate (keep start and end, cut the middle) or rope-scale "
+    "(NTK-style RoPE base scaling, keeps everything).")]

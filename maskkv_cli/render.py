@@ -68,3 +68,75 @@ class StepProgress:
         info = f"block {event.block + 1}/{event.n_blocks}, {event.masked_left} masked left"
         self.progress.update(self.task, advance=1, info=info,
                              description="prefill" if event.kind == "prefill" else "denoising")
+
+
+class LiveRun:
+    """A live panel for ask/summarize/profile: phase, block/step, elapsed, tokens/s, memory, cache size.
+
+    Used as a context manager; call ``phase(name)`` between stages and pass the object as the sampler's
+    ``on_event``. Disabled (a no-op) when stderr is not a terminal or the user asked for quiet/JSON output.
+    """
+
+    def __init__(self, console: Console, enabled: bool, device: str = "cpu") -> None:
+        import time
+
+        self._time = time.perf_counter
+        self.console, self.enabled, self.device = console, enabled, device
+        self.t0 = self._time()
+        self.phase_name = "starting"
+        self.detail = ""
+        self.tokens_per_s = 0.0
+        self.cache = ""
+        self.live: Any = None
+
+    def __enter__(self) -> LiveRun:
+        if self.enabled:
+            from rich.live import Live
+
+            self.live = Live(self._render(), console=self.console, refresh_per_second=8, transient=True)
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+
+    def _render(self) -> Table:
+        from maskkv_cli.stats import memory_now
+
+        cur, peak, kind = memory_now(self.device)
+        table = Table.grid(padding=(0, 2))
+        table.add_column(style="bold cyan")
+        table.add_column()
+        table.add_row("phase", f"{self.phase_name} {self.detail}".strip())
+        table.add_row("elapsed", f"{self._time() - self.t0:.1f} s")
+        if self.tokens_per_s:
+            table.add_row("tokens/s", f"{self.tokens_per_s:.1f}")
+        table.add_row("memory", f"{human_bytes(cur)} now, {human_bytes(peak)} peak ({kind.upper()})")
+        if self.cache:
+            table.add_row("KV cache", self.cache)
+        return table
+
+    def refresh(self) -> None:
+        if self.live is not None:
+            self.live.update(self._render())
+
+    def phase(self, name: str, detail: str = "") -> None:
+        self.phase_name, self.detail = name, detail
+        self.refresh()
+
+    def set_cache(self, text: str) -> None:
+        self.cache = text
+        self.refresh()
+
+    def __call__(self, event: Any) -> None:
+        if event.kind == "prefill":
+            self.phase_name = "denoising"
+        elif event.kind == "done":
+            return
+        self.detail = f"block {event.block + 1}/{event.n_blocks}, step {event.step + 1}, " \
+                      f"{event.masked_left} masked left"
+        done_tokens = event.step + 1
+        self.tokens_per_s = done_tokens / event.elapsed_s if event.elapsed_s > 0 else 0.0
+        self.refresh()

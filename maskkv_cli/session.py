@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from maskkv_cli.budgets import resolve_budget
 from maskkv_cli.models.llada import LLaDA
-from maskkv_cli.models.loading import load_model
+from maskkv_cli.models.loading import load_model, resolve_model_path
 from maskkv_cli.policies.base import PolicyOptions, get_policy
-from maskkv_cli.prompting import chat_prompt_ids, decode_answer, load_tokenizer, stop_ids
+from maskkv_cli.prompting import chat_prompt_ids, decode_answer, document_question, load_tokenizer, stop_ids
 from maskkv_cli.sampler import Event, GenerationConfig, GenerationResult, generate
 
 
@@ -31,6 +33,19 @@ class CacheConfig:
 
 
 DEFAULT_BUDGET = 256
+GENERATION_KEYS = ("gen_length", "steps", "block_length")
+
+
+def read_generation_defaults(folder: Path) -> dict[str, int]:
+    """``maskkv`` defaults stored in a model's ``generation_config.json`` (e.g. the tiny model's short answers)."""
+    try:
+        data = json.loads((folder / "generation_config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    section = data.get("maskkv") if isinstance(data, dict) else None
+    if not isinstance(section, dict):
+        return {}
+    return {k: int(v) for k, v in section.items() if k in GENERATION_KEYS and isinstance(v, int) and v > 0}
 
 
 @dataclass
@@ -49,6 +64,24 @@ class Session:
         self.device = torch.device(device)
         self.model: LLaDA = load_model(model_path, device=self.device, dtype=dtype)
         self.tokenizer: Any = load_tokenizer(model_path)
+        self.base_theta = self.model.config.rope_theta
+        self.generation_defaults = read_generation_defaults(resolve_model_path(model_path))
+
+    @property
+    def window(self) -> int:
+        """The model's training window in tokens (``max_sequence_length``)."""
+        return self.model.config.max_sequence_length
+
+    def set_rope_factor(self, factor: int) -> None:
+        """Scale the RoPE base (NTK-style) by ``factor`` relative to the checkpoint's; 1 restores it."""
+        self.model.config = self.model.config.with_(rope_theta=self.base_theta * factor)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def prompt_overhead(self, question: str) -> int:
+        """Tokens of the chat template and the question around an empty document."""
+        return len(chat_prompt_ids(self.tokenizer, document_question("", question)))
 
     def prompt_ids(self, text: str) -> list[int]:
         return chat_prompt_ids(self.tokenizer, text)

@@ -65,3 +65,48 @@ def note(message: str | None, quiet: bool, as_json: bool) -> None:
         sys.stderr.write(f"note: {message}\n")
 
 
+
+
+def generation_config(defaults: dict[str, int], gen_length: int | None, steps: int | None,
+                      block_length: int | None, **kwargs: Any) -> Any:
+    """A ``GenerationConfig`` from the options, filling gaps from the model's defaults, else 128/128/32."""
+    from maskkv_cli.sampler import GenerationConfig
+
+    gen = gen_length or defaults.get("gen_length", 128)
+    block = block_length or defaults.get("block_length", min(32, gen))
+    if block_length is None and gen % block:
+        block = gen
+    n_steps = steps or (defaults.get("steps", gen) if gen_length is None else gen)
+    return GenerationConfig(gen_length=gen, steps=n_steps, block_length=block, **kwargs)
+
+
+def open_session(model: str | None, device: str, dtype: str, quiet: bool, as_json: bool) -> Any:
+    """Resolve the model (say so when the embedded default is used) and load it with its tokenizer."""
+    from maskkv_cli.defaults import resolve_default_model
+    from maskkv_cli.session import Session
+
+    path, message = resolve_default_model(model)
+    note(message, quiet, as_json)
+    return Session(path, device=pick_device(device), dtype=None if dtype == "auto" else dtype)
+
+
+def cache_config(policy: str, budget: int | None, ratio: float | None, seed: int) -> Any:
+    from maskkv_cli.policies.base import PolicyOptions
+    from maskkv_cli.session import CacheConfig
+
+    if budget is not None and ratio is not None:
+        raise fail("give either --budget or --ratio, not both", 2)
+    if budget is not None and budget <= 0:
+        raise fail(f"--budget must be a positive integer, got {budget}", 2)
+    if ratio is not None and not 0 < ratio <= 1:
+        raise fail(f"--ratio must be in (0, 1], got {ratio}", 2)
+    return CacheConfig(policy=policy, budget=budget, ratio=ratio, options=PolicyOptions(seed=seed))
+
+
+def one_line_stats(stats: Any) -> str:
+    from maskkv_cli.render import human_bytes
+
+    kv = (f"KV {human_bytes(stats.kv_bytes)} of {human_bytes(stats.kv_full_bytes)} ({stats.compression:.1f}x smaller)"
+          if stats.kv_bytes else "no KV cache")
+    return (f"{stats.policy}: prompt {stats.prompt_len} tokens, prefill {stats.prefill_s:.2f} s, "
+            f"{stats.steps_run} steps, {stats.total_s:.2f} s, {stats.tokens_per_s:.1f} tokens/s, {kv}")

@@ -1,0 +1,1 @@
+"""Benchmark task generation and scoring."""

@@ -1,0 +1,546 @@
+"""Synthetic long-context retrieval tasks (RULER style) and LongBench JSONL input/output.
+
+Task families (``KINDS``):
+
+- ``niah_single``: one needle "The special magic number for {key} is {number}." hidden between two
+  paragraphs of haystack text; the question asks for the number.
+- ``niah_multikey``: the real needle plus ``NUM_DISTRACTORS`` needles of the same form for other keys.
+- ``niah_multivalue``: ``NUM_VALUES`` needles for the same key with different numbers; the answer is
+  every number, joined by ", " in order of appearance.
+- ``vt`` (variable tracking): "VAR ABCDE = 12345." followed by a chain "VAR FGHIJ = ABCDE." ... spread
+  across the haystack, plus one distractor chain with another value; the answer is the names of the real
+  chain joined by ", " in order of appearance.
+
+Every kind accepts a user haystack (the paragraphs of a user's document, e.g. the text of a PDF) in place
+of the packaged corpus: that is the "find the fact in a real document" setting. Its tasks keep the kind as
+their ``dataset`` and record ``meta["haystack"] == "user"``.
+
+Generation is deterministic: task ``i`` depends only on ``(kind, seed, i, length, haystack,
+count_tokens)``, so asking for more tasks keeps the first ones unchanged. Numbers and variable names that
+already occur in the haystack are never used, so every needle sentence occurs exactly once.
+
+Lengths: ``length`` is a target for the whole context measured with ``count_tokens`` (whitespace words by
+default). The haystack is taken as a contiguous run of paragraphs starting at a random paragraph (it wraps
+around and repeats when the source is shorter than the target), the last paragraph is cut at a word
+boundary, and the budget is corrected a few times against the measured length of the assembled context.
+``Task.length`` follows LongBench and holds the number of whitespace words of the context; the measured
+token count is ``meta["tokens"]``; ``meta["repeated"]`` is true when the context is longer than the whole
+source text (so some paragraphs occur twice).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import random
+import re
+import string
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+KINDS: tuple[str, ...] = ("niah_single", "niah_multikey", "niah_multivalue", "vt")
+
+# Simple lowercase English words used as needle keys.
+KEY_WORDS: tuple[str, ...] = (
+    "apple", "anchor", "badge", "basket", "beach", "bell", "blanket", "boat", "bottle", "branch",
+    "bridge", "brush", "bucket", "button", "cabin", "camera", "candle", "carpet", "castle", "chair",
+    "cherry", "circle", "cloud", "coat", "coin", "comb", "cookie", "corner", "cotton", "crayon",
+    "desert", "diamond", "dinner", "doctor", "dragon", "drum", "eagle", "engine", "feather", "fence",
+    "finger", "flag", "forest", "garden", "giant", "glove", "grape", "guitar", "hammer", "harbor",
+    "helmet", "honey", "island", "jacket", "jelly", "kettle", "kitten", "ladder", "lemon", "letter",
+    "lizard", "magnet", "marble", "meadow", "mirror", "monkey", "needle", "nest", "ocean", "orange",
+    "paddle", "palace", "pencil", "pepper", "pillow", "planet", "pocket", "potato", "puzzle", "rabbit",
+    "ribbon", "rocket", "saddle", "shadow", "shovel", "silver", "spoon", "stamp", "sugar", "summer",
+    "table", "ticket", "tiger", "tomato", "tunnel", "turtle", "velvet", "violin", "wagon", "window",
+    "winter", "zebra",
+)  # fmt: skip
+
+NEEDLE_TEMPLATE = "The special magic number for {key} is {value}."
+QUESTION_SINGLE = "What is the special magic number for {key}?"
+QUESTION_MULTIVALUE = "What are all the special magic numbers for {key}?"
+VT_FIRST_TEMPLATE = "VAR {name} = {value}."
+VT_LINK_TEMPLATE = "VAR {name} = {source}."
+VT_QUESTION = "Which variables are assigned the value {value}?"
+ANSWER_SEPARATOR = ", "
+PARAGRAPH_SEPARATOR = "\n\n"
+
+NUM_DISTRACTORS = 3  # niah_multikey: needles for other keys
+NUM_VALUES = 4  # niah_multivalue: numbers for the asked key
+VT_CHAIN_NAMES = 5  # vt: names per chain (one value assignment, then four links)
+VT_DISTRACTOR_CHAINS = 1  # vt: chains that carry another value
+NUMBER_DIGITS = (4, 7)  # niah numbers have 4 to 7 digits
+VT_NAME_LETTERS = 5
+VT_VALUE_DIGITS = 5
+
+_FIT_ATTEMPTS = 4
+_ID_CHARS = 48
+_TOP_LEVEL_META = ("_id", "language", "all_classes")
+
+
+@dataclass(frozen=True)
+class Task:
+    """One question over one context, in the shape of a LongBench record."""
+
+    context: str
+    input: str
+    answers: tuple[str, ...]
+    dataset: str
+    length: int  # whitespace words in ``context`` (LongBench's convention)
+    meta: dict[str, Any] = field(default_factory=dict, hash=False)
+
+
+def count_words(text: str) -> int:
+    """Default length measure: whitespace-separated words."""
+    return len(text.split())
+
+
+def split_paragraphs(text: str) -> list[str]:
+    """Split text on blank lines; whitespace inside a paragraph collapses to single spaces."""
+    paragraphs: list[str] = []
+    for block in re.split(r"\n\s*\n", text):
+        cleaned = " ".join(block.split())
+        if cleaned:
+            paragraphs.append(cleaned)
+    return paragraphs
+
+
+@lru_cache(maxsize=1)
+def _corpus_paragraphs() -> tuple[str, ...]:
+    root = resources.files("maskkv_cli.assets").joinpath("corpus")
+    names = sorted(entry.name for entry in root.iterdir() if entry.name.endswith(".txt"))
+    paragraphs: list[str] = []
+    for name in names:
+        paragraphs.extend(split_paragraphs(root.joinpath(name).read_text(encoding="utf-8")))
+    return tuple(paragraphs)
+
+
+def load_corpus() -> list[str]:
+    """Paragraphs of the packaged English corpus (files in name order, paragraphs in file order)."""
+    return list(_corpus_paragraphs())
+
+
+# --------------------------------------------------------------------------------------------------
+# generation
+
+
+@dataclass
+class _Plan:
+    """Needle sentences for one task, before placement."""
+
+    question: str
+    needles: list[str]
+    depths: list[float]
+    roles: list[str]  # "answer" or "distractor"
+    payloads: list[str]  # what an answer needle contributes to the answer string
+    facts: dict[str, Any]
+
+
+class _Counter:
+    """``count_tokens`` with a cache for the (repeatedly used) source paragraphs."""
+
+    def __init__(self, fn: Callable[[str], int]) -> None:
+        self.fn = fn
+        self._paragraphs: dict[int, int] = {}
+
+    def __call__(self, text: str) -> int:
+        return int(self.fn(text))
+
+    def paragraph(self, index: int, text: str) -> int:
+        cached = self._paragraphs.get(index)
+        if cached is None:
+            cached = max(1, int(self.fn(text)))
+            self._paragraphs[index] = cached
+        return cached
+
+
+def _new_number(rng: random.Random, digits: tuple[int, int], taken: set[str]) -> str:
+    while True:
+        size = rng.randint(digits[0], digits[1])
+        value = str(rng.randint(10 ** (size - 1), 10**size - 1))
+        if value not in taken:
+            taken.add(value)
+            return value
+
+
+def _new_name(rng: random.Random, taken: set[str]) -> str:
+    while True:
+        name = "".join(rng.choice(string.ascii_uppercase) for _ in range(VT_NAME_LETTERS))
+        if name not in taken:
+            taken.add(name)
+            return name
+
+
+def _needle(key: str, value: str) -> str:
+    return NEEDLE_TEMPLATE.format(key=key, value=value)
+
+
+def _plan(kind: str, rng: random.Random, taken: set[str]) -> _Plan:
+    digits = NUMBER_DIGITS
+    if kind == "niah_single":
+        key = rng.choice(KEY_WORDS)
+        value = _new_number(rng, digits, taken)
+        return _Plan(
+            question=QUESTION_SINGLE.format(key=key),
+            needles=[_needle(key, value)],
+            depths=[rng.random()],
+            roles=["answer"],
+            payloads=[value],
+            facts={"key": key},
+        )
+    if kind == "niah_multikey":
+        keys = rng.sample(KEY_WORDS, NUM_DISTRACTORS + 1)
+        values = [_new_number(rng, digits, taken) for _ in keys]
+        return _Plan(
+            question=QUESTION_SINGLE.format(key=keys[0]),
+            needles=[_needle(k, v) for k, v in zip(keys, values, strict=True)],
+            depths=[rng.random() for _ in keys],
+            roles=["answer"] + ["distractor"] * NUM_DISTRACTORS,
+            payloads=values,
+            facts={"key": keys[0], "distractor_keys": keys[1:]},
+        )
+    if kind == "niah_multivalue":
+        key = rng.choice(KEY_WORDS)
+        values = [_new_number(rng, digits, taken) for _ in range(NUM_VALUES)]
+        return _Plan(
+            question=QUESTION_MULTIVALUE.format(key=key),
+            needles=[_needle(key, v) for v in values],
+            depths=[rng.random() for _ in values],
+            roles=["answer"] * NUM_VALUES,
+            payloads=values,
+            facts={"key": key},
+        )
+    if kind == "vt":
+        plan = _Plan(question="", needles=[], depths=[], roles=[], payloads=[], facts={})
+        chains: list[list[str]] = []
+        chain_values: list[str] = []
+        for chain_index in range(1 + VT_DISTRACTOR_CHAINS):
+            value = _new_number(rng, (VT_VALUE_DIGITS, VT_VALUE_DIGITS), taken)
+            names = [_new_name(rng, taken) for _ in range(VT_CHAIN_NAMES)]
+            # Sorted depths keep each chain in reading order: an assignment appears after its source.
+            depths = sorted(rng.random() for _ in names)
+            role = "answer" if chain_index == 0 else "distractor"
+            for position, name in enumerate(names):
+                if position == 0:
+                    sentence = VT_FIRST_TEMPLATE.format(name=name, value=value)
+                else:
+                    sentence = VT_LINK_TEMPLATE.format(name=name, source=names[position - 1])
+                plan.needles.append(sentence)
+                plan.depths.append(depths[position])
+                plan.roles.append(role)
+                plan.payloads.append(name)
+            chains.append(names)
+            chain_values.append(value)
+        plan.question = VT_QUESTION.format(value=chain_values[0])
+        plan.facts = {"value": chain_values[0], "chains": chains, "chain_values": chain_values}
+        return plan
+    raise ValueError(f"unknown task kind {kind!r}; expected one of {', '.join(KINDS)}")
+
+
+def _truncate(text: str, budget: int, counter: _Counter) -> str:
+    """The longest word prefix of ``text`` whose token count is within ``budget`` ('' if none)."""
+    words = text.split()
+    low, high = 0, len(words)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if counter(" ".join(words[:middle])) <= budget:
+            low = middle
+        else:
+            high = middle - 1
+    return " ".join(words[:low])
+
+
+def _take_haystack(
+    paragraphs: Sequence[str], start: int, budget: int, counter: _Counter
+) -> tuple[list[str], bool]:
+    """Paragraphs from ``start`` on (wrapping around) within ``budget``; also whether any repeats."""
+    taken: list[str] = []
+    used = 0
+    index = start
+    while used < budget:
+        source = index % len(paragraphs)
+        text = paragraphs[source]
+        cost = counter.paragraph(source, text)
+        if used + cost <= budget:
+            taken.append(text)
+            used += cost
+        else:
+            piece = _truncate(text, budget - used, counter)
+            if piece:
+                taken.append(piece)
+            break
+        index += 1
+    return taken, len(taken) > len(paragraphs)
+
+
+def _place(
+    haystack: Sequence[str], needles: Sequence[str], depths: Sequence[float]
+) -> tuple[str, list[int], list[float]]:
+    """Insert each needle as its own paragraph at the gap nearest to its depth.
+
+    Returns the context, the character offset of every needle and the realised depth (gap / paragraphs).
+    Needles that fall into the same gap keep their order in ``needles``.
+    """
+    count = len(haystack)
+    gaps = [min(count, max(0, round(depth * count))) for depth in depths]
+    order = sorted(range(len(needles)), key=lambda j: (gaps[j], j))
+    pieces: list[tuple[str, int]] = []  # (text, needle index or -1)
+    cursor = 0
+    for gap in range(count + 1):
+        while cursor < len(order) and gaps[order[cursor]] == gap:
+            pieces.append((needles[order[cursor]], order[cursor]))
+            cursor += 1
+        if gap < count:
+            pieces.append((haystack[gap], -1))
+    starts = [0] * len(needles)
+    parts: list[str] = []
+    position = 0
+    for number, (text, needle_index) in enumerate(pieces):
+        if number:
+            parts.append(PARAGRAPH_SEPARATOR)
+            position += len(PARAGRAPH_SEPARATOR)
+        if needle_index >= 0:
+            starts[needle_index] = position
+        parts.append(text)
+        position += len(text)
+    realised = [gap / count if count else 0.0 for gap in gaps]
+    return "".join(parts), starts, realised
+
+
+def _task_id(dataset: str, question: str, context: str) -> str:
+    digest = hashlib.sha256(f"{dataset}\x00{question}\x00{context}".encode()).hexdigest()
+    return digest[:_ID_CHARS]
+
+
+def _generate_one(
+    kind: str,
+    length: int,
+    seed: int,
+    index: int,
+    paragraphs: Sequence[str],
+    counter: _Counter,
+    forbidden: set[str],
+    source: str,
+) -> Task:
+    rng = random.Random(f"maskkv-bench:{kind}:{seed}:{index}")
+    plan = _plan(kind, rng, set(forbidden))
+    start = rng.randrange(len(paragraphs))
+
+    needle_cost = sum(counter(needle) for needle in plan.needles)
+    budget = length - needle_cost
+    best: tuple[int, str, list[int], list[float], bool] | None = None
+    for _ in range(_FIT_ATTEMPTS):
+        haystack, repeated = _take_haystack(paragraphs, start, budget, counter) if budget > 0 else ([], False)
+        context, starts, realised = _place(haystack, plan.needles, plan.depths)
+        tokens = counter(context)
+        if best is None or abs(tokens - length) < abs(best[0] - length):
+            best = (tokens, context, starts, realised, repeated)
+        if abs(tokens - length) <= max(1, length // 100):
+            break
+        budget += length - tokens
+    assert best is not None
+    tokens, context, starts, realised, repeated = best
+
+    answer_needles = sorted(
+        (starts[j], plan.payloads[j]) for j in range(len(plan.needles)) if plan.roles[j] == "answer"
+    )
+    answer = ANSWER_SEPARATOR.join(payload for _, payload in answer_needles)
+    needles_meta = [
+        {"text": plan.needles[j], "start": starts[j], "depth": realised[j], "role": plan.roles[j]}
+        for j in range(len(plan.needles))
+    ]
+    meta: dict[str, Any] = {
+        "_id": _task_id(kind, plan.question, context),
+        "kind": kind,
+        "seed": seed,
+        "index": index,
+        "haystack": source,
+        "target_length": length,
+        "tokens": tokens,
+        "repeated": repeated,
+        "needles": needles_meta,
+        **plan.facts,
+    }
+    return Task(
+        context=context,
+        input=plan.question,
+        answers=(answer,),
+        dataset=kind,
+        length=count_words(context),
+        meta=meta,
+    )
+
+
+def generate_tasks(
+    kind: str,
+    n: int,
+    length: int,
+    seed: int,
+    haystack: list[str] | None = None,
+    count_tokens: Callable[[str], int] | None = None,
+) -> list[Task]:
+    """Generate ``n`` tasks of ``kind`` whose contexts measure about ``length`` tokens.
+
+    ``haystack``: paragraphs of a user's document to hide the needles in (default: the packaged corpus).
+    ``count_tokens``: the length measure (default: whitespace words).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown task kind {kind!r}; expected one of {', '.join(KINDS)}")
+    if n < 0:
+        raise ValueError(f"the number of tasks must be >= 0, got {n}")
+    if length < 1:
+        raise ValueError(f"the target length must be >= 1, got {length}")
+    if haystack is None:
+        paragraphs = load_corpus()
+        source = "corpus"
+    else:
+        paragraphs = [cleaned for cleaned in (" ".join(p.split()) for p in haystack) if cleaned]
+        source = "user"
+    if not paragraphs:
+        raise ValueError("the haystack has no text")
+    # Words of the haystack that a generated number or name must not collide with.
+    forbidden = set(re.findall(r"\w+", "\n".join(paragraphs)))
+    counter = _Counter(count_tokens or count_words)
+    return [
+        _generate_one(kind, length, seed, index, paragraphs, counter, forbidden, source) for index in range(n)
+    ]
+
+
+# --------------------------------------------------------------------------------------------------
+# LongBench JSONL
+
+
+def task_to_record(task: Task) -> dict[str, Any]:
+    """The LongBench record for a task; meta keys other than _id/language/all_classes go under "meta"."""
+    record: dict[str, Any] = {
+        "input": task.input,
+        "context": task.context,
+        "answers": list(task.answers),
+        "length": task.length,
+        "dataset": task.dataset,
+    }
+    if "language" in task.meta:
+        record["language"] = task.meta["language"]
+    record["all_classes"] = task.meta.get("all_classes")
+    record["_id"] = task.meta.get("_id") or _task_id(task.dataset, task.input, task.context)
+    rest = {key: value for key, value in task.meta.items() if key not in _TOP_LEVEL_META}
+    if rest:
+        record["meta"] = rest
+    return record
+
+
+def save_jsonl(tasks: Iterable[Task], path: str | os.PathLike[str]) -> Path:
+    """Write tasks as LongBench JSONL, atomically (a temporary file in the same folder, then rename)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+            for task in tasks:
+                handle.write(json.dumps(task_to_record(task), ensure_ascii=False))
+                handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    return target
+
+
+def _as_text_list(value: object, name: str) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list):
+        raise ValueError(f'"{name}" must be a list of strings')
+    items: list[str] = []
+    for item in value:
+        if isinstance(item, str):
+            items.append(item)
+        elif isinstance(item, int | float) and not isinstance(item, bool):
+            items.append(str(item))
+        else:
+            raise ValueError(f'"{name}" must be a list of strings')
+    return items
+
+
+def record_to_task(record: object, default_dataset: str = "") -> Task:
+    """A Task from one LongBench record; unknown fields are ignored, optional ones may be missing."""
+    if not isinstance(record, dict):
+        raise ValueError("a record must be a JSON object")
+    context = record.get("context")
+    if not isinstance(context, str):
+        raise ValueError('"context" is missing or not a string')
+    question = record.get("input")
+    if question is None:
+        question = ""
+    if not isinstance(question, str):
+        raise ValueError('"input" must be a string')
+    if "answers" not in record:
+        raise ValueError('"answers" is missing')
+    answers = tuple(_as_text_list(record["answers"], "answers"))
+    length = record.get("length")
+    if length is None:
+        length = count_words(context)
+    elif isinstance(length, float) and length.is_integer():
+        length = int(length)
+    if not isinstance(length, int) or isinstance(length, bool):
+        raise ValueError('"length" must be an integer')
+    dataset = record.get("dataset")
+    if dataset is None:
+        dataset = default_dataset
+    if not isinstance(dataset, str):
+        raise ValueError('"dataset" must be a string')
+
+    meta: dict[str, Any] = {}
+    extra = record.get("meta")
+    if isinstance(extra, dict):
+        meta.update(extra)
+    if record.get("_id") is not None:
+        meta["_id"] = str(record["_id"])
+    if isinstance(record.get("language"), str):
+        meta["language"] = record["language"]
+    if record.get("all_classes") is not None:
+        meta["all_classes"] = _as_text_list(record["all_classes"], "all_classes")
+    return Task(context=context, input=question, answers=answers, dataset=dataset, length=length, meta=meta)
+
+
+def _dataset_from_path(path: Path) -> str:
+    stem = path.name.removesuffix(".jsonl")
+    return stem.removesuffix("_e")
+
+
+def load_jsonl(path: str | os.PathLike[str]) -> list[Task]:
+    """Read LongBench JSONL (blank lines skipped); a bad line raises ValueError naming its number.
+
+    A record without "dataset" takes the file name (``hotpotqa_e.jsonl`` -> ``hotpotqa``).
+    """
+    source = Path(path)
+    default_dataset = _dataset_from_path(source)
+    tasks: list[Task] = []
+    with source.open("rb") as handle:
+        for line_number, raw in enumerate(handle, start=1):
+            where = f"{source}, line {line_number}"
+            try:
+                line = raw.decode("utf-8-sig" if line_number == 1 else "utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(f"{where}: not UTF-8 text ({error.reason})") from None
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{where}: invalid JSON ({error.msg})") from None
+            try:
+                tasks.append(record_to_task(record, default_dataset))
+            except ValueError as error:
+                raise ValueError(f"{where}: {error}") from None
+    return tasks

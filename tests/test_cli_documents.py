@@ -1,0 +1,177 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from pdfs import BODY, make_pdf
+from typer.testing import CliRunner
+
+from maskkv_cli.cli import app
+
+runner = CliRunner()
+FAST = ["-n", "8", "--steps", "8", "--block-length", "8"]
+
+
+@pytest.fixture
+def pdf(tmp_path):
+    path = tmp_path / "story.pdf"
+    path.write_bytes(make_pdf(BODY))
+    return path
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def one_line_error(result, code, *fragments):
+    assert result.exit_code == code, result.output
+    lines = result.stderr.strip().splitlines()
+    assert lines and lines[-1].startswith("error: ")
+    assert "Traceback" not in result.output
+    for f in fragments:
+        assert f in lines[-1], (f, lines[-1])
+
+
+def test_ingest_json_list_remove(pdf):
+    result = run("ingest", pdf, "--json")
+    assert result.exit_code == 0, result.output
+    row = json.loads(result.stdout)["documents"][0]
+    assert row["pages"] == 5 and row["cached"] is False and row["tokens"] > 0
+    again = json.loads(run("ingest", pdf, "--json").stdout)["documents"][0]
+    assert again["cached"] is True and again["sha256"] == row["sha256"]
+    listed = json.loads(run("ingest", "--list", "--json").stdout)["documents"]
+    assert [d["sha256"] for d in listed] == [row["sha256"]]
+    assert run("ingest", "--remove", "story.pdf").exit_code == 0
+    assert json.loads(run("ingest", "--list", "--json").stdout)["documents"] == []
+
+
+def test_ingest_with_model_tokenizer(pdf, tiny_dir):
+    row = json.loads(run("ingest", pdf, "--model", tiny_dir, "--json").stdout)["documents"][0]
+    assert row["token_method"] == "model tokenizer"
+
+
+def test_ask_answers_and_json(pdf, tiny_dir):
+    result = run("ask", pdf, "What does the keeper write?", "--model", tiny_dir, *FAST)
+    assert result.exit_code == 0, result.output
+    assert "tokens/s" in result.stderr
+    result = run("ask", pdf, "--model", tiny_dir, "-q", "Who?", "-q", "When?", "--json", *FAST)
+    data = json.loads(result.stdout)
+    assert data["document"]["pages"] == 5
+    assert [a["question"] for a in data["answers"]] == ["Who?", "When?"]
+    assert all(a["policy"] == "maskkv" and a["stats"]["prompt_len"] > 50 for a in data["answers"])
+
+
+def test_ask_questions_file_and_policy(pdf, tiny_dir, tmp_path):
+    qfile = tmp_path / "q.txt"
+    qfile.write_text("# comment\nWhere?\n\nWhy?\n")
+    data = json.loads(run("ask", pdf, "--model", tiny_dir, "--questions", qfile, "--policy", "snapkv",
+                          "--budget", "16", "--json", *FAST).stdout)
+    assert [a["question"] for a in data["answers"]] == ["Where?", "Why?"]
+    assert all(a["budget"] == 16 and a["stats"]["kv_bytes"] < a["stats"]["kv_full_bytes"] for a in data["answers"])
+
+
+def test_long_document_is_truncated_with_a_note(tiny_dir, tmp_path):
+    doc = tmp_path / "long.txt"
+    doc.write_text(("The river runs past the mill. " * 40 + "\n\n") * 30)
+    result = run("ask", doc, "Where does the river run?", "--model", tiny_dir, *FAST)
+    assert result.exit_code == 0, result.output
+    assert "dropped" in result.stderr and "from the middle" in result.stderr
+    data = json.loads(run("ask", doc, "Where?", "--model", tiny_dir, "--json", *FAST).stdout)
+    answer = data["answers"][0]
+    assert answer["dropped_tokens"] > 0 and answer["prompt_tokens"] <= 1024
+    scaled = json.loads(run("ask", doc, "Where?", "--model", tiny_dir, "--json", "--long", "rope-scale", *FAST).stdout)
+    assert scaled["answers"][0]["dropped_tokens"] == 0 and scaled["answers"][0]["rope_factor"] > 1
+
+
+def test_summarize_parts(pdf, tiny_dir):
+    result = run("summarize", pdf, "--model", tiny_dir, "--length", "5", "--json", "--steps", "8",
+                 "--block-length", "8")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["pages"] == 5 and len(data["parts"]) >= 1 and isinstance(data["summary"], str)
+
+
+def test_encrypted_pdf(tmp_path, tiny_dir):
+    path = tmp_path / "secret.pdf"
+    path.write_bytes(make_pdf(BODY[:2], password="s3cret"))
+    one_line_error(run("ask", path, "Who?", "--model", tiny_dir, *FAST), 1, "--password")
+    ok = run("ask", path, "Who?", "--model", tiny_dir, "--password", "s3cret", *FAST)
+    assert ok.exit_code == 0, ok.output
+
+
+def test_pdf_without_text_and_truncated(tmp_path, tiny_dir):
+    scan = tmp_path / "scan.pdf"
+    scan.write_bytes(make_pdf([None, None]))
+    one_line_error(run("ask", scan, "Who?", "--model", tiny_dir), 1, "scanned", "pages 1-2")
+    data = make_pdf(BODY)
+    cut = tmp_path / "cut.pdf"
+    cut.write_bytes(data[: data.index(b"(Fourth, the storm")])
+    result = run("ask", cut, "Who?", "--model", tiny_dir, *FAST)
+    assert result.exit_code == 0, result.output
+    assert "truncated or damaged" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "name,content,fragment",
+    [
+        ("missing.txt", None, "not found"),
+        ("folder", "DIR", "directory"),
+        ("report.docx", b"PK\x03\x04 not really", ".docx"),
+        ("empty.txt", b"", "empty"),
+        ("junk.txt", bytes(range(256)) * 20, "binary"),
+    ],
+)
+def test_bad_documents(tmp_path, tiny_dir, name, content, fragment):
+    path = tmp_path / name
+    if content == "DIR":
+        path.mkdir()
+    elif content is not None:
+        path.write_bytes(content)
+    one_line_error(run("ask", path, "Who?", "--model", tiny_dir), 1, fragment)
+
+
+def test_undecodable_text(tmp_path, tiny_dir):
+    path = tmp_path / "odd.txt"
+    path.write_bytes(bytes([0x81, 0x8D, 0x8F, 0x90, 0x9D]) * 50)
+    result = run("ask", path, "Who?", "--model", tiny_dir)
+    assert result.exit_code == 1 and result.stderr.startswith("error: ")
+
+
+def test_bad_questions_and_budgets(pdf, tiny_dir):
+    one_line_error(run("ask", pdf, "   ", "--model", tiny_dir), 2, "question is empty")
+    one_line_error(run("ask", pdf, "--model", tiny_dir), 2, "no question")
+    one_line_error(run("ask", pdf, "Who?", "--model", tiny_dir, "--budget", "0"), 2, "--budget")
+    one_line_error(run("ask", pdf, "Who?", "--model", tiny_dir, "--ratio", "1.5"), 2, "--ratio")
+    one_line_error(run("ask", pdf, "Who?", "--model", tiny_dir, "--ratio", "0"), 2, "--ratio")
+
+
+def test_model_folder_missing_files(pdf, tmp_path):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    one_line_error(run("ask", pdf, "Who?", "--model", folder), 1, "no config.json")
+
+
+def test_interrupt_exits_130_and_keeps_store(pdf, tiny_dir, monkeypatch):
+    from maskkv_cli.session import Session
+    from maskkv_cli.store import DocumentStore
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Session, "answer_ids", boom)
+    result = run("ask", pdf, "Who?", "--model", tiny_dir)
+    assert result.exit_code == 130 and "interrupted" in result.stderr
+    entries = DocumentStore().list()
+    assert len(entries) == 1 and DocumentStore().get(entries[0].sha256) is not None
+    assert not [p for p in DocumentStore().root.rglob("*") if p.name.startswith(".")]
+
+
+def test_out_of_memory_message(pdf, tiny_dir, monkeypatch):
+    from maskkv_cli.session import Session
+
+    def oom(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(Session, "answer_ids", oom)
+    one_line_error(run("ask", pdf, "Who?", "--model", tiny_dir), 1, "ran out of memory", "--budget", "--device cpu")
