@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from maskkv_cli import __version__
-from maskkv_cli.commands.common import State, cache_config, fail, generation_config, guarded, open_session
+from maskkv_cli.commands.calibrate import calibrate
+from maskkv_cli.commands.common import State, cache_config, fail, generation_config, guarded, note, open_session
 from maskkv_cli.options import (
     BlockOpt,
     BudgetOpt,
@@ -17,6 +18,7 @@ from maskkv_cli.options import (
     DtypeOpt,
     GenLengthOpt,
     JsonOpt,
+    LayerBudgetsOpt,
     ModelOpt,
     PolicyOpt,
     QuietOpt,
@@ -61,6 +63,7 @@ def generate(
     prompt: Annotated[str, typer.Argument(help="The user message (plain prompt, no document).")],
     model: ModelOpt = None,
     policy: PolicyOpt = "maskkv",
+    layer_budgets: LayerBudgetsOpt = "auto",
     budget: BudgetOpt = None,
     ratio: RatioOpt = None,
     gen_length: GenLengthOpt = None,
@@ -92,7 +95,7 @@ def generate(
 
     if not prompt.strip():
         raise fail("the prompt is empty; pass some text", 2)
-    cache = cache_config(policy, budget, ratio, seed)
+    cache = cache_config(policy, budget, ratio, seed, layer_budgets)
     session = open_session(model, device, dtype, quiet, as_json)
     gen = generation_config(session.generation_defaults, gen_length, steps, block_length, temperature=temperature,
                             cfg_scale=cfg, remasking=remasking, threshold=threshold, seed=seed)
@@ -102,6 +105,8 @@ def generate(
             answer = session.answer(prompt, gen, cache, on_event=progress)
     else:
         answer = session.answer(prompt, gen, cache)
+    for message in answer.notes:
+        note(message, quiet, as_json)
     stats = answer.result.stats
     if as_json:
         typer.echo(json.dumps({"answer": answer.text, "model": session.model_path, "budget": answer.budget,
@@ -121,6 +126,7 @@ def policies() -> None:
         typer.echo(f"{name:20s} {REGISTRY[name].summary}")
 
 
+app.command()(calibrate)
 
 
 def _register() -> None:

@@ -36,3 +36,6 @@ PasswordOpt = Annotated[str | None, typer.Option("--password", help="Password of
 LongOpt = Annotated[str, typer.Option(
     "--long", help="Documents longer than the window: truncate (keep start and end, cut the middle) or rope-scale "
     "(NTK-style RoPE base scaling, keeps everything).")]
+LayerBudgetsOpt = Annotated[str, typer.Option(
+    "--layer-budgets", help="MaskKV layer budgets: auto (the model's calibration profile if present, else uniform), "
+    "online (from this input; holds the full cache during the prefill), uniform.")]

@@ -103,8 +103,10 @@ def add_gumbel_noise(logits: Tensor, temperature: float, gen: torch.Generator | 
 class _Forward:
     """Step 0 and later steps for one policy: plain recompute, or prefill + response-only steps."""
 
-    def __init__(self, model: LLaDA, policy: Policy, budget: int | None, prompt_len: int) -> None:
+    def __init__(self, model: LLaDA, policy: Policy, budget: int | None, prompt_len: int,
+                 online_importance: bool = False) -> None:
         self.model, self.policy, self.prompt_len = model, policy, prompt_len
+        self.online = online_importance
         self.cache: PromptCache | None = None
         self.records: list[LayerRecord] = []
         self.layer_budgets: list[int] | None = None
@@ -116,7 +118,10 @@ class _Forward:
         if not self.policy.uses_cache:
             return plain_logits(self.model, x, rows + m)
         if self.cache is None:
-            logits, self.cache, self.records = prefill(self.model, x, m, self.policy, self.layer_budgets, rows + m)
+            logits, self.cache, self.records = prefill(self.model, x, m, self.policy, self.layer_budgets, rows + m,
+                                                       online_importance=self.online)
+            if self.online and self.layer_budgets is not None:
+                self.layer_budgets = [r.layer_budget for r in self.records]  # the plan actually used
             return logits
         return response_logits(self.model, self.cache, x[:, m:], rows)
 
@@ -129,8 +134,12 @@ def generate(
     policy: Policy,
     budget: int | None = None,
     on_event: Callable[[Event], None] | None = None,
+    online_importance: bool = False,
 ) -> GenerationResult:
-    """Denoise ``gen.gen_length`` tokens after ``prompt`` (B, M) with ``policy`` at ``budget``."""
+    """Denoise ``gen.gen_length`` tokens after ``prompt`` (B, M) with ``policy`` at ``budget``.
+
+    ``online_importance``: layer budgets from the current input (the full cache is resident during the prefill).
+    """
     cfg = model.config
     device = model.device
     if prompt.dim() == 1:
@@ -142,7 +151,7 @@ def generate(
     mask_id = cfg.mask_token_id
     x = torch.cat([prompt, torch.full((bsz, gen.gen_length), mask_id, dtype=prompt.dtype, device=device)], 1)
     rng = torch.Generator(device=device).manual_seed(gen.seed)
-    forward = _Forward(model, policy, budget, m)
+    forward = _Forward(model, policy, budget, m, online_importance)
     stats = RunStats(policy=policy.name, prompt_len=m, gen_length=gen.gen_length)
     start = now(device)
     step = 0

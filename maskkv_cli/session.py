@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ class CacheConfig:
     budget: int | None = None
     ratio: float | None = None
     options: PolicyOptions = PolicyOptions()
+    layer_budgets: str = "auto"  # MaskKV: auto (calibration profile if any), online, uniform
 
     def resolved_budget(self, prompt_len: int) -> int | None:
         """Budget in entries per head per layer; None keeps the whole prompt."""
@@ -54,6 +55,7 @@ class Answer:
     prompt_len: int
     budget: int | None
     result: GenerationResult
+    notes: list[str] = field(default_factory=list)
 
 
 class Session:
@@ -93,16 +95,22 @@ class Session:
         cache: CacheConfig,
         on_event: Callable[[Event], None] | None = None,
     ) -> Answer:
+        from maskkv_cli.calibration import resolve_importance
+
         budget = cache.resolved_budget(len(ids))
-        policy = get_policy(cache.policy, cache.options)
+        options, note = resolve_importance(self.model_path, cache.options, cache.policy, cache.layer_budgets)
+        policy = get_policy(cache.policy, options)
         if budget is None and policy.evicts:
             budget = DEFAULT_BUDGET
+        evicting = policy.evicts and budget is not None and budget < len(ids)
+        online = cache.layer_budgets == "online" and cache.policy == "maskkv"
         prompt = torch.tensor([ids], dtype=torch.long, device=self.device)
-        result = generate(self.model, prompt, gen, policy, budget, on_event)
+        result = generate(self.model, prompt, gen, policy, budget, on_event, online_importance=online)
         cfg = self.model.config
         text = decode_answer(self.tokenizer, result.tokens[0].tolist(), stop_ids(self.tokenizer, cfg),
                              cfg.mask_token_id)
-        return Answer(text, len(ids), budget if policy.evicts else None, result)
+        notes = [note] if note and evicting else []
+        return Answer(text, len(ids), budget if policy.evicts else None, result, notes)
 
     def answer(self, question: str, gen: GenerationConfig, cache: CacheConfig,
                on_event: Callable[[Event], None] | None = None) -> Answer:

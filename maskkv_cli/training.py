@@ -55,8 +55,7 @@ class TrainConfig:
     max_len: int = 512
     curriculum_steps: int = 1500
     answer_len: int = 16
-    mix: dict[str, float] = field(default_factory=lambda: {"niah_single": 0.4, "niah_multikey": 0.4,
-                                                           "niah_multivalue": 0.1, "vt": 0.1})
+    mix: dict[str, float] = field(default_factory=lambda: {"niah_single": 0.5, "niah_multikey": 0.5})
     ckpt_every: int = 100
     eval_every: int = 250
     eval_n: int = 32

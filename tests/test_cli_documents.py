@@ -175,3 +175,16 @@ def test_out_of_memory_message(pdf, tiny_dir, monkeypatch):
 
     monkeypatch.setattr(Session, "answer_ids", oom)
     one_line_error(run("ask", pdf, "Who?", "--model", tiny_dir), 1, "ran out of memory", "--budget", "--device cpu")
+
+
+def test_layer_budget_modes_and_calibration_note(pdf, tiny_dir):
+    base = ["ask", pdf, "Who?", "--model", tiny_dir, "--budget", "8", *FAST]
+    result = run(*base)
+    assert result.exit_code == 0, result.output
+    assert "no calibration profile" in result.stderr
+    assert run("calibrate", "--model", tiny_dir, pdf, "--quiet").exit_code == 0
+    result = run(*base)
+    assert "using calibration profile" in result.stderr
+    data = json.loads(run(*base, "--layer-budgets", "online", "--json").stdout)
+    assert data["answers"][0]["stats"]["kv_bytes"] < data["answers"][0]["stats"]["kv_full_bytes"]
+    one_line_error(run(*base, "--layer-budgets", "sometimes"), 2, "--layer-budgets")

@@ -90,7 +90,7 @@ def open_session(model: str | None, device: str, dtype: str, quiet: bool, as_jso
     return Session(path, device=pick_device(device), dtype=None if dtype == "auto" else dtype)
 
 
-def cache_config(policy: str, budget: int | None, ratio: float | None, seed: int) -> Any:
+def cache_config(policy: str, budget: int | None, ratio: float | None, seed: int, layer_budgets: str = "auto") -> Any:
     from maskkv_cli.policies.base import PolicyOptions
     from maskkv_cli.session import CacheConfig
 
@@ -100,7 +100,10 @@ def cache_config(policy: str, budget: int | None, ratio: float | None, seed: int
         raise fail(f"--budget must be a positive integer, got {budget}", 2)
     if ratio is not None and not 0 < ratio <= 1:
         raise fail(f"--ratio must be in (0, 1], got {ratio}", 2)
-    return CacheConfig(policy=policy, budget=budget, ratio=ratio, options=PolicyOptions(seed=seed))
+    if layer_budgets not in ("auto", "online", "uniform"):
+        raise fail(f"--layer-budgets must be auto, online or uniform, got {layer_budgets!r}", 2)
+    return CacheConfig(policy=policy, budget=budget, ratio=ratio, options=PolicyOptions(seed=seed),
+                       layer_budgets=layer_budgets)
 
 
 def one_line_stats(stats: Any) -> str:

@@ -24,6 +24,7 @@ from maskkv_cli.options import (
     DtypeOpt,
     GenLengthOpt,
     JsonOpt,
+    LayerBudgetsOpt,
     LongOpt,
     ModelOpt,
     PasswordOpt,
@@ -148,6 +149,7 @@ def ask(
                                                         show_default=False)] = None,
     model: ModelOpt = None,
     policy: PolicyOpt = "maskkv",
+    layer_budgets: LayerBudgetsOpt = "auto",
     budget: BudgetOpt = None,
     ratio: RatioOpt = None,
     gen_length: GenLengthOpt = None,
@@ -176,7 +178,7 @@ def ask(
     from maskkv_cli.store import DocumentStore
 
     qs = _questions(question, more, questions_file)
-    cache = cache_config(policy, budget, ratio, seed)
+    cache = cache_config(policy, budget, ratio, seed, layer_budgets)
     err, live_on = _consoles(quiet, as_json)
     from maskkv_cli.render import LiveRun
 
@@ -189,10 +191,14 @@ def ask(
         gen = generation_config(session.generation_defaults, gen_length, steps, block_length,
                                 temperature=temperature, threshold=threshold, seed=seed)
         results = []
+        shown: set[str] = set()
         for i, q in enumerate(qs, 1):
             live.phase("tokenize", f"question {i}/{len(qs)}")
             answer, fitted = answer_question(session, doc.text, q, gen, cache, long, live)
-            note(fitted.rule or None, quiet, as_json)
+            for message in [fitted.rule, *answer.notes]:
+                if message and message not in shown:
+                    shown.add(message)
+                    note(message, quiet, as_json)
             results.append((q, answer, fitted))
     if as_json:
         typer.echo(json.dumps({
@@ -243,6 +249,7 @@ def summarize(
     length: Annotated[int, typer.Option("--length", help="Target length of the summary in words.")] = 150,
     model: ModelOpt = None,
     policy: PolicyOpt = "maskkv",
+    layer_budgets: LayerBudgetsOpt = "auto",
     budget: BudgetOpt = None,
     ratio: RatioOpt = None,
     steps: StepsOpt = None,
@@ -270,7 +277,7 @@ def summarize(
 
     if length <= 0:
         raise fail(f"--length must be a positive number of words, got {length}", 2)
-    cache = cache_config(policy, budget, ratio, seed)
+    cache = cache_config(policy, budget, ratio, seed, layer_budgets)
     err, live_on = _consoles(quiet, as_json)
     with LiveRun(err, live_on, device if device != "auto" else "cpu") as live:
         live.phase("parse", str(document))

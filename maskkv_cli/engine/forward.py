@@ -2,7 +2,9 @@
 
 - ``plain_logits``: the whole sequence, every step (cache mode ``none``).
 - ``prefill``: step 0 over ``[prompt ; masks]``, layer by layer: exact attention (SDPA), then the policy's
-  selection for that layer, then only the kept prompt K/V are stored before the next layer runs.
+  selection for that layer, then only the kept prompt K/V are stored before the next layer runs. With
+  ``online_importance`` the layer budgets are instead derived from this input's own layer importance, which
+  needs every layer's full prompt K/V until the last layer has run (see ``prefill``).
 - ``response_logits``: later steps, the response only, attending to ``[kept prompt K/V ; response K/V]``.
 The LM head runs only on the rows the sampler asks for (masked positions of the current block).
 """
@@ -16,11 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from maskkv_cli.budgets import boundary_layer_budgets
 from maskkv_cli.engine.cache import LayerCache, PromptCache, dense_layer, select_layer
 from maskkv_cli.models.llada import LLaDA
 from maskkv_cli.policies.base import LayerView, Policy
 
 MLP_CHUNK = 2048  # rows of the MLP computed at once in the prefill
+SHIFT_ROWS = 4096  # tokens per slice when measuring the attention shift (bounds the fp32 temporaries)
 
 
 @dataclass
@@ -32,6 +36,54 @@ class LayerRecord:
     head_budgets: Tensor  # (B, H) kept prompt entries per head
     preference: Tensor | None  # (B, H) P_h when computed
     positions: Tensor | None  # (B, H, K) kept prompt positions, padded with the last kept one; None = all
+    importance: float | None = None  # I(l) of this input when measured online
+
+
+def attention_shift(x: Tensor, attn: Tensor, rows: int = SHIFT_ROWS) -> Tensor:
+    """Sum over the tokens of ``1 - cos(h_in, h_out)``, ``h_in = x``, ``h_out = x + attn`` (both (B, T, d)).
+
+    This is the per-layer statistic behind the layer importance ``I(l)`` (spec section 2): how far the
+    attention sub-layer turns the residual stream. Computed in fp32 as ``|u - w|^2 / 2`` with ``u``, ``w`` the
+    unit vectors of ``h_in`` and ``h_out`` (the same value as ``1 - cos`` without the cancellation near
+    cos = 1), so an attention output of exactly zero gives exactly 0; each token contributes a value in
+    [0, 2]. Returns a 0-dim float64 tensor on ``x``'s device (no host sync).
+    """
+    d = x.shape[-1]
+    h = x.detach().reshape(-1, d)
+    a = attn.detach().reshape(-1, d)
+    total = torch.zeros((), dtype=torch.float64, device=x.device)
+    tiny = torch.finfo(torch.float32).tiny
+    for start in range(0, h.shape[0], rows):
+        h_in = h[start : start + rows].float()
+        h_out = h_in + a[start : start + rows].float()
+        u = h_in / h_in.norm(dim=-1, keepdim=True).clamp_min(tiny)
+        w = h_out / h_out.norm(dim=-1, keepdim=True).clamp_min(tiny)
+        total += (u - w).pow(2).sum(-1).mul(0.5).clamp(0.0, 2.0).sum(dtype=torch.float64)
+    return total
+
+
+class StoredView(LayerView):
+    """A layer's ``LayerView`` kept until the end of an online prefill, without its queries.
+
+    ``q`` is a meta tensor (shape only), so ``response_len`` still works; the mask-query attention mass is
+    kept when the policy computed it while scoring (so ``mask_mass`` and ``prompt_preference`` work); any
+    new query attention is refused with a clear error instead of silently computing garbage.
+    """
+
+    def mask_mass(self) -> Tensor:
+        if self._mask_mass is None:
+            raise RuntimeError("online layer budgets: this policy needs the mask queries' attention in "
+                               "head_budgets/preference but did not compute it in scores()")
+        return self._mask_mass
+
+    def query_mass(self, start: int, stop: int) -> Tensor:
+        raise RuntimeError("online layer budgets: the queries are freed after scoring; compute query attention "
+                           "in scores(), not in head_budgets()/preference()")
+
+
+def _stored_view(view: LayerView) -> StoredView:
+    q = torch.empty(view.q.shape, dtype=view.q.dtype, device="meta")
+    return StoredView(view.layer, view.n_layers, q, view.k, view.prompt_len, view.scale, view._mask_mass)
 
 
 def plain_logits(model: LLaDA, ids: Tensor, rows: Tensor) -> Tensor:
@@ -43,6 +95,22 @@ def plain_logits(model: LLaDA, ids: Tensor, rows: Tensor) -> Tensor:
     return model.head(x[:, rows])
 
 
+def _online_budget(layer_budgets: list[int], n_layers: int) -> int:
+    """The per-head budget B of a uniform plan (the total ``D * B`` that online mode redistributes)."""
+    if len(layer_budgets) != n_layers:
+        raise ValueError(f"layer_budgets has {len(layer_budgets)} entries for a model with {n_layers} layers")
+    total = sum(layer_budgets)
+    if total % n_layers:
+        raise ValueError(f"online layer budgets redistribute a total of D * B; {total} is not a multiple of "
+                         f"{n_layers} layers")
+    return total // n_layers
+
+
+def _record(i: int, budget: int, layer: LayerCache, pref: Tensor | None, importance: float | None) -> LayerRecord:
+    return LayerRecord(i, budget, layer.lengths.cpu(), None if pref is None else pref.cpu(),
+                       layer.positions.cpu() if layer.positions is not None else None, importance)
+
+
 def prefill(
     model: LLaDA,
     ids: Tensor,
@@ -51,10 +119,28 @@ def prefill(
     layer_budgets: list[int] | None,
     rows: Tensor,
     mlp_chunk: int = MLP_CHUNK,
+    online_importance: bool = False,
 ) -> tuple[Tensor, PromptCache, list[LayerRecord]]:
     """Step 0 with eviction. ``layer_budgets`` None keeps every prompt entry (the full prefix cache).
 
     Returns logits at sequence positions ``rows``, the compressed cache and one record per layer.
+
+    Offline (default): layer ``i`` keeps ``layer_budgets[i]`` entries per head on average and evicts right
+    after its own attention, so only one layer's full K/V is ever resident.
+
+    ``online_importance=True``: the layer importance ``I(l)`` is measured on this input while it runs (the
+    same statistic as ``maskkv_cli.calibration.layer_importance``, over every token of ``ids``) and the layer
+    budgets become ``boundary_layer_budgets(I, B, beta, boundary)`` with ``B = sum(layer_budgets) / D`` (pass
+    the uniform plan ``[B] * D``) and ``beta``/``boundary`` from ``policy.options``. Each layer is scored as it
+    runs (``policy.scores(view, layer_budgets[i])``; MaskKV's scores do not depend on the budget); the queries
+    are dropped at once, but the full K/V of the layer (``[prompt ; masks]``), its scores and the mask-query
+    attention mass (B, H, T) are kept. After the last layer, head budgets and the selection run for every
+    layer and the full K/V are freed layer by layer. **Memory**: the full cache of all layers,
+    ``2 * D * B_batch * H * T * head_dim`` elements (as large as a full prefix cache: about 0.5 MiB per token
+    for LLaDA-8B in bf16), is resident at the end of the prefill, on top of the compressed cache being built.
+    With ``B >= prompt_len`` nothing is evicted (the result equals the full cache). The records carry each
+    layer's ``importance`` and its actual ``layer_budget``. ``layer_budgets`` None ignores the flag except that
+    the importance is still reported.
     """
     t = ids.shape[1]
     response_len = t - prompt_len
@@ -64,28 +150,63 @@ def prefill(
     cos, sin = model.rope(torch.arange(t, device=ids.device))
     scale = 1.0 / math.sqrt(model.config.head_dim)
     n_layers = len(model.blocks)
+    online = online_importance and layer_budgets is not None
+    budget = 0
+    if online:
+        assert layer_budgets is not None
+        budget = _online_budget(layer_budgets, n_layers)
+        if budget >= prompt_len:  # the whole prompt fits: no eviction, exactly the full cache
+            online, layer_budgets = False, None
+    shifts: list[Tensor] = []
+    pending: list[tuple[StoredView, Tensor, Tensor, Tensor]] = []  # online: view, scores, full k, full v
     for i, block in enumerate(model.blocks):
         q, k, v = block.qkv(x, cos, sin)  # (B, H, T, D) each
         o = F.scaled_dot_product_attention(q, k, v)
+        attn = block.attn_proj(o)
+        del o
+        if online_importance:
+            shifts.append(attention_shift(x, attn))
         if layer_budgets is None:
             layer = dense_layer(k, v, prompt_len, response_len)
             records.append(LayerRecord(i, prompt_len, layer.lengths.cpu(), None, None))
+            cache.layers.append(layer)
+        elif online:
+            view = LayerView(i, n_layers, q, k, prompt_len, scale)
+            scores = policy.scores(view, layer_budgets[i])  # (B, H, M)
+            pending.append((_stored_view(view), scores, k, v))
+            del view, scores
         else:
             view = LayerView(i, n_layers, q, k, prompt_len, scale)
-            budget = layer_budgets[i]
-            scores = policy.scores(view, budget)  # (B, H, M)
-            heads = policy.head_budgets(view, budget, scores)  # (B, H)
+            lb = layer_budgets[i]
+            scores = policy.scores(view, lb)  # (B, H, M)
+            heads = policy.head_budgets(view, lb, scores)  # (B, H)
             layer = select_layer(k, v, scores, heads, prompt_len, response_len)
-            pref = policy.preference(view)
-            records.append(LayerRecord(i, budget, layer.lengths.cpu(), None if pref is None else pref.cpu(),
-                                       layer.positions.cpu() if layer.positions is not None else None))
+            records.append(_record(i, lb, layer, policy.preference(view), None))
+            cache.layers.append(layer)
             del view, scores
-        cache.layers.append(layer)
         del q, k, v
-        x = x + block.attn_proj(o)
-        del o
+        x = x + attn
+        del attn
         x = x + block.mlp(x, mlp_chunk)
-    return model.head(x[:, rows]), cache, records
+    logits = model.head(x[:, rows])
+    del x
+    tokens = ids.shape[0] * t
+    importance = [float(s) / tokens for s in shifts]
+    if online:
+        budgets = boundary_layer_budgets(importance, budget, policy.options.beta, policy.options.boundary)
+        pending.reverse()  # pop() from the end frees layer 0 first
+        while pending:
+            view, scores, k, v = pending.pop()
+            lb = budgets[view.layer]
+            heads = policy.head_budgets(view, lb, scores)
+            layer = select_layer(k, v, scores, heads, prompt_len, response_len)
+            records.append(_record(view.layer, lb, layer, policy.preference(view), importance[view.layer]))
+            cache.layers.append(layer)
+            del view, scores, k, v
+    else:
+        for rec, value in zip(records, importance, strict=False):
+            rec.importance = value
+    return logits, cache, records
 
 
 def response_logits(model: LLaDA, cache: PromptCache, response: Tensor, rows: Tensor) -> Tensor:

@@ -1,0 +1,336 @@
+"""Layer importance for MaskKV's boundary-aware layer budgets, and the per-model calibration profiles.
+
+``I(l) = 1 - mean cos(h_in, h_out)`` over every token of every calibration input, where ``h_in`` is the
+residual stream entering layer l's attention sub-layer and ``h_out = h_in + attention output`` (before the
+MLP), in fp32 (spec section 2, "Layer level"). A profile stores it per model as JSON under
+``config_file().parent / "calibration" / "<key>.json"``; the key is the model folder's name plus a short hash of
+its ``config.json``, so two different models in folders of the same name never share a profile.
+
+``resolve_importance`` is what a command calls: it fills ``PolicyOptions.importance`` from the profile
+(``auto``), leaves the budgets uniform (``uniform``/``off``) or defers to the prefill (``online``), and returns
+the one-line note to show the user.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from maskkv_cli.engine.forward import MLP_CHUNK, attention_shift
+from maskkv_cli.errors import UsageError
+from maskkv_cli.models.llada import LLaDA
+from maskkv_cli.paths import config_file
+from maskkv_cli.policies.base import PolicyOptions
+
+__all__ = [
+    "LAYER_BUDGET_MODES",
+    "ImportanceResult",
+    "Profile",
+    "calibration_inputs",
+    "find_profile",
+    "layer_importance",
+    "load_profile",
+    "make_profile",
+    "measure_importance",
+    "model_key",
+    "profile_path",
+    "resolve_importance",
+    "save_profile",
+]
+
+LAYER_BUDGET_MODES = ("auto", "online", "uniform", "off")  # "off" is an alias of "uniform"
+USES_IMPORTANCE = ("maskkv",)  # policies whose layer budgets come from I(l)
+_FIELDS = ("model", "model_path", "n_layers", "importance", "inputs", "tokens", "created", "maskkv_version")
+
+
+# ----------------------------------------------------------------------------------------------- measuring
+
+
+@dataclass(frozen=True)
+class ImportanceResult:
+    importance: list[float]  # I(l) per layer, in [0, 2]
+    inputs: int  # sequences measured
+    tokens: int  # tokens the mean runs over
+
+
+@torch.no_grad()
+def measure_importance(
+    model: LLaDA,
+    batches: Iterable[Tensor],
+    on_batch: Callable[[int, int], None] | None = None,
+    mlp_chunk: int = MLP_CHUNK,
+) -> ImportanceResult:
+    """``I(l)`` over ``batches`` of token ids, each (B, T) or (T,); every token of every input weighs the same.
+
+    The blocks run piece by piece (``qkv``, SDPA, ``attn_proj``, ``mlp``) exactly as in the prefill, so the
+    values match the online measurement of ``prefill(..., online_importance=True)`` on the same input.
+    ``on_batch(inputs_done, tokens_done)`` is called after each batch (progress displays).
+    """
+    n_layers = len(model.blocks)
+    sums = torch.zeros(n_layers, dtype=torch.float64, device=model.device)
+    inputs = tokens = 0
+    for ids in batches:
+        if ids.dim() == 1:
+            ids = ids[None]
+        ids = ids.to(model.device)
+        b, t = ids.shape
+        if t == 0:
+            continue
+        x = model.embed(ids)
+        cos, sin = model.rope(torch.arange(t, device=ids.device))
+        for i, block in enumerate(model.blocks):
+            q, k, v = block.qkv(x, cos, sin)
+            attn = block.attn_proj(F.scaled_dot_product_attention(q, k, v))
+            del q, k, v
+            sums[i] += attention_shift(x, attn)
+            if i == n_layers - 1:
+                break  # the last MLP does not change any I(l)
+            x = x + attn
+            del attn
+            x = x + block.mlp(x, mlp_chunk)
+        inputs += b
+        tokens += b * t
+        if on_batch is not None:
+            on_batch(inputs, tokens)
+    if tokens == 0:
+        raise UsageError("no calibration input: give at least one non-empty text")
+    return ImportanceResult([float(s) / tokens for s in sums.tolist()], inputs, tokens)
+
+
+def layer_importance(model: LLaDA, batches: Iterable[Tensor]) -> list[float]:
+    """``I(l) = 1 - mean cos(h_in, h_out)`` per layer over all tokens of ``batches`` (see the module doc)."""
+    return measure_importance(model, batches).importance
+
+
+def calibration_inputs(
+    tokenizer: Any,
+    texts: Sequence[str],
+    max_tokens: int,
+    samples: int,
+    gen_length: int,
+    mask_id: int,
+) -> list[list[int]]:
+    """Calibration sequences shaped like real inputs: chat template around a document window, then masks.
+
+    The texts are tokenized and joined (blank line between them), cut into windows of ``max_tokens`` tokens, and
+    at most ``samples`` windows are taken, spread evenly over the whole text. A trailing window shorter than a
+    quarter of ``max_tokens`` is dropped unless it is the only one. Each window is wrapped in the chat template
+    as the user's message and ``gen_length`` mask ids are appended.
+    """
+    from maskkv_cli.prompting import chat_prompt_ids
+
+    if max_tokens < 1 or samples < 1 or gen_length < 0:
+        raise UsageError("--max-tokens and --samples must be positive and --gen-length not negative")
+    ids: list[int] = []
+    separator = list(tokenizer.encode("\n\n", add_special_tokens=False))
+    for text in texts:
+        if not text.strip():
+            continue
+        if ids:
+            ids.extend(separator)
+        ids.extend(tokenizer.encode(text, add_special_tokens=False))
+    if not ids:
+        raise UsageError("the calibration text is empty")
+    windows = [ids[i : i + max_tokens] for i in range(0, len(ids), max_tokens)]
+    if len(windows) > 1 and len(windows[-1]) < max(1, max_tokens // 4):
+        windows.pop()
+    if len(windows) > samples:
+        windows = [windows[len(windows) * j // samples] for j in range(samples)]
+    return [chat_prompt_ids(tokenizer, tokenizer.decode(w)) + [mask_id] * gen_length for w in windows]
+
+
+# ------------------------------------------------------------------------------------------------ profiles
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A model's calibrated layer importance, as stored on disk."""
+
+    model: str  # the key (see model_key)
+    model_path: str
+    n_layers: int
+    importance: tuple[float, ...]
+    inputs: int
+    tokens: int
+    created: str  # ISO 8601, UTC
+    maskkv_version: str
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["importance"] = list(self.importance)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: object) -> Profile:
+        """Validate a parsed profile; raises ``ValueError`` with the reason when it does not fit."""
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        missing = [f for f in _FIELDS if f not in data]
+        if missing:
+            raise ValueError(f"missing field(s): {', '.join(missing)}")
+        for name in ("n_layers", "inputs", "tokens"):
+            value = data[name]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"field {name!r} must be a non-negative integer, got {value!r}")
+        imp = data["importance"]
+        if not isinstance(imp, list) or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in imp):
+            raise ValueError("field 'importance' must be a list of numbers")
+        if not all(math.isfinite(x) and 0.0 <= x <= 2.0 for x in imp):
+            raise ValueError("importance values must be finite numbers in [0, 2]")
+        if len(imp) != data["n_layers"]:
+            raise ValueError(f"{len(imp)} importance values for n_layers {data['n_layers']}")
+        return cls(str(data["model"]), str(data["model_path"]), int(data["n_layers"]),
+                   tuple(float(x) for x in imp), int(data["inputs"]), int(data["tokens"]), str(data["created"]),
+                   str(data["maskkv_version"]))
+
+
+def _folder(model_path: str | os.PathLike[str]) -> Path:
+    from maskkv_cli.models.loading import resolve_model_path
+
+    return resolve_model_path(model_path)
+
+
+def _display_name(folder: Path) -> str:
+    """The folder's name; for a Hugging Face cache snapshot (a commit hash) the repository's name."""
+    name = folder.name
+    repo = folder.parent.parent.name
+    if folder.parent.name == "snapshots" and repo.startswith("models--"):
+        name = repo.removeprefix("models--")
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "model"
+
+
+def model_key(model_path: str | os.PathLike[str]) -> str:
+    """``<folder name>-<12 hex digits of sha256 of config.json>`` (the JSON re-serialized with sorted keys, so
+    whitespace and key order do not matter; the raw bytes when it is not JSON)."""
+    folder = _folder(model_path)
+    raw = (folder / "config.json").read_bytes()
+    try:
+        canonical = json.dumps(json.loads(raw), sort_keys=True, separators=(",", ":")).encode()
+    except ValueError:
+        canonical = raw
+    return f"{_display_name(folder)}-{hashlib.sha256(canonical).hexdigest()[:12]}"
+
+
+def profile_dir() -> Path:
+    return config_file().parent / "calibration"
+
+
+def profile_path(model_path: str | os.PathLike[str]) -> Path:
+    return profile_dir() / f"{model_key(model_path)}.json"
+
+
+def _model_layers(folder: Path) -> int:
+    from maskkv_cli.models.loading import read_config
+
+    return read_config(folder).n_layers
+
+
+def make_profile(model_path: str | os.PathLike[str], result: ImportanceResult) -> Profile:
+    from maskkv_cli import __version__
+
+    folder = _folder(model_path)
+    n_layers = _model_layers(folder)
+    if len(result.importance) != n_layers:
+        raise ValueError(f"{len(result.importance)} importance values for a model with {n_layers} layers")
+    return Profile(model_key(folder), str(folder.resolve()), n_layers, tuple(result.importance), result.inputs,
+                   result.tokens, datetime.now(UTC).isoformat(timespec="seconds"), __version__)
+
+
+def save_profile(profile: Profile, path: Path | None = None) -> Path:
+    """Write ``profile`` (default: under ``profile_dir()`` by its key) atomically: a temp file, then replace."""
+    target = path or profile_dir() / f"{profile.model}.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(profile.to_dict(), f, indent=2)
+            f.write("\n")
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def find_profile(model_path: str | os.PathLike[str]) -> tuple[Profile | None, str | None]:
+    """(the model's profile or None, why a profile file present was ignored or None).
+
+    A missing file gives ``(None, None)``. A file that cannot be read, is not valid JSON, is made for another
+    model or does not have one value per layer of this model is ignored with a reason.
+    """
+    folder = _folder(model_path)
+    key = model_key(folder)
+    path = profile_dir() / f"{key}.json"
+    if not path.is_file():
+        return None, None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        return None, f"cannot read it ({exc.strerror or exc})"
+    except ValueError as exc:
+        return None, f"it is not valid JSON ({exc})"
+    try:
+        profile = Profile.from_dict(data)
+    except ValueError as exc:
+        return None, str(exc)
+    if profile.model != key:
+        return None, f"it was made for model {profile.model!r}, not {key!r}"
+    n_layers = _model_layers(folder)
+    if profile.n_layers != n_layers:
+        return None, f"it has {profile.n_layers} layers, the model has {n_layers}"
+    return profile, None
+
+
+def load_profile(model_path: str | os.PathLike[str]) -> Profile | None:
+    """The model's calibration profile, or None when there is none or it is unusable (see ``find_profile``)."""
+    return find_profile(model_path)[0]
+
+
+def resolve_importance(
+    model_path: str | os.PathLike[str],
+    options: PolicyOptions,
+    policy_name: str,
+    mode: str = "auto",
+) -> tuple[PolicyOptions, str | None]:
+    """Options with ``importance`` set for ``mode``, and a one-line note for the user (or None).
+
+    - ``auto``: the model's calibration profile if there is a usable one, else uniform layer budgets. An
+      ``importance`` already set in ``options`` is kept as it is.
+    - ``uniform`` (alias ``off``): uniform layer budgets (``importance`` None), no note.
+    - ``online``: ``importance`` None (the plan stays uniform); the caller must run the prefill with
+      ``online_importance=True`` so that the budgets come from the current input.
+    Only the ``maskkv`` policy uses layer importance; for the others ``options`` come back unchanged, no note.
+    """
+    if mode not in LAYER_BUDGET_MODES:
+        raise UsageError(f"--layer-budgets must be one of auto, online, uniform; got {mode!r}")
+    if policy_name not in USES_IMPORTANCE:
+        return options, None
+    if mode in ("uniform", "off"):
+        return replace(options, importance=None), None
+    if mode == "online":
+        return replace(options, importance=None), (
+            "layer budgets from this input's own layer importance (online): the full prompt K/V of every layer "
+            "stays resident during the prefill")
+    if options.importance is not None:
+        return options, None
+    path = profile_path(model_path)
+    profile, reason = find_profile(model_path)
+    if profile is not None:
+        return replace(options, importance=profile.importance), f"using calibration profile {path} for layer budgets"
+    hint = f"run `maskkv calibrate --model {model_path}`"
+    if reason is not None:
+        return options, f"ignoring calibration profile {path}: {reason}; uniform layer budgets ({hint} to redo it)"
+    return options, f"no calibration profile for this model: uniform layer budgets ({hint} to create one)"

@@ -1,0 +1,177 @@
+"""``maskkv calibrate``: measure a model's layer importance once and store it for MaskKV's layer budgets.
+
+Heavy modules (torch, transformers, Rich) load inside the command, so ``maskkv --help`` stays light.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from maskkv_cli.commands.common import guarded, note, pick_device
+from maskkv_cli.errors import DocumentError, UsageError
+from maskkv_cli.options import DeviceOpt, DtypeOpt, GenLengthOpt, JsonOpt, ModelOpt, QuietOpt
+
+DEFAULT_GEN_LENGTH = 128
+DocsArg = Annotated[list[Path] | None, typer.Argument(
+    metavar="DOCS", help="Text or PDF files to calibrate on. Default: the built-in English corpus.",
+    show_default=False)]
+SamplesOpt = Annotated[int, typer.Option("--samples", help="Calibration inputs (document windows) at most.")]
+MaxTokensOpt = Annotated[int, typer.Option(
+    "--max-tokens", help="Document tokens per input (the chat template and the masks come on top).")]
+
+
+def _is_pdf(path: Path) -> bool:
+    if path.suffix.lower() == ".pdf":
+        return True
+    try:
+        with path.open("rb") as f:
+            return f.read(5) == b"%PDF-"
+    except OSError:
+        return False
+
+
+def _read_pdf(path: Path) -> str:
+    try:
+        from maskkv_cli.documents import load_document
+    except ImportError:
+        raise DocumentError(f"{path} is a PDF and PDF reading is not available in this install; pass a plain "
+                            "text version of it") from None
+    return str(load_document(path).text)
+
+
+def read_texts(paths: list[Path]) -> list[str]:
+    """The text of each file: plain text read directly (UTF-8, undecodable bytes replaced), PDFs extracted."""
+    texts: list[str] = []
+    for path in paths:
+        if path.is_dir():
+            raise DocumentError(f"{path} is a folder; pass the text or PDF files in it")
+        if not path.is_file():
+            raise DocumentError(f"document {path} does not exist")
+        if _is_pdf(path):
+            text = _read_pdf(path)
+        else:
+            try:
+                data = path.read_bytes()
+            except OSError as exc:
+                raise DocumentError(f"cannot read {path}: {exc.strerror or exc}") from None
+            if b"\x00" in data[:4096]:
+                raise DocumentError(f"{path} looks like a binary file; pass text or PDF files")
+            text = data.decode("utf-8", errors="replace")
+        if not text.strip():
+            raise DocumentError(f"{path} contains no text")
+        texts.append(text)
+    return texts
+
+
+def builtin_corpus() -> list[str]:
+    try:
+        from maskkv_cli.bench.tasks import load_corpus
+
+        paragraphs = load_corpus()
+    except (ImportError, OSError):
+        paragraphs = []
+    if not paragraphs:
+        raise UsageError("no built-in corpus in this install; pass documents to calibrate on: "
+                         "maskkv calibrate --model M report.pdf notes.txt")
+    return ["\n\n".join(paragraphs)]
+
+
+@guarded
+def calibrate(
+    docs: DocsArg = None,
+    model: ModelOpt = None,
+    samples: SamplesOpt = 8,
+    max_tokens: MaxTokensOpt = 2048,
+    gen_length: GenLengthOpt = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Measure the model's layer importance and save it as the calibration profile MaskKV's layer budgets use.
+
+    Each input is a window of `--max-tokens` document tokens in the chat template with `--gen-length` masks
+    after it (the shape of real inputs). The profile is stored per model under the config folder
+    (`calibration/<model>-<hash>.json`) and picked up automatically by the `maskkv` policy.
+
+    Examples:
+
+        maskkv calibrate --model ~/models/LLaDA-8B-Instruct
+
+        maskkv calibrate --model ~/models/LLaDA-8B-Instruct --samples 16 report.pdf notes.txt
+    """
+    from rich.console import Console
+
+    from maskkv_cli.calibration import calibration_inputs, make_profile, measure_importance, save_profile
+    from maskkv_cli.defaults import resolve_default_model
+
+    if samples < 1 or max_tokens < 1:
+        raise UsageError("--samples and --max-tokens must be positive")
+    if gen_length is not None and gen_length < 0:
+        raise UsageError("--gen-length must not be negative")
+    path, msg = resolve_default_model(model)
+    note(msg, quiet, as_json)
+    texts = read_texts(docs) if docs else builtin_corpus()
+
+    import torch
+
+    from maskkv_cli.models.loading import load_model, read_config, resolve_model_path
+    from maskkv_cli.prompting import load_tokenizer
+
+    folder = resolve_model_path(path)
+    cfg = read_config(folder)
+    if gen_length is None:
+        gen_length = _default_gen_length(folder)
+    tokenizer = load_tokenizer(path)
+    inputs = calibration_inputs(tokenizer, texts, max_tokens, samples, gen_length, cfg.mask_token_id)
+    llada = load_model(path, device=pick_device(device), dtype=None if dtype == "auto" else dtype)
+    batches = (torch.tensor([seq], dtype=torch.long) for seq in inputs)
+
+    err = Console(stderr=True)
+    if err.is_terminal and not quiet and not as_json:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn("[bold]calibrating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err, transient=True) as progress:
+            task = progress.add_task("calibrating", total=len(inputs))
+            result = measure_importance(llada, batches, on_batch=lambda n, _t: progress.update(task, completed=n))
+    else:
+        result = measure_importance(llada, batches)
+    profile = make_profile(path, result)
+    saved = save_profile(profile)
+
+    if as_json:
+        typer.echo(json.dumps({**profile.to_dict(), "path": str(saved)}))
+        return
+    _print_table(profile.importance, result.inputs, result.tokens)
+    typer.echo(f"saved calibration profile to {saved}")
+
+
+def _default_gen_length(folder: Path) -> int:
+    """The model's own default response length when it declares one, else 128."""
+    try:
+        from maskkv_cli.session import read_generation_defaults
+    except ImportError:
+        return DEFAULT_GEN_LENGTH
+    return read_generation_defaults(folder).get("gen_length", DEFAULT_GEN_LENGTH)
+
+
+def _print_table(importance: tuple[float, ...], inputs: int, tokens: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    top = max(importance) or 1.0
+    last = len(importance) - 1
+    table = Table(title=f"layer importance I(l) over {inputs} inputs, {tokens} tokens", title_justify="left")
+    table.add_column("layer", justify="right")
+    table.add_column("I(l)", justify="right")
+    table.add_column("", no_wrap=True)
+    for i, value in enumerate(importance):
+        bar = "#" * round(24 * value / top)
+        label = f"{i}" + (" (boundary)" if i in (0, last) else "")
+        table.add_row(label, f"{value:.4f}", bar)
+    Console().print(table)

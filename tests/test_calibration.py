@@ -1,0 +1,310 @@
+"""Layer importance, calibration profiles, ``resolve_importance``, online layer budgets and ``maskkv calibrate``."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import maskkv_cli.sampler as sampler_mod
+from maskkv_cli.budgets import boundary_layer_budgets
+from maskkv_cli.calibration import (
+    ImportanceResult,
+    find_profile,
+    layer_importance,
+    load_profile,
+    make_profile,
+    measure_importance,
+    model_key,
+    profile_path,
+    resolve_importance,
+    save_profile,
+)
+from maskkv_cli.cli import app
+from maskkv_cli.engine.forward import StoredView, prefill, response_logits
+from maskkv_cli.errors import UsageError
+from maskkv_cli.models.llada import LLaDA
+from maskkv_cli.paths import config_file
+from maskkv_cli.policies import PolicyOptions, get_policy, policy_names
+from maskkv_cli.sampler import GenerationConfig, generate
+
+EVICTING = [p for p in policy_names() if p not in ("none", "full")]
+GEN = GenerationConfig(gen_length=16, steps=8, block_length=8)
+runner = CliRunner()
+
+
+def ids_of(model, n=40, seed=0, masks=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(6, model.config.vocab_size, (1, n), generator=g)
+    if masks:
+        ids = torch.cat([ids, torch.full((1, masks), model.config.mask_token_id)], 1)
+    return ids
+
+
+@pytest.fixture(scope="module")
+def deep_model(tiny_config):
+    """A 4-layer tiny model: two boundary and two middle layers, so boundary-aware budgets differ by layer."""
+    return LLaDA(tiny_config.with_(n_layers=4)).init_weights(seed=2, std=0.2).eval()
+
+
+# --------------------------------------------------------------------------------------------- importance
+
+
+def test_importance_in_range_and_deterministic(tiny_model):
+    batches = [ids_of(tiny_model, 30, 0, masks=8), ids_of(tiny_model, 50, 1)]
+    first = layer_importance(tiny_model, batches)
+    assert len(first) == tiny_model.config.n_layers
+    assert all(0.0 <= x <= 2.0 for x in first) and any(x > 0 for x in first)
+    assert layer_importance(tiny_model, batches) == first
+
+
+def test_importance_is_a_token_weighted_mean(tiny_model):
+    a, b = ids_of(tiny_model, 20, 3), ids_of(tiny_model, 60, 4)
+    both = measure_importance(tiny_model, [a, b])
+    assert (both.inputs, both.tokens) == (2, 80)
+    ia, ib = layer_importance(tiny_model, [a]), layer_importance(tiny_model, [b])
+    for x, y, z in zip(both.importance, ia, ib, strict=True):
+        assert x == pytest.approx((20 * y + 60 * z) / 80, rel=1e-9)
+
+
+def test_zeroed_attention_output_gives_zero_importance(tiny_model):
+    model = copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        model.blocks[1].attn_out.weight.zero_()
+    batches = [ids_of(model, 30, masks=8)]
+    imp = layer_importance(model, batches)
+    assert imp[1] == 0.0
+    assert imp[0] > 0.0 and imp[0] == layer_importance(tiny_model, batches)[0]
+
+
+def test_no_input_is_a_usage_error(tiny_model):
+    with pytest.raises(UsageError):
+        layer_importance(tiny_model, [])
+
+
+# ----------------------------------------------------------------------------------------------- profiles
+
+
+def test_profile_round_trip(tiny_dir):
+    profile = make_profile(tiny_dir, ImportanceResult([0.25, 0.5], 3, 120))
+    path = save_profile(profile)
+    assert path == profile_path(tiny_dir) == config_file().parent / "calibration" / f"{model_key(tiny_dir)}.json"
+    assert load_profile(tiny_dir) == profile
+    assert profile.n_layers == 2 and profile.importance == (0.25, 0.5) and profile.model == model_key(tiny_dir)
+    data = json.loads(path.read_text())
+    assert set(data) == {"model", "model_path", "n_layers", "importance", "inputs", "tokens", "created",
+                         "maskkv_version"}
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp file left behind
+
+
+def _config_folder(root: Path, cfg: dict) -> Path:
+    folder = root / "LLaDA-8B-Instruct"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+def test_key_depends_on_config_not_only_folder_name(tmp_path):
+    a = _config_folder(tmp_path / "a", {"n_layers": 32, "d_model": 4096})
+    b = _config_folder(tmp_path / "b", {"n_layers": 16, "d_model": 4096})
+    c = _config_folder(tmp_path / "c", {"d_model": 4096, "n_layers": 32})  # same content, other key order
+    (c / "config.json").write_text(json.dumps({"d_model": 4096, "n_layers": 32}, indent=4))
+    assert model_key(a) != model_key(b)
+    assert model_key(a) == model_key(c)
+    assert model_key(a).startswith("LLaDA-8B-Instruct-")
+
+
+def test_bad_profiles_are_ignored_with_a_reason(tiny_dir):
+    path = profile_path(tiny_dir)
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    profile, reason = find_profile(tiny_dir)
+    assert profile is None and "not valid JSON" in reason
+    good = make_profile(tiny_dir, ImportanceResult([0.1, 0.2], 1, 10)).to_dict()
+    path.write_text(json.dumps({**good, "n_layers": 3, "importance": [0.1, 0.2, 0.3]}))
+    profile, reason = find_profile(tiny_dir)
+    assert profile is None and "3 layers" in reason
+    path.write_text(json.dumps({**good, "importance": [0.1, float("nan")]}))
+    assert find_profile(tiny_dir)[0] is None
+    options, note = resolve_importance(tiny_dir, PolicyOptions(), "maskkv")
+    assert options.importance is None and note.startswith(f"ignoring calibration profile {path}:")
+    path.write_text(json.dumps(good))
+    assert find_profile(tiny_dir) == (load_profile(tiny_dir), None)
+
+
+def test_resolve_importance_notes(tiny_dir):
+    base = PolicyOptions(alpha=0.2)
+    options, note = resolve_importance(tiny_dir, base, "maskkv")
+    assert options == base and options.importance is None
+    assert note == ("no calibration profile for this model: uniform layer budgets "
+                    f"(run `maskkv calibrate --model {tiny_dir}` to create one)")
+    path = save_profile(make_profile(tiny_dir, ImportanceResult([0.3, 0.7], 1, 10)))
+    options, note = resolve_importance(tiny_dir, base, "maskkv")
+    assert options.importance == (0.3, 0.7) and options.alpha == 0.2
+    assert note == f"using calibration profile {path} for layer budgets"
+    for policy in ("snapkv", "mask-vote-uniform", "full"):
+        assert resolve_importance(tiny_dir, base, policy) == (base, None)
+    assert resolve_importance(tiny_dir, base, "maskkv", "uniform") == (base, None)
+    assert resolve_importance(tiny_dir, base, "maskkv", "off") == (base, None)
+    options, note = resolve_importance(tiny_dir, base, "maskkv", "online")
+    assert options.importance is None and "online" in note
+    with pytest.raises(UsageError):
+        resolve_importance(tiny_dir, base, "maskkv", "sometimes")
+
+
+@pytest.mark.parametrize(("importance", "boundary_gets_more"), [
+    ((0.5, 0.1, 0.1, 0.1, 0.1, 0.6), True),
+    ((0.01, 0.3, 0.25, 0.4, 0.2, 0.02), False),
+])
+def test_maskkv_profile_budgets(importance, boundary_gets_more):
+    policy = get_policy("maskkv", PolicyOptions(importance=importance))
+    budgets = policy.layer_budgets(6, 32, 10_000)
+    assert sum(budgets) == 6 * 32
+    low_boundary, high_middle = min(budgets[0], budgets[5]), max(budgets[1:5])
+    if boundary_gets_more:
+        assert low_boundary > high_middle
+    else:
+        assert max(budgets[0], budgets[5]) < min(budgets[1:5]) and high_middle > 32
+
+
+def test_generate_with_profile_importance(tiny_model, tiny_dir):
+    save_profile(make_profile(tiny_dir, ImportanceResult([0.9, 0.1], 1, 10)))
+    options, _ = resolve_importance(tiny_dir, PolicyOptions(), "maskkv")
+    out = generate(tiny_model, ids_of(tiny_model), GEN, get_policy("maskkv", options), 6)
+    assert out.layer_budgets is not None and sum(out.layer_budgets) == 2 * 6
+
+
+# ------------------------------------------------------------------------------------------------- online
+
+
+def _online(monkeypatch, budget: int | None = None):
+    """Route the sampler's prefill through online mode (with a fixed uniform plan of ``budget`` if given)."""
+    real = sampler_mod.prefill
+
+    def patched(model, x, m, policy, layer_budgets, rows, *args, **kwargs):
+        if budget is not None:
+            layer_budgets = [budget] * len(model.blocks)
+        kwargs.pop("online_importance", None)
+        return real(model, x, m, policy, layer_budgets, rows, *args, online_importance=True, **kwargs)
+
+    monkeypatch.setattr(sampler_mod, "prefill", patched)
+
+
+def test_online_importance_matches_calibration(deep_model):
+    x = ids_of(deep_model, 40, masks=16)
+    rows = torch.arange(40, 56)
+    _, _, records = prefill(deep_model, x, 40, get_policy("maskkv"), [8] * 4, rows, online_importance=True)
+    expected = layer_importance(deep_model, [x])
+    assert [r.importance for r in records] == expected
+
+
+@pytest.mark.parametrize("budget", [40, 41, 500])
+def test_online_budget_at_least_prompt_reproduces_full(deep_model, monkeypatch, budget):
+    ids = ids_of(deep_model)
+    full = generate(deep_model, ids, GEN, get_policy("full")).tokens
+    _online(monkeypatch, budget)
+    out = generate(deep_model, ids, GEN, get_policy("maskkv"), budget)
+    assert torch.equal(out.tokens, full)
+    assert all(r.positions is None and int(r.head_budgets.min()) == 40 for r in out.records)
+
+
+def test_online_keeps_exactly_the_budgets_it_reports(deep_model, monkeypatch):
+    ids = ids_of(deep_model, 48)
+    budget = 6
+    _online(monkeypatch)
+    out = generate(deep_model, ids, GEN, get_policy("maskkv"), budget)
+    cfg = deep_model.config
+    importance = [r.importance for r in out.records]
+    reported = [r.layer_budget for r in out.records]
+    assert reported == boundary_layer_budgets(importance, budget, 0.4)
+    assert sum(reported) == cfg.n_layers * budget and len(set(reported)) > 1
+    for rec in out.records:
+        heads = rec.head_budgets[0]
+        assert int(heads.sum()) == cfg.n_heads * rec.layer_budget
+        for h in range(cfg.n_heads):
+            kept = rec.positions[0, h, : int(heads[h])]
+            assert len(set(kept.tolist())) == int(heads[h])
+    assert out.stats.kv_entries == cfg.n_heads * cfg.n_layers * budget
+
+
+def test_online_equals_offline_with_the_same_importance(deep_model):
+    """Online mode = offline mode fed the importance this input measures: same logits, cache and later steps."""
+    m, n = 40, 16
+    x = ids_of(deep_model, m, masks=n)
+    rows = torch.arange(m, m + n)
+    policy = get_policy("maskkv")
+    logits_on, cache_on, rec_on = prefill(deep_model, x, m, policy, [5] * 4, rows, online_importance=True)
+    budgets = [r.layer_budget for r in rec_on]  # uniform plan in, boundary-aware plan out
+    assert budgets != [5] * 4 and sum(budgets) == 4 * 5
+    logits_off, cache_off, rec_off = prefill(deep_model, x, m, policy, budgets, rows)
+    assert torch.equal(logits_on, logits_off)
+    for a, b in zip(rec_on, rec_off, strict=True):
+        assert torch.equal(a.head_budgets, b.head_budgets) and torch.equal(a.positions, b.positions)
+    step_rows = torch.arange(n)
+    assert torch.equal(response_logits(deep_model, cache_on, x[:, m:], step_rows),
+                       response_logits(deep_model, cache_off, x[:, m:], step_rows))
+
+
+@pytest.mark.parametrize("policy", EVICTING)
+def test_online_mode_works_for_every_policy(deep_model, policy):
+    m = 40
+    x = ids_of(deep_model, m, masks=16)
+    _, cache, records = prefill(deep_model, x, m, get_policy(policy, PolicyOptions(window=4)), [8] * 4,
+                                torch.arange(m, m + 16), online_importance=True)
+    assert sum(r.layer_budget for r in records) == 4 * 8
+    for rec in records:
+        assert int(rec.head_budgets.sum()) == deep_model.config.n_heads * rec.layer_budget
+    assert cache.logical_entries() == deep_model.config.n_heads * 4 * 8
+
+
+def test_stored_view_refuses_new_query_attention(deep_model):
+    k = torch.randn(1, 2, 12, 8)
+    view = StoredView(0, 1, torch.empty(1, 2, 12, 8, device="meta"), k, 8, 0.5)
+    assert view.response_len == 4
+    with pytest.raises(RuntimeError):
+        view.query_mass(0, 8)
+    with pytest.raises(RuntimeError):
+        view.mask_mass()
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+
+
+def _profile_file(tiny_dir) -> Path:
+    return Path(os.environ["MASKKV_CONFIG"]).parent / "calibration" / f"{model_key(tiny_dir)}.json"
+
+
+def test_calibrate_command_writes_the_profile(tiny_dir, tmp_path):
+    doc = tmp_path / "doc.txt"
+    doc.write_text("The river runs past the old mill and under the stone bridge. " * 20)
+    result = runner.invoke(app, ["calibrate", "--model", str(tiny_dir), "--samples", "3", "--max-tokens", "24",
+                                 "-n", "8", str(doc)])
+    assert result.exit_code == 0, result.output
+    target = _profile_file(tiny_dir)
+    assert target.is_file() and f"saved calibration profile to {target}" in result.stdout
+    assert "I(l)" in result.stdout
+    profile = load_profile(tiny_dir)
+    assert profile is not None and profile.inputs == 3 and profile.n_layers == 2
+
+
+def test_calibrate_json_on_builtin_corpus(tiny_dir):
+    pytest.importorskip("maskkv_cli.bench.tasks")
+    result = runner.invoke(app, ["calibrate", "--model", str(tiny_dir), "--samples", "2", "--max-tokens", "32",
+                                 "-n", "8", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["path"] == str(_profile_file(tiny_dir)) and data["inputs"] == 2
+    assert data["tokens"] > 2 * 32 and len(data["importance"]) == 2
+
+
+def test_calibrate_missing_document_is_one_line(tiny_dir, tmp_path):
+    missing = tmp_path / "nope.txt"
+    result = runner.invoke(app, ["calibrate", "--model", str(tiny_dir), str(missing)])
+    assert result.exit_code == 1
+    assert result.stderr.strip() == f"error: document {missing} does not exist"
+    assert not _profile_file(tiny_dir).exists()
