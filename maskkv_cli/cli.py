@@ -135,6 +135,9 @@ def _register() -> None:
     app.command()(ingest)
     app.command()(ask)
     app.command()(summarize)
+    from maskkv_cli.commands.train import train_tiny
+
+    app.command("train-tiny")(train_tiny)
 
 
 _register()

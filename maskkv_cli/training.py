@@ -269,3 +269,19 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
             "elapsed_s": elapsed0 + time.perf_counter() - t0, "parameters": sum(p.numel() for p in model.parameters())}
     save_model(model, final, tok, extra_files={"training.json": json.dumps(info, indent=2)})
     return final
+
+
+def install_model(folder: Path, gen_length: int = 16) -> Path:
+    """Copy a trained model into the package as the embedded default, with its generation defaults."""
+    target = Path(__file__).parent / "assets" / "tiny-llada"
+    model = load_model(folder)
+    tok = load_tokenizer(folder)
+    extra = {}
+    info = folder / "training.json"
+    if info.is_file():
+        extra["training.json"] = info.read_text()
+    save_model(model, target, tok, extra_files=extra)
+    gen_cfg = json.loads((target / "generation_config.json").read_text())
+    gen_cfg["maskkv"] = {"gen_length": gen_length, "steps": gen_length, "block_length": gen_length}
+    (target / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2))
+    return target
