@@ -138,6 +138,9 @@ def _register() -> None:
     from maskkv_cli.commands.train import train_tiny
 
     app.command("train-tiny")(train_tiny)
+    from maskkv_cli.commands.demo import demo
+
+    app.command()(demo)
 
 
 _register()

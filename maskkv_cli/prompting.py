@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,9 @@ def decode_answer(tokenizer: Any, ids: list[int], stops: set[int], mask_id: int)
             break
         if t != mask_id:
             out.append(t)
-    return tokenizer.decode(out, skip_special_tokens=True).strip()
+    text = tokenizer.decode(out, skip_special_tokens=True)
+    # Control characters (e.g. ESC from a random model's byte tokens) must never reach a terminal.
+    return "".join(c for c in text if c in "\n\t" or unicodedata.category(c) != "Cc").strip()
 
 
 def model_folder_name(path: str | os.PathLike[str]) -> str:

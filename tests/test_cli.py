@@ -86,3 +86,20 @@ def test_policies_lists_all():
     for name in ("none", "full", "maskkv", "snapkv", "pyramidkv", "adakv", "streamingllm", "random",
                  "mask-vote-uniform", "prompt-vote", "all-vote"):
         assert name in result.output
+
+
+def test_demo_runs_on_a_given_model(tiny_dir):
+    result = runner.invoke(app, ["demo", "--model", str(tiny_dir), "--json", "--length", "120"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["question"].startswith("What is the special magic number for")
+    assert [r["policy"] for r in data["runs"]] == ["maskkv", "full"]
+    assert data["runs"][0]["budget"] == 16
+    assert "\x1b" not in result.stdout
+
+
+def test_decode_drops_control_characters(tiny_tokenizer):
+    from maskkv_cli.prompting import decode_answer
+
+    ids = tiny_tokenizer.encode("a\x1bb\x07c", add_special_tokens=False)
+    assert decode_answer(tiny_tokenizer, ids, set(), -1) == "abc"

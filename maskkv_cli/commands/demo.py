@@ -1,0 +1,79 @@
+"""``maskkv demo``: hide a fact in a real text, ask for it with MaskKV, and compare with the full cache."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Annotated
+
+import typer
+
+from maskkv_cli.commands.common import cache_config, generation_config, guarded, one_line_stats, open_session
+from maskkv_cli.options import BudgetOpt, DeviceOpt, JsonOpt, ModelOpt, QuietOpt, SeedOpt
+
+
+@guarded
+def demo(
+    model: ModelOpt = None,
+    budget: BudgetOpt = 16,
+    length: Annotated[int, typer.Option("--length", help="Document length in tokens.")] = 400,
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "auto",
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Write a short document (a text from the package with one hidden fact), ask for the fact with MaskKV at a
+    small budget and with the full cache, and show both answers with their memory and speed.
+
+    Examples:
+
+        maskkv demo
+
+        maskkv demo --budget 8 --length 500
+    """
+    from maskkv_cli.bench.metrics import score
+    from maskkv_cli.bench.tasks import generate_tasks
+    from maskkv_cli.commands.documents import answer_question
+    from maskkv_cli.paths import maskkv_home
+    from maskkv_cli.render import LiveRun
+
+    session = open_session(model, device, "auto", quiet, as_json)
+    task = generate_tasks("niah_single", 1, length, seed=seed, count_tokens=session.count_tokens)[0]
+    folder = maskkv_home() / "demo"
+    folder.mkdir(parents=True, exist_ok=True)
+    doc = folder / "demo.txt"
+    fd, tmp = tempfile.mkstemp(prefix=".demo.", dir=folder)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(task.context)
+    os.replace(tmp, doc)
+    gen = generation_config(session.generation_defaults, None, None, None, seed=seed)
+    runs = []
+    with LiveRun(_stderr(), False) as live:
+        for policy, b in (("maskkv", budget), ("full", None)):
+            cache = cache_config(policy, b, None, seed)
+            answer, _ = answer_question(session, task.context, task.input, gen, cache, "truncate", live)
+            runs.append((policy, answer, score(task.dataset, answer.text, list(task.answers))))
+    if as_json:
+        typer.echo(json.dumps({"document": str(doc), "question": task.input, "expected": task.answers[0],
+                               "runs": [{"policy": p, "budget": a.budget, "answer": a.text, "correct": bool(s),
+                                         "stats": a.result.stats.as_dict()} for p, a, s in runs]}))
+        return
+    typer.echo(f"document: {doc} ({runs[0][1].prompt_len} prompt tokens, a text from the package with one fact "
+               f"hidden in it)")
+    typer.echo(f"question: {task.input}")
+    typer.echo(f"expected: {task.answers[0]}")
+    for policy, answer, correct in runs:
+        label = f"{policy} (budget {answer.budget})" if answer.budget else policy
+        typer.echo(f"{label:>20}: {answer.text!r} {'correct' if correct else 'wrong'}")
+        if not quiet:
+            typer.echo(f"{'':>20}  {one_line_stats(answer.result.stats)}")
+
+
+def _stderr() -> object:
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+
