@@ -19,7 +19,7 @@ from torch import Tensor
 from maskkv_cli.engine.cache import PromptCache
 from maskkv_cli.engine.forward import LayerRecord, plain_logits, prefill, response_logits
 from maskkv_cli.errors import UsageError
-from maskkv_cli.models.llada import LLaDA
+from maskkv_cli.models.families import DiffusionLM
 from maskkv_cli.policies.base import Policy
 from maskkv_cli.stats import RunStats, memory_now, now
 
@@ -101,34 +101,44 @@ def add_gumbel_noise(logits: Tensor, temperature: float, gen: torch.Generator | 
 
 
 class _Forward:
-    """Step 0 and later steps for one policy: plain recompute, or prefill + response-only steps."""
+    """Step 0 and later steps for one policy: plain recompute, or prefill + response-only steps.
 
-    def __init__(self, model: LLaDA, policy: Policy, budget: int | None, prompt_len: int,
+    With a logit shift (Dream: position i is predicted from hidden state i - 1) the cached segment is the
+    prompt minus its last token, which runs with the response at every step so that the first response
+    position gets fresh logits.
+    """
+
+    def __init__(self, model: DiffusionLM, policy: Policy, budget: int | None, prompt_len: int,
                  online_importance: bool = False) -> None:
         self.model, self.policy, self.prompt_len = model, policy, prompt_len
         self.online = online_importance
+        self.shift = model.config.logit_shift
+        self.split = prompt_len - self.shift  # cached prompt segment [0, split)
         self.cache: PromptCache | None = None
         self.records: list[LayerRecord] = []
         self.layer_budgets: list[int] | None = None
-        if policy.evicts and budget is not None and budget < prompt_len:
-            self.layer_budgets = policy.layer_budgets(len(model.blocks), budget, prompt_len)
+        if policy.uses_cache and self.split < 1:
+            raise UsageError("the prompt is too short for a prefix cache; use --policy none")
+        if policy.evicts and budget is not None and budget < self.split:
+            self.layer_budgets = policy.layer_budgets(len(model.blocks), budget, self.split)
 
     def __call__(self, x: Tensor, rows: Tensor) -> Tensor:
-        m = self.prompt_len
+        """Logits for response positions ``rows`` of the sequence x (B, M + L)."""
+        hidden = rows + self.prompt_len - self.shift  # sequence index of the hidden state feeding each row
         if not self.policy.uses_cache:
-            return plain_logits(self.model, x, rows + m)
+            return plain_logits(self.model, x, hidden)
         if self.cache is None:
-            logits, self.cache, self.records = prefill(self.model, x, m, self.policy, self.layer_budgets, rows + m,
-                                                       online_importance=self.online)
+            logits, self.cache, self.records = prefill(self.model, x, self.split, self.policy, self.layer_budgets,
+                                                       hidden, online_importance=self.online)
             if self.online and self.layer_budgets is not None:
                 self.layer_budgets = [r.layer_budget for r in self.records]  # the plan actually used
             return logits
-        return response_logits(self.model, self.cache, x[:, m:], rows)
+        return response_logits(self.model, self.cache, x[:, self.split :], hidden - self.split)
 
 
 @torch.no_grad()
 def generate(
-    model: LLaDA,
+    model: DiffusionLM,
     prompt: Tensor,
     gen: GenerationConfig,
     policy: Policy,
@@ -206,14 +216,20 @@ def generate(
                        int((x[:, m:] == mask_id).sum()), t1 - start))
             step += 1
             j += 1
+    emit(finish_stats(stats, forward, model, bsz, start, step))
+    return GenerationResult(x[:, m:].clone(), stats, forward.records, forward.layer_budgets)
+
+
+def finish_stats(stats: RunStats, forward: _Forward, model: DiffusionLM, bsz: int, start: float, steps: int) -> Event:
+    """Fill the end-of-run figures (time, memory, KV bytes kept vs full); returns the ``done`` event."""
+    cfg, device = model.config, model.device
     stats.total_s = now(device) - start
-    stats.steps_run = step
-    stats.mem_kind = memory_now(device)[2]
-    stats.peak_mem_bytes = memory_now(device)[1]
+    stats.steps_run = steps
+    _, stats.peak_mem_bytes, stats.mem_kind = memory_now(device)
     if forward.cache is not None:
         stats.kv_entries = forward.cache.logical_entries()
         stats.kv_bytes = forward.cache.prompt_nbytes()
     elt = torch.finfo(model.dtype).bits // 8
-    stats.kv_full_bytes = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * m * bsz * elt  # type: ignore[operator]
-    emit(Event("done", gen.n_blocks, gen.n_blocks, step, 0, 0, stats.total_s))
-    return GenerationResult(x[:, m:].clone(), stats, forward.records, forward.layer_budgets)
+    per_token = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * elt  # type: ignore[operator]
+    stats.kv_full_bytes = per_token * forward.split * bsz
+    return Event("done", 0, 0, steps, 0, 0, stats.total_s)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from maskkv_cli.budgets import resolve_budget
-from maskkv_cli.models.llada import LLaDA
+from maskkv_cli.models.families import DiffusionLM
 from maskkv_cli.models.loading import load_model, resolve_model_path
 from maskkv_cli.policies.base import PolicyOptions, get_policy
 from maskkv_cli.prompting import chat_prompt_ids, decode_answer, document_question, load_tokenizer, stop_ids
@@ -64,9 +64,10 @@ class Session:
     def __init__(self, model_path: str, device: str = "cpu", dtype: str | None = None) -> None:
         self.model_path = model_path
         self.device = torch.device(device)
-        self.model: LLaDA = load_model(model_path, device=self.device, dtype=dtype)
+        self.model: DiffusionLM = load_model(model_path, device=self.device, dtype=dtype)
         self.tokenizer: Any = load_tokenizer(model_path)
         self.base_theta = self.model.config.rope_theta
+        self.dream_alg = "entropy"  # Dream's confidence rule (its demo setting)
         self.generation_defaults = read_generation_defaults(resolve_model_path(model_path))
 
     @property
@@ -105,7 +106,14 @@ class Session:
         evicting = policy.evicts and budget is not None and budget < len(ids)
         online = cache.layer_budgets == "online" and cache.policy == "maskkv"
         prompt = torch.tensor([ids], dtype=torch.long, device=self.device)
-        result = generate(self.model, prompt, gen, policy, budget, on_event, online_importance=online)
+        if self.model.config.family == "dream":
+            from maskkv_cli.sampler_dream import DreamGenerationConfig, generate_dream
+
+            dream = DreamGenerationConfig(gen_length=gen.gen_length, steps=gen.steps, temperature=gen.temperature,
+                                          alg=self.dream_alg, seed=gen.seed)
+            result = generate_dream(self.model, prompt, dream, policy, budget, on_event, online_importance=online)
+        else:
+            result = generate(self.model, prompt, gen, policy, budget, on_event, online_importance=online)
         cfg = self.model.config
         text = decode_answer(self.tokenizer, result.tokens[0].tolist(), stop_ids(self.tokenizer, cfg),
                              cfg.mask_token_id)

@@ -17,12 +17,12 @@ from torch import Tensor
 
 @dataclass
 class LayerCache:
-    k: Tensor  # (B, H, K + L, D) post-RoPE keys; [:, :, :K] prompt, [:, :, K:] response slot
+    k: Tensor  # (B, H_kv, K + L, D) post-RoPE keys; [:, :, :K] prompt, [:, :, K:] response slot
     v: Tensor  # (B, H, K + L, D)
     prompt_slots: int  # K
     lengths: Tensor  # (B, H) int64: kept prompt entries per head (logical)
     positions: Tensor | None  # (B, H, K) int64 original prompt positions; None = all positions kept
-    bias: Tensor | None  # (B, H, 1, K + L) additive mask (0 / -inf) in the compute dtype; None = dense
+    bias: Tensor | None  # (B, H_q, 1, K + L) additive mask (0 / -inf) in the compute dtype; None = dense
 
     def write_response(self, k: Tensor, v: Tensor) -> None:
         self.k[:, :, self.prompt_slots :].copy_(k)
@@ -75,12 +75,14 @@ def dense_layer(k: Tensor, v: Tensor, prompt_len: int, response_len: int) -> Lay
 
 
 def select_layer(
-    k: Tensor, v: Tensor, scores: Tensor, budgets: Tensor, prompt_len: int, response_len: int
+    k: Tensor, v: Tensor, scores: Tensor, budgets: Tensor, prompt_len: int, response_len: int, group: int = 1
 ) -> LayerCache:
-    """Keep, per head, the ``budgets[b, h]`` prompt entries with the highest ``scores``.
+    """Keep, per (key/value) head, the ``budgets[b, h]`` prompt entries with the highest ``scores``.
 
-    k, v: (B, H, T, D) with the prompt first; scores: (B, H, M) float, ``+inf`` for entries that must stay;
-    budgets: (B, H) int64 in [1, M]. Kept entries are stored in position order.
+    k, v: (B, H, T, D) with the prompt first (H = key/value heads); scores: (B, H, M) float, ``+inf`` for
+    entries that must stay; budgets: (B, H) int64 in [1, M]. Kept entries are stored in position order. With
+    GQA (``group`` query heads per key/value head) the padding bias is laid out per query head so that SDPA
+    can broadcast it; the K/V themselves are stored once per key/value head.
     """
     b, h, _, d = k.shape
     m = prompt_len
@@ -100,4 +102,6 @@ def select_layer(
     if not bool(kept.all()):
         bias = torch.zeros(b, h, 1, kmax + response_len, dtype=k.dtype, device=k.device)
         bias[:, :, 0, :kmax].masked_fill_(~kept, float("-inf"))
+        if group > 1:
+            bias = bias.repeat_interleave(group, dim=1)
     return LayerCache(kb, vb, kmax, budgets, idx, bias)

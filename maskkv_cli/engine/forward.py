@@ -20,7 +20,7 @@ from torch import Tensor
 
 from maskkv_cli.budgets import boundary_layer_budgets
 from maskkv_cli.engine.cache import LayerCache, PromptCache, dense_layer, select_layer
-from maskkv_cli.models.llada import LLaDA
+from maskkv_cli.models.families import DiffusionLM
 from maskkv_cli.policies.base import LayerView, Policy
 
 MLP_CHUNK = 2048  # rows of the MLP computed at once in the prefill
@@ -86,7 +86,7 @@ def _stored_view(view: LayerView) -> StoredView:
     return StoredView(view.layer, view.n_layers, q, view.k, view.prompt_len, view.scale, view._mask_mass)
 
 
-def plain_logits(model: LLaDA, ids: Tensor, rows: Tensor) -> Tensor:
+def plain_logits(model: DiffusionLM, ids: Tensor, rows: Tensor) -> Tensor:
     """Full bidirectional forward over ids (B, T); logits (B, len(rows), V) at sequence positions ``rows``."""
     x = model.embed(ids)
     cos, sin = model.rope(torch.arange(ids.shape[1], device=ids.device))
@@ -112,7 +112,7 @@ def _record(i: int, budget: int, layer: LayerCache, pref: Tensor | None, importa
 
 
 def prefill(
-    model: LLaDA,
+    model: DiffusionLM,
     ids: Tensor,
     prompt_len: int,
     policy: Policy,
@@ -150,6 +150,7 @@ def prefill(
     cos, sin = model.rope(torch.arange(t, device=ids.device))
     scale = 1.0 / math.sqrt(model.config.head_dim)
     n_layers = len(model.blocks)
+    group = model.config.group_size
     online = online_importance and layer_budgets is not None
     budget = 0
     if online:
@@ -160,8 +161,8 @@ def prefill(
     shifts: list[Tensor] = []
     pending: list[tuple[StoredView, Tensor, Tensor, Tensor]] = []  # online: view, scores, full k, full v
     for i, block in enumerate(model.blocks):
-        q, k, v = block.qkv(x, cos, sin)  # (B, H, T, D) each
-        o = F.scaled_dot_product_attention(q, k, v)
+        q, k, v = block.qkv(x, cos, sin)  # q (B, H, T, D); k, v (B, H_kv, T, D)
+        o = F.scaled_dot_product_attention(q, k, v, enable_gqa=group > 1)
         attn = block.attn_proj(o)
         del o
         if online_importance:
@@ -180,7 +181,7 @@ def prefill(
             lb = layer_budgets[i]
             scores = policy.scores(view, lb)  # (B, H, M)
             heads = policy.head_budgets(view, lb, scores)  # (B, H)
-            layer = select_layer(k, v, scores, heads, prompt_len, response_len)
+            layer = select_layer(k, v, scores, heads, prompt_len, response_len, group)
             records.append(_record(i, lb, layer, policy.preference(view), None))
             cache.layers.append(layer)
             del view, scores
@@ -199,7 +200,7 @@ def prefill(
             view, scores, k, v = pending.pop()
             lb = budgets[view.layer]
             heads = policy.head_budgets(view, lb, scores)
-            layer = select_layer(k, v, scores, heads, prompt_len, response_len)
+            layer = select_layer(k, v, scores, heads, prompt_len, response_len, group)
             records.append(_record(view.layer, lb, layer, policy.preference(view), importance[view.layer]))
             cache.layers.append(layer)
             del view, scores, k, v
@@ -209,19 +210,21 @@ def prefill(
     return logits, cache, records
 
 
-def response_logits(model: LLaDA, cache: PromptCache, response: Tensor, rows: Tensor) -> Tensor:
-    """One denoising step over the response only (B, L); logits (B, len(rows), V) at response rows."""
+def response_logits(model: DiffusionLM, cache: PromptCache, response: Tensor, rows: Tensor) -> Tensor:
+    """One denoising step over the response only (B, L); logits (B, len(rows), V) from the hidden states at
+    response rows ``rows`` (the sampler accounts for a model's logit shift)."""
     m = cache.prompt_len
     x = model.embed(response)  # (B, L, d)
     cos, sin = model.rope(torch.arange(m, m + response.shape[1], device=response.device))
     last = len(model.blocks) - 1
+    gqa = model.config.group_size > 1
     for i, block in enumerate(model.blocks):
         layer: LayerCache = cache.layers[i]
-        q, k, v = block.qkv(x, cos, sin)  # (B, H, L, D)
+        q, k, v = block.qkv(x, cos, sin)  # q (B, H, L, D); k, v (B, H_kv, L, D)
         layer.write_response(k, v)
         if i == last:  # only the rows whose logits are needed go on
             q, x = q[:, :, rows], x[:, rows]
-        o = F.scaled_dot_product_attention(q, layer.k, layer.v, attn_mask=layer.bias)
+        o = F.scaled_dot_product_attention(q, layer.k, layer.v, attn_mask=layer.bias, enable_gqa=gqa)
         x = x + block.attn_proj(o)
         x = x + block.mlp(x)
     return model.head(x)

@@ -11,19 +11,22 @@ CHUNK_ELEMENTS = 1 << 24
 
 
 def attention_mass(q: Tensor, k: Tensor, scale: float, chunk_elements: int = CHUNK_ELEMENTS) -> Tensor:
-    """Sum over the queries ``q`` (B, H, R, D) of softmax(q k^T * scale) over all keys k (B, H, T, D).
+    """Sum over the queries ``q`` (B, H, R, D) of softmax(q k^T * scale) over all keys k (B, H_kv, T, D).
 
-    Returns (B, H, T) fp32: how much attention each key receives from these queries.
+    Returns (B, H_kv, T) fp32: how much attention each key receives from these queries. With GQA
+    (H = g * H_kv) the sums are averaged over the g query heads that share a key/value head.
     """
-    b, h, r, _ = q.shape
-    t = k.shape[2]
-    kt = k.float().transpose(-1, -2)  # (B, H, D, T)
-    out = torch.zeros(b, h, t, dtype=torch.float32, device=q.device)
+    b, h, r, d = q.shape
+    hkv, t = k.shape[1], k.shape[2]
+    g = h // hkv
+    kt = k.float().transpose(-1, -2)[:, :, None]  # (B, H_kv, 1, D, T)
+    qg = q.view(b, hkv, g, r, d)
+    out = torch.zeros(b, hkv, g, t, dtype=torch.float32, device=q.device)
     rows = max(1, chunk_elements // max(1, b * h * t))
     for start in range(0, r, rows):
-        logits = torch.matmul(q[:, :, start : start + rows].float(), kt).mul_(scale)  # (B, H, rows, T)
-        out += logits.softmax(dim=-1).sum(dim=2)
-    return out
+        logits = torch.matmul(qg[:, :, :, start : start + rows].float(), kt).mul_(scale)  # (B, H_kv, g, rows, T)
+        out += logits.softmax(dim=-1).sum(dim=3)
+    return out.mean(dim=2)
 
 
 def pool_scores(scores: Tensor, kernel: int, mode: str = "max") -> Tensor:

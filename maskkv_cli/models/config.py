@@ -27,7 +27,9 @@ class ModelConfig:
     pad_token_id: int = 126081
     bos_token_id: int | None = 126080
     eot_token_id: int | None = 126348
-    family: str = "llada"
+    family: str = "llada"  # "llada" or "dream"
+    qkv_bias: bool = False  # Dream: biases on q/k/v
+    logit_shift: int = 0  # Dream: 1 (position i is predicted from hidden state i - 1)
 
     def __post_init__(self) -> None:
         if self.n_kv_heads is None:
@@ -41,8 +43,18 @@ class ModelConfig:
             raise UsageError(f"model config: d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
         if self.head_dim % 2:
             raise UsageError(f"model config: head dim {self.head_dim} must be even for RoPE")
-        if self.n_kv_heads != self.n_heads:
+        if self.family not in FAMILIES:
+            raise UsageError(f"model config: unknown family {self.family!r} (known: {', '.join(FAMILIES)})")
+        if self.family == "llada" and self.n_kv_heads != self.n_heads:
             raise UsageError("LLaDA models have as many key/value heads as query heads (no GQA)")
+        if self.n_heads % self.n_kv_heads:  # type: ignore[operator]
+            raise UsageError(f"model config: {self.n_heads} query heads are not a multiple of {self.n_kv_heads} "
+                             "key/value heads")
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per key/value head (1 without GQA)."""
+        return self.n_heads // self.n_kv_heads  # type: ignore[operator]
 
     @property
     def head_dim(self) -> int:
@@ -51,8 +63,10 @@ class ModelConfig:
     def with_(self, **changes: Any) -> ModelConfig:
         return replace(self, **changes)
 
-    # ----- config.json in the upstream LLaDA format -------------------------------------------------
+    # ----- config.json in the upstream formats ------------------------------------------------------
     def to_hf_dict(self) -> dict[str, Any]:
+        if self.family == "dream":
+            return self._dream_hf_dict()
         return {
             "architectures": ["LLaDAModelLM"],
             "model_type": "llada",
@@ -92,12 +106,59 @@ class ModelConfig:
             "torch_dtype": "bfloat16",
         }
 
+    def _dream_hf_dict(self) -> dict[str, Any]:
+        return {
+            "architectures": ["DreamModel"],
+            "model_type": "Dream",
+            "hidden_size": self.d_model,
+            "num_hidden_layers": self.n_layers,
+            "num_attention_heads": self.n_heads,
+            "num_key_value_heads": self.n_kv_heads,
+            "intermediate_size": self.mlp_hidden_size,
+            "vocab_size": self.vocab_size,
+            "rope_theta": self.rope_theta,
+            "rms_norm_eps": self.rms_norm_eps,
+            "max_position_embeddings": self.max_sequence_length,
+            "hidden_act": "silu",
+            "tie_word_embeddings": False,
+            "attention_dropout": 0.0,
+            "mask_token_id": self.mask_token_id,
+            "pad_token_id": self.pad_token_id,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": self.eos_token_id,
+            "eot_token_id": self.eot_token_id,
+            "torch_dtype": "bfloat16",
+        }
+
+    @classmethod
+    def _from_dream(cls, data: dict[str, Any], source: str) -> ModelConfig:
+        need = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+        missing = [k for k in need if k not in data]
+        if missing:
+            raise ModelLoadError(f"{source}: missing required fields {', '.join(missing)}")
+        if data.get("tie_word_embeddings"):
+            raise ModelLoadError(f"{source}: tie_word_embeddings=true is not supported for Dream")
+        get = data.get
+        return cls(
+            d_model=data["hidden_size"], n_layers=data["num_hidden_layers"], n_heads=data["num_attention_heads"],
+            n_kv_heads=get("num_key_value_heads") or data["num_attention_heads"],
+            mlp_hidden_size=data["intermediate_size"], vocab_size=data["vocab_size"],
+            rope_theta=float(get("rope_theta", 1e6)), rms_norm_eps=float(get("rms_norm_eps", 1e-6)),
+            max_sequence_length=min(int(get("max_position_embeddings", 2048)), 2048) if "max_sequence_length"
+            not in data else int(data["max_sequence_length"]),
+            mask_token_id=int(get("mask_token_id", 151666)), eos_token_id=int(get("eos_token_id", 151643)),
+            pad_token_id=int(get("pad_token_id", 151643)), bos_token_id=get("bos_token_id", 151643),
+            eot_token_id=get("eot_token_id", 151645), family="dream", qkv_bias=True, logit_shift=1,
+        )
+
     @classmethod
     def from_hf_dict(cls, data: dict[str, Any], source: str = "config.json") -> ModelConfig:
         model_type = str(data.get("model_type", "")).lower()
+        if model_type == "dream":
+            return cls._from_dream(data, source)
         if model_type and model_type != "llada":
             raise ModelLoadError(
-                f"{source}: model_type {data.get('model_type')!r} is not supported yet (supported: 'llada')"
+                f"{source}: model_type {data.get('model_type')!r} is not supported (supported: 'llada', 'Dream')"
             )
         missing = [k for k in ("d_model", "n_layers", "n_heads", "vocab_size") if k not in data]
         if missing:
@@ -109,12 +170,17 @@ class ModelConfig:
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in known and v is not None}
         kwargs["mlp_hidden_size"] = int(mlp)
-        kwargs.pop("family", None)
+        for key in ("family", "qkv_bias", "logit_shift"):
+            kwargs.pop(key, None)
         return cls(**kwargs)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+
+FAMILIES = ("llada", "dream")
+
+_DREAM = dict(family="dream", qkv_bias=True, logit_shift=1, rope_theta=1e6, rms_norm_eps=1e-6)
 
 NAMED_CONFIGS: dict[str, ModelConfig] = {
     # The real LLaDA-8B shape (Instruct, Base and 1.5 share it).
@@ -126,6 +192,17 @@ NAMED_CONFIGS: dict[str, ModelConfig] = {
         d_model=64, n_layers=2, n_heads=4, mlp_hidden_size=128, vocab_size=512, rope_theta=10000.0,
         max_sequence_length=1024, mask_token_id=5, eos_token_id=1, pad_token_id=1, bos_token_id=0,
         eot_token_id=2,
+    ),
+    # Dream-v0-Instruct-7B (Qwen2.5-7B layout, bidirectional, GQA 28/4).
+    "dream-7b": ModelConfig(
+        d_model=3584, n_layers=28, n_heads=28, n_kv_heads=4, mlp_hidden_size=18944, vocab_size=152064,
+        max_sequence_length=2048, mask_token_id=151666, eos_token_id=151643, pad_token_id=151643,
+        bos_token_id=151643, eot_token_id=151645, **_DREAM,  # type: ignore[arg-type]
+    ),
+    "dream-tiny": ModelConfig(
+        d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden_size=128, vocab_size=512,
+        max_sequence_length=1024, mask_token_id=5, eos_token_id=1, pad_token_id=1, bos_token_id=0, eot_token_id=2,
+        **_DREAM,  # type: ignore[arg-type]
     ),
 }
 

@@ -92,6 +92,15 @@ class Block(nn.Module):
 class LLaDA(nn.Module):
     """The model: ``model(ids (B, T)) -> logits (B, T, vocab)``; position i predicts token i."""
 
+    @staticmethod
+    def checkpoint_key(name: str) -> str:
+        """Upstream keys are ``model.`` + our parameter names."""
+        return "model." + name
+
+    @staticmethod
+    def parameter_name(key: str) -> str:
+        return key.removeprefix("model.")
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
@@ -140,19 +149,18 @@ class LLaDA(nn.Module):
         return self.head(x)  # (B, T or R, V)
 
     def init_weights(self, seed: int = 0, std: float = 0.02) -> LLaDA:
-        """Random normal weights (norms at one), reproducible from ``seed``; returns self."""
-        gen = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for name, p in self.named_parameters():
-                if name.endswith("norm.weight") or name.endswith("ln_f.weight"):
-                    p.fill_(1.0)
-                else:
-                    p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32).to(p.dtype) * std)
+        init_parameters(self, seed, std)
         return self
 
 
-def parameter_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Checkpoint key -> shape, computed from the config alone (no tensors are allocated)."""
-    with torch.device("meta"):
-        model = LLaDA(cfg)
-    return {f"model.{name}": tuple(p.shape) for name, p in model.named_parameters()}
+def init_parameters(model: nn.Module, seed: int, std: float) -> None:
+    """Random normal weights (norm weights at one, biases at zero), reproducible from ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith("ln_f.weight"):
+                p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32).to(p.dtype) * std)

@@ -21,7 +21,9 @@ from torch import nn
 
 from maskkv_cli.errors import ModelLoadError
 from maskkv_cli.models.config import ModelConfig
-from maskkv_cli.models.llada import LLaDA, parameter_shapes
+from maskkv_cli.models.dream import Dream
+from maskkv_cli.models.families import build_model, parameter_shapes
+from maskkv_cli.models.llada import LLaDA
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -139,8 +141,9 @@ def load_model(
     path: str | os.PathLike[str],
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype | None = None,
-) -> LLaDA:
-    """Build the model on the meta device and load each tensor straight into place (no random init, no copy)."""
+) -> LLaDA | Dream:
+    """Build the model (LLaDA or Dream, from ``config.json``) on the meta device and load each tensor straight
+    into place (no random init, no second copy)."""
     folder = resolve_model_path(path)
     cfg = read_config(folder)
     device = torch.device(device)
@@ -153,12 +156,12 @@ def load_model(
                 found[key] = tuple(f.get_slice(key).get_shape())
     check_keys(parameter_shapes(cfg), found, str(folder))
     with torch.device("meta"):
-        model = LLaDA(cfg)
+        model = build_model(cfg)
     modules = dict(model.named_modules())
     for file in sorted(set(files.values())):
         with safe_open(str(file), framework="pt", device=_safetensors_device(device)) as f:
             for key in f.keys():
-                owner, _, leaf = key.removeprefix("model.").rpartition(".")
+                owner, _, leaf = model.parameter_name(key).rpartition(".")
                 tensor = f.get_tensor(key).to(device=device, dtype=dt)
                 modules[owner]._parameters[leaf] = nn.Parameter(tensor, requires_grad=False)
     model.eval()
@@ -166,7 +169,7 @@ def load_model(
 
 
 def save_model(
-    model: LLaDA,
+    model: LLaDA | Dream,
     folder: str | os.PathLike[str],
     tokenizer: object | None = None,
     max_shard_bytes: int | None = None,
@@ -177,7 +180,7 @@ def save_model(
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        state = {f"model.{k}": v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+        state = {model.checkpoint_key(k): v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
         shards: list[dict[str, torch.Tensor]] = [{}]
         size = 0
         for key, tensor in state.items():

@@ -1,0 +1,150 @@
+"""Dream's denoising loop (its reference sampler) over the same forward passes and compressed cache.
+
+The whole response is one block. ``timesteps = linspace(1, eps, steps + 1)``; at step i (t -> s) the
+``origin`` algorithm commits each masked position with probability ``1 - s/t``; the others commit the top
+``int(#masked * (1 - s/t))`` positions (all of them at the last step) by confidence: ``maskgit_plus`` the
+chosen token's probability, ``topk_margin`` top-1 minus top-2 probability, ``entropy`` the negative entropy.
+Tokens are sampled with temperature, top-p and top-k (temperature 0 = argmax).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from maskkv_cli.errors import UsageError
+from maskkv_cli.models.families import DiffusionLM
+from maskkv_cli.policies.base import Policy
+from maskkv_cli.sampler import Event, GenerationResult, _Forward, finish_stats
+from maskkv_cli.stats import RunStats, now
+
+DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
+
+
+@dataclass(frozen=True)
+class DreamGenerationConfig:
+    gen_length: int = 128
+    steps: int = 128
+    temperature: float = 0.0
+    top_p: float | None = None
+    top_k: int | None = None
+    alg: str = "entropy"
+    eps: float = 1e-3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.gen_length <= 0 or self.steps <= 0:
+            raise UsageError("--gen-length and --steps must be positive")
+        if self.alg not in DREAM_ALGS:
+            raise UsageError(f"--alg must be one of {', '.join(DREAM_ALGS)}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise UsageError(f"--top-p must be in (0, 1], got {self.top_p}")
+        if self.top_k is not None and self.top_k <= 0:
+            raise UsageError(f"--top-k must be positive, got {self.top_k}")
+        if self.temperature < 0:
+            raise UsageError(f"--temperature must be >= 0, got {self.temperature}")
+
+    @property
+    def n_blocks(self) -> int:
+        return 1
+
+
+def filter_logits(logits: Tensor, top_p: float | None, top_k: int | None) -> Tensor:
+    """Keep the top-k tokens and the smallest set whose probability reaches top_p; the rest get -inf."""
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum - sorted_logits.softmax(-1) >= top_p  # tokens after the nucleus is complete
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return logits
+
+
+def sample_tokens(logits: Tensor, gen: DreamGenerationConfig, rng: torch.Generator) -> tuple[Tensor, Tensor]:
+    """(confidence, tokens) for logits (B, n, V) by Dream's rules."""
+    if gen.temperature > 0:
+        logits = logits / gen.temperature
+    logits = filter_logits(logits, gen.top_p, gen.top_k)
+    probs = logits.to(torch.float64).softmax(-1)
+    if gen.temperature > 0:
+        flat = probs.reshape(-1, probs.shape[-1])
+        x0 = torch.multinomial(flat, 1, generator=rng).view(probs.shape[:-1])
+        conf = probs.gather(-1, x0[..., None]).squeeze(-1)
+    else:
+        conf, x0 = probs.max(-1)
+    if gen.alg == "topk_margin":
+        top2 = probs.topk(2, dim=-1).values
+        conf = top2[..., 0] - top2[..., 1]
+    elif gen.alg == "entropy":
+        conf = (probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
+    return conf, x0
+
+
+@torch.no_grad()
+def generate_dream(
+    model: DiffusionLM,
+    prompt: Tensor,
+    gen: DreamGenerationConfig,
+    policy: Policy,
+    budget: int | None = None,
+    on_event: Callable[[Event], None] | None = None,
+    online_importance: bool = False,
+) -> GenerationResult:
+    """Denoise ``gen.gen_length`` tokens after ``prompt`` (B, M) with Dream's sampler."""
+    device = model.device
+    if prompt.dim() == 1:
+        prompt = prompt[None]
+    prompt = prompt.to(device)
+    bsz, m = prompt.shape
+    if m == 0:
+        raise UsageError("the prompt is empty")
+    mask_id = model.config.mask_token_id
+    x = torch.cat([prompt, torch.full((bsz, gen.gen_length), mask_id, dtype=prompt.dtype, device=device)], 1)
+    rng = torch.Generator(device=device).manual_seed(gen.seed)
+    forward = _Forward(model, policy, budget, m, online_importance)
+    stats = RunStats(policy=policy.name, prompt_len=m, gen_length=gen.gen_length)
+    emit = on_event or (lambda e: None)
+    timesteps = torch.linspace(1, gen.eps, gen.steps + 1, dtype=torch.float64)
+    start = now(device)
+    step = 0
+    for i in range(gen.steps):
+        masked = x[:, m:] == mask_id
+        if not bool(masked.any()):
+            break
+        t0 = now(device)
+        rows = torch.nonzero(masked.any(0)).flatten()
+        logits = forward(x, rows)  # (B, n, V)
+        if mask_id < logits.shape[-1]:
+            logits[..., mask_id] = float("-inf")
+        t, s = float(timesteps[i]), float(timesteps[i + 1])
+        last = i == gen.steps - 1
+        still = x[:, m + rows] == mask_id  # (B, n)
+        conf, x0 = sample_tokens(logits, gen, rng)
+        if gen.alg == "origin":
+            p = 1.0 if last else 1 - s / t
+            commit = still & (torch.rand(still.shape, generator=rng, device=device, dtype=torch.float64) < p)
+        else:
+            conf = torch.where(still, conf, float("-inf"))
+            commit = torch.zeros_like(still)
+            for b in range(bsz):
+                n_masked = int(still[b].sum())
+                k = n_masked if last else int(n_masked * (1 - s / t))
+                if k:
+                    commit[b, conf[b].topk(k).indices] = True
+        cols = m + rows
+        x[:, cols] = torch.where(commit, x0, x[:, cols])
+        t1 = now(device)
+        if step == 0:
+            stats.prefill_s = t1 - t0
+        else:
+            stats.step_s.append(t1 - t0)
+        emit(Event("prefill" if step == 0 else "step", 0, 1, step, int(commit.sum()),
+                   int((x[:, m:] == mask_id).sum()), t1 - start))
+        step += 1
+    emit(finish_stats(stats, forward, model, bsz, start, step))
+    return GenerationResult(x[:, m:].clone(), stats, forward.records, forward.layer_budgets)

@@ -1,0 +1,148 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from maskkv_cli.models.config import named_config
+from maskkv_cli.models.dream import Dream
+from maskkv_cli.models.families import parameter_shapes
+from maskkv_cli.models.loading import load_model, save_model
+from maskkv_cli.policies import PolicyOptions, get_policy, policy_names
+from maskkv_cli.sampler_dream import DreamGenerationConfig, generate_dream
+
+EVICTING = [p for p in policy_names() if p not in ("none", "full")]
+GEN = DreamGenerationConfig(gen_length=8, steps=8, alg="maskgit_plus")
+
+
+@pytest.fixture(scope="module")
+def dream(tiny_tokenizer):
+    cfg = named_config("dream-tiny").with_(vocab_size=len(tiny_tokenizer))
+    return Dream(cfg).init_weights(seed=2, std=0.2).eval()
+
+
+def ids_of(model, n=40, seed=0):
+    return torch.randint(6, model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def test_dream_7b_shapes_and_parameter_count():
+    shapes = parameter_shapes(named_config("dream-7b"))
+    h, kv, inter, vocab, n = 3584, 512, 18944, 152064, 28
+    assert shapes["model.embed_tokens.weight"] == (vocab, h) and shapes["lm_head.weight"] == (vocab, h)
+    assert shapes["model.layers.0.self_attn.k_proj.weight"] == (kv, h)
+    assert shapes["model.layers.0.self_attn.k_proj.bias"] == (kv,)
+    assert shapes["model.layers.27.mlp.down_proj.weight"] == (h, inter)
+    assert "model.layers.0.self_attn.o_proj.bias" not in shapes
+    per_layer = (h * h + h) + 2 * (kv * h + kv) + h * h + 3 * h * inter + 2 * h
+    expected = 2 * vocab * h + n * per_layer + h
+    total = sum(torch.Size(s).numel() for s in shapes.values())
+    print(f"dream-7b parameters: {total:,}")
+    assert total == expected == 7_615_616_512
+
+
+def test_tiny_dream_round_trip_in_upstream_layout(tmp_path, dream, tiny_tokenizer):
+    folder = save_model(dream, tmp_path / "dream", tiny_tokenizer)
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["model_type"] == "Dream" and cfg["num_key_value_heads"] == 2
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    assert "model.layers.1.mlp.gate_proj.weight" in keys and "model.layers.0.self_attn.q_proj.bias" in keys
+    loaded = load_model(folder)
+    assert isinstance(loaded, Dream)
+    ids = ids_of(dream, 12)
+    assert torch.equal(loaded(ids), dream(ids))
+
+
+def test_logits_are_shifted(dream):
+    ids = ids_of(dream, 10)
+    x = dream.embed(ids)
+    cos, sin = dream.rope(torch.arange(10))
+    for block in dream.blocks:
+        x = block(x, cos, sin)
+    unshifted = dream.head(x)
+    shifted = dream(ids)
+    assert torch.equal(shifted[:, 1:], unshifted[:, :-1])
+    assert torch.equal(shifted[:, 0], unshifted[:, 0])
+    assert not torch.allclose(shifted[:, 1:], unshifted[:, 1:])
+
+
+def copy_model(tiny_tokenizer) -> Dream:
+    """Blocks do nothing (zero weights), the head reads the embedding back: hidden i predicts token i."""
+    cfg = named_config("dream-tiny").with_(vocab_size=len(tiny_tokenizer))
+    model = Dream(cfg).init_weights(seed=3, std=1.0).eval()
+    with torch.no_grad():
+        for p in model.blocks.parameters():
+            p.zero_()
+        model.lm_head.weight.copy_(model.model["embed_tokens"].weight)
+    return model
+
+
+@pytest.mark.parametrize("policy", ["none", "full", "maskkv"])
+def test_shift_decides_the_answer(tiny_tokenizer, policy):
+    """Shifted, the first response position reads the last prompt token's hidden state and copies that token.
+    Unshifted, it would read its own mask embedding and predict something else."""
+    model = copy_model(tiny_tokenizer)
+    ids = ids_of(model, 20, seed=4)
+    out = generate_dream(model, ids, DreamGenerationConfig(gen_length=6, steps=6, alg="maskgit_plus"),
+                         get_policy(policy), 8)
+    last = int(ids[0, -1])
+    assert int(out.tokens[0, 0]) == last
+    seq = torch.cat([ids, torch.full((1, 6), model.config.mask_token_id)], 1)
+    hidden = model.embed(seq)  # the blocks are identities here
+    unshifted = model.head(hidden[:, 20])
+    unshifted[..., model.config.mask_token_id] = float("-inf")
+    assert int(unshifted.argmax(-1)) != last
+
+
+@pytest.mark.parametrize("policy", EVICTING)
+def test_dream_budget_at_least_prompt_reproduces_full(dream, policy):
+    ids = ids_of(dream)
+    full = generate_dream(dream, ids, GEN, get_policy("full")).tokens
+    for budget in (39, 100):  # the cached segment is the prompt minus its last token
+        assert torch.equal(generate_dream(dream, ids, GEN, get_policy(policy), budget).tokens, full)
+
+
+@pytest.mark.parametrize("policy", EVICTING)
+def test_dream_kept_counts_per_kv_head(dream, policy):
+    budget = 6
+    out = generate_dream(dream, ids_of(dream), GEN, get_policy(policy, PolicyOptions(window=4)), budget)
+    cfg = dream.config
+    assert out.layer_budgets is not None and sum(out.layer_budgets) == cfg.n_layers * budget
+    for rec in out.records:
+        heads = rec.head_budgets[0]
+        assert heads.shape == (cfg.n_kv_heads,)
+        assert int(heads.sum()) == cfg.n_kv_heads * rec.layer_budget
+
+
+def test_cache_bytes_scale_with_kv_heads(dream):
+    out = generate_dream(dream, ids_of(dream, 64), GEN, get_policy("full"))
+    cfg = dream.config
+    per_entry = 2 * cfg.head_dim * 4  # k and v, fp32
+    assert out.stats.kv_bytes == cfg.n_layers * cfg.n_kv_heads * 63 * per_entry
+    assert out.stats.kv_bytes == out.stats.kv_full_bytes
+
+
+def test_dream_algorithms_run(dream):
+    for alg in ("origin", "maskgit_plus", "topk_margin", "entropy"):
+        out = generate_dream(dream, ids_of(dream), DreamGenerationConfig(gen_length=8, steps=4, alg=alg,
+                                                                         temperature=0.5, top_p=0.9, top_k=20),
+                             get_policy("maskkv"), 8)
+        assert not bool((out.tokens == dream.config.mask_token_id).any())
+
+
+def test_cli_picks_the_family_from_config(tmp_path, dream, tiny_tokenizer):
+    from typer.testing import CliRunner
+
+    from maskkv_cli.cli import app
+
+    folder = save_model(dream, tmp_path / "dream", tiny_tokenizer)
+    doc = tmp_path / "doc.txt"
+    doc.write_text("The river runs past the mill. " * 30)
+    result = CliRunner().invoke(app, ["ask", str(doc), "Where?", "--model", str(folder), "-n", "8", "--steps", "4",
+                                      "--budget", "8", "--json"])
+    assert result.exit_code == 0, result.output
+    answer = json.loads(result.stdout)["answers"][0]
+    assert answer["stats"]["kv_bytes"] < answer["stats"]["kv_full_bytes"] and answer["stats"]["steps_run"] <= 4
