@@ -131,10 +131,12 @@ app.command()(calibrate)
 
 def _register() -> None:
     from maskkv_cli.commands.documents import ask, ingest, summarize
+    from maskkv_cli.commands.profile import profile
 
     app.command()(ingest)
     app.command()(ask)
     app.command()(summarize)
+    app.command()(profile)
     from maskkv_cli.commands.train import train_tiny
 
     app.command("train-tiny")(train_tiny)

@@ -1,0 +1,150 @@
+"""``maskkv profile``: one input, several policies and budgets, and pictures of what the cache kept."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from maskkv_cli.commands.common import fail, generation_config, guarded, note, open_session
+from maskkv_cli.options import (
+    BlockOpt,
+    DeviceOpt,
+    DtypeOpt,
+    GenLengthOpt,
+    JsonOpt,
+    LayerBudgetsOpt,
+    LongOpt,
+    ModelOpt,
+    PasswordOpt,
+    QuietOpt,
+    SeedOpt,
+    StepsOpt,
+    TemperatureOpt,
+    ThresholdOpt,
+)
+
+DEFAULT_QUESTION = "Summarize the document."
+
+PoliciesOpt = Annotated[str, typer.Option(
+    "--policies", "-p", help="Policies to compare, separated by commas (see `maskkv policies`).")]
+BudgetsOpt = Annotated[str | None, typer.Option(
+    "--budgets", "-b", help="Budgets (average prompt K/V pairs kept per head per layer), separated by commas "
+    "[default: 256].", show_default=False)]
+RatiosOpt = Annotated[str | None, typer.Option(
+    "--ratio", help="Budgets as shares of the prompt length in (0, 1], separated by commas; instead of --budgets.",
+    show_default=False)]
+HeatmapOpt = Annotated[str | None, typer.Option(
+    "--heatmap", help="The run to draw, as POLICY@BUDGET [default: the first run that evicts].",
+    show_default=False)]
+PlotOpt = Annotated[Path | None, typer.Option(
+    "--plot", help="Also write the pictures to this PNG file (needs matplotlib: pip install 'maskkv[plot]').",
+    show_default=False)]
+HtmlOpt = Annotated[Path | None, typer.Option(
+    "--html", help="Also write a self-contained HTML report to this file.", show_default=False)]
+WarmupOpt = Annotated[bool, typer.Option(
+    "--warmup/--no-warmup", help="Run the first policy once on the question alone before measuring.")]
+
+
+def _check_output(path: Path | None, option: str) -> None:
+    if path is None:
+        return
+    if path.is_dir():
+        raise fail(f"{option} {path} is a directory; give a file name", 2)
+    if not path.parent.is_dir():
+        raise fail(f"{option} {path}: the folder {path.parent} does not exist", 2)
+
+
+@guarded
+def profile(
+    document: Annotated[Path, typer.Argument(help="PDF, text or Markdown file.", show_default=False)],
+    question: Annotated[str, typer.Argument(help="The question asked in every run.")] = DEFAULT_QUESTION,
+    model: ModelOpt = None,
+    policies: PoliciesOpt = "maskkv",
+    budgets: BudgetsOpt = None,
+    ratio: RatiosOpt = None,
+    layer_budgets: LayerBudgetsOpt = "auto",
+    gen_length: GenLengthOpt = None,
+    steps: StepsOpt = None,
+    block_length: BlockOpt = None,
+    temperature: TemperatureOpt = 0.0,
+    threshold: ThresholdOpt = None,
+    long: LongOpt = "truncate",
+    password: PasswordOpt = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    seed: SeedOpt = 0,
+    heatmap: HeatmapOpt = None,
+    plot: PlotOpt = None,
+    html: HtmlOpt = None,
+    warmup: WarmupOpt = True,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Run one or several policies/budgets on the same input: a comparison table, a per-head budget heatmap,
+    layer importance and a map of the pages the kept K/V come from.
+
+    Examples:
+
+        maskkv profile report.pdf
+
+        maskkv profile report.pdf "Who signed it?" --policies maskkv,snapkv --budgets 64,256
+
+        maskkv profile book.txt --ratio 0.1,0.3 --heatmap maskkv@0.1 --html report.html --plot report.png
+
+        maskkv profile report.pdf --json > profile.json
+    """
+    from rich.console import Console
+
+    from maskkv_cli.commands.documents import answer_question
+    from maskkv_cli.profiling import choose_focus, parse_runs, profile_document
+    from maskkv_cli.render import LiveRun
+    from maskkv_cli.render_profile import print_report, require_matplotlib, write_html
+    from maskkv_cli.store import DocumentStore
+
+    if not question.strip():
+        raise fail("the question is empty; write the question after the document", 2)
+    if layer_budgets not in ("auto", "online", "uniform"):
+        raise fail(f"--layer-budgets must be auto, online or uniform, got {layer_budgets!r}", 2)
+    specs = parse_runs(policies, budgets, ratio)
+    focus = choose_focus(specs, heatmap) if heatmap is not None else None
+    _check_output(plot, "--plot")
+    _check_output(html, "--html")
+    if plot is not None:
+        require_matplotlib()
+    err = Console(stderr=True)
+    live_on = err.is_terminal and not quiet and not as_json
+    with LiveRun(err, live_on, device if device != "auto" else "cpu") as live:
+        live.phase("parse", str(document))
+        doc, _ = DocumentStore().ingest(document, password=password)
+        for w in doc.warnings:
+            note(w, quiet, as_json)
+        live.phase("load model")
+        session = open_session(model, device, dtype, quiet, as_json)
+        gen = generation_config(session.generation_defaults, gen_length, steps, block_length,
+                                temperature=temperature, threshold=threshold, seed=seed)
+        live.phase("warm-up")
+        report = profile_document(
+            session, doc, question, gen, specs,
+            lambda cache: answer_question(session, doc.text, question, gen, cache, long, live),
+            layer_budgets=layer_budgets, seed=seed, focus=focus, warmup=warmup,
+            on_run=lambda i, n, spec: live.phase(f"run {i + 1}/{n}", spec.label),
+        )
+        live.phase("write")
+        if plot is not None:
+            from maskkv_cli.render_profile import plot_png
+
+            plot_png(report, plot)
+        if html is not None:
+            write_html(report, html)
+    for message in report.notes:
+        note(message, quiet, as_json)
+    if as_json:
+        typer.echo(json.dumps(report.as_dict()))
+        return
+    print_report(Console(), report)
+    for path in (plot, html):
+        if path is not None:
+            note(f"wrote {path}", quiet, as_json)

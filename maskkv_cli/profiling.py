@@ -1,0 +1,550 @@
+"""Profile one input under several KV-cache policies and budgets: the data behind ``maskkv profile``.
+
+Every run answers the same question about the same document in the same process, one after another, and
+becomes a ``RunProfile``: the run statistics, the layer budgets, the per-head budgets (layers x heads), the
+per-head prompt preference ``P_h`` when the policy computed it, the layer importance ``I(l)`` when the run used
+one (a calibration profile or the online measurement), and a ``PageMap``: which pages of the document the kept
+prompt K/V entries come from.
+
+Mapping kept entries to pages: the prompt text is rebuilt with the chat template and tokenized again with
+character offsets (a fast tokenizer; the ids must equal the ones the run used). The document's text is found
+inside the prompt; each prompt token whose characters lie in it gets the page of its first such character
+(``Document.page_at``). When the middle of a long document was cut to fit the window, the kept head and tail
+are aligned with the document's start and end, so only what is in the prompt is mapped. Every other token
+(chat template, question, the cut marker) counts as "question/template".
+
+This module computes data only (lists and numbers); rendering lives in ``maskkv_cli.render_profile``.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from maskkv_cli.documents import Document
+from maskkv_cli.engine.forward import LayerRecord
+from maskkv_cli.errors import UsageError
+from maskkv_cli.stats import RunStats
+
+__all__ = [
+    "OUTSIDE",
+    "PageCount",
+    "PageMap",
+    "ProfileReport",
+    "RunProfile",
+    "RunSpec",
+    "choose_focus",
+    "group_pages",
+    "head_budget_matrix",
+    "kept_position_counts",
+    "map_pages",
+    "page_map",
+    "parse_runs",
+    "preference_matrix",
+    "profile_document",
+    "prompt_text",
+    "quantize",
+    "token_pages",
+]
+
+OUTSIDE = "question/template"
+DEFAULT_BUDGET = 256
+
+
+# ----------------------------------------------------------------------------------------------------- runs
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One policy at one budget (``budget`` or ``ratio``; neither for policies that keep the whole prompt)."""
+
+    policy: str
+    budget: int | None = None
+    ratio: float | None = None
+
+    @property
+    def label(self) -> str:
+        if self.budget is not None:
+            return f"{self.policy}@{self.budget}"
+        if self.ratio is not None:
+            return f"{self.policy}@{self.ratio:g}"
+        return self.policy
+
+
+def _split(value: str) -> list[str]:
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def _positive_ints(value: str, option: str) -> list[int]:
+    out: list[int] = []
+    for part in _split(value):
+        try:
+            number = int(part)
+        except ValueError:
+            raise UsageError(f"{option} takes positive integers separated by commas, got {part!r}") from None
+        if number <= 0:
+            raise UsageError(f"{option} values must be positive integers, got {number}")
+        out.append(number)
+    if not out:
+        raise UsageError(f"{option} is empty; give e.g. {option} 64,256")
+    return list(dict.fromkeys(out))
+
+
+def _ratios(value: str) -> list[float]:
+    out: list[float] = []
+    for part in _split(value):
+        try:
+            number = float(part)
+        except ValueError:
+            raise UsageError(f"--ratio takes numbers in (0, 1] separated by commas, got {part!r}") from None
+        if not 0.0 < number <= 1.0:
+            raise UsageError(f"--ratio values must be in (0, 1], got {part}")
+        out.append(number)
+    if not out:
+        raise UsageError("--ratio is empty; give e.g. --ratio 0.1,0.5")
+    return list(dict.fromkeys(out))
+
+
+def parse_runs(policies: str, budgets: str | None, ratios: str | None) -> list[RunSpec]:
+    """The runs for ``--policies a,b`` x (``--budgets 64,256`` or ``--ratio 0.1,0.5``), in that order.
+
+    A policy that never evicts (``full``, ``none``) runs once whatever the budgets. Raises ``UsageError`` for an
+    unknown policy, a budget that is not a positive integer, a ratio outside (0, 1], or both budgets and ratios.
+    """
+    from maskkv_cli.policies.base import REGISTRY, policy_names
+
+    known = policy_names()
+    names = list(dict.fromkeys(_split(policies)))
+    if not names:
+        raise UsageError("--policies is empty; give e.g. --policies maskkv,snapkv")
+    for name in names:
+        if name not in known:
+            raise UsageError(f"unknown policy {name!r} in --policies; choose from: {', '.join(known)}")
+    if budgets is not None and ratios is not None:
+        raise UsageError("give either --budgets or --ratio, not both")
+    values: list[tuple[int | None, float | None]]
+    if ratios is not None:
+        values = [(None, r) for r in _ratios(ratios)]
+    else:
+        values = [(b, None) for b in _positive_ints(budgets if budgets is not None else str(DEFAULT_BUDGET),
+                                                     "--budgets")]
+    specs: list[RunSpec] = []
+    for name in names:
+        if not REGISTRY[name].evicts:
+            specs.append(RunSpec(name))
+            continue
+        specs.extend(RunSpec(name, budget, ratio) for budget, ratio in values)
+    return specs
+
+
+def choose_focus(specs: Sequence[RunSpec], choice: str) -> int:
+    """Index of the run named by ``--heatmap POLICY@BUDGET`` (or ``POLICY`` for full/none); ``UsageError`` else."""
+    wanted = choice.strip()
+    for i, spec in enumerate(specs):
+        if spec.label == wanted:
+            return i
+    policy, at, value = wanted.partition("@")
+    same = [i for i, s in enumerate(specs) if s.policy == policy]
+    if not at and len(same) == 1:
+        return same[0]
+    for i in same:
+        spec = specs[i]
+        try:
+            if spec.budget is not None and spec.budget == int(value):
+                return i
+            if spec.ratio is not None and spec.ratio == float(value):
+                return i
+        except ValueError:
+            continue
+    labels = ", ".join(s.label for s in specs)
+    raise UsageError(f"--heatmap {wanted} is not one of the runs ({labels}); write POLICY@BUDGET")
+
+
+# ------------------------------------------------------------------------------------------------ page map
+
+
+@dataclass(frozen=True)
+class PageCount:
+    page: int
+    tokens: int  # prompt tokens of this page
+    kept: int  # kept prompt entries (over layers, heads and batch) of these tokens
+    slots: int  # the most there could be: tokens x layers x heads x batch
+
+    @property
+    def share(self) -> float:
+        return self.kept / self.slots if self.slots else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"page": self.page, "tokens": self.tokens, "kept": self.kept, "share": self.share}
+
+
+@dataclass(frozen=True)
+class PageMap:
+    """Kept prompt entries per document page, and outside the document (template and question)."""
+
+    pages: tuple[PageCount, ...]
+    outside: PageCount  # ``page`` 0: the chat template, the question, a cut marker
+    dropped_tokens: int = 0  # document tokens cut from the middle (not in the prompt)
+    note: str | None = None
+
+    @property
+    def kept_total(self) -> int:
+        return sum(p.kept for p in self.pages) + self.outside.kept
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"mapped": True, "pages": [p.as_dict() for p in self.pages],
+                OUTSIDE: {k: v for k, v in self.outside.as_dict().items() if k != "page"},
+                "kept_total": self.kept_total, "dropped_tokens": self.dropped_tokens, "note": self.note}
+
+
+def kept_position_counts(records: Sequence[LayerRecord], prompt_len: int) -> list[int]:
+    """How many (layer, head, batch row) slots keep each prompt position; ``prompt_len`` counts.
+
+    Only the first ``head_budgets[b, h]`` entries of ``positions[b, h]`` are real (the rest pad a ragged
+    layer); a record without positions kept every prompt position in every head.
+    """
+    counts = torch.zeros(prompt_len, dtype=torch.int64)
+    for rec in records:
+        lengths = rec.head_budgets.to(torch.int64)  # (B, H)
+        if rec.positions is None:  # a dense layer: every head holds the whole prompt
+            counts += lengths.numel()
+            continue
+        pos: Tensor = rec.positions.to(torch.int64)  # (B, H, K)
+        valid = torch.arange(pos.shape[-1])[None, None, :] < lengths[..., None]
+        counts += torch.bincount(pos[valid].clamp(0, prompt_len - 1), minlength=prompt_len)[:prompt_len]
+    return counts.tolist()
+
+
+def _common_prefix(a: str, b: str) -> int:
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:  # binary search on slice equality: fast in C for long texts
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _common_suffix(a: str, b: str, limit: int) -> int:
+    lo, hi = 0, min(len(a), len(b), limit)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[len(a) - mid :] == b[len(b) - mid :]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def token_pages(
+    doc: Document, context: str, text: str, offsets: Sequence[tuple[int, int]], start: int | None = None
+) -> tuple[list[int | None], str | None]:
+    """The document page of every prompt token (None: outside the document), and a note when partial.
+
+    ``context`` is the document text as it went into the prompt (all of ``doc.text``, or its start and end
+    around a cut), ``text`` the whole prompt text and ``offsets`` each token's ``(start, end)`` in ``text``.
+    ``start``: where the stripped context begins in ``text`` when known (default: its first occurrence).
+    """
+    ctx = context.strip()
+    if start is None or text[start : start + len(ctx)] != ctx:
+        start = text.find(ctx) if ctx else -1
+    if start < 0:
+        return [None] * len(offsets), "the document's text was not found in the prompt; nothing mapped to pages"
+    full = doc.text
+    lead = len(full) - len(full.lstrip())
+    body = full.strip()
+    head = _common_prefix(ctx, body)
+    tail = 0 if head == len(ctx) else _common_suffix(ctx, body, min(len(ctx), len(body)) - head)
+    cut_from, cut_to = head, len(ctx) - tail  # ctx[cut_from:cut_to] is not in the document (cut marker)
+
+    def doc_offset(i: int) -> int | None:  # i: a character index of ctx
+        if i < cut_from:
+            return lead + i
+        if i >= cut_to:
+            return lead + len(body) - (len(ctx) - i)
+        return None
+
+    pages: list[int | None] = []
+    end_ctx = start + len(ctx)
+    for a, b in offsets:
+        page = None
+        for c in range(max(a, start), min(max(b, a + 1), end_ctx)):
+            off = doc_offset(c - start)
+            if off is not None:
+                page = doc.page_at(off)
+                break
+        pages.append(page)
+    note = None
+    if cut_to > cut_from and head + tail < len(body):
+        note = (f"the middle of the document was cut to fit the window: only its first {head} and last {tail} "
+                f"characters are in the prompt and mapped")
+    return pages, note
+
+
+def page_map(
+    counts: Sequence[int],
+    pages_of_tokens: Sequence[int | None],
+    page_numbers: Sequence[int],
+    slots_per_token: int,
+    dropped_tokens: int = 0,
+    note: str | None = None,
+) -> PageMap:
+    """Sum kept counts per page. ``counts[i]``: kept slots of prompt token i; ``pages_of_tokens[i]``: its page."""
+    if len(counts) != len(pages_of_tokens):
+        raise ValueError(f"{len(counts)} counts for {len(pages_of_tokens)} tokens")
+    kept = dict.fromkeys(page_numbers, 0)
+    tokens = dict.fromkeys(page_numbers, 0)
+    out_kept = out_tokens = 0
+    for n, page in zip(counts, pages_of_tokens, strict=True):
+        if page is None or page not in kept:
+            out_kept += n
+            out_tokens += 1
+        else:
+            kept[page] += n
+            tokens[page] += 1
+    rows = tuple(PageCount(p, tokens[p], kept[p], tokens[p] * slots_per_token) for p in page_numbers)
+    return PageMap(rows, PageCount(0, out_tokens, out_kept, out_tokens * slots_per_token), dropped_tokens, note)
+
+
+def prompt_text(tokenizer: Any, user_text: str) -> str:
+    """The chat-template text whose tokens are ``prompting.chat_prompt_ids(tokenizer, user_text)``."""
+    from maskkv_cli.prompting import llada_template
+
+    messages = [{"role": "user", "content": user_text}]
+    if getattr(tokenizer, "chat_template", None):
+        return str(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+    return llada_template(messages)
+
+
+def map_pages(
+    tokenizer: Any,
+    doc: Document,
+    context: str,
+    question: str,
+    records: Sequence[LayerRecord],
+    prompt_len: int,
+    dropped_tokens: int = 0,
+) -> PageMap | str:
+    """The page map of one run, or the reason it cannot be made (a one-line string)."""
+    from maskkv_cli.prompting import chat_prompt_ids, document_question
+
+    if not records:
+        return "this policy keeps no prompt cache"
+    user = document_question(context, question)
+    text = prompt_text(tokenizer, user)
+    try:
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    except (NotImplementedError, TypeError, ValueError) as exc:
+        return f"the tokenizer gives no character offsets ({type(exc).__name__}); a fast tokenizer is needed"
+    ids = list(enc["input_ids"])
+    if len(ids) != prompt_len or ids != chat_prompt_ids(tokenizer, user):
+        return "the prompt could not be tokenized again exactly; kept positions not mapped to pages"
+    at = text.find(user.strip())  # the whole user message is unique; the template around it is not searched
+    pages, note = token_pages(doc, context, text, [tuple(o) for o in enc["offset_mapping"]], at if at >= 0 else None)
+    b, h = records[0].head_budgets.shape
+    counts = kept_position_counts(records, prompt_len)
+    return page_map(counts, pages, [p.number for p in doc.pages], len(records) * h * b, dropped_tokens, note)
+
+
+def group_pages(pages: Sequence[PageCount], max_rows: int) -> list[tuple[str, PageCount]]:
+    """At most ``max_rows`` (label, counts) rows: consecutive pages merged into equal ranges when there are more."""
+    if max_rows <= 0:
+        raise ValueError("max_rows must be positive")
+    if len(pages) <= max_rows:
+        return [(str(p.page), p) for p in pages]
+    size = -(-len(pages) // max_rows)
+    rows: list[tuple[str, PageCount]] = []
+    for i in range(0, len(pages), size):
+        chunk = pages[i : i + size]
+        first, last = chunk[0].page, chunk[-1].page
+        label = str(first) if first == last else f"{first}-{last}"
+        rows.append((label, PageCount(first, sum(p.tokens for p in chunk), sum(p.kept for p in chunk),
+                                      sum(p.slots for p in chunk))))
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ matrices
+
+
+def head_budget_matrix(records: Sequence[LayerRecord], row: int = 0) -> list[list[int]]:
+    """Kept prompt entries per head: one list per layer (layers x heads), batch row ``row``."""
+    return [[int(x) for x in r.head_budgets[row].tolist()] for r in sorted(records, key=lambda r: r.layer)]
+
+
+def preference_matrix(records: Sequence[LayerRecord], row: int = 0) -> list[list[float]] | None:
+    """``P_h`` per head (layers x heads) when every layer reported it, else None."""
+    ordered = sorted(records, key=lambda r: r.layer)
+    if not ordered or any(r.preference is None for r in ordered):
+        return None
+    return [[float(x) for x in r.preference[row].tolist()] for r in ordered]  # type: ignore[index]
+
+
+def quantize(matrix: Sequence[Sequence[float]], levels: int) -> tuple[list[list[int]], float, float]:
+    """Each value as a level in ``0 .. levels-1`` (linear between the matrix's min and max), and (min, max)."""
+    values = [v for row in matrix for v in row]
+    if not values:
+        return [], 0.0, 0.0
+    lo, hi = float(min(values)), float(max(values))
+    span = hi - lo
+    top = levels - 1
+    out = [[top // 2 if span == 0 else min(top, int((v - lo) / span * levels)) for v in row] for row in matrix]
+    return out, lo, hi
+
+
+# -------------------------------------------------------------------------------------------------- report
+
+
+@dataclass
+class RunProfile:
+    spec: RunSpec
+    budget: int | None  # resolved per-head budget (None: whole prompt)
+    answer: str
+    prompt_len: int
+    stats: RunStats
+    evicted: bool  # False when nothing was dropped (full/none, or a budget >= the prompt)
+    layer_budgets: list[int] | None
+    head_budgets: list[list[int]] | None  # layers x heads
+    preference: list[list[float]] | None  # layers x heads
+    importance: list[float] | None
+    importance_source: str | None  # "profile" (calibration file), "online" (this input) or None
+    pages: PageMap | None
+    pages_note: str | None = None  # why there is no page map
+    dropped_tokens: int = 0
+    rope_factor: int = 1
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        pages: dict[str, Any] = (self.pages.as_dict() if self.pages is not None
+                                 else {"mapped": False, "note": self.pages_note})
+        return {
+            "policy": self.spec.policy, "budget": self.budget, "ratio": self.spec.ratio, "label": self.spec.label,
+            "evicted": self.evicted, "answer": self.answer, "prompt_tokens": self.prompt_len,
+            "dropped_tokens": self.dropped_tokens, "rope_factor": self.rope_factor, "stats": self.stats.as_dict(),
+            "layer_budgets": self.layer_budgets, "head_budgets": self.head_budgets, "preference": self.preference,
+            "importance": self.importance, "importance_source": self.importance_source, "pages": pages,
+        }
+
+
+@dataclass
+class ProfileReport:
+    document: dict[str, Any]
+    model: str
+    question: str
+    device: str
+    runs: list[RunProfile]
+    focus: int | None  # the run drawn as pictures (the first that evicts, or the chosen one)
+    memory_note: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def focus_run(self) -> RunProfile | None:
+        return None if self.focus is None else self.runs[self.focus]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"document": self.document, "model": self.model, "question": self.question, "device": self.device,
+                "memory_note": self.memory_note, "focus": self.focus, "runs": [r.as_dict() for r in self.runs]}
+
+
+def memory_note(device: torch.device) -> str:
+    if device.type == "cuda":
+        return "peak memory: CUDA allocator peak of each run (peak statistics reset before each run)"
+    return ("peak memory: the process's peak RSS, cumulative over the runs in this process (a later run never "
+            "shows less than an earlier one)")
+
+
+def _fresh_peak(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _importance(session: Any, cache: Any, records: Sequence[LayerRecord]) -> tuple[list[float] | None, str | None]:
+    """The I(l) the run's layer budgets came from: measured online, or the calibration profile, or none."""
+    from maskkv_cli.calibration import resolve_importance
+
+    ordered = sorted(records, key=lambda r: r.layer)
+    if ordered and all(r.importance is not None for r in ordered):
+        return [float(r.importance) for r in ordered], "online"  # type: ignore[arg-type]
+    if cache.layer_budgets != "auto":
+        return None, None
+    options, _ = resolve_importance(session.model_path, cache.options, cache.policy, cache.layer_budgets)
+    if options.importance is None:
+        return None, None
+    return [float(x) for x in options.importance], "profile"
+
+
+AnswerFn = Callable[[Any], tuple[Any, Any]]  # CacheConfig -> (session.Answer, longctx.FittedContext)
+
+
+def profile_document(
+    session: Any,
+    doc: Document,
+    question: str,
+    gen: Any,
+    specs: Sequence[RunSpec],
+    answer_fn: AnswerFn,
+    *,
+    layer_budgets: str = "auto",
+    seed: int = 0,
+    focus: int | None = None,
+    warmup: bool = True,
+    on_run: Callable[[int, int, RunSpec], None] | None = None,
+) -> ProfileReport:
+    """Run every spec on the same input, one after another, and collect a ``ProfileReport``.
+
+    ``answer_fn(cache_config)`` runs one question about the document (fitting it to the window, building the
+    prompt, generating) and returns ``(Answer, FittedContext)``; the CLI passes its ``answer_question``.
+    ``warmup`` first runs the first spec once on the question alone (one block), outside the measurements, so
+    the first row does not pay one-time costs. ``focus`` picks the run drawn as pictures; by default the first
+    that evicts.
+    """
+    from maskkv_cli.policies.base import PolicyOptions
+    from maskkv_cli.session import CacheConfig
+
+    if not specs:
+        raise UsageError("no run to profile")
+
+    def config(spec: RunSpec) -> Any:
+        return CacheConfig(policy=spec.policy, budget=spec.budget, ratio=spec.ratio,
+                           options=PolicyOptions(seed=seed), layer_budgets=layer_budgets)
+
+    if warmup:
+        short = replace(gen, gen_length=gen.block_length, steps=max(1, gen.steps_per_block))
+        session.answer_ids(session.prompt_ids(question), short, config(specs[0]))
+    runs: list[RunProfile] = []
+    for i, spec in enumerate(specs):
+        if on_run is not None:
+            on_run(i, len(specs), spec)
+        _fresh_peak(session.device)
+        cache = config(spec)
+        answer, fitted = answer_fn(cache)
+        result = answer.result
+        records: list[LayerRecord] = sorted(result.records, key=lambda r: r.layer)
+        mapped = map_pages(session.tokenizer, doc, fitted.text, question, records, answer.prompt_len, fitted.dropped)
+        importance, source = (None, None)
+        if result.layer_budgets is not None:  # only an evicting run has layer budgets that came from I(l)
+            importance, source = _importance(session, cache, records)
+        budgets = result.layer_budgets or ([r.layer_budget for r in records] if records else None)
+        notes = [n for n in [fitted.rule, *answer.notes] if n]
+        runs.append(RunProfile(
+            spec=spec, budget=answer.budget, answer=answer.text, prompt_len=answer.prompt_len, stats=result.stats,
+            evicted=result.layer_budgets is not None, layer_budgets=list(budgets) if budgets else None,
+            head_budgets=head_budget_matrix(records) if records else None,
+            preference=preference_matrix(records), importance=importance, importance_source=source,
+            pages=mapped if isinstance(mapped, PageMap) else None,
+            pages_note=mapped if isinstance(mapped, str) else None,
+            dropped_tokens=fitted.dropped, rope_factor=fitted.rope_factor, notes=notes,
+        ))
+    if focus is None:
+        focus = next((i for i, r in enumerate(runs) if r.evicted), None)
+    document = {"source": doc.source, "sha256": doc.sha256, "pages": len(doc.pages), "chars": doc.n_chars}
+    report_notes = list(dict.fromkeys(n for r in runs for n in r.notes))
+    return ProfileReport(document, str(session.model_path), question, str(session.device), runs, focus,
+                         memory_note(session.device), report_notes)

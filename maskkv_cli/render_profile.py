@@ -1,0 +1,442 @@
+"""Pictures of a ``ProfileReport``: Rich renderables for the terminal, a matplotlib PNG, a self-contained HTML.
+
+The numbers come from ``maskkv_cli.profiling``; this module only draws them. Colours come from one fixed ramp
+(viridis, 9 steps) everywhere; a terminal without colours gets the same levels as characters (``.:-=+*#%@``).
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from maskkv_cli.errors import MaskKVError
+from maskkv_cli.profiling import OUTSIDE, PageCount, ProfileReport, RunProfile, group_pages, quantize
+from maskkv_cli.render import human_bytes
+
+RAMP = ("#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725")
+GLYPHS = ".:-=+*#%@"  # the same levels without colour
+EIGHTHS = " ▏▎▍▌▋▊▉"
+MAX_PAGE_ROWS = 40
+PLOT_HINT = "--plot needs matplotlib, an optional extra: pip install 'maskkv[plot]'"
+
+
+class MissingExtra(MaskKVError):
+    """An optional dependency is not installed."""
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def _ratio(value: float, base: float) -> str:
+    return f"x{value / base:.2f}" if base > 0 and value > 0 else ""
+
+
+def bar(fraction: float, width: int) -> str:
+    """A horizontal bar of ``fraction`` (0..1) of ``width`` cells, in eighths of a cell."""
+    eighths = round(max(0.0, min(1.0, fraction)) * width * 8)
+    full, part = divmod(eighths, 8)
+    return ("█" * full + (EIGHTHS[part] if part else "")).ljust(width)
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:.2f}"
+
+
+def write_atomic(path: Path, data: bytes) -> Path:
+    """Write ``data`` to a temp file next to ``path``, then rename it over ``path``."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is an ordinary file
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ terminal
+
+
+def runs_table(report: ProfileReport) -> Table:
+    """One row per run; the second line of a cell is the ratio to the first row."""
+    from rich import box
+
+    first = report.runs[0]
+    title = (f"{len(report.runs)} run(s), prompt {first.prompt_len} tokens, full prompt KV cache "
+             f"{human_bytes(first.stats.kv_full_bytes)}; second lines: ratio to the first row")
+    table = Table(title=title, title_justify="left", caption=report.memory_note, caption_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
+    for name, justify in (("run", "left"), ("prefill", "right"), ("step", "right"), ("tok/s", "right"),
+                          ("total", "right"), ("peak mem", "right"), ("KV kept", "right"), ("smaller", "right")):
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    base = first.stats
+    for i, run in enumerate(report.runs):
+        s = run.stats
+
+        def cell(text: str, value: float, ref: float, i: int = i) -> Text:
+            out = Text(text)
+            if i:
+                out.append(f"\n{_ratio(value, ref)}", style="dim")
+            return out
+
+        label = Text()
+        label.append(run.spec.label, style="bold")
+        if not run.evicted and (run.spec.budget is not None or run.spec.ratio is not None):
+            label.append("\nkeeps all", style="dim")
+        table.add_row(label, cell(_ms(s.prefill_s), s.prefill_s, base.prefill_s),
+                      cell(_ms(s.median_step_s), s.median_step_s, base.median_step_s),
+                      cell(f"{s.tokens_per_s:.1f}", s.tokens_per_s, base.tokens_per_s),
+                      cell(f"{s.total_s:.2f} s", s.total_s, base.total_s),
+                      cell(human_bytes(s.peak_mem_bytes), s.peak_mem_bytes, base.peak_mem_bytes),
+                      cell(human_bytes(s.kv_bytes) if s.kv_bytes else "no cache", s.kv_bytes, base.kv_bytes),
+                      f"{s.compression:.1f}x" if s.kv_bytes else "-")
+    return table
+
+
+def heatmap(matrix: Sequence[Sequence[float]], title: str, unit: str, color: bool, max_width: int) -> Text:
+    """Layers x heads as coloured cells (two characters a cell when they fit in ``max_width``, else one)."""
+    levels, lo, hi = quantize(matrix, len(RAMP))
+    heads = len(matrix[0]) if matrix else 0
+    row_label = max(2, len(str(len(matrix) - 1))) + 2
+    cw = 2 if row_label + 2 * heads <= max_width else 1
+    out = Text()
+    out.append(f"{title}\n", style="bold")
+    header = [" "] * (heads * cw)
+    step = 4 if cw == 2 else 8
+    for h in range(0, heads, step):
+        for j, ch in enumerate(str(h)):
+            if h * cw + j < len(header):
+                header[h * cw + j] = ch
+    out.append(" " * row_label + "".join(header).rstrip() + "  head\n", style="dim")
+    for layer, row in enumerate(levels):
+        out.append(f"L{layer}".rjust(row_label - 1) + " ", style="dim")
+        for level in row:
+            if color:
+                out.append(" " * cw, style=f"on {RAMP[level]}")
+            else:
+                out.append(GLYPHS[level] * cw)
+        out.append("\n")
+    out.append(" " * row_label + f"min {_fmt(lo)} ")
+    for i in range(len(RAMP)):
+        if color:
+            out.append("  ", style=f"on {RAMP[i]}")
+        else:
+            out.append(GLYPHS[i])
+    out.append(f" max {_fmt(hi)}  {unit}")
+    return out
+
+
+def layer_chart(run: RunProfile, width: int = 24) -> RenderableType:
+    """Layer importance I(l) and the layer budgets as horizontal bars (budgets only without importance)."""
+    budgets = run.layer_budgets or []
+    table = Table(box=None, show_header=True, pad_edge=False, title_justify="left",
+                  title=Text("layer budgets" + (" and importance I(l)" if run.importance else ""), style="bold"))
+    table.add_column("layer", justify="right", style="dim")
+    if run.importance:
+        table.add_column("I(l)", no_wrap=True)
+        table.add_column("", justify="right")
+    table.add_column("budget", no_wrap=True)
+    table.add_column("", justify="right")
+    top_i = max(run.importance or [0.0]) or 1.0
+    top_b = max(budgets or [0]) or 1
+    for layer, b in enumerate(budgets):
+        cells = [f"L{layer}"]
+        if run.importance:
+            value = run.importance[layer]
+            cells += [Text(bar(value / top_i, width), style="magenta"), f"{value:.4f}"]
+        cells += [Text(bar(b / top_b, width), style="cyan"), str(b)]
+        table.add_row(*cells)
+    if run.importance_source == "online":
+        why = "I(l) measured on this input (--layer-budgets online)"
+    elif run.importance_source == "profile":
+        why = "I(l) from the model's calibration profile"
+    elif run.spec.policy == "maskkv":
+        why = "no calibration profile was used: uniform layer budgets (run `maskkv calibrate` to make one)"
+    else:
+        why = f"{run.spec.policy} does not use layer importance: layer budgets only"
+    return Group(table, Text(why, style="dim"))
+
+
+def page_chart(run: RunProfile, width: int = 30) -> RenderableType:
+    """One bar per page: the share of that page's (token, layer, head) slots that stayed in the cache."""
+    pages = run.pages
+    if pages is None:
+        return Text(f"page map: {run.pages_note}", style="dim")
+    total = pages.kept_total or 1
+    table = Table(box=None, pad_edge=False, title=Text("where the kept K/V come from", style="bold"),
+                  title_justify="left")
+    table.add_column("page", justify="right")
+    table.add_column("share of its slots kept", no_wrap=True)
+    table.add_column("", justify="right")
+    table.add_column("entries", justify="right")
+    table.add_column("of all", justify="right")
+    table.add_column("tokens", justify="right")
+    rows: list[tuple[str, PageCount]] = group_pages(pages.pages, MAX_PAGE_ROWS) + [(OUTSIDE, pages.outside)]
+    top = max(p.share for _, p in rows) or 1.0
+    for label, p in rows:
+        table.add_row(label, Text(bar(p.share / top, width), style="green" if label != OUTSIDE else "yellow"),
+                      f"{100 * p.share:.1f}%", str(p.kept), f"{100 * p.kept / total:.1f}%", str(p.tokens))
+    parts: list[RenderableType] = [table, Text("share: kept entries / (tokens x layers x heads); bars relative to "
+                                               "the largest share; of all: share of every kept entry", style="dim")]
+    if pages.dropped_tokens:
+        parts.append(Text(f"{pages.dropped_tokens} document tokens were cut from the middle to fit the window; "
+                          "only what is in the prompt is mapped", style="yellow"))
+    elif pages.note:
+        parts.append(Text(pages.note, style="yellow"))
+    return Group(*parts)
+
+
+def report_renderables(report: ProfileReport, width: int, color: bool) -> list[RenderableType]:
+    """Everything ``maskkv profile`` prints, in order."""
+    out: list[RenderableType] = [
+        Text(f"{report.document['source']}: {report.document['pages']} pages, {report.document['chars']} chars; "
+             f"model {report.model} on {report.device}", style="dim"),
+        runs_table(report),
+    ]
+    answers = Text()
+    answers.append("answers\n", style="bold")
+    for run in report.runs:
+        line = " ".join(run.answer.split()) or "(empty)"
+        room = max(10, width - len(run.spec.label) - 4)
+        answers.append(f"  {run.spec.label}: ", style="bold")
+        answers.append((line[: room - 1] + "…" if len(line) > room else line) + "\n")
+    out.append(answers)
+    run = report.focus_run
+    if run is None:
+        out.append(Text("no run evicted anything (every budget covers the prompt): no heatmap or page map; try "
+                        "smaller --budgets", style="yellow"))
+        return out
+    out.append(Text(f"pictures of {run.spec.label}", style="bold underline"))
+    if not run.head_budgets:
+        out.append(Text(f"{run.spec.label} keeps no prompt cache: nothing to draw", style="yellow"))
+        return out
+    if run.head_budgets:
+        out.append(heatmap(run.head_budgets, "kept entries per head (layers x heads)", "entries", color, width))
+    if run.preference:
+        out.append(heatmap(run.preference, "P_h: share of the mask queries' attention on the prompt", "P_h",
+                           color, min(width, 40 + 6)))
+    out.append(layer_chart(run, width=max(8, min(24, (width - 30) // 2))))
+    out.append(page_chart(run, width=max(8, min(30, width - 50))))
+    return out
+
+
+def print_report(console: Console, report: ProfileReport) -> None:
+    color = console.color_system is not None
+    for item in report_renderables(report, console.width, color):
+        console.print(item)
+        console.print()
+
+
+# ------------------------------------------------------------------------------------------------ PNG
+
+
+def require_matplotlib() -> None:
+    """Fail with the install hint when the ``plot`` extra is missing."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise MissingExtra(PLOT_HINT) from None
+
+
+def plot_png(report: ProfileReport, path: Path) -> Path:
+    """The runs, the heatmaps, the layer chart and the page map as matplotlib subplots; written atomically."""
+    require_matplotlib()
+    from matplotlib.colors import ListedColormap
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    cmap = ListedColormap(list(RAMP))
+    run = report.focus_run
+    panels = ["runs"]
+    if run is not None:
+        panels += ["heads"] if run.head_budgets else []
+        panels += ["pref"] if run.preference else []
+        panels += ["layers", "pages"]
+    ncols = 2 if len(panels) > 1 else 1
+    nrows = -(-len(panels) // ncols)
+    fig = Figure(figsize=(6.5 * ncols, 4.8 * nrows), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    for ax, panel in zip(axes, panels, strict=False):
+        if panel == "runs":
+            labels = [r.spec.label for r in report.runs]
+            kv = [r.stats.kv_bytes / 2**20 for r in report.runs]
+            ax.bar(labels, kv, color=RAMP[3])
+            ax.set_ylabel("KV kept (MiB)")
+            ax.set_title("runs: KV kept and tokens/s")
+            ax.tick_params(axis="x", rotation=30)
+            twin = ax.twinx()
+            twin.plot(labels, [r.stats.tokens_per_s for r in report.runs], "o-", color=RAMP[7])
+            twin.set_ylabel("tokens/s")
+        elif panel in ("heads", "pref") and run is not None:
+            data = run.head_budgets if panel == "heads" else run.preference
+            image = ax.imshow(data, cmap=cmap if panel == "heads" else "viridis", aspect="auto",
+                              interpolation="nearest")
+            ax.set_xlabel("head")
+            ax.set_ylabel("layer")
+            ax.set_title(f"{run.spec.label}: kept entries per head" if panel == "heads" else "P_h per head")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+            fig.colorbar(image, ax=ax)
+        elif panel == "layers" and run is not None:
+            budgets = run.layer_budgets or []
+            layers = list(range(len(budgets)))
+            ax.barh(layers, budgets, color=RAMP[4], label="layer budget")
+            ax.invert_yaxis()
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_xlabel("entries per head")
+            ax.set_ylabel("layer")
+            ax.set_title("layer budgets" + (" and I(l)" if run.importance else " (no layer importance used)"))
+            if run.importance:
+                twin = ax.twiny()
+                twin.plot(run.importance, layers, "o-", color=RAMP[7], label="I(l)")
+                twin.set_xlabel("I(l)")
+        elif panel == "pages" and run is not None:
+            ax.set_title("share of each page's slots kept")
+            if run.pages is None:
+                ax.text(0.5, 0.5, run.pages_note or "no page map", ha="center", va="center", wrap=True)
+                ax.set_axis_off()
+                continue
+            rows = group_pages(run.pages.pages, MAX_PAGE_ROWS) + [("q/t", run.pages.outside)]
+            ax.bar([label for label, _ in rows], [100 * p.share for _, p in rows],
+                   color=[RAMP[5]] * (len(rows) - 1) + [RAMP[8]])
+            ax.set_ylabel("% kept")
+            ax.set_xlabel("page (q/t: question and template)")
+            if len(rows) > 12:
+                ax.tick_params(axis="x", rotation=90)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    return write_atomic(path, buf.getvalue())
+
+
+# ------------------------------------------------------------------------------------------------ HTML
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:1100px}
+h1{font-size:1.4em}h2{font-size:1.1em;margin-top:1.6em}
+table.runs{border-collapse:collapse}table.runs td,table.runs th{border:1px solid #ccc;padding:4px 8px;
+text-align:right}table.runs td:first-child{text-align:left;font-weight:bold}
+.ratio{color:#888;font-size:.85em;display:block}
+table.heat{border-collapse:collapse}table.heat td{width:14px;height:14px;padding:0}
+table.heat th{font-weight:normal;color:#888;font-size:.75em;padding:0 4px}
+.bar{display:inline-block;height:12px;vertical-align:middle}
+.chart td{padding:1px 6px;font-size:.9em}.dim{color:#888}.note{color:#a60}
+.legend span{display:inline-block;width:16px;height:12px}
+"""
+
+
+def _heat_html(matrix: Sequence[Sequence[float]], title: str) -> str:
+    levels, lo, hi = quantize(matrix, len(RAMP))
+    heads = len(matrix[0]) if matrix else 0
+    head = "".join(f"<th>{h if h % 4 == 0 else ''}</th>" for h in range(heads))
+    body = []
+    for layer, (row, vals) in enumerate(zip(levels, matrix, strict=True)):
+        cells = "".join(f'<td style="background:{RAMP[lv]}" title="layer {layer}, head {h}: {_fmt(v)}"></td>'
+                        for h, (lv, v) in enumerate(zip(row, vals, strict=True)))
+        body.append(f"<tr><th>L{layer}</th>{cells}</tr>")
+    legend = "".join(f'<span style="background:{c}"></span>' for c in RAMP)
+    return (f'<h2>{html.escape(title)}</h2><table class="heat"><tr><th></th>{head}</tr>{"".join(body)}</table>'
+            f'<p class="legend">min {_fmt(lo)} {legend} max {_fmt(hi)}</p>')
+
+
+def _bar_html(fraction: float, color: str, width: int = 240) -> str:
+    px = round(max(0.0, min(1.0, fraction)) * width)
+    return f'<span class="bar" style="width:{px}px;background:{color}"></span>'
+
+
+def report_html(report: ProfileReport) -> str:
+    """A self-contained page (inline CSS, HTML tables for the pictures, the JSON data embedded)."""
+    e = html.escape
+    base = report.runs[0].stats
+    rows = []
+    for i, run in enumerate(report.runs):
+        s = run.stats
+
+        def td(text: str, value: float, ref: float, i: int = i) -> str:
+            extra = f'<span class="ratio">{_ratio(value, ref)}</span>' if i else ""
+            return f"<td>{e(text)}{extra}</td>"
+
+        kv = f"{human_bytes(s.kv_bytes)} / {human_bytes(s.kv_full_bytes)}" if s.kv_bytes else "no cache"
+        rows.append(f"<tr><td>{e(run.spec.label)}</td>{td(_ms(s.prefill_s), s.prefill_s, base.prefill_s)}"
+                    f"{td(_ms(s.median_step_s), s.median_step_s, base.median_step_s)}"
+                    f"{td(f'{s.tokens_per_s:.1f}', s.tokens_per_s, base.tokens_per_s)}"
+                    f"{td(f'{s.total_s:.2f} s', s.total_s, base.total_s)}"
+                    f"{td(human_bytes(s.peak_mem_bytes), s.peak_mem_bytes, base.peak_mem_bytes)}"
+                    f"{td(kv, s.kv_bytes, base.kv_bytes)}<td>{f'{s.compression:.1f}x' if s.kv_bytes else '-'}</td>"
+                    f"<td style='text-align:left'>{e(run.answer[:200])}</td></tr>")
+    doc = report.document
+    parts = [
+        "<!DOCTYPE html><html><head><meta charset='utf-8'>",
+        f"<title>maskkv profile: {e(Path(str(doc['source'])).name)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>maskkv profile: {e(str(doc['source']))}</h1>",
+        f"<p class='dim'>{doc['pages']} pages, {doc['chars']} chars; model {e(report.model)} on "
+        f"{e(report.device)}; question: {e(report.question)}</p>",
+        "<h2>runs</h2><table class='runs'><tr><th>run</th><th>prefill</th><th>step</th><th>tokens/s</th>"
+        "<th>end to end</th><th>peak memory</th><th>KV kept / full</th><th>smaller</th><th>answer</th></tr>",
+        *rows, "</table>", f"<p class='dim'>{e(report.memory_note)}; ratios against the first row</p>",
+    ]
+    parts += [f"<p class='note'>{e(n)}</p>" for n in report.notes]
+    run = report.focus_run
+    if run is None:
+        parts.append("<p class='note'>no run evicted anything: no heatmap or page map</p>")
+    else:
+        if run.head_budgets:
+            parts.append(_heat_html(run.head_budgets, f"{run.spec.label}: kept entries per head (layers x heads)"))
+        if run.preference:
+            parts.append(_heat_html(run.preference, "P_h: share of the mask queries' attention on the prompt"))
+        budgets = run.layer_budgets or []
+        top_b = max(budgets or [0]) or 1
+        top_i = max(run.importance or [0.0]) or 1.0
+        parts.append("<h2>layer budgets" + (" and importance I(l)" if run.importance else "") + "</h2>"
+                     "<table class='chart'>")
+        for layer, b in enumerate(budgets):
+            imp = ""
+            if run.importance:
+                imp = f"<td>{_bar_html(run.importance[layer] / top_i, RAMP[7])} {run.importance[layer]:.4f}</td>"
+            parts.append(f"<tr><td>L{layer}</td>{imp}<td>{_bar_html(b / top_b, RAMP[3])} {b}</td></tr>")
+        parts.append("</table>")
+        if not run.importance:
+            parts.append("<p class='dim'>no layer importance was used by this run: layer budgets only</p>")
+        parts.append("<h2>where the kept K/V come from</h2>")
+        if run.pages is None:
+            parts.append(f"<p class='dim'>{e(run.pages_note or '')}</p>")
+        else:
+            parts.append("<table class='chart'><tr><th>page</th><th>share of the page's slots kept</th>"
+                         "<th>entries</th><th>tokens</th></tr>")
+            for label, p in group_pages(run.pages.pages, MAX_PAGE_ROWS) + [(OUTSIDE, run.pages.outside)]:
+                parts.append(f"<tr><td>{e(label)}</td><td>{_bar_html(p.share, RAMP[5])} {100 * p.share:.1f}%</td>"
+                             f"<td>{p.kept}</td><td>{p.tokens}</td></tr>")
+            parts.append("</table>")
+            if run.pages.dropped_tokens:
+                parts.append(f"<p class='note'>{run.pages.dropped_tokens} document tokens were cut from the middle; "
+                             "only what is in the prompt is mapped</p>")
+    data = json.dumps(report.as_dict()).replace("</", "<\\/")
+    parts.append(f"<script type='application/json' id='maskkv-profile'>{data}</script></body></html>\n")
+    return "\n".join(parts)
+
+
+def write_html(report: ProfileReport, path: Path) -> Path:
+    return write_atomic(path, report_html(report).encode("utf-8"))
+
+
+__all__ = ["MissingExtra", "bar", "heatmap", "layer_chart", "page_chart", "plot_png", "print_report",
+           "report_html", "report_renderables", "require_matplotlib", "runs_table", "write_atomic", "write_html"]
