@@ -40,12 +40,12 @@ class TrainConfig:
     vocab_size: int = 2048
     d_model: int = 128
     n_layers: int = 4
-    n_heads: int = 4
+    n_heads: int = 8
     mlp_hidden_size: int = 384
     rope_theta: float = 10000.0
     steps: int = 3000
-    batch_size: int = 16
-    lr: float = 1e-3
+    batch_size: int = 32
+    lr: float = 2e-3
     warmup: int = 100
     min_lr_ratio: float = 0.1
     betas: tuple[float, float] = (0.9, 0.98)
@@ -54,12 +54,13 @@ class TrainConfig:
     min_len: int = 48
     max_len: int = 512
     curriculum_steps: int = 1500
-    answer_len: int = 16
+    answer_len: int = 8
     mix: dict[str, float] = field(default_factory=lambda: {"niah_single": 0.5, "niah_multikey": 0.5})
     ckpt_every: int = 100
     eval_every: int = 250
     eval_n: int = 32
     threads: int = 1
+    init_from: str | None = None  # start from these weights (and tokenizer) instead of random ones
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,13 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
             p.requires_grad_(True)
         state = torch.load(state_file, weights_only=False)
         start = state["step"]
+    elif cfg.init_from:
+        tok = load_tokenizer(cfg.init_from)
+        model = load_model(cfg.init_from).train()
+        for p in model.parameters():
+            p.requires_grad_(True)
+        state = None
+        start = 0
     else:
         tok = build_bpe_tokenizer(tokenizer_texts(cfg.seed), vocab_size=cfg.vocab_size)
         mcfg = named_config("tiny").with_(

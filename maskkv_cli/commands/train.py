@@ -17,12 +17,19 @@ def train_tiny(
     out: Annotated[Path, typer.Option("--out", help="Run folder (checkpoints, log); an existing run resumes.")] = Path(
         "runs/tiny"),
     steps: Annotated[int, typer.Option("--steps", help="Optimizer steps in all.")] = 3000,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Examples per step.")] = 16,
-    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (AdamW, warm-up then cosine).")] = 1e-3,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Examples per step.")] = 32,
+    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (AdamW, warm-up then cosine).")] = 2e-3,
+    min_len: Annotated[int, typer.Option("--min-len", help="Shortest context in tokens.")] = 48,
     max_len: Annotated[int, typer.Option("--max-len", help="Longest context in tokens (curriculum end).")] = 512,
+    curriculum_steps: Annotated[int, typer.Option("--curriculum-steps", help="Steps to reach --max-len.")] = 1500,
+    kinds: Annotated[str, typer.Option("--kinds", help="Task kinds, equally mixed.")] = "niah_single,niah_multikey",
+    answer_len: Annotated[int, typer.Option("--answer-len", help="Answer region in tokens.")] = 8,
+    init_from: Annotated[Path | None, typer.Option("--init-from", help="Start from this model's weights and "
+                                                   "tokenizer (e.g. a first, short-context stage).",
+                                                   show_default=False)] = None,
     d_model: Annotated[int, typer.Option("--d-model")] = 128,
     n_layers: Annotated[int, typer.Option("--layers")] = 4,
-    n_heads: Annotated[int, typer.Option("--heads")] = 4,
+    n_heads: Annotated[int, typer.Option("--heads")] = 8,
     threads: Annotated[int, typer.Option("--threads", help="torch threads (1 for a background run).")] = 1,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     install: Annotated[bool, typer.Option("--install", help="Copy the final model into the package as the "
@@ -37,10 +44,18 @@ def train_tiny(
 
         OMP_NUM_THREADS=1 nohup maskkv train-tiny --out runs/tiny --json > train.log &
     """
+    from maskkv_cli.bench.tasks import KINDS
+    from maskkv_cli.errors import UsageError
     from maskkv_cli.training import TrainConfig, TrainEvent, install_model, train
 
-    cfg = TrainConfig(out=str(out), steps=steps, batch_size=batch_size, lr=lr, max_len=max_len, d_model=d_model,
-                      n_layers=n_layers, n_heads=n_heads, mlp_hidden_size=3 * d_model, threads=threads, seed=seed)
+    names = [k.strip() for k in kinds.split(",") if k.strip()]
+    unknown = [k for k in names if k not in KINDS]
+    if unknown or not names:
+        raise UsageError(f"--kinds: unknown {', '.join(unknown) or 'empty list'}; choose from {', '.join(KINDS)}")
+    cfg = TrainConfig(out=str(out), steps=steps, batch_size=batch_size, lr=lr, min_len=min_len, max_len=max_len,
+                      curriculum_steps=curriculum_steps, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                      mlp_hidden_size=3 * d_model, threads=threads, seed=seed, answer_len=answer_len,
+                      mix=dict.fromkeys(names, 1.0), init_from=str(init_from) if init_from else None)
 
     def show(e: TrainEvent) -> None:
         row = {"step": e.step, "loss": round(e.loss, 4), "lr": e.lr, "len": e.length, "t": round(e.elapsed_s)}

@@ -1,0 +1,57 @@
+"""Regenerate docs/guide.md: run every command for real and paste its output (COLUMNS=100).
+
+    .venv/bin/python scripts/make_guide.py
+
+Uses a private MASKKV_HOME and MASKKV_CONFIG under a temp folder so the user's store is untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = str(Path(sys.executable).parent / "maskkv")
+
+
+def run(cmd: str, env: dict[str, str], cwd: Path) -> str:
+    args = shlex.split(cmd)
+    args[0] = BIN if args[0] == "maskkv" else args[0]
+    out = subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True)
+    text = (out.stdout + out.stderr).rstrip()
+    if out.returncode:
+        text += f"\n[exit code {out.returncode}]"
+    return text
+
+
+def main() -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="maskkv-guide-"))
+    env = dict(os.environ, MASKKV_HOME=str(tmp / "home"), MASKKV_CONFIG=str(tmp / "config.toml"), COLUMNS="100",
+               OMP_NUM_THREADS="1", TERM="dumb")
+    env.pop("MASKKV_MODEL", None)
+    sys.path.insert(0, str(ROOT / "tests"))
+    from pdfs import BODY, make_pdf  # the PDF builder of the tests
+
+    (tmp / "harbour.pdf").write_bytes(make_pdf(BODY))
+    from maskkv_cli.bench.tasks import generate_tasks
+
+    task = generate_tasks("niah_single", 1, 350, seed=7)[0]
+    (tmp / "notes.txt").write_text(task.context)
+    (tmp / "scan.pdf").write_bytes(make_pdf([None, None]))
+    template = (ROOT / "docs" / "guide.template.md").read_text().replace("KEY", task.meta["key"])
+    parts = template.split("```run\n")
+    out = [parts[0]]
+    for part in parts[1:]:
+        cmd, rest = part.split("\n```", 1)
+        cmd = cmd.strip()
+        out.append("```console\n$ " + cmd + "\n" + run(cmd, env, tmp) + "\n```" + rest)
+    (ROOT / "docs" / "guide.md").write_text("".join(out))
+    print(f"wrote {ROOT / 'docs' / 'guide.md'}")
+
+
+if __name__ == "__main__":
+    main()
