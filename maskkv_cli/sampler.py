@@ -117,6 +117,7 @@ class _Forward:
         self.cache: PromptCache | None = None
         self.records: list[LayerRecord] = []
         self.layer_budgets: list[int] | None = None
+        self.batch = 1
         if policy.uses_cache and self.split < 1:
             raise UsageError("the prompt is too short for a prefix cache; use --policy none")
         if policy.evicts and budget is not None and budget < self.split:
@@ -124,6 +125,7 @@ class _Forward:
 
     def __call__(self, x: Tensor, rows: Tensor) -> Tensor:
         """Logits for response positions ``rows`` of the sequence x (B, M + L)."""
+        self.batch = x.shape[0]
         hidden = rows + self.prompt_len - self.shift  # sequence index of the hidden state feeding each row
         if not self.policy.uses_cache:
             return plain_logits(self.model, x, hidden)
@@ -162,10 +164,8 @@ def generate(
     x = torch.cat([prompt, torch.full((bsz, gen.gen_length), mask_id, dtype=prompt.dtype, device=device)], 1)
     rng = torch.Generator(device=device).manual_seed(gen.seed)
     forward = _Forward(model, policy, budget, m, online_importance)
-    stats = RunStats(policy=policy.name, prompt_len=m, gen_length=gen.gen_length)
-    start = now(device)
+    log = StepLog(model, RunStats(policy=policy.name, prompt_len=m, gen_length=gen.gen_length), on_event, m)
     step = 0
-    emit = on_event or (lambda e: None)
     for blk in range(gen.n_blocks):
         lo, hi = blk * gen.block_length, (blk + 1) * gen.block_length
         block_masked = x[:, m + lo : m + hi] == mask_id  # (B, block)
@@ -196,40 +196,61 @@ def generate(
                 conf = torch.rand(x0.shape, dtype=torch.float64, device=device, generator=rng)
             still = x[:, m + rows] == mask_id  # (B, n)
             conf = torch.where(still, conf, float("-inf"))
-            commit = torch.zeros_like(still)
-            for b in range(bsz):
-                if gen.threshold is None:
-                    k = schedules[b][j]
-                else:
-                    k = max(1, int((conf[b] > gen.threshold).sum())) if bool(still[b].any()) else 0
-                k = min(k, int(still[b].sum()))
-                if k:
-                    commit[b, conf[b].topk(k).indices] = True
-            cols = m + rows
-            x[:, cols] = torch.where(commit, x0, x[:, cols])
-            t1 = now(device)
-            if step == 0:
-                stats.prefill_s = t1 - t0
-            else:
-                stats.step_s.append(t1 - t0)
-            emit(Event("prefill" if step == 0 else "step", blk, gen.n_blocks, step, int(commit.sum()),
-                       int((x[:, m:] == mask_id).sum()), t1 - start))
+            if gen.threshold is None:
+                counts = [schedules[b][j] for b in range(bsz)]
+            else:  # parallel decoding: everything above the threshold, at least one per row
+                counts = [max(1, int((conf[b] > gen.threshold).sum())) for b in range(bsz)]
+            commit = top_k_commit(conf, still, counts)
+            x[:, m + rows] = torch.where(commit, x0, x[:, m + rows])
+            log.step(t0, x, commit, blk, gen.n_blocks)
             step += 1
             j += 1
-    emit(finish_stats(stats, forward, model, bsz, start, step))
-    return GenerationResult(x[:, m:].clone(), stats, forward.records, forward.layer_budgets)
+    log.done(forward)
+    return GenerationResult(x[:, m:].clone(), log.stats, forward.records, forward.layer_budgets)
 
 
-def finish_stats(stats: RunStats, forward: _Forward, model: DiffusionLM, bsz: int, start: float, steps: int) -> Event:
-    """Fill the end-of-run figures (time, memory, KV bytes kept vs full); returns the ``done`` event."""
-    cfg, device = model.config, model.device
-    stats.total_s = now(device) - start
-    stats.steps_run = steps
-    _, stats.peak_mem_bytes, stats.mem_kind = memory_now(device)
-    if forward.cache is not None:
-        stats.kv_entries = forward.cache.logical_entries()
-        stats.kv_bytes = forward.cache.prompt_nbytes()
-    elt = torch.finfo(model.dtype).bits // 8
-    per_token = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * elt  # type: ignore[operator]
-    stats.kv_full_bytes = per_token * forward.split * bsz
-    return Event("done", 0, 0, steps, 0, 0, stats.total_s)
+def top_k_commit(conf: Tensor, still: Tensor, counts: list[int]) -> Tensor:
+    """Bool (B, n): the ``counts[b]`` most confident still-masked positions of each row."""
+    commit = torch.zeros_like(still)
+    for b, k in enumerate(counts):
+        k = min(k, int(still[b].sum()))
+        if k:
+            commit[b, conf[b].topk(k).indices] = True
+    return commit
+
+
+class StepLog:
+    """Times the steps (device-synchronised), emits events, and fills the run statistics at the end."""
+
+    def __init__(self, model: DiffusionLM, stats: RunStats, on_event: Callable[[Event], None] | None,
+                 prompt_len: int) -> None:
+        self.model, self.stats, self.prompt_len = model, stats, prompt_len
+        self.emit = on_event or (lambda e: None)
+        self.device = model.device
+        self.steps = 0
+        self.start = now(self.device)
+
+    def step(self, t0: float, x: Tensor, commit: Tensor, block: int, n_blocks: int) -> None:
+        t1 = now(self.device)
+        if self.steps == 0:
+            self.stats.prefill_s = t1 - t0
+        else:
+            self.stats.step_s.append(t1 - t0)
+        left = int((x[:, self.prompt_len :] == self.model.config.mask_token_id).sum())
+        self.emit(Event("prefill" if self.steps == 0 else "step", block, n_blocks, self.steps, int(commit.sum()),
+                        left, t1 - self.start))
+        self.steps += 1
+
+    def done(self, forward: _Forward) -> None:
+        """End-of-run figures: time, memory, KV bytes kept vs what the full prompt cache would take."""
+        stats, cfg = self.stats, self.model.config
+        stats.total_s = now(self.device) - self.start
+        stats.steps_run = self.steps
+        _, stats.peak_mem_bytes, stats.mem_kind = memory_now(self.device)
+        if forward.cache is not None:
+            stats.kv_entries = forward.cache.logical_entries()
+            stats.kv_bytes = forward.cache.prompt_nbytes()
+        elt = torch.finfo(self.model.dtype).bits // 8
+        per_token = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * elt  # type: ignore[operator]
+        stats.kv_full_bytes = per_token * forward.split * forward.batch
+        self.emit(Event("done", 0, 0, self.steps, 0, 0, stats.total_s))

@@ -18,7 +18,7 @@ from torch import Tensor
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.families import DiffusionLM
 from maskkv_cli.policies.base import Policy
-from maskkv_cli.sampler import Event, GenerationResult, _Forward, finish_stats
+from maskkv_cli.sampler import Event, GenerationResult, StepLog, _Forward, top_k_commit
 from maskkv_cli.stats import RunStats, now
 
 DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
@@ -107,11 +107,8 @@ def generate_dream(
     x = torch.cat([prompt, torch.full((bsz, gen.gen_length), mask_id, dtype=prompt.dtype, device=device)], 1)
     rng = torch.Generator(device=device).manual_seed(gen.seed)
     forward = _Forward(model, policy, budget, m, online_importance)
-    stats = RunStats(policy=policy.name, prompt_len=m, gen_length=gen.gen_length)
-    emit = on_event or (lambda e: None)
+    log = StepLog(model, RunStats(policy=policy.name, prompt_len=m, gen_length=gen.gen_length), on_event, m)
     timesteps = torch.linspace(1, gen.eps, gen.steps + 1, dtype=torch.float64)
-    start = now(device)
-    step = 0
     for i in range(gen.steps):
         masked = x[:, m:] == mask_id
         if not bool(masked.any()):
@@ -130,21 +127,9 @@ def generate_dream(
             commit = still & (torch.rand(still.shape, generator=rng, device=device, dtype=torch.float64) < p)
         else:
             conf = torch.where(still, conf, float("-inf"))
-            commit = torch.zeros_like(still)
-            for b in range(bsz):
-                n_masked = int(still[b].sum())
-                k = n_masked if last else int(n_masked * (1 - s / t))
-                if k:
-                    commit[b, conf[b].topk(k).indices] = True
-        cols = m + rows
-        x[:, cols] = torch.where(commit, x0, x[:, cols])
-        t1 = now(device)
-        if step == 0:
-            stats.prefill_s = t1 - t0
-        else:
-            stats.step_s.append(t1 - t0)
-        emit(Event("prefill" if step == 0 else "step", 0, 1, step, int(commit.sum()),
-                   int((x[:, m:] == mask_id).sum()), t1 - start))
-        step += 1
-    emit(finish_stats(stats, forward, model, bsz, start, step))
-    return GenerationResult(x[:, m:].clone(), stats, forward.records, forward.layer_budgets)
+            counts = [int(n) if last else int(int(n) * (1 - s / t)) for n in still.sum(1)]
+            commit = top_k_commit(conf, still, counts)
+        x[:, m + rows] = torch.where(commit, x0, x[:, m + rows])
+        log.step(t0, x, commit, 0, 1)
+    log.done(forward)
+    return GenerationResult(x[:, m:].clone(), log.stats, forward.records, forward.layer_budgets)
