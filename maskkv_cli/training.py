@@ -279,8 +279,9 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
     return final
 
 
-def install_model(folder: Path, gen_length: int = 16) -> Path:
-    """Copy a trained model into the package as the embedded default, with its generation defaults."""
+def install_model(folder: Path, gen_length: int | None = None) -> Path:
+    """Copy a trained model into the package as the embedded default, with its generation defaults
+    (``gen_length`` defaults to the answer region the model was trained with)."""
     target = Path(__file__).parent / "assets" / "tiny-llada"
     model = load_model(folder)
     tok = load_tokenizer(folder)
@@ -288,6 +289,8 @@ def install_model(folder: Path, gen_length: int = 16) -> Path:
     info = folder / "training.json"
     if info.is_file():
         extra["training.json"] = info.read_text()
+        gen_length = gen_length or json.loads(extra["training.json"])["recipe"]["answer_len"]
+    gen_length = gen_length or TrainConfig.answer_len
     save_model(model, target, tok, extra_files=extra)
     gen_cfg = json.loads((target / "generation_config.json").read_text())
     gen_cfg["maskkv"] = {"gen_length": gen_length, "steps": gen_length, "block_length": gen_length}
