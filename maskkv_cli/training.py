@@ -61,6 +61,7 @@ class TrainConfig:
     eval_n: int = 32
     threads: int = 1
     init_from: str | None = None  # start from these weights (and tokenizer) instead of random ones
+    stop_after: int | None = None  # end the run after this many steps (the schedule still spans ``steps``)
 
 
 @dataclass(frozen=True)
@@ -267,11 +268,14 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
             losses.clear()
             if on_event:
                 on_event(TrainEvent(done, cfg.steps, row["loss"], row["lr"], length, elapsed, ev))
-        if done % cfg.ckpt_every == 0 or done == cfg.steps:
+        stop = done == cfg.steps or (cfg.stop_after is not None and done >= cfg.stop_after)
+        if done % cfg.ckpt_every == 0 or stop:
             save_model(model, ckpt, tok)
             _atomic_torch_save({"step": done, "optimizer": opt.state_dict(), "rng": rng.getstate(),
                                 "gen": gen.get_state(), "history": history, "elapsed_s": elapsed,
                                 "config": asdict(cfg)}, state_file)
+        if stop:
+            break
     final = out / "final"
     info = {"recipe": asdict(cfg), "seed": cfg.seed, "git": _git_hash(), "history": history[-20:],
             "elapsed_s": elapsed0 + time.perf_counter() - t0, "parameters": sum(p.numel() for p in model.parameters())}

@@ -56,3 +56,12 @@ def test_train_resumes_from_checkpoint(tmp_path):
     assert model.config.d_model == 32
     info = json.loads((final / "training.json").read_text())
     assert info["seed"] == 0 and info["recipe"]["steps"] == 4
+
+
+def test_stop_after_ends_early_with_the_full_schedule(tmp_path):
+    from dataclasses import replace
+
+    final = train(replace(small(tmp_path, 6), stop_after=2))
+    state = torch.load(tmp_path / "run" / "trainer_state.pt", weights_only=False)
+    assert state["step"] == 2 and state["config"]["steps"] == 6
+    assert (final / "config.json").is_file()

@@ -27,6 +27,8 @@ def train_tiny(
     init_from: Annotated[Path | None, typer.Option("--init-from", help="Start from this model's weights and "
                                                    "tokenizer (e.g. a first, short-context stage).",
                                                    show_default=False)] = None,
+    stop_after: Annotated[int | None, typer.Option("--stop-after", help="End after this many steps; the learning-"
+                                                   "rate schedule still spans --steps.", show_default=False)] = None,
     d_model: Annotated[int, typer.Option("--d-model")] = 128,
     n_layers: Annotated[int, typer.Option("--layers")] = 4,
     n_heads: Annotated[int, typer.Option("--heads")] = 8,
@@ -55,7 +57,8 @@ def train_tiny(
     cfg = TrainConfig(out=str(out), steps=steps, batch_size=batch_size, lr=lr, min_len=min_len, max_len=max_len,
                       curriculum_steps=curriculum_steps, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
                       mlp_hidden_size=3 * d_model, threads=threads, seed=seed, answer_len=answer_len,
-                      mix=dict.fromkeys(names, 1.0), init_from=str(init_from) if init_from else None)
+                      mix=dict.fromkeys(names, 1.0), init_from=str(init_from) if init_from else None,
+                      stop_after=stop_after)
 
     def show(e: TrainEvent) -> None:
         row = {"step": e.step, "loss": round(e.loss, 4), "lr": e.lr, "len": e.length, "t": round(e.elapsed_s)}

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The stages that trained the shipped tiny model (maskkv_cli/assets/tiny-llada), as they were run on a
+# 2-core CPU with one torch thread (see docs/tiny-model.md for times and metrics). Each stage starts from
+# the weights and tokenizer of the one before; the first builds the tokenizer (seed 0).
+set -euo pipefail
+export OMP_NUM_THREADS=1
+M=${MASKKV:-.venv/bin/maskkv}
+R=${RUNS:-runs}
+# 1. copying digits at 40-64 tokens, single needle (run for 750 of a 1000-step schedule)
+$M train-tiny --out $R/tiny-stage1 --steps 1000 --stop-after 750 --kinds niah_single --min-len 40 --max-len 64 \
+  --curriculum-steps 1 --json
+# 2. both needle kinds, lengths growing to 512 (run for 1000 of 2000 steps: it plateaued)
+$M train-tiny --out $R/tiny-v3 --init-from $R/tiny-stage1/final --steps 2000 --stop-after 1000 \
+  --curriculum-steps 1200 --json
+# 3.-5. single needle, lengths up to 128, 160, then 256, with a falling learning rate
+$M train-tiny --out $R/tiny-v4 --init-from $R/tiny-v3/final --steps 1500 --kinds niah_single --min-len 40 \
+  --max-len 128 --curriculum-steps 300 --lr 1.5e-3 --json
+$M train-tiny --out $R/tiny-v5 --init-from $R/tiny-v4/final --steps 1500 --kinds niah_single --min-len 40 \
+  --max-len 160 --curriculum-steps 500 --lr 1e-3 --json
+$M train-tiny --out $R/tiny-v6 --init-from $R/tiny-v5/final --steps 4500 --kinds niah_single --min-len 40 \
+  --max-len 256 --curriculum-steps 1500 --lr 6e-4 --json --install
