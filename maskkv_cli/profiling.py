@@ -441,6 +441,7 @@ class ProfileReport:
     focus: int | None  # the run drawn as pictures (the first that evicts, or the chosen one)
     memory_note: str
     notes: list[str] = field(default_factory=list)
+    heads: str = "heads"  # what a heatmap column is: "heads", or "KV heads" for a GQA model
 
     @property
     def focus_run(self) -> RunProfile | None:
@@ -448,7 +449,8 @@ class ProfileReport:
 
     def as_dict(self) -> dict[str, Any]:
         return {"document": self.document, "model": self.model, "question": self.question, "device": self.device,
-                "memory_note": self.memory_note, "focus": self.focus, "runs": [r.as_dict() for r in self.runs]}
+                "memory_note": self.memory_note, "focus": self.focus, "heads": self.heads,
+                "runs": [r.as_dict() for r in self.runs]}
 
 
 def memory_note(device: torch.device) -> str:
@@ -546,5 +548,10 @@ def profile_document(
         focus = next((i for i, r in enumerate(runs) if r.evicted), None)
     document = {"source": doc.source, "sha256": doc.sha256, "pages": len(doc.pages), "chars": doc.n_chars}
     report_notes = list(dict.fromkeys(n for r in runs for n in r.notes))
+    cfg = session.model.config
+    heads = "heads" if cfg.group_size == 1 else "KV heads"
+    if cfg.group_size > 1:
+        report_notes.append(f"GQA model: the cache and the heatmap are per key/value head ({cfg.n_kv_heads} KV heads, "
+                            f"{cfg.group_size} query heads each; votes averaged over each group)")
     return ProfileReport(document, str(session.model_path), question, str(session.device), runs, focus,
-                         memory_note(session.device), report_notes)
+                         memory_note(session.device), report_notes, heads)

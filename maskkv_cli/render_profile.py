@@ -229,7 +229,8 @@ def report_renderables(report: ProfileReport, width: int, color: bool) -> list[R
         out.append(Text(f"{run.spec.label} keeps no prompt cache: nothing to draw", style="yellow"))
         return out
     if run.head_budgets:
-        out.append(heatmap(run.head_budgets, "kept entries per head (layers x heads)", "entries", color, width))
+        out.append(heatmap(run.head_budgets, f"kept entries per head (layers x {report.heads})", "entries", color,
+                           width))
     if run.preference:
         out.append(heatmap(run.preference, "P_h: share of the mask queries' attention on the prompt", "P_h",
                            color, min(width, 40 + 6)))

@@ -146,3 +146,21 @@ def test_cli_picks_the_family_from_config(tmp_path, dream, tiny_tokenizer):
     assert result.exit_code == 0, result.output
     answer = json.loads(result.stdout)["answers"][0]
     assert answer["stats"]["kv_bytes"] < answer["stats"]["kv_full_bytes"] and answer["stats"]["steps_run"] <= 4
+
+
+def test_profile_shows_kv_heads_for_gqa(tmp_path, dream, tiny_tokenizer):
+    from typer.testing import CliRunner
+
+    from maskkv_cli.cli import app
+
+    folder = save_model(dream, tmp_path / "dream", tiny_tokenizer)
+    doc = tmp_path / "doc.txt"
+    doc.write_text("The river runs past the mill. " * 30)
+    args = ["profile", str(doc), "Where?", "--model", str(folder), "-n", "8", "--steps", "4", "--budgets", "8"]
+    result = CliRunner().invoke(app, args + ["--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["heads"] == "KV heads"
+    assert len(data["runs"][0]["head_budgets"][0]) == dream.config.n_kv_heads
+    text = CliRunner().invoke(app, args)
+    assert "layers x KV heads" in text.output and "GQA model" in text.output
