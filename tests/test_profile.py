@@ -307,13 +307,16 @@ def test_heatmap_fits_an_80_column_terminal():
 def test_profile_document_resets_cuda_peaks_between_runs(monkeypatch):
     from types import SimpleNamespace
 
+    from maskkv_cli.models.config import named_config
     from maskkv_cli.profiling import profile_document
     from maskkv_cli.stats import RunStats
 
     resets: list[object] = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: resets.append(device))
-    session = SimpleNamespace(device=torch.device("cuda"), model_path="m", tokenizer=None)
+    config = named_config("tiny")
+    session = SimpleNamespace(device=torch.device("cuda"), model_path="m", tokenizer=None,
+                              model=SimpleNamespace(config=config))
     fitted = SimpleNamespace(text="doc", dropped=0, rope_factor=1, rule="")
     seen: list[str] = []
 
