@@ -1,0 +1,145 @@
+"""The limit line: the bare work a cached generation cannot avoid, timed on the same model and device.
+
+``limit = one plain forward over [prompt ; masks] + (steps - 1) forwards of the L response tokens over
+keys + L keys per layer``, where ``keys`` is the budget (MaskKV), the prompt length (full cache). The prefill is
+step 0 of the sampler, so a generation of ``steps`` steps runs one full forward and ``steps - 1`` response
+forwards; the limit counts exactly that much work.
+
+The bare passes call the model's blocks directly: SDPA, the MLP in row chunks, no scoring, no selection, no
+sampler bookkeeping (no softmax over the vocabulary, no commits), and preallocated K/V buffers of exactly
+``keys + L`` entries per head (no padding to the longest head). Like the engine, the last layer and the LM head
+run only on the rows whose logits the sampler needs (the masked positions of the current block).
+
+For ``none`` (no cache) every step is a full forward: the limit is ``steps`` times one timed full forward
+(extrapolated).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from maskkv_cli.models.llada import LLaDA
+from maskkv_cli.sampler import GenerationConfig, transfer_schedule
+from maskkv_cli.stats import now
+
+MLP_CHUNK = 2048
+
+
+def rows_schedule(gen: GenerationConfig) -> list[tuple[int, int]]:
+    """(block, masked tokens of that block) at each step the sampler runs (step 0 first, no threshold).
+
+    The count is the number of rows whose logits the step needs; steps after a block is finished are not run.
+    """
+    out: list[tuple[int, int]] = []
+    for blk in range(gen.n_blocks):
+        left = gen.block_length
+        for k in transfer_schedule(gen.block_length, gen.steps_per_block):
+            if left <= 0:
+                break
+            out.append((blk, left))
+            left -= k
+    return out
+
+
+@torch.no_grad()
+def bare_full_forward(model: LLaDA, ids: Tensor, rows: Tensor, mlp_chunk: int = MLP_CHUNK) -> Tensor:
+    """One plain bidirectional forward over ids (B, T); logits at sequence positions ``rows``."""
+    x = model.embed(ids)
+    cos, sin = model.rope(torch.arange(ids.shape[1], device=ids.device))
+    for block in model.blocks:
+        q, k, v = block.qkv(x, cos, sin)
+        o = F.scaled_dot_product_attention(q, k, v)
+        del q, k, v
+        x = x + block.attn_proj(o)
+        del o
+        x = x + block.mlp(x, mlp_chunk)
+    return model.head(x[:, rows])
+
+
+class BareSteps:
+    """Preallocated K/V of ``keys + L`` entries per head and layer, and a bare response-only forward."""
+
+    def __init__(self, model: LLaDA, prompt_len: int, keys: int, response_len: int, batch: int = 1,
+                 seed: int = 0) -> None:
+        cfg = model.config
+        self.model = model
+        self.keys = keys
+        self.response_len = response_len
+        dev, dt = model.device, model.dtype
+        gen = torch.Generator(device=dev).manual_seed(seed)
+        shape = (batch, cfg.n_heads, keys + response_len, cfg.head_dim)
+        # Random prompt entries: the values do not change the time of the pass, only the shapes do.
+        self.k = [torch.randn(shape, generator=gen, device=dev, dtype=torch.float32).to(dt)
+                  for _ in range(cfg.n_layers)]
+        self.v = [torch.randn(shape, generator=gen, device=dev, dtype=torch.float32).to(dt)
+                  for _ in range(cfg.n_layers)]
+        self.cos, self.sin = model.rope(torch.arange(prompt_len, prompt_len + response_len, device=dev))
+
+    @property
+    def attention_keys(self) -> int:
+        """Keys each step's attention sees per head: the kept prompt entries plus the response."""
+        return self.keys + self.response_len
+
+    @torch.no_grad()
+    def step(self, response: Tensor, rows: Tensor) -> Tensor:
+        """One response-only forward of ``response`` (B, L); logits at response positions ``rows``."""
+        model = self.model
+        x = model.embed(response)
+        last = len(model.blocks) - 1
+        for i, block in enumerate(model.blocks):
+            q, k, v = block.qkv(x, self.cos, self.sin)
+            self.k[i][:, :, self.keys :].copy_(k)
+            self.v[i][:, :, self.keys :].copy_(v)
+            if i == last:
+                q, x = q[:, :, rows], x[:, rows]
+            o = F.scaled_dot_product_attention(q, self.k[i], self.v[i])
+            x = x + block.attn_proj(o)
+            x = x + block.mlp(x)
+        return model.head(x)
+
+
+@dataclass
+class LimitTiming:
+    prefill_s: float  # one bare full forward over [prompt ; masks]
+    step_s: list[float] = field(default_factory=list)  # bare response steps (empty for none)
+    total_s: float = 0.0
+    keys: int | None = None  # prompt entries per head in the step attention (None: no cache)
+    attention_keys: int | None = None  # keys + L
+    extrapolated: bool = False
+
+    @property
+    def median_step_s(self) -> float:
+        if not self.step_s:
+            return self.prefill_s if self.keys is None else 0.0
+        s = sorted(self.step_s)
+        mid = len(s) // 2
+        return s[mid] if len(s) % 2 else 0.5 * (s[mid - 1] + s[mid])
+
+
+def measure_limit(model: LLaDA, prompt: Tensor, gen: GenerationConfig, keys: int | None,
+                  seed: int = 0) -> LimitTiming:
+    """Time the limit for ``prompt`` (B, M): ``keys`` entries per head (budget or M), or None for no cache."""
+    dev = model.device
+    bsz, m = prompt.shape
+    mask = torch.full((bsz, gen.gen_length), model.config.mask_token_id, dtype=prompt.dtype, device=dev)
+    ids = torch.cat([prompt.to(dev), mask], 1)
+    sched = rows_schedule(gen)
+    t0 = now(dev)
+    bare_full_forward(model, ids, torch.arange(m, m + sched[0][1], device=dev))
+    prefill_s = now(dev) - t0
+    if keys is None:
+        return LimitTiming(prefill_s, [], prefill_s * len(sched), None, None, extrapolated=len(sched) > 1)
+    bare = BareSteps(model, m, min(keys, m), gen.gen_length, bsz, seed)
+    steps: list[float] = []
+    for blk, n in sched[1:]:
+        lo = blk * gen.block_length
+        rows = torch.arange(lo, lo + n, device=dev)
+        t0 = now(dev)
+        bare.step(mask, rows)
+        steps.append(now(dev) - t0)
+    del bare
+    return LimitTiming(prefill_s, steps, prefill_s + sum(steps), min(keys, m), min(keys, m) + gen.gen_length)

@@ -1,0 +1,402 @@
+"""``maskkv bench memory``: peak memory of a MaskKV prefill against the full cache's prefill.
+
+Each prefill runs in a fresh process (``python -m maskkv_cli.bench.memory --case JSON`` prints one JSON row).
+On the CPU the weights are what the process holds right after loading them (RSS after loading); the prefill's
+peak is the kernel's peak resident set (VmHWM, reset with ``/proc/self/clear_refs`` after loading), so
+``peak above weights = peak RSS - RSS after loading``. On CUDA the same figures come from the allocator.
+
+With ``profile`` on, a sampler thread reads the resident set every millisecond while hooks on the model and the
+engine label the phase that is running (q/k/v projections, attention, scoring, keeping K/V, attention output,
+MLP, LM head) per layer. That tells where the peak is reached; ``tracemalloc`` cannot see torch's buffers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from maskkv_cli.bench.results import ResultsFolder, settings_key
+from maskkv_cli.bench.speed import (
+    BenchError,
+    load_bench_model,
+    random_prompt,
+    read_current,
+    read_peak,
+    reset_peak,
+    weights_bytes,
+)
+from maskkv_cli.errors import MaskKVError, UsageError
+
+TARGET_SHARE = 1 / 3  # MaskKV's peak above weights should be at most this share of the full cache's
+
+
+@dataclass(frozen=True)
+class MemoryCase:
+    policy: str
+    budget: int | None
+    prompt_len: int = 16384
+    gen_length: int = 128
+    block_length: int = 32
+    config: str | None = "llada-small"
+    model: str | None = None
+    device: str = "cpu"
+    dtype: str = "auto"
+    seed: int = 0
+    threads: int = 1
+    profile: bool = True
+
+    def key(self) -> str:
+        return settings_key(asdict(self))
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> MemoryCase:
+        data = json.loads(text)
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise UsageError(f"unknown case fields: {', '.join(sorted(unknown))}")
+        return cls(**data)
+
+    @property
+    def method(self) -> str:
+        return self.policy if self.budget is None else f"{self.policy}@{self.budget}"
+
+
+class PhaseProfile:
+    """Peak memory per (layer, phase) of a prefill: hooks set the label, a thread samples memory."""
+
+    def __init__(self, model: Any, device: torch.device, policy: Any = None, interval_s: float = 0.001) -> None:
+        self.model = model
+        self.policy = policy
+        self.device = device
+        self.interval_s = interval_s
+        self.label = "start"
+        self.layer = -1
+        self.peaks: dict[tuple[int, str], int] = {}
+        self.order: list[tuple[int, str]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._handles: list[Any] = []
+        self._patched: list[tuple[Any, str, Any | None]] = []
+
+    # sampling
+    def _record(self) -> None:
+        value = read_current(self.device)
+        key = (self.layer, self.label)
+        if key not in self.peaks:
+            self.order.append(key)
+            self.peaks[key] = value
+        elif value > self.peaks[key]:
+            self.peaks[key] = value
+
+    def mark(self, label: str, layer: int | None = None) -> None:
+        self._record()  # the end of the previous phase
+        if layer is not None:
+            self.layer = layer
+        self.label = label
+        self._record()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._record()
+
+    # hooks
+    def _hook(self, module: Any, label: str, layer: int | None = None, pre: bool = True) -> None:
+        def fn(*_: Any) -> None:
+            self.mark(label, layer)
+
+        reg = module.register_forward_pre_hook if pre else module.register_forward_hook
+        self._handles.append(reg(fn))
+
+    def _wrap(self, owner: Any, name: str, before: str, after: str) -> None:
+        real = getattr(owner, name)
+
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            self.mark(before)
+            out = real(*args, **kwargs)
+            self.mark(after)
+            return out
+
+        self._patched.append((owner, name, real if name in vars(owner) else None))
+        setattr(owner, name, wrapped)
+
+    def __enter__(self) -> PhaseProfile:
+        import torch.nn.functional as F
+
+        import maskkv_cli.engine.forward as fwd
+
+        for i, block in enumerate(self.model.blocks):
+            self._hook(block.attn_norm, "q/k/v projections + RoPE", i)
+            self._hook(block.attn_out, "attention output projection")
+            self._hook(block.ff_norm, "MLP")
+        self._hook(self.model.transformer["ln_f"], "LM head", len(self.model.blocks))
+        self._wrap(F, "scaled_dot_product_attention", "attention (SDPA)", "after attention")
+        if self.policy is not None:
+            self._wrap(self.policy, "scores", "scoring (policy votes)", "after scoring")
+        self._wrap(fwd, "select_layer", "keep K/V (select)", "after keep")
+        self._wrap(fwd, "dense_layer", "keep K/V (copy all)", "after keep")
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.mark("end")
+        for h in self._handles:
+            h.remove()
+        for owner, name, real in reversed(self._patched):
+            if real is None:  # an instance method: drop the shadowing attribute
+                delattr(owner, name)
+            else:
+                setattr(owner, name, real)
+
+    def phases(self, base: int) -> list[dict[str, Any]]:
+        return [{"layer": layer, "phase": label, "peak_above_weights_bytes": self.peaks[(layer, label)] - base}
+                for layer, label in self.order]
+
+
+def run_memory_case(case: MemoryCase) -> dict[str, Any]:
+    """One prefill (step 0) in this process; its memory row."""
+    from maskkv_cli.engine.forward import prefill
+    from maskkv_cli.policies import get_policy
+    from maskkv_cli.stats import now
+
+    torch.set_num_threads(case.threads)
+    dev = torch.device(case.device)
+    started = time.time()
+    model = load_bench_model(case.config, case.model, dev, case.dtype, case.seed)
+    cfg = model.config
+    policy = get_policy(case.policy)
+    if not policy.uses_cache:
+        raise UsageError("bench memory compares cached prefills; policy 'none' has no cache")
+    m, n = case.prompt_len, case.gen_length
+    layer_budgets = None
+    if policy.evicts:
+        if case.budget is None:
+            raise UsageError(f"policy {case.policy} needs a budget")
+        if case.budget < m:
+            layer_budgets = policy.layer_budgets(cfg.n_layers, case.budget, m)
+    prompt = random_prompt(cfg, m, case.seed, dev)
+    mask = torch.full((1, n), cfg.mask_token_id, dtype=prompt.dtype, device=dev)
+    ids = torch.cat([prompt, mask], 1)
+    rows = torch.arange(m, m + min(case.block_length, n), device=dev)
+    now(dev)
+    loaded = read_current(dev)
+    peak_reset = reset_peak(dev)
+    prof = PhaseProfile(model, dev, policy) if case.profile else None
+    t0 = now(dev)
+    with torch.no_grad():
+        if prof is not None:
+            with prof:
+                _, cache, _ = prefill(model, ids, m, policy, layer_budgets, rows)
+        else:
+            _, cache, _ = prefill(model, ids, m, policy, layer_budgets, rows)
+    elapsed = now(dev) - t0
+    peak = read_peak(dev)
+    after = read_current(dev)
+    above = max(0, peak - loaded)
+    kv = cache.prompt_nbytes()
+    elt = torch.finfo(model.dtype).bits // 8
+    row: dict[str, Any] = {
+        "key": case.key(),
+        "method": case.method,
+        **asdict(case),
+        "mem_kind": "cuda" if dev.type == "cuda" else "rss",
+        "weights_bytes": weights_bytes(model),
+        "loaded_mem_bytes": loaded,
+        "peak_reset": peak_reset,
+        "peak_mem_bytes": peak,
+        "peak_above_weights_bytes": above,
+        "after_prefill_above_weights_bytes": after - loaded,
+        "kv_bytes": kv,
+        "kv_resident_bytes": cache.nbytes(),
+        "kv_entries": cache.logical_entries(),
+        "kv_full_bytes": 2 * cfg.n_layers * cfg.n_heads * cfg.head_dim * m * elt,
+        "kv_share": kv / above if above else None,
+        "activation_bytes": max(0, above - cache.nbytes()),
+        "prefill_s": elapsed,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+    }
+    if prof is not None:
+        phases = prof.phases(loaded)
+        row["phases"] = phases
+        top = max(phases, key=lambda p: p["peak_above_weights_bytes"])
+        row["peak_phase"] = f"layer {top['layer']}: {top['phase']}"
+    return row
+
+
+def run_memory_subprocess(case: MemoryCase, timeout: float | None = None) -> dict[str, Any]:
+    env = dict(os.environ)
+    threads = str(case.threads)
+    env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    cmd = [sys.executable, "-m", "maskkv_cli.bench.memory", "--case", case.to_json()]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise BenchError(f"memory case {case.method} ran past {timeout:.0f} s") from None
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        why = "killed (out of memory?)" if proc.returncode in (-9, 137) else f"exit code {proc.returncode}"
+        raise BenchError(f"memory case {case.method} failed ({why}): {tail}")
+    row = json.loads(lines[-1])
+    if row.get("error"):
+        raise BenchError(f"memory case {case.method} failed: {row['error']}")
+    return row
+
+
+@dataclass(frozen=True)
+class MemorySettings:
+    prompt_len: int = 16384
+    budget: int = 256
+    gen_length: int = 128
+    block_length: int = 32
+    policies: tuple[str, ...] = ("full", "maskkv")
+    config: str | None = "llada-small"
+    model: str | None = None
+    device: str = "cpu"
+    dtype: str = "auto"
+    seed: int = 0
+    threads: int = 1
+    profile: bool = True
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["policies"] = list(d["policies"])
+        return d
+
+    def cases(self) -> list[MemoryCase]:
+        from maskkv_cli.policies.base import get_policy
+
+        if self.prompt_len <= 0 or self.gen_length <= 0 or self.budget <= 0:
+            raise UsageError("--prompt-length, --gen-length and --budget must be positive")
+        out = []
+        for name in self.policies:
+            pol = get_policy(name)
+            if not pol.uses_cache:
+                raise UsageError("bench memory compares cached prefills; drop 'none' from --policies")
+            out.append(MemoryCase(name, self.budget if pol.evicts else None, self.prompt_len, self.gen_length,
+                                  self.block_length, None if self.model else self.config, self.model, self.device,
+                                  self.dtype, self.seed, self.threads, self.profile))
+        return out
+
+
+def compare(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Add ``share_of_full`` (peak above weights / full's) and ``target_met`` (<= 1/3) to every row."""
+    full = next((r for r in rows if r["policy"] == "full"), None)
+    out = []
+    for r in rows:
+        r = dict(r)
+        if full and full["peak_above_weights_bytes"] > 0:
+            r["share_of_full"] = r["peak_above_weights_bytes"] / full["peak_above_weights_bytes"]
+            r["target_met"] = None if r["policy"] == "full" else r["share_of_full"] <= TARGET_SHARE
+        else:
+            r["share_of_full"] = r["target_met"] = None
+        out.append(r)
+    return out
+
+
+def run_memory(
+    settings: MemorySettings,
+    out: Path | None = None,
+    fresh: bool = False,
+    isolate: bool = True,
+    on_case: Callable[[int, int, MemoryCase, dict[str, Any] | None], None] | None = None,
+) -> tuple[ResultsFolder, list[dict[str, Any]]]:
+    cases = settings.cases()
+    folder = ResultsFolder.open("memory", settings.as_dict(), [c.key() for c in cases], out, fresh)
+    run = run_memory_subprocess if isolate else run_memory_case
+    notify = on_case or (lambda *a: None)
+    for i, case in enumerate(cases):
+        row = folder.get(case.key())
+        if row is not None:
+            notify(i, len(cases), case, {**row, "reused": True})
+            continue
+        notify(i, len(cases), case, None)
+        row = run(case)
+        folder.put(row)
+        notify(i, len(cases), case, row)
+    rows = compare(folder.ordered())
+    folder.update(rows)
+    folder.write_text("summary.md", memory_markdown(settings, rows))
+    return folder, rows
+
+
+def _mib(n: float | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.1f} MiB"
+
+
+def memory_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    head = ["method", "weights", "peak", "peak above weights", "KV kept", "KV share", "share of full", "target",
+            "peak reached in"]
+    body = []
+    for r in rows:
+        share = r.get("share_of_full")
+        target = "-" if r.get("target_met") is None else ("met" if r["target_met"] else "missed")
+        body.append([r["method"], _mib(r["loaded_mem_bytes"]), _mib(r["peak_mem_bytes"]),
+                     _mib(r["peak_above_weights_bytes"]), _mib(r["kv_bytes"]),
+                     "-" if r.get("kv_share") is None else f"{100 * r['kv_share']:.1f}%",
+                     "-" if share is None else f"{share:.3f}", target, r.get("peak_phase", "-")])
+    return head, body
+
+
+def memory_markdown(settings: MemorySettings, rows: Sequence[dict[str, Any]]) -> str:
+    s = settings
+    head, body = memory_table(rows)
+    what = f"checkpoint `{s.model}`" if s.model else f"random weights of the `{s.config}` shape"
+    lines = [
+        "# maskkv bench memory",
+        "",
+        f"- prefill (step 0) of prompt {s.prompt_len} + {s.gen_length} masks, budget {s.budget}; {what}, "
+        f"dtype {s.dtype}, device {s.device}, {s.threads} thread(s); each case in a fresh process",
+        "- weights = memory right after loading (CPU: RSS); peak = VmHWM reset after loading (CPU) or "
+        "CUDA max_memory_allocated",
+        f"- target: MaskKV's peak above weights <= {TARGET_SHARE:.3f} of the full cache's",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join("---" for _ in head) + "|",
+    ]
+    lines += ["| " + " | ".join(c) + " |" for c in body]
+    for r in rows:
+        if r.get("phases"):
+            lines += ["", f"## {r['method']}: peak above weights per layer and phase", "",
+                      "| layer | phase | peak above weights |", "|---|---|---|"]
+            lines += [f"| {p['layer']} | {p['phase']} | {_mib(p['peak_above_weights_bytes'])} |"
+                      for p in r["phases"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m maskkv_cli.bench.memory",
+                                     description="Run one memory case (a prefill) and print its JSON row.")
+    parser.add_argument("--case", required=True)
+    args = parser.parse_args(argv)
+    try:
+        row = run_memory_case(MemoryCase.from_json(args.case))
+    except MaskKVError as exc:
+        print(json.dumps({"error": str(exc)}), flush=True)
+        return 1
+    print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

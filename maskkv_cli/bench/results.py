@@ -1,0 +1,180 @@
+"""Results folders of benchmark runs: ``config.json``, ``results.jsonl`` (a row per case), ``summary.md``, plots.
+
+Every file is written atomically (a temporary file in the same folder, then ``os.replace``), and
+``results.jsonl`` is rewritten after each finished case, so an interrupted run keeps what it finished. Each row
+carries a ``key``: a hash of everything that decides the case's numbers. A re-run with identical settings finds
+the folder again (or is pointed at it with ``--out``) and reuses the rows whose key it plans to run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+RUNS_ROOT = Path("runs")
+
+
+def settings_key(settings: dict[str, Any]) -> str:
+    """A short stable hash of JSON-able settings (key order does not matter)."""
+    text = json.dumps(settings, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Rows of a JSONL file; a missing file is empty and broken lines (a crash mid-write) are skipped."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def machine_info() -> dict[str, Any]:
+    """Where the numbers come from: CPU, threads, torch version, GPU if any."""
+    import torch
+
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def find_folder(kind: str, settings: dict[str, Any], root: Path = RUNS_ROOT) -> Path | None:
+    """The newest ``root/bench-<kind>-*`` folder whose config.json holds exactly these settings."""
+    if not root.is_dir():
+        return None
+    want = settings_key(settings)
+    for folder in sorted(root.glob(f"bench-{kind}-*"), reverse=True):
+        try:
+            config = json.loads((folder / "config.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(config, dict) and config.get("settings_key") == want:
+            return folder
+    return None
+
+
+def new_folder_name(kind: str, root: Path = RUNS_ROOT) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = root / f"bench-{kind}-{stamp}"
+    n = 1
+    while path.exists():
+        n += 1
+        path = root / f"bench-{kind}-{stamp}-{n}"
+    return path
+
+
+class ResultsFolder:
+    """One run's folder. ``planned`` is the ordered list of case keys; rows are kept in that order."""
+
+    def __init__(self, path: Path, kind: str, settings: dict[str, Any], planned: Iterable[str],
+                 fresh: bool = False) -> None:
+        self.path = path
+        self.kind = kind
+        self.settings = settings
+        self.planned = list(planned)
+        self.rows: dict[str, dict[str, Any]] = {}
+        if not fresh:
+            wanted = set(self.planned)
+            for row in read_jsonl(path / "results.jsonl"):
+                if row.get("key") in wanted and not row.get("error"):
+                    self.rows[row["key"]] = row
+        self.reused = len(self.rows)
+        config = {"kind": kind, "settings": settings, "settings_key": settings_key(settings),
+                  "machine": machine_info(), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        atomic_write_text(path / "config.json", json.dumps(config, indent=2, default=str) + "\n")
+        self._write_rows()
+
+    @classmethod
+    def open(cls, kind: str, settings: dict[str, Any], planned: Iterable[str], out: Path | None = None,
+             fresh: bool = False, root: Path = RUNS_ROOT) -> ResultsFolder:
+        """``out`` if given, else the newest folder with identical settings, else a new timestamped one."""
+        path = out if out is not None else (None if fresh else find_folder(kind, settings, root))
+        return cls(path or new_folder_name(kind, root), kind, settings, planned, fresh)
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        return self.rows.get(key)
+
+    def put(self, row: dict[str, Any]) -> None:
+        self.rows[row["key"]] = row
+        self._write_rows()
+
+    def update(self, rows: Iterable[dict[str, Any]]) -> None:
+        for row in rows:
+            self.rows[row["key"]] = row
+        self._write_rows()
+
+    def ordered(self) -> list[dict[str, Any]]:
+        return [self.rows[k] for k in self.planned if k in self.rows]
+
+    def _write_rows(self) -> None:
+        text = "".join(json.dumps(row, sort_keys=True, default=str) + "\n" for row in self.ordered())
+        atomic_write_text(self.path / "results.jsonl", text)
+
+    def write_text(self, name: str, text: str) -> Path:
+        target = self.path / name
+        atomic_write_text(target, text)
+        return target

@@ -1,0 +1,232 @@
+"""``maskkv bench speed`` and ``maskkv bench memory``: timings and peak memory, each case in a fresh process.
+
+Heavy modules (torch, Rich) load inside the commands, so ``maskkv --help`` stays light.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from maskkv_cli.commands.common import guarded, pick_device
+from maskkv_cli.errors import UsageError
+from maskkv_cli.options import DeviceOpt, DtypeOpt, JsonOpt, QuietOpt, SeedOpt
+
+bench_app = typer.Typer(
+    help="Benchmarks: speed (no cache vs full cache vs MaskKV over prompt lengths) and prefill peak memory.",
+    no_args_is_help=True,
+)
+
+CPU_LENGTHS = "1k,2k,4k"
+GPU_LENGTHS = "1k,2k,4k,8k,16k,32k"
+
+ConfigOpt = Annotated[str | None, typer.Option(
+    "--config", help="Named model shape with random weights (llada-8b, llada-small, tiny) [default: llada-8b on a "
+    "GPU, llada-small on the CPU].", show_default=False)]
+BenchModelOpt = Annotated[str | None, typer.Option(
+    "--model", "-m", help="A checkpoint folder instead of random weights.", show_default=False)]
+GenOpt = Annotated[int, typer.Option("--gen-length", "-n", help="Response tokens to generate.")]
+StepsOpt = Annotated[int, typer.Option("--steps", help="Denoising steps in all (split evenly over blocks).")]
+BlockOpt = Annotated[int, typer.Option("--block-length", help="Tokens per semi-autoregressive block.")]
+ThreadsOpt = Annotated[int, typer.Option("--threads", help="torch threads in each case's process.")]
+OutOpt = Annotated[Path | None, typer.Option(
+    "--out", help="Results folder [default: runs/bench-<kind>-<timestamp>, or the latest folder with identical "
+    "settings, whose finished rows are reused].", show_default=False)]
+FreshOpt = Annotated[bool, typer.Option("--fresh", help="Measure every case again (do not reuse finished rows).")]
+
+
+def parse_count(text: str) -> int:
+    """``1024``, ``1k`` (1024), ``1.5k``, ``32K`` -> an integer count."""
+    t = text.strip().lower()
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(k?)", t)
+    if not m:
+        raise UsageError(f"not a count: {text!r} (use e.g. 4096 or 4k)")
+    value = float(m.group(1)) * (1024 if m.group(2) else 1)
+    if value != int(value) or value <= 0:
+        raise UsageError(f"not a positive whole count: {text!r}")
+    return int(value)
+
+
+def parse_counts(text: str, what: str) -> tuple[int, ...]:
+    items = [s for s in text.split(",") if s.strip()]
+    if not items:
+        raise UsageError(f"{what} is empty")
+    return tuple(parse_count(s) for s in items)
+
+
+def parse_names(text: str) -> tuple[str, ...]:
+    from maskkv_cli.policies.base import get_policy
+
+    names = tuple(s.strip() for s in text.split(",") if s.strip())
+    if not names:
+        raise UsageError("--policies is empty")
+    for name in names:
+        get_policy(name)  # unknown names raise a UsageError listing the choices
+    return names
+
+
+def _progress(quiet: bool, as_json: bool) -> Any:
+    def on_case(i: int, n: int, case: Any, row: dict[str, Any] | None) -> None:
+        if quiet or as_json:
+            return
+        what = f"[{i + 1}/{n}] prompt {case.prompt_len} {case.method}"
+        if row is None:
+            sys.stderr.write(f"{what}: running...\n")
+        elif row.get("reused"):
+            sys.stderr.write(f"{what}: reused\n")
+        else:
+            sys.stderr.write(f"{what}: {row.get('total_s', row.get('prefill_s', 0.0)):.2f} s\n")
+        sys.stderr.flush()
+
+    return on_case
+
+
+def _print_table(title: str, head: list[str], body: list[list[str]], keep: tuple[str, ...] | None = None,
+                 left: tuple[str, ...] = ("method", "note", "peak reached in")) -> None:
+    """A Rich table of the chosen columns; off a terminal it is laid out wide instead of folded to 80."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    cols = [j for j, name in enumerate(head) if keep is None or name in keep]
+    console = Console(stderr=False)
+    if not console.is_terminal:
+        console = Console(stderr=False, width=220)
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    for j in cols:
+        table.add_column(head[j], justify="left" if head[j] in left else "right", no_wrap=head[j] != "note")
+    for cells in body:
+        table.add_row(*(cells[j] for j in cols))
+    console.print(table)
+
+
+SPEED_COLUMNS = ("prompt", "method", "prefill s", "step ms", "total s", "tok/s", "vs none", "vs full", "peak mem",
+                 "KV kept", "meas/limit", "note")
+
+
+@bench_app.command()
+@guarded
+def speed(
+    prompt_lengths: Annotated[str | None, typer.Option(
+        "--prompt-lengths", help=f"Comma-separated prompt lengths [default: {GPU_LENGTHS} on a GPU, {CPU_LENGTHS} "
+        "on the CPU].", show_default=False)] = None,
+    policies: Annotated[str, typer.Option("--policies", help="Comma-separated policies to compare.")]
+    = "none,full,maskkv",
+    budgets: Annotated[str, typer.Option("--budgets", help="Budgets of the evicting policies.")] = "64,256,1024",
+    config: ConfigOpt = None,
+    model: BenchModelOpt = None,
+    gen_length: GenOpt = 128,
+    steps: StepsOpt = 128,
+    block_length: BlockOpt = 32,
+    none_steps: Annotated[int, typer.Option(
+        "--none-steps", help="Steps `none` runs (step 0 included); its end-to-end time is extrapolated from them.")]
+    = 3,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    threads: ThreadsOpt = 1,
+    seed: SeedOpt = 0,
+    limit: Annotated[bool, typer.Option("--limit/--no-limit", help="Also time the limit line per case.")] = True,
+    in_process: Annotated[bool, typer.Option(
+        "--in-process", help="Run every case in this process (quick checks; peak memory is then not per case).")]
+    = False,
+    out: OutOpt = None,
+    fresh: FreshOpt = False,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Time no cache, full cache and MaskKV budgets over prompt lengths, in one run.
+
+    Per case: prefill, median step, end to end, tokens/s, speedups over `none` and `full`, peak memory, KV bytes,
+    the limit (one bare full forward + bare response steps over budget + response keys) and measured / limit.
+
+    Examples:
+
+        maskkv bench speed
+
+        maskkv bench speed --config llada-small --prompt-lengths 16k --budgets 256 --policies none,full,maskkv
+
+        maskkv bench speed --device cuda --prompt-lengths 1k,32k --gen-length 256 --steps 256 --json
+    """
+    from maskkv_cli.bench.speed import SpeedSettings, run_sweep, table_rows
+
+    dev = pick_device(device)
+    gpu = dev.startswith("cuda")
+    settings = SpeedSettings(
+        prompt_lengths=parse_counts(prompt_lengths or (GPU_LENGTHS if gpu else CPU_LENGTHS), "--prompt-lengths"),
+        policies=parse_names(policies), budgets=parse_counts(budgets, "--budgets"), gen_length=gen_length,
+        steps=steps, block_length=block_length, config=None if model else (config or ("llada-8b" if gpu
+                                                                                      else "llada-small")),
+        model=model, device=dev, dtype=dtype, none_steps=none_steps, seed=seed, threads=threads, limit=limit)
+    folder, rows = run_sweep(settings, out, fresh, isolate=not in_process, on_case=_progress(quiet, as_json))
+    if as_json:
+        typer.echo(json.dumps({"results": rows}))
+        return
+    head, body = table_rows(rows)
+    _print_table("maskkv bench speed", head, body, SPEED_COLUMNS)
+    if not quiet:
+        sys.stderr.write(f"results: {folder.path}\n")
+
+
+@bench_app.command()
+@guarded
+def memory(
+    prompt_length: Annotated[str, typer.Option("--prompt-length", help="Prompt tokens (e.g. 16k).")] = "16k",
+    budget: Annotated[int, typer.Option("--budget", "-b", help="MaskKV budget (entries per head per layer).")]
+    = 256,
+    policies: Annotated[str, typer.Option("--policies", help="Cached policies to compare (full is the reference).")]
+    = "full,maskkv",
+    config: Annotated[str, typer.Option("--config", help="Named model shape with random weights.")]
+    = "llada-small",
+    model: BenchModelOpt = None,
+    gen_length: GenOpt = 128,
+    block_length: BlockOpt = 32,
+    device: Annotated[str, typer.Option("--device", help="cpu (peak RSS) or cuda (allocator peak).")] = "cpu",
+    dtype: DtypeOpt = "auto",
+    threads: ThreadsOpt = 1,
+    seed: SeedOpt = 0,
+    profile: Annotated[bool, typer.Option(
+        "--profile/--no-profile", help="Sample memory per layer and phase to show where the peak is reached.")]
+    = True,
+    out: OutOpt = None,
+    fresh: FreshOpt = False,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Peak memory of a MaskKV prefill against the full cache's, each in a fresh process, minus the weights.
+
+    Target: MaskKV's peak above weights at most 1/3 of the full cache's (reported, not enforced).
+
+    Examples:
+
+        maskkv bench memory
+
+        maskkv bench memory --prompt-length 4k --budget 64 --json
+    """
+    from maskkv_cli.bench.memory import TARGET_SHARE, MemorySettings, memory_table, run_memory
+
+    settings = MemorySettings(prompt_len=parse_count(prompt_length), budget=budget, gen_length=gen_length,
+                              block_length=block_length, policies=parse_names(policies),
+                              config=None if model else config, model=model, device=pick_device(device),
+                              dtype=dtype, seed=seed, threads=threads, profile=profile)
+    folder, rows = run_memory(settings, out, fresh, on_case=_progress(quiet, as_json))
+    if as_json:
+        typer.echo(json.dumps({"results": rows}))
+        return
+    head, body = memory_table(rows)
+    _print_table(f"maskkv bench memory (prompt {settings.prompt_len}, budget {budget})", head, body)
+    for r in rows:
+        if r.get("target_met") is not None:
+            verdict = "met" if r["target_met"] else "MISSED"
+            typer.echo(f"{r['method']}: peak above weights is {r['share_of_full']:.3f} of full's "
+                       f"(target <= {TARGET_SHARE:.3f}): {verdict}")
+    if not quiet:
+        sys.stderr.write(f"results: {folder.path}\n")
+
+
+# `bench quality` registers itself on ``bench_app`` when imported.
+from maskkv_cli.commands import bench_quality  # noqa: E402,F401

@@ -1,0 +1,230 @@
+"""``maskkv bench quality``: accuracy and retention of every KV policy and budget on retrieval tasks.
+
+Registered on ``bench_app`` (``maskkv_cli.commands.bench`` imports this module for that side effect). Heavy
+modules (torch, Rich) load inside the command, so ``maskkv --help`` stays light.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from maskkv_cli.bench.quality import (
+    DEFAULT_BUDGETS,
+    DEFAULT_KINDS,
+    DEFAULT_LENGTHS,
+    DEFAULT_POLICIES,
+    DEFAULT_SAMPLES,
+    FALLBACK_GENERATION,
+)
+from maskkv_cli.commands.bench import FreshOpt, OutOpt, bench_app, parse_counts
+from maskkv_cli.commands.common import generation_config, guarded, note, open_session
+from maskkv_cli.errors import UsageError
+from maskkv_cli.options import DeviceOpt, DtypeOpt, JsonOpt, LayerBudgetsOpt, ModelOpt, QuietOpt
+
+_FALLBACK = "/".join(str(FALLBACK_GENERATION[k]) for k in ("gen_length", "steps", "block_length"))
+TasksOpt = Annotated[str, typer.Option(
+    "--tasks", help="Comma-separated task kinds (niah_single, niah_multikey, niah_multivalue, vt), or a .jsonl file "
+    "(LongBench format or `maskkv` export; scored with the metric of each record's dataset, exact match if "
+    "unknown).")]
+LengthsOpt = Annotated[str | None, typer.Option(
+    "--lengths", help=f"Context lengths in tokens of the generated tasks, e.g. 256,1k [default: "
+    f"{','.join(map(str, DEFAULT_LENGTHS))}].", show_default=False)]
+SamplesOpt = Annotated[int, typer.Option(
+    "--samples", "-n", help="Tasks per (task, length); for a file, the first N records of each dataset.")]
+QSeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the generated tasks and of the random policy.")]
+PoliciesOpt = Annotated[str, typer.Option("--policies", help="Comma-separated policies (see `maskkv policies`).")]
+BudgetsOpt = Annotated[str, typer.Option(
+    "--budgets", help="Budgets (K/V pairs per head per layer) of the evicting policies; full and none run once.")]
+QGenOpt = Annotated[int | None, typer.Option(
+    "--gen-length", help=f"Response tokens [default: the model's, else {FALLBACK_GENERATION['gen_length']}].",
+    show_default=False)]
+QStepsOpt = Annotated[int | None, typer.Option(
+    "--steps", help=f"Denoising steps [default: the model's, else {FALLBACK_GENERATION['steps']}].",
+    show_default=False)]
+QBlockOpt = Annotated[int | None, typer.Option(
+    "--block-length", help=f"Tokens per block [default: the model's, else {FALLBACK_GENERATION['block_length']}].",
+    show_default=False)]
+HaystackOpt = Annotated[Path | None, typer.Option(
+    "--haystack", help="Hide the needles in this document (PDF, text, Markdown; split into paragraphs) instead of "
+    "the built-in corpus.", show_default=False)]
+
+
+def _cell(row: dict[str, Any]) -> str:
+    return row["task"] if row.get("length") is None else f"{row['task']}@{row['length']}"
+
+
+def _line(event: Any) -> str:
+    head = f"[{event.index}/{event.cases}] {event.case.label}"
+    if event.reused:
+        return f"{head}: reused"
+    cells = ", ".join(f"{_cell(r)} {float(r['accuracy']):.1f}" for r in event.rows)
+    return f"{head}: {cells} ({event.seconds:.1f} s)"
+
+
+class _Display:
+    """A Rich progress bar on stderr when it is a terminal, else one line per (policy, budget) unless quiet."""
+
+    def __init__(self, quiet: bool, as_json: bool) -> None:
+        from rich.console import Console
+
+        self.console = Console(stderr=True)
+        self.bar_on = self.console.is_terminal and not quiet and not as_json
+        self.lines_on = not self.console.is_terminal and not quiet and not as_json
+        self.progress: Any = None
+        self.task: Any = None
+
+    def __enter__(self) -> _Display:
+        if self.bar_on:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TimeElapsedColumn(), console=self.console, transient=True)
+            self.progress.start()
+            self.task = self.progress.add_task("preparing tasks", total=None)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+    def __call__(self, event: Any) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, total=event.total, completed=event.done,
+                                 description=f"[{event.index}/{event.cases}] {event.case.label}")
+            if event.finished:
+                self.progress.console.print(_line(event), highlight=False)
+        elif self.lines_on and event.finished:
+            sys.stderr.write(_line(event) + "\n")
+            sys.stderr.flush()
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
+    """One section per (task, length): its name, n and mean prompt tokens in the first column, then a row per
+    policy/budget (compact enough for an 80-column terminal; summary.md and --json have every field)."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    from maskkv_cli.bench.quality import display_order
+
+    table = Table(title="maskkv bench quality\nacc = accuracy %, ret = retention (acc / full acc), share = budget / "
+                  "prompt tokens, s/ans = seconds per answer", title_justify="left", box=box.SIMPLE_HEAD)
+    for name, justify in (("task", "left"), ("policy", "left"), ("budget", "right"), ("acc", "right"),
+                          ("ret", "right"), ("share", "right"), ("s/ans", "right")):
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    ordered = display_order(rows)
+    position = 0
+    for i, row in enumerate(ordered):
+        position = position + 1 if i and _cell(ordered[i - 1]) == _cell(row) else 0
+        label = {0: _cell(row), 1: f"[dim]n={row['n']}, {float(row['mean_prompt_tokens']):.0f} tok[/dim]"}
+        retention = row.get("retention")
+        share = row.get("budget_share")
+        table.add_row(label.get(position, ""), row["policy"], "-" if row.get("budget") is None else str(row["budget"]),
+                      f"{float(row['accuracy']):.1f}", "-" if retention is None else f"{retention:.2f}",
+                      "-" if share is None else f"{share:.1%}", f"{float(row.get('seconds_per_sample') or 0):.2f}",
+                      end_section=i + 1 == len(ordered) or _cell(ordered[i + 1]) != _cell(row))
+    Console(stderr=False).print(table)
+
+
+@bench_app.command("quality")
+@guarded
+def quality(
+    tasks: TasksOpt = ",".join(DEFAULT_KINDS),
+    lengths: LengthsOpt = None,
+    samples: SamplesOpt = DEFAULT_SAMPLES,
+    seed: QSeedOpt = 0,
+    policies: PoliciesOpt = ",".join(DEFAULT_POLICIES),
+    budgets: BudgetsOpt = ",".join(map(str, DEFAULT_BUDGETS)),
+    gen_length: QGenOpt = None,
+    steps: QStepsOpt = None,
+    block_length: QBlockOpt = None,
+    model: ModelOpt = None,
+    layer_budgets: LayerBudgetsOpt = "auto",
+    haystack: HaystackOpt = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    out: OutOpt = None,
+    fresh: FreshOpt = False,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Does eviction keep the answers? Accuracy of every policy and budget on retrieval tasks, and its
+    retention (policy accuracy / full-cache accuracy), per task and context length.
+
+    Tasks are generated once per (kind, length) with the model's tokenizer (or read from a LongBench JSONL
+    file), then every policy/budget answers every task greedily. Writes a results folder (config.json,
+    results.jsonl, predictions.jsonl, summary.md, quality.png); a re-run with identical settings reuses its rows.
+
+    Examples:
+
+        maskkv bench quality
+
+        maskkv bench quality -n 20 --lengths 256 --policies full,maskkv,snapkv --budgets 8,16,32
+
+        maskkv bench quality --tasks ~/LongBench/data/hotpotqa.jsonl --model ~/models/LLaDA-8B-Instruct --json
+
+        maskkv bench quality --haystack report.pdf --tasks niah_single --lengths 1k
+    """
+    from maskkv_cli.bench.quality import (
+        TaskSource,
+        build_groups,
+        is_tasks_file,
+        parse_kinds,
+        parse_policies,
+        plan_cases,
+        read_haystack,
+        read_tasks_file,
+        run_quality,
+    )
+
+    if samples <= 0:
+        raise UsageError(f"--samples must be a positive integer, got {samples}")
+    if layer_budgets not in ("auto", "online", "uniform"):
+        raise UsageError(f"--layer-budgets must be auto, online or uniform, got {layer_budgets!r}")
+    names = parse_policies(policies)
+    budget_list = tuple(dict.fromkeys(parse_counts(budgets, "--budgets")))
+    from_file = is_tasks_file(tasks)
+    file_groups = None
+    paragraphs = None
+    kinds: tuple[str, ...] = ()
+    length_list: tuple[int, ...] = ()
+    if from_file:
+        if haystack is not None:
+            raise UsageError("--haystack applies to generated tasks; it cannot be used with a --tasks file")
+        if lengths is not None:
+            note("--lengths is ignored for tasks read from a file (each record keeps its own context)", quiet,
+                 as_json)
+        file_groups, source = read_tasks_file(Path(tasks).expanduser(), samples)
+        label = str(Path(tasks).expanduser())
+    else:
+        kinds = parse_kinds(tasks)
+        length_list = tuple(dict.fromkeys(parse_counts(lengths, "--lengths"))) if lengths else DEFAULT_LENGTHS
+        if haystack is not None:
+            paragraphs, source = read_haystack(haystack)
+        else:
+            source = TaskSource("corpus", "", "")
+        label = ",".join(kinds)
+    session = open_session(model, device, dtype, quiet, as_json)
+    defaults = session.generation_defaults or FALLBACK_GENERATION
+    gen = generation_config(defaults, gen_length, steps, block_length, temperature=0.0, seed=seed)
+    cases = plan_cases(names, budget_list)
+    with _Display(quiet, as_json) as display:
+        groups = build_groups(session, kinds=kinds, lengths=length_list, samples=samples, seed=seed,
+                              gen_length=gen.gen_length, haystack=paragraphs, file_groups=file_groups)
+        run = run_quality(session, groups, cases, gen, source=source, tasks_label=label, samples=samples, seed=seed,
+                          out=out, fresh=fresh, layer_budgets=layer_budgets, on_progress=display)
+    for message in run.notes:
+        note(message, quiet, as_json)
+    if as_json:
+        typer.echo(json.dumps({"results": run.rows}))
+        return
+    _print_table(run.rows)
+    if not quiet:
+        reused = f", {run.reused} rows reused" if run.reused else ""
+        sys.stderr.write(f"results: {run.folder}{reused}\n")

@@ -1,0 +1,257 @@
+"""bench speed / bench memory: rows, the limit's shapes, results folders and reuse, the CLI (tiny shapes only)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from typer.testing import CliRunner
+
+from maskkv_cli.bench import limit as lim
+from maskkv_cli.bench.memory import MemoryCase, compare, run_memory_case
+from maskkv_cli.bench.results import ResultsFolder, read_jsonl
+from maskkv_cli.bench.speed import (
+    SpeedCase,
+    SpeedSettings,
+    random_model,
+    random_prompt,
+    run_case,
+    run_case_subprocess,
+    run_sweep,
+)
+from maskkv_cli.commands.bench import parse_count, parse_counts
+from maskkv_cli.errors import UsageError
+from maskkv_cli.models.config import named_config
+from maskkv_cli.sampler import GenerationConfig
+
+TINY = dict(gen_length=16, steps=8, block_length=8, config="tiny", none_steps=2)
+NUMERIC = ("prefill_s", "step_s", "total_s", "tokens_per_s", "peak_mem_bytes", "kv_bytes", "limit_s",
+           "weights_bytes", "peak_above_weights_bytes", "measured_over_limit", "prompt_len")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_model(named_config("tiny"), seed=3, std=0.2)
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+@pytest.mark.parametrize("policy,budget", [("none", None), ("full", None), ("maskkv", 8)])
+def test_case_row_fields_are_numbers(policy, budget):
+    row = run_case(SpeedCase(policy, budget, 48, **TINY))
+    for name in NUMERIC:
+        assert _is_number(row[name]), (name, row[name])
+    assert row["policy"] == policy and row["budget"] == budget and row["prompt_len"] == 48
+    assert row["limit_s"] > 0 and row["total_s"] > 0 and row["peak_mem_bytes"] > 0
+    assert isinstance(row["extrapolated"], bool)
+    assert row["tokens_per_s"] == pytest.approx(16 / row["total_s"])
+    if policy == "none":
+        # 2 timed steps out of 8: extrapolated from step 0 and the median later step
+        assert row["extrapolated"] and row["steps_timed"] == 2 and row["steps_run"] == 8
+        assert row["total_s"] == pytest.approx(row["prefill_s"] + 7 * row["step_s"])
+        assert row["kv_bytes"] == 0 and row["limit_keys"] is None
+    else:
+        assert not row["extrapolated"] and row["steps_run"] == 8 and row["kv_bytes"] > 0
+    if policy == "maskkv":
+        assert row["evicted"] and row["kv_bytes"] < row["kv_full_bytes"]
+        assert row["limit_keys"] == 8 + 16
+    if policy == "full":
+        assert row["kv_bytes"] == row["kv_full_bytes"] and row["limit_keys"] == 48 + 16
+
+
+def test_none_runs_to_the_end_when_timed_steps_cover_it():
+    row = run_case(SpeedCase("none", None, 32, **{**TINY, "none_steps": 8}))
+    assert not row["extrapolated"] and row["steps_timed"] == 8
+
+
+def test_rows_schedule_matches_the_sampler(model, monkeypatch):
+    import maskkv_cli.sampler as sampler
+    from maskkv_cli.policies import get_policy
+
+    gen = GenerationConfig(gen_length=16, steps=8, block_length=8)
+    seen: list[int] = []
+    real_prefill, real_step = sampler.prefill, sampler.response_logits
+
+    def spy_prefill(model, ids, m, policy, budgets, rows, **kw):
+        seen.append(len(rows))
+        return real_prefill(model, ids, m, policy, budgets, rows, **kw)
+
+    def spy_step(model, cache, response, rows):
+        seen.append(len(rows))
+        return real_step(model, cache, response, rows)
+
+    monkeypatch.setattr(sampler, "prefill", spy_prefill)
+    monkeypatch.setattr(sampler, "response_logits", spy_step)
+    sampler.generate(model, random_prompt(model.config, 24, 0, torch.device("cpu")), gen, get_policy("full"))
+    assert [n for _, n in lim.rows_schedule(gen)] == seen
+    assert lim.rows_schedule(gen)[:5] == [(0, 8), (0, 6), (0, 4), (0, 2), (1, 8)]
+
+
+def test_limit_step_attention_sees_budget_plus_response_keys(model, monkeypatch):
+    shapes: list[tuple[int, int]] = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, *a, **kw):
+        assert "attn_mask" not in kw or kw["attn_mask"] is None  # bare: no padding mask
+        shapes.append((q.shape[2], k.shape[2]))
+        return real(q, k, v, *a, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    m, budget, gen = 40, 6, GenerationConfig(gen_length=16, steps=8, block_length=8)
+    prompt = random_prompt(model.config, m, 0, torch.device("cpu"))
+    timing = lim.measure_limit(model, prompt, gen, budget)
+    n_layers = model.config.n_layers
+    full_pass, steps = shapes[:n_layers], shapes[n_layers:]
+    assert full_pass == [(m + 16, m + 16)] * n_layers  # one plain forward over [prompt ; masks]
+    assert len(steps) == (gen.steps - 1) * n_layers  # the prefill is step 0
+    assert all(keys == budget + 16 for _, keys in steps)  # budget + response keys per layer
+    # every layer runs the L response queries, except the last which runs the needed rows only
+    assert [q for q, _ in steps[:n_layers]] == [16] * (n_layers - 1) + [6]
+    assert timing.attention_keys == budget + 16 and len(timing.step_s) == gen.steps - 1
+    assert timing.total_s == pytest.approx(timing.prefill_s + sum(timing.step_s)) and timing.total_s > 0
+
+
+def test_limit_without_cache_is_steps_full_forwards(model):
+    gen = GenerationConfig(gen_length=16, steps=8, block_length=8)
+    timing = lim.measure_limit(model, random_prompt(model.config, 40, 0, torch.device("cpu")), gen, None)
+    assert timing.extrapolated and timing.keys is None
+    assert timing.total_s == pytest.approx(8 * timing.prefill_s)
+
+
+def test_bare_forward_matches_the_model(model):
+    ids = random_prompt(model.config, 30, 1, torch.device("cpu"))
+    rows = torch.arange(20, 30)
+    with torch.no_grad():
+        ref = model(ids)[:, rows]
+    got = lim.bare_full_forward(model, ids, rows, mlp_chunk=7)
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-4)
+
+
+def _counting_runner(calls: list[SpeedCase]):
+    def runner(case: SpeedCase) -> dict:
+        calls.append(case)
+        return run_case(case)
+
+    return runner
+
+
+def test_sweep_writes_folder_and_rerun_reuses_rows(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    settings = SpeedSettings(prompt_lengths=(32, 48), budgets=(8,), **TINY)
+    calls: list[SpeedCase] = []
+    folder, rows = run_sweep(settings, runner=_counting_runner(calls))
+    assert len(calls) == 6 and len(rows) == 6
+    assert folder.path.parent.name == "runs" and folder.path.name.startswith("bench-speed-")
+    for name in ("config.json", "results.jsonl", "summary.md"):
+        assert (folder.path / name).is_file()
+    assert len(read_jsonl(folder.path / "results.jsonl")) == 6
+    config = json.loads((folder.path / "config.json").read_text())
+    assert config["settings"]["prompt_lengths"] == [32, 48] and "machine" in config
+    by = {(r["prompt_len"], r["method"]): r for r in rows}
+    assert by[(48, "full")]["speedup_vs_full"] == pytest.approx(1.0)
+    assert by[(48, "maskkv@8")]["speedup_vs_none"] == pytest.approx(
+        by[(48, "none")]["total_s"] / by[(48, "maskkv@8")]["total_s"])
+    assert "| 48 | maskkv@8 |" in (folder.path / "summary.md").read_text()
+
+    # identical settings: same folder found, nothing measured again, same numbers
+    again, rows2 = run_sweep(settings, runner=_counting_runner(calls))
+    assert again.path == folder.path and len(calls) == 6 and again.reused == 6
+    assert [r["total_s"] for r in rows2] == [r["total_s"] for r in rows]
+
+    # one more length: only its cases run (explicit --out folder)
+    bigger = SpeedSettings(prompt_lengths=(32, 48, 64), budgets=(8,), **TINY)
+    _, rows3 = run_sweep(bigger, out=folder.path, runner=_counting_runner(calls))
+    assert len(calls) == 9 and len(rows3) == 9
+    assert all(c.prompt_len == 64 for c in calls[6:])
+
+    # --fresh measures everything again in a new folder
+    fresh, _ = run_sweep(settings, fresh=True, runner=_counting_runner(calls))
+    assert fresh.path != folder.path and len(calls) == 15
+
+
+def test_broken_jsonl_lines_are_skipped(tmp_path):
+    (tmp_path / "results.jsonl").write_text('{"key": "a", "x": 1}\n{"key": "b", "x"\n')
+    folder = ResultsFolder(tmp_path, "speed", {"s": 1}, ["a", "b"])
+    assert folder.get("a") == {"key": "a", "x": 1} and folder.get("b") is None
+
+
+def test_case_in_a_fresh_process():
+    case = SpeedCase("maskkv", 8, 32, **{**TINY, "warmup": False})
+    row = run_case_subprocess(case)
+    assert row["key"] == case.key() and row["peak_reset"] in (True, False)
+    assert row["peak_mem_bytes"] > 0 and row["limit_s"] > 0 and row["kv_bytes"] > 0
+
+
+def test_memory_case_and_target():
+    full = run_memory_case(MemoryCase("full", None, 64, 16, 8, "tiny"))
+    mk = run_memory_case(MemoryCase("maskkv", 8, 64, 16, 8, "tiny"))
+    for row in (full, mk):
+        assert row["peak_mem_bytes"] > 0 and row["phases"] and row["peak_phase"].startswith("layer")
+        assert {p["phase"] for p in row["phases"]} >= {"attention (SDPA)", "MLP", "LM head"}
+    assert "scoring (policy votes)" in {p["phase"] for p in mk["phases"]}
+    assert mk["kv_bytes"] < full["kv_bytes"] == full["kv_full_bytes"]
+    assert F.scaled_dot_product_attention.__module__ != "maskkv_cli.bench.memory"  # patches undone
+    rows = compare([{**full, "peak_above_weights_bytes": 900}, {**mk, "peak_above_weights_bytes": 300}])
+    assert rows[0]["target_met"] is None and rows[1]["share_of_full"] == pytest.approx(1 / 3)
+    assert rows[1]["target_met"] is True
+
+
+def test_parse_counts():
+    assert parse_count("1k") == 1024 and parse_count("1.5K") == 1536 and parse_count("300") == 300
+    assert parse_counts("1k, 2k,4096", "x") == (1024, 2048, 4096)
+    for bad in ("0", "-1", "abc", "1.3"):
+        with pytest.raises(UsageError):
+            parse_count(bad)
+
+
+runner = CliRunner()
+
+
+def test_cli_bench_speed_json(tmp_path):
+    from maskkv_cli.cli import app
+
+    out = tmp_path / "res"
+    args = ["bench", "speed", "--config", "tiny", "--prompt-lengths", "32", "--policies", "none,full,maskkv",
+            "--budgets", "8", "--gen-length", "16", "--steps", "8", "--block-length", "8", "--none-steps", "2",
+            "--in-process", "--out", str(out), "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert list(data) == ["results"] and [r["method"] for r in data["results"]] == ["none", "full", "maskkv@8"]
+    for r in data["results"]:
+        for name in ("policy", "budget", "prompt_len", "total_s", "prefill_s", "step_s", "tokens_per_s",
+                     "peak_mem_bytes", "kv_bytes", "limit_s", "extrapolated"):
+            assert name in r
+        assert r["limit_s"] > 0
+    assert data["results"][0]["budget"] is None and data["results"][2]["budget"] == 8
+    assert (out / "results.jsonl").is_file()
+    # the table form
+    result = runner.invoke(app, args[:-1])
+    assert result.exit_code == 0 and "maskkv@8" in result.stdout and "reused" in result.stdout
+
+
+def test_cli_bench_errors():
+    from maskkv_cli.cli import app
+
+    result = runner.invoke(app, ["bench", "speed", "--config", "tiny", "--policies", "nope", "--in-process"])
+    assert result.exit_code == 2 and "unknown policy" in result.output
+    result = runner.invoke(app, ["bench", "speed", "--config", "tiny", "--prompt-lengths", "1k,x"])
+    assert result.exit_code == 2 and "not a count" in result.output
+    result = runner.invoke(app, ["bench", "speed", "--config", "tiny", "--gen-length", "20", "--block-length", "8",
+                                 "--in-process"])
+    assert result.exit_code == 2 and "multiple" in result.output
+
+
+def test_gpu_script_is_valid_bash():
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_bench.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    text = script.read_text()
+    assert "--config llada-8b" in text and "--gen-length 256" in text and "bench speed" in text

@@ -1,0 +1,189 @@
+"""``maskkv bench quality``: rows, LongBench files and their metrics, retention, reuse of finished rows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from maskkv_cli.bench.quality import add_retention, display_order, plan_cases, summary_markdown
+from maskkv_cli.cli import app
+from maskkv_cli.session import Session
+
+runner = CliRunner()
+FAST = ["--gen-length", "8", "--steps", "8", "--block-length", "8"]
+ROW_FIELDS = {"policy", "budget", "task", "length", "n", "accuracy", "retention", "budget_share",
+              "mean_prompt_tokens", "seconds", "seconds_per_sample", "key", "metric"}
+
+
+def bench(*args: str) -> Any:
+    return runner.invoke(app, ["bench", "quality", *args])
+
+
+def fixed_answer(text: str, calls: list[int] | None = None) -> Any:
+    def answer_ids(self: Session, ids: list[int], gen: Any, cache: Any, on_event: Any = None) -> Any:
+        if calls is not None:
+            calls.append(len(ids))
+        return SimpleNamespace(text=text, notes=[], result=None)
+
+    return answer_ids
+
+
+def test_json_rows_have_the_fields_and_counts(tiny_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "q"
+    result = bench("--model", str(tiny_dir), "--tasks", "niah_single,niah_multikey", "--lengths", "48", "-n", "2",
+                   "--policies", "full,snapkv", "--budgets", "8,16", "--out", str(out), "--json", *FAST)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)["results"]
+    assert len(rows) == 2 * 3  # two tasks x (full + snapkv at two budgets)
+    for row in rows:
+        assert ROW_FIELDS <= row.keys()
+        assert row["n"] == 2 and row["length"] == 48 and 0.0 <= row["accuracy"] <= 100.0
+        assert row["metric"] == "exact_match"
+        assert row["mean_prompt_tokens"] > 48
+    assert {(r["task"], r["policy"], r["budget"]) for r in rows} == {
+        (task, policy, budget) for task in ("niah_single", "niah_multikey")
+        for policy, budget in (("full", None), ("snapkv", 8), ("snapkv", 16))}
+    for row in rows:
+        if row["policy"] == "full":
+            assert row["budget"] is None and row["budget_share"] is None
+            assert row["retention"] == (1.0 if row["accuracy"] > 0 else None)
+        else:
+            assert row["budget_share"] == pytest.approx(row["budget"] / row["mean_prompt_tokens"], abs=1e-4)
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == sorted(
+        ["config.json", "results.jsonl", "predictions.jsonl", "summary.md"]
+        + (["quality.png"] if _has_matplotlib() else []))
+    assert len((out / "results.jsonl").read_text().splitlines()) == 6
+    predictions = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert len(predictions) == 6 * 2
+    assert {"id", "policy", "budget", "prediction", "gold", "score"} <= predictions[0].keys()
+    config = json.loads((out / "config.json").read_text())
+    assert config["kind"] == "quality" and config["settings"]["samples"] == 2
+    assert "| niah_single | 48 | snapkv | 8 | 2 |" in (out / "summary.md").read_text()
+
+
+def _has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_longbench_file_is_scored_with_each_datasets_metric(tiny_dir: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    records = [
+        {"input": "Where is the tower?", "context": "The tower stands in Paris. " * 20, "answers": ["Paris France"],
+         "length": 100, "dataset": "hotpotqa", "language": "en", "all_classes": None, "_id": "hq-1"},
+        {"input": "What is the number?", "context": "The number is 4821. " * 20, "answers": ["4821"],
+         "dataset": "my_private_task", "_id": "mine-1"},
+    ]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    monkeypatch.setattr(Session, "answer_ids", fixed_answer("Paris 4821"))
+    out = tmp_path / "lb"
+    result = bench("--model", str(tiny_dir), "--tasks", str(path), "--policies", "full,snapkv", "--budgets", "8",
+                   "--out", str(out), "--json", *FAST)
+    assert result.exit_code == 0, result.output
+    rows = {(r["task"], r["policy"]): r for r in json.loads(result.stdout)["results"]}
+    assert set(rows) == {("hotpotqa", "full"), ("hotpotqa", "snapkv"), ("my_private_task", "full"),
+                         ("my_private_task", "snapkv")}
+    # hotpotqa: QA F1 of "paris 4821" against "paris france" = 0.5; unknown dataset: exact match (4821 found).
+    for policy in ("full", "snapkv"):
+        assert rows[("hotpotqa", policy)]["accuracy"] == 50.0
+        assert rows[("hotpotqa", policy)]["metric"] == "qa_f1"
+        assert rows[("my_private_task", policy)]["accuracy"] == 100.0
+        assert rows[("my_private_task", policy)]["metric"] == "exact_match"
+        assert rows[("hotpotqa", policy)]["length"] is None and rows[("hotpotqa", policy)]["n"] == 1
+    assert rows[("hotpotqa", "snapkv")]["retention"] == 1.0
+    predictions = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert {(p["id"], p["score"]) for p in predictions} == {("hq-1", 0.5), ("mine-1", 1.0)}
+
+
+def test_tasks_file_errors_are_one_line(tiny_dir: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"input": "q", "context": "c", "answers": ["a"]}\nnot json\n')
+    result = bench("--model", str(tiny_dir), "--tasks", str(bad), "--out", str(tmp_path / "o"))
+    assert result.exit_code == 2 and "line 2: invalid JSON" in result.stderr
+    result = bench("--model", str(tiny_dir), "--tasks", "niah_single,needle_in_space")
+    assert result.exit_code == 2 and "unknown task kind 'needle_in_space'" in result.stderr
+    result = bench("--model", str(tiny_dir), "--policies", "full,bogus")
+    assert result.exit_code == 2 and "unknown policy 'bogus'" in result.stderr
+
+
+def test_retention_from_rows() -> None:
+    def row(task: str, length: int | None, policy: str, budget: int | None, accuracy: float) -> dict[str, Any]:
+        return {"task": task, "length": length, "policy": policy, "budget": budget, "n": 10, "accuracy": accuracy}
+
+    rows = [
+        row("niah_single", 256, "maskkv", 8, 40.0),
+        row("niah_single", 256, "full", None, 80.0),
+        row("niah_single", 512, "full", None, 0.0),
+        row("niah_single", 512, "maskkv", 8, 10.0),
+        row("niah_multikey", 256, "maskkv", 8, 30.0),  # no full row for this cell
+        row("hotpotqa", None, "full", None, 50.0),
+        row("hotpotqa", None, "snapkv", 16, 60.0),
+    ]
+    out = add_retention(rows)
+    assert [r["retention"] for r in out] == [0.5, 1.0, None, None, None, 1.0, 1.2]
+    assert "retention" not in rows[0]  # copies, the input is untouched
+    ordered = display_order(out)
+    assert [(r["task"], r["length"], r["policy"]) for r in ordered][:2] == [("niah_single", 256, "full"),
+                                                                            ("niah_single", 256, "maskkv")]
+    text = summary_markdown(out, {"model": "m", "generation": {}})
+    assert "| niah_single | 256 | maskkv | 8 | 10 | 40.0 | 0.50 |" in text
+
+
+def test_plan_cases_budgets_only_for_evicting_policies() -> None:
+    cases = plan_cases(["full", "maskkv", "none"], [8, 64])
+    assert [(c.policy, c.budget) for c in cases] == [("full", None), ("maskkv", 8), ("maskkv", 64), ("none", None)]
+
+
+def test_rerun_reuses_finished_rows(tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(Session, "answer_ids", fixed_answer("nothing", calls))
+    out = tmp_path / "rerun"
+    base = ["--model", str(tiny_dir), "--tasks", "niah_single", "--lengths", "40", "-n", "3",
+            "--policies", "full,streamingllm", "--out", str(out), *FAST]
+    first = bench(*base, "--budgets", "8")
+    assert first.exit_code == 0, first.output
+    assert len(calls) == 3 * 2
+    # not a terminal and not --quiet: one line per (policy, budget) on stderr
+    assert "[1/2] full: niah_single@40 0.0" in first.stderr and "[2/2] streamingllm B=8:" in first.stderr
+    results = (out / "results.jsonl").read_text()
+
+    second = bench(*base, "--budgets", "8", "--json")
+    assert second.exit_code == 0, second.output
+    assert len(calls) == 6  # nothing ran again
+    assert [r["key"] for r in json.loads(second.stdout)["results"]] == [
+        json.loads(line)["key"] for line in results.splitlines()]
+
+    third = bench(*base, "--budgets", "8,16", "--json")
+    assert third.exit_code == 0, third.output
+    assert len(calls) == 6 + 3  # only streamingllm at budget 16 is new
+    assert len(json.loads(third.stdout)["results"]) == 3
+    assert len((out / "predictions.jsonl").read_text().splitlines()) == 9
+
+    fourth = bench(*base, "--budgets", "8", "--seed", "1", "--json")  # another seed: other tasks, new rows
+    assert fourth.exit_code == 0, fourth.output
+    assert len(calls) == 9 + 6
+
+
+def test_haystack_document(tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    doc = tmp_path / "notes.txt"
+    doc.write_text("\n\n".join(f"Paragraph {i} says the harbor opens at dawn and the boats leave at noon."
+                               for i in range(12)))
+    seen: list[int] = []
+    monkeypatch.setattr(Session, "answer_ids", fixed_answer("", seen))
+    out = tmp_path / "hay"
+    result = bench("--model", str(tiny_dir), "--tasks", "niah_single", "--lengths", "60", "-n", "2",
+                   "--policies", "full", "--haystack", str(doc), "--out", str(out), "--json", *FAST)
+    assert result.exit_code == 0, result.output
+    assert len(seen) == 2
+    config = json.loads((out / "config.json").read_text())
+    assert config["settings"]["source"]["kind"] == "haystack"
+    assert config["settings"]["source"]["name"] == "notes.txt"
