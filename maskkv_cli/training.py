@@ -283,17 +283,23 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
     return final
 
 
-def install_model(folder: Path, gen_length: int | None = None) -> Path:
+def install_model(folder: Path, gen_length: int | None = None, window: int | None = None) -> Path:
     """Copy a trained model into the package as the embedded default, with its generation defaults
-    (``gen_length`` defaults to the answer region the model was trained with)."""
+    (``gen_length`` defaults to the answer region the model was trained with) and its window
+    (``max_sequence_length``; default twice the longest training context)."""
     target = Path(__file__).parent / "assets" / "tiny-llada"
     model = load_model(folder)
+    if window:
+        model.config = model.config.with_(max_sequence_length=window)
     tok = load_tokenizer(folder)
     extra = {}
     info = folder / "training.json"
     if info.is_file():
         extra["training.json"] = info.read_text()
-        gen_length = gen_length or json.loads(extra["training.json"])["recipe"]["answer_len"]
+        recipe = json.loads(extra["training.json"])["recipe"]
+        gen_length = gen_length or recipe["answer_len"]
+        if not window:
+            model.config = model.config.with_(max_sequence_length=2 * recipe["max_len"])
     gen_length = gen_length or TrainConfig.answer_len
     save_model(model, target, tok, extra_files=extra)
     gen_cfg = json.loads((target / "generation_config.json").read_text())

@@ -17,7 +17,7 @@ from maskkv_cli.options import BudgetOpt, DeviceOpt, JsonOpt, ModelOpt, QuietOpt
 def demo(
     model: ModelOpt = None,
     budget: BudgetOpt = 16,
-    length: Annotated[int, typer.Option("--length", help="Document length in tokens.")] = 400,
+    length: Annotated[int, typer.Option("--length", help="Document length in tokens.")] = 250,
     seed: SeedOpt = 0,
     device: DeviceOpt = "auto",
     as_json: JsonOpt = False,
