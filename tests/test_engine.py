@@ -151,3 +151,17 @@ def test_kv_bytes_shrink_with_budget(tiny_model):
     small = generate(tiny_model, ids, GEN, get_policy("mask-vote-uniform"), 8).stats
     assert full.kv_bytes == full.kv_full_bytes
     assert small.kv_bytes * 8 == full.kv_bytes
+
+
+def test_chunked_prefill_matches_unchunked(tiny_model):
+    from maskkv_cli.engine.forward import prefill
+
+    m = 40
+    x = torch.cat([prompt_ids(tiny_model, m), torch.full((1, 16), tiny_model.config.mask_token_id)], 1)
+    rows = torch.arange(m, m + 16)
+    policy = get_policy("maskkv")
+    whole, cache_a, rec_a = prefill(tiny_model, x, m, policy, [8, 8], rows, mlp_chunk=4096)
+    chunked, cache_b, rec_b = prefill(tiny_model, x, m, policy, [8, 8], rows, mlp_chunk=7)
+    torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-5)
+    for a, b in zip(rec_a, rec_b, strict=True):
+        assert torch.equal(a.positions, b.positions)

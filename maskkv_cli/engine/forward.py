@@ -95,6 +95,25 @@ def plain_logits(model: DiffusionLM, ids: Tensor, rows: Tensor) -> Tensor:
     return model.head(x[:, rows])
 
 
+def chunked_qkv(block: torch.nn.Module, x: Tensor, cos: Tensor, sin: Tensor, chunk: int) -> tuple[Tensor, ...]:
+    """``block.qkv`` over row chunks of x, written into preallocated (B, heads, T, D) buffers, so the norm,
+    projections and RoPE temporaries exist for one chunk at a time."""
+    t = x.shape[1]
+    if t <= chunk:
+        return block.qkv(x, cos, sin)
+    first = block.qkv(x[:, :chunk], cos[:chunk], sin[:chunk])
+    out = [a.new_empty(a.shape[0], a.shape[1], t, a.shape[3]) for a in first]
+    for buf, a in zip(out, first, strict=True):
+        buf[:, :, :chunk] = a
+    del first
+    for start in range(chunk, t, chunk):
+        parts = block.qkv(x[:, start : start + chunk], cos[start : start + chunk], sin[start : start + chunk])
+        for buf, a in zip(out, parts, strict=True):
+            buf[:, :, start : start + chunk] = a
+        del parts
+    return tuple(out)
+
+
 def _online_budget(layer_budgets: list[int], n_layers: int) -> int:
     """The per-head budget B of a uniform plan (the total ``D * B`` that online mode redistributes)."""
     if len(layer_budgets) != n_layers:
@@ -161,34 +180,36 @@ def prefill(
     shifts: list[Tensor] = []
     pending: list[tuple[StoredView, Tensor, Tensor, Tensor]] = []  # online: view, scores, full k, full v
     for i, block in enumerate(model.blocks):
-        q, k, v = block.qkv(x, cos, sin)  # q (B, H, T, D); k, v (B, H_kv, T, D)
-        o = F.scaled_dot_product_attention(q, k, v, enable_gqa=group > 1)
-        attn = block.attn_proj(o)
-        del o
-        if online_importance:
-            shifts.append(attention_shift(x, attn))
+        q, k, v = chunked_qkv(block, x, cos, sin, mlp_chunk)  # q (B, H, T, D); k, v (B, H_kv, T, D)
+        # Select first: the votes need q and k, and the kept K/V are copied out before attention runs.
         if layer_budgets is None:
             layer = dense_layer(k, v, prompt_len, response_len)
             records.append(LayerRecord(i, prompt_len, layer.lengths.cpu(), None, None))
             cache.layers.append(layer)
         elif online:
             view = LayerView(i, n_layers, q, k, prompt_len, scale)
-            scores = policy.scores(view, layer_budgets[i])  # (B, H, M)
+            scores = policy.scores(view, layer_budgets[i])  # (B, H_kv, M)
             pending.append((_stored_view(view), scores, k, v))
             del view, scores
         else:
             view = LayerView(i, n_layers, q, k, prompt_len, scale)
             lb = layer_budgets[i]
-            scores = policy.scores(view, lb)  # (B, H, M)
-            heads = policy.head_budgets(view, lb, scores)  # (B, H)
+            scores = policy.scores(view, lb)  # (B, H_kv, M)
+            heads = policy.head_budgets(view, lb, scores)  # (B, H_kv)
             layer = select_layer(k, v, scores, heads, prompt_len, response_len, group)
             records.append(_record(i, lb, layer, policy.preference(view), None))
             cache.layers.append(layer)
             del view, scores
+        o = F.scaled_dot_product_attention(q, k, v, enable_gqa=group > 1)
         del q, k, v
-        x = x + attn
+        attn = block.attn_proj(o)
+        del o
+        if online_importance:
+            shifts.append(attention_shift(x, attn))
+        x += attn  # in place: no second (B, T, d) residual stream
         del attn
-        x = x + block.mlp(x, mlp_chunk)
+        for start in range(0, t, mlp_chunk):  # the MLP in row chunks, added in place
+            x[:, start : start + mlp_chunk] += block.mlp(x[:, start : start + mlp_chunk])
     logits = model.head(x[:, rows])
     del x
     tokens = ids.shape[0] * t

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-# Elements of one chunk of attention probabilities (fp32): 2**24 -> 64 MiB.
-CHUNK_ELEMENTS = 1 << 24
+# Elements of one chunk of attention probabilities (fp32): 2**22 -> 16 MiB.
+CHUNK_ELEMENTS = 1 << 22
 
 
 def attention_mass(q: Tensor, k: Tensor, scale: float, chunk_elements: int = CHUNK_ELEMENTS) -> Tensor:
