@@ -14,6 +14,7 @@ from maskkv_cli.options import (
     BlockOpt,
     BudgetOpt,
     CfgOpt,
+    DeviceMapOpt,
     DeviceOpt,
     DtypeOpt,
     GenLengthOpt,
@@ -74,6 +75,7 @@ def generate(
     cfg: CfgOpt = 0.0,
     remasking: RemaskOpt = "low_confidence",
     device: DeviceOpt = "auto",
+    device_map: DeviceMapOpt = None,
     dtype: DtypeOpt = "auto",
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
@@ -96,7 +98,7 @@ def generate(
     if not prompt.strip():
         raise fail("the prompt is empty; pass some text", 2)
     cache = cache_config(policy, budget, ratio, seed, layer_budgets)
-    session = open_session(model, device, dtype, quiet, as_json)
+    session = open_session(model, device, dtype, quiet, as_json, device_map)
     gen = generation_config(session.generation_defaults, gen_length, steps, block_length, temperature=temperature,
                             cfg_scale=cfg, remasking=remasking, threshold=threshold, seed=seed)
     err = Console(stderr=True)

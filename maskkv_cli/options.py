@@ -39,3 +39,6 @@ LongOpt = Annotated[str, typer.Option(
 LayerBudgetsOpt = Annotated[str, typer.Option(
     "--layer-budgets", help="MaskKV layer budgets: auto (the model's calibration profile if present, else uniform), "
     "online (from this input; holds the full cache during the prefill), uniform.")]
+DeviceMapOpt = Annotated[str | None, typer.Option(
+    "--device-map", help="Spread the layers over devices: auto (every visible GPU) or a list like cuda:0,cuda:1; "
+    "each layer's compressed cache stays on its device.", show_default=False)]

@@ -128,14 +128,15 @@ class _Forward:
         self.batch = x.shape[0]
         hidden = rows + self.prompt_len - self.shift  # sequence index of the hidden state feeding each row
         if not self.policy.uses_cache:
-            return plain_logits(self.model, x, hidden)
-        if self.cache is None:
+            logits = plain_logits(self.model, x, hidden)
+        elif self.cache is None:
             logits, self.cache, self.records = prefill(self.model, x, self.split, self.policy, self.layer_budgets,
                                                        hidden, online_importance=self.online)
             if self.online and self.layer_budgets is not None:
                 self.layer_budgets = [r.layer_budget for r in self.records]  # the plan actually used
-            return logits
-        return response_logits(self.model, self.cache, x[:, self.split :], hidden - self.split)
+        else:
+            logits = response_logits(self.model, self.cache, x[:, self.split :], hidden - self.split)
+        return logits.to(x.device)  # a model spread over devices ends on its last one
 
 
 @torch.no_grad()

@@ -61,10 +61,19 @@ class Answer:
 class Session:
     """Model + tokenizer loaded once; ``answer`` may be called many times."""
 
-    def __init__(self, model_path: str, device: str = "cpu", dtype: str | None = None) -> None:
+    def __init__(self, model_path: str, device: str = "cpu", dtype: str | None = None,
+                 device_map: str | None = None) -> None:
+        from maskkv_cli.models.loading import read_config
+        from maskkv_cli.models.placement import parse_device_map, place_model
+
         self.model_path = model_path
-        self.device = torch.device(device)
-        self.model: DiffusionLM = load_model(model_path, device=self.device, dtype=dtype)
+        layer_devices = parse_device_map(device_map, read_config(resolve_model_path(model_path)).n_layers)
+        self.device = layer_devices[0] if layer_devices else torch.device(device)
+        load_on = "cpu" if layer_devices else self.device
+        self.model: DiffusionLM = load_model(model_path, device=load_on, dtype=dtype or
+                                             ("bf16" if self.device.type == "cuda" else None))
+        if layer_devices:
+            place_model(self.model, layer_devices)
         self.tokenizer: Any = load_tokenizer(model_path)
         self.base_theta = self.model.config.rope_theta
         self.dream_alg = "entropy"  # Dream's confidence rule (its demo setting)

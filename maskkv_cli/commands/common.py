@@ -80,14 +80,15 @@ def generation_config(defaults: dict[str, int], gen_length: int | None, steps: i
     return GenerationConfig(gen_length=gen, steps=n_steps, block_length=block, **kwargs)
 
 
-def open_session(model: str | None, device: str, dtype: str, quiet: bool, as_json: bool) -> Any:
+def open_session(model: str | None, device: str, dtype: str, quiet: bool, as_json: bool,
+                 device_map: str | None = None) -> Any:
     """Resolve the model (say so when the embedded default is used) and load it with its tokenizer."""
     from maskkv_cli.defaults import resolve_default_model
     from maskkv_cli.session import Session
 
     path, message = resolve_default_model(model)
     note(message, quiet, as_json)
-    return Session(path, device=pick_device(device), dtype=None if dtype == "auto" else dtype)
+    return Session(path, device=pick_device(device), dtype=None if dtype == "auto" else dtype, device_map=device_map)
 
 
 def cache_config(policy: str, budget: int | None, ratio: float | None, seed: int, layer_budgets: str = "auto") -> Any:

@@ -20,6 +20,7 @@ from maskkv_cli.commands.common import (
 from maskkv_cli.options import (
     BlockOpt,
     BudgetOpt,
+    DeviceMapOpt,
     DeviceOpt,
     DtypeOpt,
     GenLengthOpt,
@@ -160,6 +161,7 @@ def ask(
     long: LongOpt = "truncate",
     password: PasswordOpt = None,
     device: DeviceOpt = "auto",
+    device_map: DeviceMapOpt = None,
     dtype: DtypeOpt = "auto",
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
@@ -187,7 +189,7 @@ def ask(
         doc, _ = DocumentStore().ingest(document, password=password)
         _warn(doc, quiet, as_json)
         live.phase("load model")
-        session = open_session(model, device, dtype, quiet, as_json)
+        session = open_session(model, device, dtype, quiet, as_json, device_map)
         gen = generation_config(session.generation_defaults, gen_length, steps, block_length,
                                 temperature=temperature, threshold=threshold, seed=seed)
         results = []
@@ -258,6 +260,7 @@ def summarize(
     threshold: ThresholdOpt = None,
     password: PasswordOpt = None,
     device: DeviceOpt = "auto",
+    device_map: DeviceMapOpt = None,
     dtype: DtypeOpt = "auto",
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
@@ -284,7 +287,7 @@ def summarize(
         doc, _ = DocumentStore().ingest(document, password=password)
         _warn(doc, quiet, as_json)
         live.phase("load model")
-        session = open_session(model, device, dtype, quiet, as_json)
+        session = open_session(model, device, dtype, quiet, as_json, device_map)
         block = block_length or 32
         gen_tokens = max(block, -(-int(length * 1.6) // block) * block)
         gen = generation_config({}, gen_tokens, steps, block, temperature=temperature, threshold=threshold,

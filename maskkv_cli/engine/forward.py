@@ -86,13 +86,22 @@ def _stored_view(view: LayerView) -> StoredView:
     return StoredView(view.layer, view.n_layers, q, view.k, view.prompt_len, view.scale, view._mask_mass)
 
 
+def on_layer_device(model: DiffusionLM, i: int, *tensors: Tensor) -> tuple[Tensor, ...]:
+    """Move activations to layer ``i``'s device when the model is spread over several (``placement.py``)."""
+    devices = getattr(model, "layer_devices", None)
+    if not devices or tensors[0].device == devices[i]:
+        return tensors
+    return tuple(t.to(devices[i]) for t in tensors)
+
+
 def plain_logits(model: DiffusionLM, ids: Tensor, rows: Tensor) -> Tensor:
     """Full bidirectional forward over ids (B, T); logits (B, len(rows), V) at sequence positions ``rows``."""
     x = model.embed(ids)
     cos, sin = model.rope(torch.arange(ids.shape[1], device=ids.device))
-    for block in model.blocks:
+    for i, block in enumerate(model.blocks):
+        x, cos, sin = on_layer_device(model, i, x, cos, sin)
         x = block(x, cos, sin)
-    return model.head(x[:, rows])
+    return model.head(x[:, rows.to(x.device)])
 
 
 def chunked_qkv(block: torch.nn.Module, x: Tensor, cos: Tensor, sin: Tensor, chunk: int) -> tuple[Tensor, ...]:
@@ -180,6 +189,7 @@ def prefill(
     shifts: list[Tensor] = []
     pending: list[tuple[StoredView, Tensor, Tensor, Tensor]] = []  # online: view, scores, full k, full v
     for i, block in enumerate(model.blocks):
+        x, cos, sin = on_layer_device(model, i, x, cos, sin)
         q, k, v = chunked_qkv(block, x, cos, sin, mlp_chunk)  # q (B, H, T, D); k, v (B, H_kv, T, D)
         # Select first: the votes need q and k, and the kept K/V are copied out before attention runs.
         if layer_budgets is None:
@@ -210,7 +220,7 @@ def prefill(
         del attn
         for start in range(0, t, mlp_chunk):  # the MLP in row chunks, added in place
             x[:, start : start + mlp_chunk] += block.mlp(x[:, start : start + mlp_chunk])
-    logits = model.head(x[:, rows])
+    logits = model.head(x[:, rows.to(x.device)])
     del x
     tokens = ids.shape[0] * t
     importance = [float(s) / tokens for s in shifts]
@@ -241,9 +251,11 @@ def response_logits(model: DiffusionLM, cache: PromptCache, response: Tensor, ro
     gqa = model.config.group_size > 1
     for i, block in enumerate(model.blocks):
         layer: LayerCache = cache.layers[i]
+        x, cos, sin = on_layer_device(model, i, x, cos, sin)
         q, k, v = block.qkv(x, cos, sin)  # q (B, H, L, D); k, v (B, H_kv, L, D)
         layer.write_response(k, v)
         if i == last:  # only the rows whose logits are needed go on
+            rows = rows.to(x.device)
             q, x = q[:, :, rows], x[:, rows]
         o = F.scaled_dot_product_attention(q, layer.k, layer.v, attn_mask=layer.bias, enable_gqa=gqa)
         x = x + block.attn_proj(o)

@@ -110,6 +110,11 @@ class Dream(nn.Module):
     def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         return rope_tables(positions, self.config.head_dim, self.config.rope_theta)
 
+    def place_ends(self, first: torch.device, last: torch.device) -> None:
+        self.model["embed_tokens"].to(first)
+        self.model["norm"].to(last)
+        self.lm_head.to(last)
+
     @property
     def device(self) -> torch.device:
         return self.lm_head.weight.device

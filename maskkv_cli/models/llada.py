@@ -129,6 +129,12 @@ class LLaDA(nn.Module):
     def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         return rope_tables(positions, self.config.head_dim, self.config.rope_theta)
 
+    def place_ends(self, first: torch.device, last: torch.device) -> None:
+        """Embedding on ``first``, final norm and LM head on ``last`` (see ``models/placement.py``)."""
+        self.transformer["wte"].to(first)
+        self.transformer["ln_f"].to(last)
+        self.transformer["ff_out"].to(last)
+
     @property
     def device(self) -> torch.device:
         return self.transformer["wte"].weight.device

@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import maskkv_cli.engine.forward as fwd
+from maskkv_cli.cli import app
+from maskkv_cli.errors import UsageError
+from maskkv_cli.models.placement import parse_device_map, split_layers
+from maskkv_cli.sampler import GenerationConfig
+from maskkv_cli.session import CacheConfig, Session
+
+CPU = torch.device("cpu")
+
+
+def test_split_layers_contiguous_and_even():
+    a, b = torch.device("cuda:0"), torch.device("cuda:1")
+    assert split_layers(5, [a, b]) == [a, a, a, b, b]
+    assert split_layers(2, [CPU, CPU]) == [CPU, CPU]
+    with pytest.raises(UsageError):
+        split_layers(3, [])
+
+
+def test_parse_device_map():
+    assert parse_device_map(None, 4) is None
+    assert parse_device_map("cpu,cpu", 4) == [CPU] * 4
+    if torch.cuda.device_count() < 2:
+        assert parse_device_map("auto", 4) is None
+    with pytest.raises(UsageError):
+        parse_device_map("nonsense-device", 4)
+
+
+def test_cpu_map_runs_the_same_path_and_answers_the_same(tiny_dir, monkeypatch):
+    seen = []
+    real = fwd.on_layer_device
+
+    def spy(model, i, *tensors):
+        seen.append((i, getattr(model, "layer_devices", None)))
+        return real(model, i, *tensors)
+
+    monkeypatch.setattr(fwd, "on_layer_device", spy)
+    gen = GenerationConfig(gen_length=8, steps=4, block_length=8)
+    cache = CacheConfig(policy="maskkv", budget=8)
+    plain = Session(str(tiny_dir)).answer("the river " * 20, gen, cache)
+    mapped_session = Session(str(tiny_dir), device_map="cpu,cpu")
+    mapped = mapped_session.answer("the river " * 20, gen, cache)
+    assert mapped_session.model.layer_devices == [CPU, CPU]
+    assert torch.equal(mapped.result.tokens, plain.result.tokens)
+    assert (1, [CPU, CPU]) in seen  # the engine consulted the map at every layer
+
+
+def test_cli_device_map(tiny_dir, tmp_path):
+    doc = tmp_path / "d.txt"
+    doc.write_text("The river runs past the mill. " * 20)
+    result = CliRunner().invoke(app, ["ask", str(doc), "Where?", "--model", str(tiny_dir), "--device-map", "cpu,cpu",
+                                      "-n", "8", "--steps", "4", "--block-length", "8", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["answers"][0]["stats"]["steps_run"] == 4
