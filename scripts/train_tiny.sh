@@ -17,5 +17,8 @@ $M train-tiny --out $R/tiny-v4 --init-from $R/tiny-v3/final --steps 1500 --kinds
   --max-len 128 --curriculum-steps 300 --lr 1.5e-3 --json
 $M train-tiny --out $R/tiny-v5 --init-from $R/tiny-v4/final --steps 1500 --kinds niah_single --min-len 40 \
   --max-len 160 --curriculum-steps 500 --lr 1e-3 --json
-$M train-tiny --out $R/tiny-v6 --init-from $R/tiny-v5/final --steps 4500 --kinds niah_single --min-len 40 \
-  --max-len 256 --curriculum-steps 1500 --lr 6e-4 --json --install
+$M train-tiny --out $R/tiny-v6 --init-from $R/tiny-v5/final --steps 4500 --stop-after 1800 --kinds niah_single \
+  --min-len 40 --max-len 256 --curriculum-steps 1500 --lr 6e-4 --json
+# 6. single needle up to 512 tokens; installed into the package as the embedded default (window 1024)
+$M train-tiny --out $R/tiny-v7 --init-from $R/tiny-v6/final --steps 1000 --kinds niah_single --min-len 40 \
+  --max-len 512 --curriculum-steps 300 --lr 4e-4 --json --install
