@@ -22,7 +22,7 @@ def run(cmd: str, env: dict[str, str], cwd: Path) -> str:
     args = shlex.split(cmd)
     args[0] = BIN if args[0] == "maskkv" else args[0]
     out = subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True)
-    text = (out.stdout + out.stderr).rstrip()
+    text = (out.stderr + out.stdout).rstrip().replace(str(cwd) + "/", "").replace(str(cwd), ".")
     if out.returncode:
         text += f"\n[exit code {out.returncode}]"
     return text
@@ -42,7 +42,8 @@ def main() -> None:
     task = generate_tasks("niah_single", 1, 350, seed=7)[0]
     (tmp / "notes.txt").write_text(task.context)
     (tmp / "scan.pdf").write_bytes(make_pdf([None, None]))
-    template = (ROOT / "docs" / "guide.template.md").read_text().replace("KEY", task.meta["key"])
+    template = (ROOT / "docs" / "guide.template.md").read_text()
+    template = template.replace("KEY", task.meta["key"]).replace("ANSWER", task.answers[0])
     parts = template.split("```run\n")
     out = [parts[0]]
     for part in parts[1:]:
