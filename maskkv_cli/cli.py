@@ -9,7 +9,16 @@ import typer
 
 from maskkv_cli import __version__
 from maskkv_cli.commands.calibrate import calibrate
-from maskkv_cli.commands.common import State, cache_config, fail, generation_config, guarded, note, open_session
+from maskkv_cli.commands.common import (
+    State,
+    cache_config,
+    fail,
+    generation_config,
+    guarded,
+    live_display_on,
+    note,
+    open_session,
+)
 from maskkv_cli.options import (
     BlockOpt,
     BudgetOpt,
@@ -102,7 +111,7 @@ def generate(
     gen = generation_config(session.generation_defaults, gen_length, steps, block_length, temperature=temperature,
                             cfg_scale=cfg, remasking=remasking, threshold=threshold, seed=seed)
     err = Console(stderr=True)
-    if err.is_terminal and not quiet and not as_json:
+    if live_display_on(quiet, as_json):
         with StepProgress(err, gen.steps) as progress:
             answer = session.answer(prompt, gen, cache, on_event=progress)
     else:

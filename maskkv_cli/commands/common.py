@@ -114,3 +114,8 @@ def one_line_stats(stats: Any) -> str:
           if stats.kv_bytes else "no KV cache")
     return (f"{stats.policy}: prompt {stats.prompt_len} tokens, prefill {stats.prefill_s:.2f} s, "
             f"{stats.steps_run} steps, {stats.total_s:.2f} s, {stats.tokens_per_s:.1f} tokens/s, {kv}")
+
+
+def live_display_on(quiet: bool, as_json: bool) -> bool:
+    """A live display only when both stdout and stderr are terminals and the user wants neither quiet nor JSON."""
+    return sys.stdout.isatty() and sys.stderr.isatty() and not quiet and not as_json

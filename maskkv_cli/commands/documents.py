@@ -13,6 +13,7 @@ from maskkv_cli.commands.common import (
     fail,
     generation_config,
     guarded,
+    live_display_on,
     note,
     one_line_stats,
     open_session,
@@ -43,7 +44,7 @@ def _consoles(quiet: bool, as_json: bool) -> tuple[Any, bool]:
     from rich.console import Console
 
     err = Console(stderr=True)
-    return err, err.is_terminal and not quiet and not as_json
+    return err, live_display_on(quiet, as_json)
 
 
 def _warn(doc: Any, quiet: bool, as_json: bool) -> None:

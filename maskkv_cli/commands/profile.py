@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from maskkv_cli.commands.common import fail, generation_config, guarded, note, open_session
+from maskkv_cli.commands.common import fail, generation_config, guarded, live_display_on, note, open_session
 from maskkv_cli.options import (
     BlockOpt,
     DeviceOpt,
@@ -115,7 +115,7 @@ def profile(
     if plot is not None:
         require_matplotlib()
     err = Console(stderr=True)
-    live_on = err.is_terminal and not quiet and not as_json
+    live_on = live_display_on(quiet, as_json)
     with LiveRun(err, live_on, device if device != "auto" else "cpu") as live:
         live.phase("parse", str(document))
         doc, _ = DocumentStore().ingest(document, password=password)
