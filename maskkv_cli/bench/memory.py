@@ -13,9 +13,6 @@ MLP, LM head) per layer. That tells where the peak is reached; ``tracemalloc`` c
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -27,12 +24,12 @@ import torch
 
 from maskkv_cli.bench.results import ResultsFolder, settings_key
 from maskkv_cli.bench.speed import (
-    BenchError,
     load_bench_model,
     random_prompt,
     read_current,
     read_peak,
     reset_peak,
+    run_in_fresh_process,
     weights_bytes,
 )
 from maskkv_cli.errors import MaskKVError, UsageError
@@ -240,25 +237,8 @@ def run_memory_case(case: MemoryCase) -> dict[str, Any]:
 
 
 def run_memory_subprocess(case: MemoryCase, timeout: float | None = None) -> dict[str, Any]:
-    env = dict(os.environ)
-    threads = str(case.threads)
-    env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    cmd = [sys.executable, "-m", "maskkv_cli.bench.memory", "--case", case.to_json()]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise BenchError(f"memory case {case.method} ran past {timeout:.0f} s") from None
-    lines = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        why = "killed (out of memory?)" if proc.returncode in (-9, 137) else f"exit code {proc.returncode}"
-        raise BenchError(f"memory case {case.method} failed ({why}): {tail}")
-    row = json.loads(lines[-1])
-    if row.get("error"):
-        raise BenchError(f"memory case {case.method} failed: {row['error']}")
-    return row
+    return run_in_fresh_process("maskkv_cli.bench.memory", case.to_json(), case.threads,
+                                f"memory case {case.method}", timeout)
 
 
 @dataclass(frozen=True)

@@ -293,28 +293,34 @@ def run_case(case: SpeedCase) -> dict[str, Any]:
     return row
 
 
-def run_case_subprocess(case: SpeedCase, timeout: float | None = None,
-                        module: str = "maskkv_cli.bench.speed") -> dict[str, Any]:
-    """Run ``case`` in a fresh Python process and return the JSON row it prints."""
+def run_in_fresh_process(module: str, case_json: str, threads: int, label: str,
+                         timeout: float | None = None) -> dict[str, Any]:
+    """Run ``python -m module --case JSON`` in a fresh process with ``threads`` threads; return its JSON row."""
     env = dict(os.environ)
-    threads = str(case.threads)
-    env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads)
+    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    cmd = [sys.executable, "-m", module, "--case", case.to_json()]
+    cmd = [sys.executable, "-m", module, "--case", case_json]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise BenchError(f"case {case.method} at prompt {case.prompt_len} ran past {timeout:.0f} s") from None
+        raise BenchError(f"{label} ran past {timeout:.0f} s") from None
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         why = "killed (out of memory?)" if proc.returncode in (-9, 137) else f"exit code {proc.returncode}"
-        raise BenchError(f"case {case.method} at prompt {case.prompt_len} failed ({why}): {tail}")
+        raise BenchError(f"{label} failed ({why}): {tail}")
     row = json.loads(lines[-1])
     if row.get("error"):
-        raise BenchError(f"case {case.method} at prompt {case.prompt_len} failed: {row['error']}")
+        raise BenchError(f"{label} failed: {row['error']}")
     return row
+
+
+def run_case_subprocess(case: SpeedCase, timeout: float | None = None,
+                        module: str = "maskkv_cli.bench.speed") -> dict[str, Any]:
+    """Run ``case`` in a fresh Python process and return the JSON row it prints."""
+    return run_in_fresh_process(module, case.to_json(), case.threads,
+                                f"case {case.method} at prompt {case.prompt_len}", timeout)
 
 
 # ----- the sweep ----------------------------------------------------------------------------------------------
