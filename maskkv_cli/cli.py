@@ -20,6 +20,7 @@ from maskkv_cli.commands.common import (
     open_session,
 )
 from maskkv_cli.options import (
+    AlgOpt,
     BlockOpt,
     BudgetOpt,
     CfgOpt,
@@ -38,6 +39,8 @@ from maskkv_cli.options import (
     StepsOpt,
     TemperatureOpt,
     ThresholdOpt,
+    TopKOpt,
+    TopPOpt,
 )
 
 app = typer.Typer(
@@ -81,6 +84,9 @@ def generate(
     block_length: BlockOpt = None,
     temperature: TemperatureOpt = 0.0,
     threshold: ThresholdOpt = None,
+    alg: AlgOpt = "entropy",
+    top_p: TopPOpt = None,
+    top_k: TopKOpt = None,
     cfg: CfgOpt = 0.0,
     remasking: RemaskOpt = "low_confidence",
     device: DeviceOpt = "auto",
@@ -108,6 +114,7 @@ def generate(
         raise fail("the prompt is empty; pass some text", 2)
     cache = cache_config(policy, budget, ratio, seed, layer_budgets)
     session = open_session(model, device, dtype, quiet, as_json, device_map)
+    session.dream_options = {"alg": alg, "top_p": top_p, "top_k": top_k}
     gen = generation_config(session.generation_defaults, gen_length, steps, block_length, temperature=temperature,
                             cfg_scale=cfg, remasking=remasking, threshold=threshold, seed=seed)
     err = Console(stderr=True)

@@ -42,3 +42,7 @@ LayerBudgetsOpt = Annotated[str, typer.Option(
 DeviceMapOpt = Annotated[str | None, typer.Option(
     "--device-map", help="Spread the layers over devices: auto (every visible GPU) or a list like cuda:0,cuda:1; "
     "each layer's compressed cache stays on its device.", show_default=False)]
+AlgOpt = Annotated[str, typer.Option(
+    "--alg", help="Dream only: confidence rule (origin, maskgit_plus, topk_margin, entropy).")]
+TopPOpt = Annotated[float | None, typer.Option("--top-p", help="Dream only: nucleus sampling.", show_default=False)]
+TopKOpt = Annotated[int | None, typer.Option("--top-k", help="Dream only: top-k sampling.", show_default=False)]

@@ -76,7 +76,8 @@ class Session:
             place_model(self.model, layer_devices)
         self.tokenizer: Any = load_tokenizer(model_path)
         self.base_theta = self.model.config.rope_theta
-        self.dream_alg = "entropy"  # Dream's confidence rule (its demo setting)
+        # Dream's sampler settings (its demo uses entropy); LLaDA ignores them.
+        self.dream_options: dict[str, Any] = {"alg": "entropy", "top_p": None, "top_k": None}
         self.generation_defaults = read_generation_defaults(resolve_model_path(model_path))
 
     @property
@@ -119,7 +120,7 @@ class Session:
             from maskkv_cli.sampler_dream import DreamGenerationConfig, generate_dream
 
             dream = DreamGenerationConfig(gen_length=gen.gen_length, steps=gen.steps, temperature=gen.temperature,
-                                          alg=self.dream_alg, seed=gen.seed)
+                                          seed=gen.seed, **self.dream_options)
             result = generate_dream(self.model, prompt, dream, policy, budget, on_event, online_importance=online)
         else:
             result = generate(self.model, prompt, gen, policy, budget, on_event, online_importance=online)

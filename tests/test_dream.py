@@ -164,3 +164,18 @@ def test_profile_shows_kv_heads_for_gqa(tmp_path, dream, tiny_tokenizer):
     assert len(data["runs"][0]["head_budgets"][0]) == dream.config.n_kv_heads
     text = CliRunner().invoke(app, args)
     assert "layers x KV heads" in text.output and "GQA model" in text.output
+
+
+def test_cli_dream_sampler_options(tmp_path, dream, tiny_tokenizer):
+    from typer.testing import CliRunner
+
+    from maskkv_cli.cli import app
+
+    folder = save_model(dream, tmp_path / "dream", tiny_tokenizer)
+    base = ["generate", "hello there", "--model", str(folder), "-n", "8", "--steps", "4", "--json"]
+    for extra in (["--alg", "origin"], ["--alg", "topk_margin", "--temperature", "0.7", "--top-p", "0.9",
+                                          "--top-k", "20"]):
+        result = CliRunner().invoke(app, base + extra)
+        assert result.exit_code == 0, result.output
+    bad = CliRunner().invoke(app, base + ["--alg", "nope"])
+    assert bad.exit_code == 2 and "--alg must be one of" in bad.stderr

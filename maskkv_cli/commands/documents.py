@@ -19,6 +19,7 @@ from maskkv_cli.commands.common import (
     open_session,
 )
 from maskkv_cli.options import (
+    AlgOpt,
     BlockOpt,
     BudgetOpt,
     DeviceMapOpt,
@@ -37,6 +38,8 @@ from maskkv_cli.options import (
     StepsOpt,
     TemperatureOpt,
     ThresholdOpt,
+    TopKOpt,
+    TopPOpt,
 )
 
 
@@ -159,6 +162,9 @@ def ask(
     block_length: BlockOpt = None,
     temperature: TemperatureOpt = 0.0,
     threshold: ThresholdOpt = None,
+    alg: AlgOpt = "entropy",
+    top_p: TopPOpt = None,
+    top_k: TopKOpt = None,
     long: LongOpt = "truncate",
     password: PasswordOpt = None,
     device: DeviceOpt = "auto",
@@ -191,6 +197,7 @@ def ask(
         _warn(doc, quiet, as_json)
         live.phase("load model")
         session = open_session(model, device, dtype, quiet, as_json, device_map)
+        session.dream_options = {"alg": alg, "top_p": top_p, "top_k": top_k}
         gen = generation_config(session.generation_defaults, gen_length, steps, block_length,
                                 temperature=temperature, threshold=threshold, seed=seed)
         results = []
@@ -259,6 +266,9 @@ def summarize(
     block_length: BlockOpt = None,
     temperature: TemperatureOpt = 0.0,
     threshold: ThresholdOpt = None,
+    alg: AlgOpt = "entropy",
+    top_p: TopPOpt = None,
+    top_k: TopKOpt = None,
     password: PasswordOpt = None,
     device: DeviceOpt = "auto",
     device_map: DeviceMapOpt = None,
@@ -289,6 +299,7 @@ def summarize(
         _warn(doc, quiet, as_json)
         live.phase("load model")
         session = open_session(model, device, dtype, quiet, as_json, device_map)
+        session.dream_options = {"alg": alg, "top_p": top_p, "top_k": top_k}
         block = block_length or 32
         gen_tokens = max(block, -(-int(length * 1.6) // block) * block)
         gen = generation_config({}, gen_tokens, steps, block, temperature=temperature, threshold=threshold,
