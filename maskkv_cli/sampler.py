@@ -153,20 +153,12 @@ def generate(
 
     ``online_importance``: layer budgets from the current input (the full cache is resident during the prefill).
     """
-    cfg = model.config
     device = model.device
-    if prompt.dim() == 1:
-        prompt = prompt[None]
-    prompt = prompt.to(device)
-    bsz, m = prompt.shape
-    if m == 0:
-        raise UsageError("the prompt is empty")
-    mask_id = cfg.mask_token_id
-    x = torch.cat([prompt, torch.full((bsz, gen.gen_length), mask_id, dtype=prompt.dtype, device=device)], 1)
+    x, m = masked_sequence(model, prompt, gen.gen_length)
+    bsz, mask_id = x.shape[0], model.config.mask_token_id
     rng = torch.Generator(device=device).manual_seed(gen.seed)
     forward = _Forward(model, policy, budget, m, online_importance)
     log = StepLog(model, RunStats(policy=policy.name, prompt_len=m, gen_length=gen.gen_length), on_event, m)
-    step = 0
     for blk in range(gen.n_blocks):
         lo, hi = blk * gen.block_length, (blk + 1) * gen.block_length
         block_masked = x[:, m + lo : m + hi] == mask_id  # (B, block)
@@ -204,10 +196,21 @@ def generate(
             commit = top_k_commit(conf, still, counts)
             x[:, m + rows] = torch.where(commit, x0, x[:, m + rows])
             log.step(t0, x, commit, blk, gen.n_blocks)
-            step += 1
             j += 1
     log.done(forward)
     return GenerationResult(x[:, m:].clone(), log.stats, forward.records, forward.layer_budgets)
+
+
+def masked_sequence(model: DiffusionLM, prompt: Tensor, gen_length: int) -> tuple[Tensor, int]:
+    """``[prompt ; gen_length masks]`` on the model's device (a 1-D prompt is one row) and the prompt length."""
+    if prompt.dim() == 1:
+        prompt = prompt[None]
+    prompt = prompt.to(model.device)
+    bsz, m = prompt.shape
+    if m == 0:
+        raise UsageError("the prompt is empty")
+    masks = torch.full((bsz, gen_length), model.config.mask_token_id, dtype=prompt.dtype, device=prompt.device)
+    return torch.cat([prompt, masks], 1), m
 
 
 def top_k_commit(conf: Tensor, still: Tensor, counts: list[int]) -> Tensor:

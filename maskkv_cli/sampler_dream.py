@@ -18,7 +18,7 @@ from torch import Tensor
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.families import DiffusionLM
 from maskkv_cli.policies.base import Policy
-from maskkv_cli.sampler import Event, GenerationResult, StepLog, _Forward, top_k_commit
+from maskkv_cli.sampler import Event, GenerationResult, StepLog, _Forward, masked_sequence, top_k_commit
 from maskkv_cli.stats import RunStats, now
 
 DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
@@ -97,14 +97,8 @@ def generate_dream(
 ) -> GenerationResult:
     """Denoise ``gen.gen_length`` tokens after ``prompt`` (B, M) with Dream's sampler."""
     device = model.device
-    if prompt.dim() == 1:
-        prompt = prompt[None]
-    prompt = prompt.to(device)
-    bsz, m = prompt.shape
-    if m == 0:
-        raise UsageError("the prompt is empty")
+    x, m = masked_sequence(model, prompt, gen.gen_length)
     mask_id = model.config.mask_token_id
-    x = torch.cat([prompt, torch.full((bsz, gen.gen_length), mask_id, dtype=prompt.dtype, device=device)], 1)
     rng = torch.Generator(device=device).manual_seed(gen.seed)
     forward = _Forward(model, policy, budget, m, online_importance)
     log = StepLog(model, RunStats(policy=policy.name, prompt_len=m, gen_length=gen.gen_length), on_event, m)

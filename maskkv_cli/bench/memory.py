@@ -24,6 +24,7 @@ import torch
 
 from maskkv_cli.bench.results import ResultsFolder, settings_key
 from maskkv_cli.bench.speed import (
+    case_main,
     load_bench_model,
     random_prompt,
     read_current,
@@ -32,7 +33,7 @@ from maskkv_cli.bench.speed import (
     run_in_fresh_process,
     weights_bytes,
 )
-from maskkv_cli.errors import MaskKVError, UsageError
+from maskkv_cli.errors import UsageError
 
 TARGET_SHARE = 1 / 3  # MaskKV's peak above weights should be at most this share of the full cache's
 
@@ -363,19 +364,7 @@ def memory_markdown(settings: MemorySettings, rows: Sequence[dict[str, Any]]) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m maskkv_cli.bench.memory",
-                                     description="Run one memory case (a prefill) and print its JSON row.")
-    parser.add_argument("--case", required=True)
-    args = parser.parse_args(argv)
-    try:
-        row = run_memory_case(MemoryCase.from_json(args.case))
-    except MaskKVError as exc:
-        print(json.dumps({"error": str(exc)}), flush=True)
-        return 1
-    print(json.dumps(row), flush=True)
-    return 0
+    return case_main(argv, "maskkv_cli.bench.memory", lambda text: run_memory_case(MemoryCase.from_json(text)))
 
 
 if __name__ == "__main__":

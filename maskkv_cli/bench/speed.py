@@ -551,20 +551,24 @@ def write_plot(rows: Sequence[dict[str, Any]], path: Path) -> str | None:
 # ----- child process entry point ------------------------------------------------------------------------------
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def case_main(argv: Sequence[str] | None, prog: str, run: Callable[[str], dict[str, Any]]) -> int:
+    """Child-process entry point shared by the benchmarks: ``--case JSON`` in, one JSON row (or error) out."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m maskkv_cli.bench.speed",
-                                     description="Run one speed case and print its JSON row.")
-    parser.add_argument("--case", required=True, help="the case as JSON (see SpeedCase)")
+    parser = argparse.ArgumentParser(prog=f"python -m {prog}", description="Run one case and print its JSON row.")
+    parser.add_argument("--case", required=True, help="the case as JSON")
     args = parser.parse_args(argv)
     try:
-        row = run_case(SpeedCase.from_json(args.case))
+        row = run(args.case)
     except MaskKVError as exc:
         print(json.dumps({"error": str(exc)}), flush=True)
         return 1
     print(json.dumps(row), flush=True)
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return case_main(argv, "maskkv_cli.bench.speed", lambda text: run_case(SpeedCase.from_json(text)))
 
 
 if __name__ == "__main__":
