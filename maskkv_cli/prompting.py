@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import unicodedata
-from pathlib import Path
 from typing import Any
 
 from maskkv_cli.errors import ModelLoadError
@@ -75,10 +74,6 @@ def decode_answer(tokenizer: Any, ids: list[int], stops: set[int], mask_id: int)
     text = tokenizer.decode(out, skip_special_tokens=True)
     # Control characters (e.g. ESC from a random model's byte tokens) must never reach a terminal.
     return "".join(c for c in text if c in "\n\t" or unicodedata.category(c) != "Cc").strip()
-
-
-def model_folder_name(path: str | os.PathLike[str]) -> str:
-    return Path(path).name
 
 
 def document_question(context: str, question: str) -> str:
