@@ -55,6 +55,8 @@ class TrainConfig:
     max_len: int = 512
     curriculum_steps: int = 1500
     answer_len: int = 8
+    full_mask: float = 0.0  # probability of masking the whole answer region of an example
+    position_window: int | None = None  # PoSE-style skips: positions spread over this many (None = contiguous)
     mix: dict[str, float] = field(default_factory=lambda: {"niah_single": 0.5, "niah_multikey": 0.5})
     ckpt_every: int = 100
     eval_every: int = 250
@@ -73,6 +75,29 @@ class TrainEvent:
     length: int
     elapsed_s: float
     eval: dict[str, float] | None = None
+
+
+def parse_mix(spec: str) -> dict[str, float]:
+    """``"niah_multikey:3,niah_single"`` -> ``{"niah_multikey": 3.0, "niah_single": 1.0}``."""
+    from maskkv_cli.errors import UsageError
+
+    mix: dict[str, float] = {}
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        name, _, weight = part.partition(":")
+        if name not in KINDS:
+            raise UsageError(f"--kinds: unknown task kind {name!r}; choose from {', '.join(KINDS)}")
+        try:
+            w = float(weight) if weight else 1.0
+        except ValueError:
+            w = -1.0
+        if not w > 0:
+            raise UsageError(f"--kinds: weight of {name} must be a positive number, got {weight!r}")
+        mix[name] = mix.get(name, 0.0) + w
+    if not mix:
+        raise UsageError(f"--kinds: empty list; choose from {', '.join(KINDS)}")
+    return mix
 
 
 def _lr(cfg: TrainConfig, step: int) -> float:
@@ -140,17 +165,36 @@ class Batcher:
         return ids, keep, rows, length
 
 
+def skipped_positions(length: int, window: int | None, rng: random.Random) -> torch.Tensor | None:
+    """RoPE positions for a training sequence of ``length`` tokens that reach up to ``window`` (PoSE, Zhu et
+    al. 2023): half the batches keep 0..T-1; the others split the sequence at a random point and shift the part
+    after it by a random skip, so relative distances up to ``window`` are seen on short inputs while nearby
+    tokens keep their usual spacing. None when no skip applies."""
+    if window is None or window <= length or rng.random() < 0.5:
+        return None
+    split = rng.randint(1, length - 1)
+    positions = torch.arange(length)
+    positions[split:] += rng.randint(0, window - length)
+    return positions
+
+
 def diffusion_loss(model: LLaDA, ids: torch.Tensor, keep: torch.Tensor, rows: torch.Tensor,
-                   gen: torch.Generator) -> torch.Tensor:
-    """Mask k ~ U{1..R} answer tokens per example; mean cross-entropy over the masked ones."""
+                   gen: torch.Generator, full_mask: float = 0.0, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Mask k ~ U{1..R} answer tokens per example; mean cross-entropy over the masked ones.
+
+    ``full_mask`` is the probability that an example has its whole answer region masked instead (t = 1: the
+    state every answer starts from at inference, where nothing but the prompt says which value to copy).
+    """
     b, r = rows.shape
     k = torch.randint(1, r + 1, (b, 1), generator=gen)
+    if full_mask > 0:
+        k = torch.where(torch.rand((b, 1), generator=gen) < full_mask, r, k)
     order = torch.rand((b, r), generator=gen).argsort(1)
     masked = order < k  # (B, R) exactly k True per row
     target = torch.gather(ids, 1, rows)
     noisy = ids.clone()
     noisy.scatter_(1, rows, torch.where(masked, model.config.mask_token_id, target))
-    logits = model(noisy, key_mask=keep, rows=rows)  # (B, R, V)
+    logits = model(noisy, key_mask=keep, rows=rows, positions=positions)  # (B, R, V)
     ce = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")  # (B, R)
     return ((ce * masked).sum(1) / masked.sum(1)).mean()
 
@@ -250,7 +294,8 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
         for group in opt.param_groups:
             group["lr"] = _lr(cfg, step)
         ids, keep, rows, length = batcher.batch(step, rng)
-        loss = diffusion_loss(model, ids, keep, rows, gen)
+        positions = skipped_positions(ids.shape[1], cfg.position_window, rng)
+        loss = diffusion_loss(model, ids, keep, rows, gen, cfg.full_mask, positions)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)

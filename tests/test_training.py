@@ -3,10 +3,12 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
 import torch
 
+from maskkv_cli.errors import UsageError
 from maskkv_cli.models.loading import load_model
-from maskkv_cli.training import Batcher, TrainConfig, diffusion_loss, train
+from maskkv_cli.training import Batcher, TrainConfig, diffusion_loss, parse_mix, skipped_positions, train
 
 
 def small(tmp_path, steps):
@@ -29,9 +31,9 @@ def test_loss_masks_only_answer_tokens(tiny_model, monkeypatch):
     seen = {}
     real = type(tiny_model).forward
 
-    def spy(self, ids, key_mask=None, rows=None):
+    def spy(self, ids, key_mask=None, rows=None, positions=None):
         seen["ids"] = ids.clone()
-        return real(self, ids, key_mask, rows)
+        return real(self, ids, key_mask, rows, positions)
 
     monkeypatch.setattr(type(tiny_model), "forward", spy)
     ids = torch.randint(6, 100, (4, 20))
@@ -65,3 +67,66 @@ def test_stop_after_ends_early_with_the_full_schedule(tmp_path):
     state = torch.load(tmp_path / "run" / "trainer_state.pt", weights_only=False)
     assert state["step"] == 2 and state["config"]["steps"] == 6
     assert (final / "config.json").is_file()
+
+
+def _masked_counts(model, full_mask, seed=0):
+    seen = {}
+    real = type(model).forward
+
+    def spy(self, ids, key_mask=None, rows=None, positions=None):
+        seen["ids"] = ids.clone()
+        return real(self, ids, key_mask, rows, positions)
+
+    ids = torch.randint(6, 100, (256, 12))
+    rows = torch.arange(4, 12).expand(256, 8)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(type(model), "forward", spy)
+        diffusion_loss(model, ids, torch.ones(256, 12, dtype=torch.bool), rows, torch.Generator().manual_seed(seed),
+                       full_mask)
+    return (seen["ids"][:, 4:] == model.config.mask_token_id).sum(1)
+
+
+def test_full_mask_masks_whole_answers_more_often(tiny_model):
+    plain = _masked_counts(tiny_model, 0.0)
+    heavy = _masked_counts(tiny_model, 0.75)
+    always = _masked_counts(tiny_model, 1.0)
+    assert bool((always == 8).all())
+    # k ~ U{1..8} gives all 8 masked about 1/8 of the time; with 0.75 it is about 0.75 + 0.25/8
+    assert float((plain == 8).float().mean()) < 0.25 < 0.6 < float((heavy == 8).float().mean())
+
+
+def test_skipped_positions_keep_order_and_reach_the_window():
+    rng = random.Random(0)
+    seen_skip = seen_plain = False
+    longest = 0
+    for _ in range(200):
+        pos = skipped_positions(50, 400, rng)
+        if pos is None:
+            seen_plain = True
+            continue
+        diffs = pos[1:] - pos[:-1]
+        assert pos.shape == (50,) and int(pos[0]) == 0 and bool((diffs >= 1).all())
+        assert int((diffs > 1).sum()) <= 1 and int(pos[-1]) < 400  # one skip, inside the window
+        seen_skip = seen_skip or bool((diffs > 1).any())
+        longest = max(longest, int(pos[-1]))
+    assert seen_skip and seen_plain and longest > 300
+    assert skipped_positions(50, None, rng) is None and skipped_positions(50, 50, rng) is None
+
+
+def test_positions_change_the_logits_only_through_rope(tiny_model):
+    ids = torch.randint(6, 100, (1, 16))
+    default = tiny_model(ids)
+    same = tiny_model(ids, positions=torch.arange(16))
+    shifted = tiny_model(ids, positions=torch.arange(16) + 100)  # RoPE is relative: a common shift changes nothing
+    torch.testing.assert_close(same, default)
+    torch.testing.assert_close(shifted, default, atol=1e-4, rtol=1e-4)
+    skipped = tiny_model(ids, positions=torch.cat([torch.arange(8), torch.arange(8) + 200]))
+    assert not torch.allclose(skipped, default, atol=1e-3)
+
+
+def test_parse_mix():
+    assert parse_mix("niah_multikey:3,niah_single") == {"niah_multikey": 3.0, "niah_single": 1.0}
+    for bad, msg in (("nope", "unknown"), ("niah_single:x", "positive"), ("niah_single:0", "positive"),
+                     (" , ", "empty")):
+        with pytest.raises(UsageError, match=msg):
+            parse_mix(bad)

@@ -22,8 +22,14 @@ def train_tiny(
     min_len: Annotated[int, typer.Option("--min-len", help="Shortest context in tokens.")] = 48,
     max_len: Annotated[int, typer.Option("--max-len", help="Longest context in tokens (curriculum end).")] = 512,
     curriculum_steps: Annotated[int, typer.Option("--curriculum-steps", help="Steps to reach --max-len.")] = 1500,
-    kinds: Annotated[str, typer.Option("--kinds", help="Task kinds, equally mixed.")] = "niah_single,niah_multikey",
+    kinds: Annotated[str, typer.Option("--kinds", help="Task kinds, equally mixed; KIND:W weights one "
+                                       "(niah_multikey:3,niah_single:1).")] = "niah_single,niah_multikey",
     answer_len: Annotated[int, typer.Option("--answer-len", help="Answer region in tokens.")] = 8,
+    full_mask: Annotated[float, typer.Option("--full-mask", help="Probability of masking an example's whole "
+                                             "answer region (else k ~ U{1..R} tokens).")] = 0.0,
+    position_window: Annotated[int | None, typer.Option(
+        "--position-window", help="Spread RoPE positions over this many tokens with random skips (PoSE), so the "
+        "model meets longer distances than its contexts.", show_default=False)] = None,
     init_from: Annotated[Path | None, typer.Option("--init-from", help="Start from this model's weights and "
                                                    "tokenizer (e.g. a first, short-context stage).",
                                                    show_default=False)] = None,
@@ -46,18 +52,18 @@ def train_tiny(
 
         OMP_NUM_THREADS=1 nohup maskkv train-tiny --out runs/tiny --json > train.log &
     """
-    from maskkv_cli.bench.tasks import KINDS
-    from maskkv_cli.errors import UsageError
-    from maskkv_cli.training import TrainConfig, TrainEvent, install_model, train
+    from maskkv_cli.training import TrainConfig, TrainEvent, install_model, parse_mix, train
 
-    names = [k.strip() for k in kinds.split(",") if k.strip()]
-    unknown = [k for k in names if k not in KINDS]
-    if unknown or not names:
-        raise UsageError(f"--kinds: unknown {', '.join(unknown) or 'empty list'}; choose from {', '.join(KINDS)}")
+    mix = parse_mix(kinds)
+    if not 0.0 <= full_mask <= 1.0:
+        from maskkv_cli.errors import UsageError
+
+        raise UsageError(f"--full-mask must be a probability between 0 and 1, got {full_mask}")
     cfg = TrainConfig(out=str(out), steps=steps, batch_size=batch_size, lr=lr, min_len=min_len, max_len=max_len,
                       curriculum_steps=curriculum_steps, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
                       mlp_hidden_size=3 * d_model, threads=threads, seed=seed, answer_len=answer_len,
-                      mix=dict.fromkeys(names, 1.0), init_from=str(init_from) if init_from else None,
+                      full_mask=full_mask, position_window=position_window,
+                      mix=mix, init_from=str(init_from) if init_from else None,
                       stop_after=stop_after)
 
     def show(e: TrainEvent) -> None:

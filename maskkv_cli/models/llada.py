@@ -143,10 +143,12 @@ class LLaDA(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.transformer["wte"].weight.dtype
 
-    def forward(self, ids: Tensor, key_mask: Tensor | None = None, rows: Tensor | None = None) -> Tensor:
-        """Logits (B, T, V); with ``rows`` (B, R) only at those positions; ``key_mask`` (B, T) marks real tokens."""
+    def forward(self, ids: Tensor, key_mask: Tensor | None = None, rows: Tensor | None = None,
+                positions: Tensor | None = None) -> Tensor:
+        """Logits (B, T, V); with ``rows`` (B, R) only at those positions; ``key_mask`` (B, T) marks real tokens;
+        ``positions`` (T,) are the RoPE positions (default 0..T-1; training may skip some, see ``training.py``)."""
         x = self.embed(ids)  # (B, T, d)
-        cos, sin = self.rope(torch.arange(ids.shape[1], device=ids.device))
+        cos, sin = self.rope(torch.arange(ids.shape[1], device=ids.device) if positions is None else positions)
         mask = None if key_mask is None else key_mask[:, None, None, :]
         for block in self.blocks:
             x = block(x, cos, sin, mask)
