@@ -18,6 +18,7 @@ from torch import Tensor
 
 from maskkv_cli.engine.cache import PromptCache
 from maskkv_cli.engine.forward import LayerRecord, plain_logits, prefill, response_logits
+from maskkv_cli.engine.step_runner import StepOptions, StepRunner
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.families import DiffusionLM
 from maskkv_cli.policies.base import Policy
@@ -109,9 +110,13 @@ class _Forward:
     """
 
     def __init__(self, model: DiffusionLM, policy: Policy, budget: int | None, prompt_len: int,
-                 online_importance: bool = False) -> None:
+                 online_importance: bool = False, step_options: StepOptions | None = None) -> None:
         self.model, self.policy, self.prompt_len = model, policy, prompt_len
         self.online = online_importance
+        self.step_options = step_options or StepOptions()
+        self.runner: StepRunner | None = None
+        self.setup_s = 0.0  # time spent building the runner (compilation / capture), not a step's work
+        self.row_window: int | None = None  # the sampler's block: each later step's rows lie in one such window
         self.shift = model.config.logit_shift
         self.split = prompt_len - self.shift  # cached prompt segment [0, split)
         self.cache: PromptCache | None = None
@@ -134,6 +139,12 @@ class _Forward:
                                                        hidden, online_importance=self.online)
             if self.online and self.layer_budgets is not None:
                 self.layer_budgets = [r.layer_budget for r in self.records]  # the plan actually used
+            if not self.step_options.eager:
+                self.runner = StepRunner(self.model, self.cache, x[:, self.split :], self.step_options,
+                                         self.row_window)
+                self.setup_s = self.runner.setup_s
+        elif self.runner is not None:
+            logits = self.runner(x[:, self.split :], hidden - self.split)
         else:
             logits = response_logits(self.model, self.cache, x[:, self.split :], hidden - self.split)
         return logits.to(x.device)  # a model spread over devices ends on its last one
@@ -148,17 +159,20 @@ def generate(
     budget: int | None = None,
     on_event: Callable[[Event], None] | None = None,
     online_importance: bool = False,
+    step_options: StepOptions | None = None,
 ) -> GenerationResult:
     """Denoise ``gen.gen_length`` tokens after ``prompt`` (B, M) with ``policy`` at ``budget``.
 
     ``online_importance``: layer budgets from the current input (the full cache is resident during the prefill).
+    ``step_options``: run later steps compiled or as a CUDA graph (``engine/step_runner.py``).
     """
     device = model.device
     x, m = masked_sequence(model, prompt, gen.gen_length)
     bsz, mask_id = x.shape[0], model.config.mask_token_id
     rng = torch.Generator(device=device).manual_seed(gen.seed)
-    forward = _Forward(model, policy, budget, m, online_importance)
-    log = StepLog(model, RunStats(policy=policy.name, prompt_len=m, gen_length=gen.gen_length), on_event, m)
+    forward = _Forward(model, policy, budget, m, online_importance, step_options)
+    forward.row_window = gen.block_length
+    log = StepLog(model, RunStats(policy=policy.name, prompt_len=m, gen_length=gen.gen_length), on_event, m, forward)
     for blk in range(gen.n_blocks):
         lo, hi = blk * gen.block_length, (blk + 1) * gen.block_length
         block_masked = x[:, m + lo : m + hi] == mask_id  # (B, block)
@@ -227,28 +241,31 @@ class StepLog:
     """Times the steps (device-synchronised), emits events, and fills the run statistics at the end."""
 
     def __init__(self, model: DiffusionLM, stats: RunStats, on_event: Callable[[Event], None] | None,
-                 prompt_len: int) -> None:
-        self.model, self.stats, self.prompt_len = model, stats, prompt_len
+                 prompt_len: int, forward: _Forward) -> None:
+        self.model, self.stats, self.prompt_len, self.forward = model, stats, prompt_len, forward
         self.emit = on_event or (lambda e: None)
         self.device = model.device
         self.steps = 0
         self.start = now(self.device)
+        stats.step_mode = forward.step_options.label
 
     def step(self, t0: float, x: Tensor, commit: Tensor, block: int, n_blocks: int) -> None:
         t1 = now(self.device)
+        setup = self.forward.setup_s  # one-time compilation / capture inside step 0: not the step's work
         if self.steps == 0:
-            self.stats.prefill_s = t1 - t0
+            self.stats.prefill_s = t1 - t0 - setup
         else:
             self.stats.step_s.append(t1 - t0)
         left = int((x[:, self.prompt_len :] == self.model.config.mask_token_id).sum())
         self.emit(Event("prefill" if self.steps == 0 else "step", block, n_blocks, self.steps, int(commit.sum()),
-                        left, t1 - self.start))
+                        left, t1 - self.start - setup))
         self.steps += 1
 
     def done(self, forward: _Forward) -> None:
         """End-of-run figures: time, memory, KV bytes kept vs what the full prompt cache would take."""
         stats, cfg = self.stats, self.model.config
-        stats.total_s = now(self.device) - self.start
+        stats.setup_s = forward.setup_s
+        stats.total_s = now(self.device) - self.start - forward.setup_s
         stats.steps_run = self.steps
         _, stats.peak_mem_bytes, stats.mem_kind = memory_now(self.device)
         if forward.cache is not None:

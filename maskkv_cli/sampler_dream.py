@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from maskkv_cli.engine.step_runner import StepOptions
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.families import DiffusionLM
 from maskkv_cli.policies.base import Policy
@@ -94,14 +95,15 @@ def generate_dream(
     budget: int | None = None,
     on_event: Callable[[Event], None] | None = None,
     online_importance: bool = False,
+    step_options: StepOptions | None = None,
 ) -> GenerationResult:
     """Denoise ``gen.gen_length`` tokens after ``prompt`` (B, M) with Dream's sampler."""
     device = model.device
     x, m = masked_sequence(model, prompt, gen.gen_length)
     mask_id = model.config.mask_token_id
     rng = torch.Generator(device=device).manual_seed(gen.seed)
-    forward = _Forward(model, policy, budget, m, online_importance)
-    log = StepLog(model, RunStats(policy=policy.name, prompt_len=m, gen_length=gen.gen_length), on_event, m)
+    forward = _Forward(model, policy, budget, m, online_importance, step_options)
+    log = StepLog(model, RunStats(policy=policy.name, prompt_len=m, gen_length=gen.gen_length), on_event, m, forward)
     timesteps = torch.linspace(1, gen.eps, gen.steps + 1, dtype=torch.float64)
     for i in range(gen.steps):
         masked = x[:, m:] == mask_id

@@ -63,6 +63,8 @@ class RunStats:
     kv_entries: int = 0  # logical prompt (key, value) pairs kept, over layers, heads and batch
     kv_bytes: int = 0  # physical resident bytes of the prompt part of the cache
     kv_full_bytes: int = 0  # what the full prompt cache would take
+    setup_s: float = 0.0  # one-time step compilation / CUDA-graph capture, kept out of prefill_s and total_s
+    step_mode: str = "eager"
 
     @property
     def median_step_s(self) -> float:

@@ -7,6 +7,8 @@
 #   scripts/gpu_bench.sh                      # the whole sweep into runs/bench-speed-h200
 #   LENGTHS=16k,32k scripts/gpu_bench.sh      # fewer prompt lengths
 #   scripts/gpu_bench.sh --no-limit --json    # extra options go to `maskkv bench speed`
+#   STEP_MODES=eager,cuda-graph LENGTHS=32k BUDGETS=256 OUT=runs/bench-steps-h200 scripts/gpu_bench.sh
+#                                             # eager steps vs one CUDA graph per step, same run
 #
 # Finished rows are written after every case; if the window closes mid-sweep, run the same command again and
 # the finished cases are reused (same --out folder, same settings). Expect roughly 15-25 s per case (process start,
@@ -21,6 +23,7 @@ fi
 OUT="${OUT:-runs/bench-speed-h200}"
 LENGTHS="${LENGTHS:-1k,2k,4k,8k,16k,32k}"
 BUDGETS="${BUDGETS:-64,256,1024}"
+STEP_MODES="${STEP_MODES:-eager}"
 
 "$PY" - <<'PY'
 import sys
@@ -37,5 +40,5 @@ exec "$PY" -m maskkv_cli bench speed \
   --prompt-lengths "$LENGTHS" \
   --gen-length 256 --steps 256 --block-length 32 \
   --policies none,full,maskkv --budgets "$BUDGETS" \
-  --none-steps 3 --threads 1 \
+  --none-steps 3 --threads 1 --step-modes "$STEP_MODES" \
   --out "$OUT" "$@"

@@ -255,3 +255,15 @@ def test_gpu_script_is_valid_bash():
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
     text = script.read_text()
     assert "--config llada-8b" in text and "--gen-length 256" in text and "bench speed" in text
+
+
+def test_step_modes_make_their_own_cases_and_rows():
+    settings = SpeedSettings(prompt_lengths=(32,), budgets=(8,), step_modes=("eager", "compile"), **TINY)
+    methods = [c.method for c in settings.cases()]
+    assert methods == ["none", "full", "full compile", "maskkv@8", "maskkv@8 compile"]  # none has no step to build
+    row = run_case(SpeedCase("maskkv", 8, 32, step_mode="compile", **TINY))
+    assert row["setup_s"] > 0 and row["step_mode"] == "compile" and row["steps_run"] == 8
+    with pytest.raises(UsageError, match="cuda"):
+        SpeedSettings(prompt_lengths=(32,), step_modes=("cuda-graph",), **TINY).check()
+    with pytest.raises(UsageError, match="step mode"):
+        SpeedSettings(prompt_lengths=(32,), step_modes=("fast",), **TINY).check()

@@ -29,6 +29,7 @@ import torch
 
 from maskkv_cli.bench.limit import measure_limit, rows_schedule
 from maskkv_cli.bench.results import ResultsFolder, atomic_write_bytes, settings_key
+from maskkv_cli.engine.step_runner import StepOptions
 from maskkv_cli.errors import MaskKVError, UsageError
 from maskkv_cli.models.config import ModelConfig, named_config
 from maskkv_cli.models.llada import LLaDA
@@ -140,6 +141,7 @@ class SpeedCase:
     threads: int = 1
     limit: bool = True
     warmup: bool = True
+    step_mode: str = "eager"  # later steps: eager, compile, cuda-graph or compile+cuda-graph (step_runner.py)
 
     def key(self) -> str:
         return settings_key(asdict(self))
@@ -158,7 +160,8 @@ class SpeedCase:
 
     @property
     def method(self) -> str:
-        return self.policy if self.budget is None else f"{self.policy}@{self.budget}"
+        name = self.policy if self.budget is None else f"{self.policy}@{self.budget}"
+        return name if self.step_mode == "eager" else f"{name} {self.step_mode}"
 
 
 class _Stop(Exception):
@@ -182,7 +185,7 @@ def _warmup(model: LLaDA, case: SpeedCase, policy: Any, budget: int | None) -> f
     g = _gen_config(case, gen_length=case.block_length, steps=min(4, case.steps))  # one block, a few steps
     prompt = random_prompt(model.config, m, case.seed + 1, dev)
     b = None if budget is None else max(1, min(budget, m // 2))
-    generate(model, prompt, g, policy, b)
+    generate(model, prompt, g, policy, b, step_options=StepOptions.from_label(case.step_mode))
     if case.limit:
         measure_limit(model, prompt, g, None if not policy.uses_cache else (b if b is not None else m), case.seed)
     return now(dev) - t0
@@ -239,14 +242,16 @@ def run_case(case: SpeedCase) -> dict[str, Any]:
     elt = torch.finfo(model.dtype).bits // 8
     kv_full = 2 * cfg.n_layers * cfg.n_heads * cfg.head_dim * case.prompt_len * elt
     extrapolated = False
+    setup_s = 0.0
     if not policy.uses_cache and case.none_steps < len(sched):
         prefill_s, later = _run_none(model, prompt, gen, policy, case.none_steps)
         step_s = statistics.median(later) if later else prefill_s
         total_s = prefill_s + (len(sched) - 1) * step_s
         steps_run, steps_timed, extrapolated = len(sched), 1 + len(later), True
     else:
-        result = generate(model, prompt, gen, policy, budget)
+        result = generate(model, prompt, gen, policy, budget, step_options=StepOptions.from_label(case.step_mode))
         st = result.stats
+        setup_s = st.setup_s
         prefill_s, step_s, total_s = st.prefill_s, st.median_step_s, st.total_s
         steps_run = steps_timed = st.steps_run
         kv_bytes, kv_entries, kv_full = st.kv_bytes, st.kv_entries, st.kv_full_bytes
@@ -277,6 +282,7 @@ def run_case(case: SpeedCase) -> dict[str, Any]:
         "kv_full_bytes": kv_full,
         "activation_bytes": max(0, peak - loaded_mem - kv_bytes),  # peak above weights, less the kept cache
         "warmup_s": warm_s,
+        "setup_s": setup_s,  # compilation / graph capture of the step, kept out of total_s
         "evicted": bool(policy.evicts and budget is not None and budget < case.prompt_len),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
     }
@@ -343,10 +349,11 @@ class SpeedSettings:
     threads: int = 1
     limit: bool = True
     warmup: bool = True
+    step_modes: tuple[str, ...] = ("eager",)  # each cache policy runs once per mode; ``none`` always eager
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for k in ("prompt_lengths", "policies", "budgets"):
+        for k in ("prompt_lengths", "policies", "budgets", "step_modes"):
             d[k] = list(d[k])
         return d
 
@@ -361,10 +368,11 @@ class SpeedSettings:
         out: list[SpeedCase] = []
         for m in sorted(set(self.prompt_lengths)):
             for name in self.policies:
-                if get_policy(name).evicts:
-                    out.extend(SpeedCase(name, b, m, **common) for b in self.budgets)  # type: ignore[arg-type]
-                else:
-                    out.append(SpeedCase(name, None, m, **common))  # type: ignore[arg-type]
+                policy = get_policy(name)
+                modes = self.step_modes if policy.uses_cache else ("eager",)
+                budgets: Sequence[int | None] = self.budgets if policy.evicts else (None,)
+                out.extend(SpeedCase(name, b, m, step_mode=mode, **common)  # type: ignore[arg-type]
+                           for mode in modes for b in budgets)
         return out
 
     def check(self) -> None:
@@ -381,6 +389,12 @@ class SpeedSettings:
             raise UsageError("--none-steps must be at least 1")
         if self.threads < 1:
             raise UsageError("--threads must be at least 1")
+        if not self.step_modes:
+            raise UsageError("--step-modes is empty")
+        for mode in self.step_modes:
+            options = StepOptions.from_label(mode)
+            if options.cuda_graph and not self.device.startswith("cuda"):
+                raise UsageError(f"step mode {mode} needs --device cuda")
         _gen_config(self.cases()[0])  # validates gen length, steps and block length
 
 

@@ -131,6 +131,12 @@ def speed(
     threads: ThreadsOpt = 1,
     seed: SeedOpt = 0,
     limit: Annotated[bool, typer.Option("--limit/--no-limit", help="Also time the limit line per case.")] = True,
+    step_modes: Annotated[str, typer.Option(
+        "--step-modes", help="How the cache policies run later steps, each mode a case: eager, compile "
+        "(torch.compile), cuda-graph, compile+cuda-graph. One-time compilation/capture is reported apart.")]
+    = "eager",
+    compile_: Annotated[bool, typer.Option("--compile", help="Shorthand for --step-modes eager,compile (both, in "
+                                           "one run).")] = False,
     in_process: Annotated[bool, typer.Option(
         "--in-process", help="Run every case in this process (quick checks; peak memory is then not per case).")]
     = False,
@@ -151,6 +157,8 @@ def speed(
         maskkv bench speed --config llada-small --prompt-lengths 16k --budgets 256 --policies none,full,maskkv
 
         maskkv bench speed --device cuda --prompt-lengths 1k,32k --gen-length 256 --steps 256 --json
+
+        maskkv bench speed --device cuda --step-modes eager,compile+cuda-graph --policies full,maskkv
     """
     from maskkv_cli.bench.speed import SpeedSettings, run_sweep, table_rows
 
@@ -161,7 +169,8 @@ def speed(
         policies=parse_names(policies), budgets=parse_counts(budgets, "--budgets"), gen_length=gen_length,
         steps=steps, block_length=block_length, config=None if model else (config or ("llada-8b" if gpu
                                                                                       else "llada-small")),
-        model=model, device=dev, dtype=dtype, none_steps=none_steps, seed=seed, threads=threads, limit=limit)
+        model=model, device=dev, dtype=dtype, none_steps=none_steps, seed=seed, threads=threads, limit=limit,
+        step_modes=("eager", "compile") if compile_ else tuple(m.strip() for m in step_modes.split(",") if m.strip()))
     folder, rows = run_sweep(settings, out, fresh, isolate=not in_process, on_case=_progress(quiet, as_json))
     if as_json:
         typer.echo(json.dumps({"results": rows}))

@@ -1,0 +1,144 @@
+"""Later denoising steps as one fixed-shape function: eager, ``torch.compile``'d, or replayed as a CUDA graph.
+
+After the prefill every later step of a generation has the same shapes: the response ids (B, L) go through each
+layer, write their keys and values into the response slot of that layer's cache buffer (whose address never
+changes) and attend to ``kept + L`` keys. Only the rows whose logits the sampler needs change from step to step,
+so the fixed part runs the last layer on a fixed window of rows (the current block: its start is an input
+tensor) and the LM head is applied to the needed rows outside it. That costs the last layer a whole block
+instead of its still-masked rows (a fraction of one layer) and buys a function that compiles once and can be
+captured as one CUDA graph: one launch per step instead of a few per layer.
+
+The eager path of the sampler (``forward.response_logits``) stays the default; these modes are opt-in
+(``--compile``, ``--cuda-graph``) and need the whole model on one device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from maskkv_cli.engine.cache import PromptCache
+from maskkv_cli.errors import UsageError
+from maskkv_cli.models.families import DiffusionLM
+from maskkv_cli.stats import now
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """How later steps run: ``compile`` wraps them in ``torch.compile``; ``cuda_graph`` replays a captured graph."""
+
+    compile: bool = False
+    cuda_graph: bool = False
+
+    @property
+    def eager(self) -> bool:
+        return not (self.compile or self.cuda_graph)
+
+    @property
+    def label(self) -> str:
+        parts = [name for name, on in (("compile", self.compile), ("cuda-graph", self.cuda_graph)) if on]
+        return "+".join(parts) or "eager"
+
+    @classmethod
+    def from_label(cls, label: str) -> StepOptions:
+        """``eager``, ``compile``, ``cuda-graph`` or ``compile+cuda-graph`` (the inverse of ``label``)."""
+        parts = set(label.split("+"))
+        if not parts <= {"compile", "cuda-graph"} and label != "eager":
+            raise UsageError(f"unknown step mode {label!r}; use one of {', '.join(STEP_MODES)}")
+        return cls(compile="compile" in parts, cuda_graph="cuda-graph" in parts)
+
+
+STEP_MODES = ("eager", "compile", "cuda-graph", "compile+cuda-graph")
+
+
+def response_hidden(model: DiffusionLM, cache: PromptCache, response: Tensor, cos: Tensor, sin: Tensor,
+                    window: Tensor | None = None) -> Tensor:
+    """Hidden states after the last layer of the response rows ``window`` (W,) (all L rows when None), shape
+    (B, W, d); every row's keys/values are written into the cache."""
+    x = model.embed(response)
+    gqa = model.config.group_size > 1
+    last = len(model.blocks) - 1
+    for i, block in enumerate(model.blocks):
+        layer = cache.layers[i]
+        q, k, v = block.qkv(x, cos, sin)
+        layer.write_response(k, v)
+        if i == last and window is not None:
+            q, x = q[:, :, window], x[:, window]
+        o = F.scaled_dot_product_attention(q, layer.k, layer.v, attn_mask=layer.bias, enable_gqa=gqa)
+        x = x + block.attn_proj(o)
+        x = x + block.mlp(x)
+    return x
+
+
+class StepRunner:
+    """Runs later steps for one prompt cache; building it (compilation, capture) happens once, timed as
+    ``setup_s`` so that callers can keep it out of the step figures."""
+
+    def __init__(self, model: DiffusionLM, cache: PromptCache, response: Tensor, options: StepOptions,
+                 row_window: int | None = None) -> None:
+        """``row_window``: every call's rows lie in one aligned window of this many rows (the sampler's block);
+        None runs the last layer on all rows."""
+        if getattr(model, "layer_devices", None) and len(set(model.layer_devices)) > 1:  # type: ignore[attr-defined]
+            raise UsageError(f"--{options.label} needs the whole model on one device; drop --device-map or the flag")
+        if options.cuda_graph and response.device.type != "cuda":
+            raise UsageError(f"--cuda-graph needs a CUDA device, the model is on {response.device.type}")
+        self.model, self.cache, self.options = model, cache, options
+        dev = response.device
+        t0 = now(dev)
+        m = cache.prompt_len
+        cos, sin = model.rope(torch.arange(m, m + response.shape[1], device=dev))
+
+        length = response.shape[1]
+        self.window = row_window if row_window and row_window < length else None
+
+        def body(ids: Tensor, window: Tensor | None) -> Tensor:
+            return response_hidden(model, cache, ids, cos, sin, window)
+
+        self.body: Callable[[Tensor, Tensor | None], Tensor] = (
+            torch.compile(body, dynamic=False) if options.compile else body)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static_in = response.clone()
+        self.static_window = None if self.window is None else torch.arange(self.window, device=dev)
+        self.static_out: Tensor | None = None
+        if options.cuda_graph:
+            self._capture()
+        else:
+            self.body(self.static_in, self.static_window)  # compiles now, not in a timed step (writes the slot)
+        self.setup_s = now(dev) - t0
+
+    def _capture(self) -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):  # warm-up (and compilation) outside the capture, as CUDA graphs require
+                self.body(self.static_in, self.static_window)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.static_out = self.body(self.static_in, self.static_window)
+
+    def __call__(self, response: Tensor, rows: Tensor) -> Tensor:
+        """Logits (B, len(rows), V) at response rows ``rows`` (ascending) for the response ids (B, L)."""
+        rows = rows.to(response.device)
+        window = None
+        if self.window is not None:
+            first, last = rows[[0, -1]].tolist()  # one small read; the sampler has just synchronised anyway
+            start = first // self.window * self.window
+            if last >= start + self.window:
+                raise ValueError(f"rows {first}..{last} span more than one window of {self.window}")
+            window = torch.arange(start, start + self.window, device=response.device)
+            rows = rows - start
+        if self.graph is not None:
+            self.static_in.copy_(response)
+            if window is not None and self.static_window is not None:
+                self.static_window.copy_(window)
+            self.graph.replay()
+            hidden = self.static_out
+            assert hidden is not None
+        else:
+            hidden = self.body(response, window)
+        return self.model.head(hidden[:, rows])
