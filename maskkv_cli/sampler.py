@@ -128,8 +128,9 @@ class _Forward:
         if policy.evicts and budget is not None and budget < self.split:
             self.layer_budgets = policy.layer_budgets(len(model.blocks), budget, self.split)
 
-    def __call__(self, x: Tensor, rows: Tensor) -> Tensor:
-        """Logits for response positions ``rows`` of the sequence x (B, M + L)."""
+    def __call__(self, x: Tensor, rows: Tensor, block_start: int | None = None) -> Tensor:
+        """Logits for response positions ``rows`` of the sequence x (B, M + L); ``block_start``: the first
+        position of the ``row_window`` block that holds them, when the caller knows it."""
         self.batch = x.shape[0]
         hidden = rows + self.prompt_len - self.shift  # sequence index of the hidden state feeding each row
         if not self.policy.uses_cache:
@@ -144,7 +145,7 @@ class _Forward:
                                          self.row_window)
                 self.setup_s = self.runner.setup_s
         elif self.runner is not None:
-            logits = self.runner(x[:, self.split :], hidden - self.split)
+            logits = self.runner(x[:, self.split :], hidden - self.split, block_start)
         else:
             logits = response_logits(self.model, self.cache, x[:, self.split :], hidden - self.split)
         return logits.to(x.device)  # a model spread over devices ends on its last one
@@ -189,7 +190,7 @@ def generate(
                 un = x.clone()
                 un[:, :m] = mask_id
                 xin = torch.cat([x, un], 0)
-            logits = forward(xin, rows)  # (B', n, V)
+            logits = forward(xin, rows, lo)  # (B', n, V)
             if gen.cfg_scale > 0:
                 cond, unc = logits.chunk(2, 0)
                 logits = unc + (gen.cfg_scale + 1) * (cond - unc)

@@ -82,9 +82,9 @@ def test_commits_stay_and_follow_schedule(tiny_model, monkeypatch, policy, remas
     states: list[torch.Tensor] = []
     real_call = _Forward.__call__
 
-    def record(self, x, rows):
+    def record(self, x, rows, block_start=None):
         states.append(x[:1].clone())
-        return real_call(self, x, rows)
+        return real_call(self, x, rows, block_start)
 
     monkeypatch.setattr(_Forward, "__call__", record)
     events: list[Event] = []

@@ -121,15 +121,20 @@ class StepRunner:
         with torch.cuda.graph(self.graph):
             self.static_out = self.body(self.static_in, self.static_window)
 
-    def __call__(self, response: Tensor, rows: Tensor) -> Tensor:
-        """Logits (B, len(rows), V) at response rows ``rows`` (ascending) for the response ids (B, L)."""
+    def __call__(self, response: Tensor, rows: Tensor, start: int | None = None) -> Tensor:
+        """Logits (B, len(rows), V) at response rows ``rows`` (ascending) for the response ids (B, L).
+
+        ``start``: the first row of the window that holds ``rows`` (the sampler's block start, known on the host);
+        when None it is read from ``rows`` (a device sync), which must then lie in one aligned window.
+        """
         rows = rows.to(response.device)
         window = None
         if self.window is not None:
-            first, last = rows[[0, -1]].tolist()  # one small read; the sampler has just synchronised anyway
-            start = first // self.window * self.window
-            if last >= start + self.window:
-                raise ValueError(f"rows {first}..{last} span more than one window of {self.window}")
+            if start is None:
+                first, last = rows[[0, -1]].tolist()
+                start = first // self.window * self.window
+                if last >= start + self.window:
+                    raise ValueError(f"rows {first}..{last} span more than one window of {self.window}")
             window = torch.arange(start, start + self.window, device=response.device)
             rows = rows - start
         if self.graph is not None:
