@@ -19,6 +19,16 @@ $M train-tiny --out $R/tiny-v5 --init-from $R/tiny-v4/final --steps 1500 --kinds
   --max-len 160 --curriculum-steps 500 --lr 1e-3 --json
 $M train-tiny --out $R/tiny-v6 --init-from $R/tiny-v5/final --steps 4500 --stop-after 1800 --kinds niah_single \
   --min-len 40 --max-len 256 --curriculum-steps 1500 --lr 6e-4 --json
-# 6. single needle up to 512 tokens; installed into the package as the embedded default (window 1024)
+# 6. single needle up to 512 tokens (the embedded default until stage 8)
 $M train-tiny --out $R/tiny-v7 --init-from $R/tiny-v6/final --steps 1000 --kinds niah_single --min-len 40 \
-  --max-len 512 --curriculum-steps 300 --lr 4e-4 --json --install
+  --max-len 512 --curriculum-steps 300 --lr 4e-4 --json
+# 7. key matching on short contexts (24-96 tokens): three multikey tasks to one single-needle task, the whole
+#    answer masked for half the examples
+$M train-tiny --out $R/tiny-mk1 --init-from $R/tiny-v7/final --steps 8000 --kinds niah_multikey:3,niah_single:1 \
+  --min-len 24 --max-len 96 --curriculum-steps 1 --lr 1e-3 --full-mask 0.5 --json
+# 8. both kinds up to 512 tokens, RoPE positions spread over 2048 with PoSE-style skips (distances the contexts
+#    never reach); installed as the embedded default with a window of 1104 tokens, twice the longest training
+#    sequence (552: 512 of context, the template and question, 8 answer tokens)
+$M train-tiny --out $R/tiny-mk2a --init-from $R/tiny-mk1/final --steps 1500 --kinds niah_multikey:2,niah_single:1 \
+  --min-len 40 --max-len 512 --curriculum-steps 500 --lr 5e-4 --full-mask 0.5 --position-window 2048 --json \
+  --install --window 1104

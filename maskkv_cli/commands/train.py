@@ -42,6 +42,9 @@ def train_tiny(
     seed: Annotated[int, typer.Option("--seed")] = 0,
     install: Annotated[bool, typer.Option("--install", help="Copy the final model into the package as the "
                                           "embedded default (maskkv_cli/assets/tiny-llada).")] = False,
+    window: Annotated[int | None, typer.Option(
+        "--window", help="With --install: the model's window (max_sequence_length) [default: twice --max-len].",
+        show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON line per logged step.")] = False,
 ) -> None:
     """Train the tiny LLaDA on synthetic needle tasks (masked-diffusion objective), resumable.
@@ -79,5 +82,5 @@ def train_tiny(
     final = train(cfg, show)
     note(f"final model saved to {final}", False, as_json)
     if install:
-        target = install_model(final)
+        target = install_model(final, window=window)
         note(f"installed as the embedded default: {target}", False, as_json)
