@@ -21,6 +21,7 @@ from maskkv_cli.bench.speed import (
     run_case,
     run_case_subprocess,
     run_sweep,
+    table_rows,
 )
 from maskkv_cli.commands.bench import parse_count, parse_counts
 from maskkv_cli.errors import UsageError
@@ -263,6 +264,8 @@ def test_step_modes_make_their_own_cases_and_rows():
     assert methods == ["none", "full", "full compile", "maskkv@8", "maskkv@8 compile"]  # none has no step to build
     row = run_case(SpeedCase("maskkv", 8, 32, step_mode="compile", **TINY))
     assert row["setup_s"] > 0 and row["step_mode"] == "compile" and row["steps_run"] == 8
+    _, body = table_rows([{**row, "speedup_vs_none": None, "speedup_vs_full": None}])
+    assert "compile setup" in body[0][-1] and body[0][1] == "maskkv@8 compile"
     with pytest.raises(UsageError, match="cuda"):
         SpeedSettings(prompt_lengths=(32,), step_modes=("cuda-graph",), **TINY).check()
     with pytest.raises(UsageError, match="step mode"):

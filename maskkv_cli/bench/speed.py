@@ -484,6 +484,8 @@ def table_rows(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str
             notes.append("extrapolated")
         if r["policy"] not in ("none", "full") and not r.get("evicted", True):
             notes.append("budget >= prompt (= full)")
+        if r.get("setup_s"):
+            notes.append(f"{r['step_mode']} setup {r['setup_s']:.1f} s (not in total)")
         if r.get("reused"):
             notes.append("reused")
         body.append([
