@@ -302,17 +302,7 @@ def run_memory(
 ) -> tuple[ResultsFolder, list[dict[str, Any]]]:
     cases = settings.cases()
     folder = ResultsFolder.open("memory", settings.as_dict(), [c.key() for c in cases], out, fresh)
-    run = run_memory_subprocess if isolate else run_memory_case
-    notify = on_case or (lambda *a: None)
-    for i, case in enumerate(cases):
-        row = folder.get(case.key())
-        if row is not None:
-            notify(i, len(cases), case, {**row, "reused": True})
-            continue
-        notify(i, len(cases), case, None)
-        row = run(case)
-        folder.put(row)
-        notify(i, len(cases), case, row)
+    folder.run_cases(cases, run_memory_subprocess if isolate else run_memory_case, on_case)
     rows = compare(folder.ordered())
     folder.update(rows)
     folder.write_text("summary.md", memory_markdown(settings, rows))

@@ -15,7 +15,7 @@ import os
 import platform
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +166,25 @@ class ResultsFolder:
         for row in rows:
             self.rows[row["key"]] = row
         self._write_rows()
+
+    def run_cases(self, cases: Sequence[Any], run: Callable[[Any], dict[str, Any]],
+                  notify: Callable[[int, int, Any, dict[str, Any] | None], None] | None = None) -> set[str]:
+        """Run every case (anything with ``key()``) whose row is not here yet, saving each row as it comes;
+        returns the keys reused. ``notify(i, n, case, row)`` is called before a case runs (row None) and after
+        it (its row, with ``reused`` true when it came from the folder)."""
+        tell = notify or (lambda *a: None)
+        reused: set[str] = set()
+        for i, case in enumerate(cases):
+            row = self.get(case.key())
+            if row is not None:
+                reused.add(row["key"])
+                tell(i, len(cases), case, {**row, "reused": True})
+                continue
+            tell(i, len(cases), case, None)
+            row = run(case)
+            self.put(row)
+            tell(i, len(cases), case, row)
+        return reused
 
     def ordered(self) -> list[dict[str, Any]]:
         return [self.rows[k] for k in self.planned if k in self.rows]

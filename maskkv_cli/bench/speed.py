@@ -433,19 +433,7 @@ def run_sweep(
     settings.check()
     cases = settings.cases()
     folder = ResultsFolder.open("speed", settings.as_dict(), [c.key() for c in cases], out, fresh)
-    run = runner or (run_case_subprocess if isolate else run_case)
-    notify = on_case or (lambda *a: None)
-    reused: set[str] = set()
-    for i, case in enumerate(cases):
-        row = folder.get(case.key())
-        if row is not None:
-            reused.add(row["key"])
-            notify(i, len(cases), case, {**row, "reused": True})
-            continue
-        notify(i, len(cases), case, None)
-        row = run(case)
-        folder.put(row)
-        notify(i, len(cases), case, row)
+    reused = folder.run_cases(cases, runner or (run_case_subprocess if isolate else run_case), on_case)
     rows = add_ratios(folder.ordered())
     folder.update(rows)
     rows = [{**r, "reused": r["key"] in reused} for r in rows]
