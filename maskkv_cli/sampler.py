@@ -110,13 +110,14 @@ class _Forward:
     """
 
     def __init__(self, model: DiffusionLM, policy: Policy, budget: int | None, prompt_len: int,
-                 online_importance: bool = False, step_options: StepOptions | None = None) -> None:
+                 online_importance: bool = False, step_options: StepOptions | None = None,
+                 row_window: int | None = None) -> None:
         self.model, self.policy, self.prompt_len = model, policy, prompt_len
         self.online = online_importance
         self.step_options = step_options or StepOptions()
         self.runner: StepRunner | None = None
         self.setup_s = 0.0  # time spent building the runner (compilation / capture), not a step's work
-        self.row_window: int | None = None  # the sampler's block: each later step's rows lie in one such window
+        self.row_window = row_window  # the sampler's block: each later step's rows lie in one such window
         self.shift = model.config.logit_shift
         self.split = prompt_len - self.shift  # cached prompt segment [0, split)
         self.cache: PromptCache | None = None
@@ -171,8 +172,7 @@ def generate(
     x, m = masked_sequence(model, prompt, gen.gen_length)
     bsz, mask_id = x.shape[0], model.config.mask_token_id
     rng = torch.Generator(device=device).manual_seed(gen.seed)
-    forward = _Forward(model, policy, budget, m, online_importance, step_options)
-    forward.row_window = gen.block_length
+    forward = _Forward(model, policy, budget, m, online_importance, step_options, gen.block_length)
     log = StepLog(model, RunStats(policy=policy.name, prompt_len=m, gen_length=gen.gen_length), on_event, m, forward)
     for blk in range(gen.n_blocks):
         lo, hi = blk * gen.block_length, (blk + 1) * gen.block_length
@@ -212,7 +212,7 @@ def generate(
             x[:, m + rows] = torch.where(commit, x0, x[:, m + rows])
             log.step(t0, x, commit, blk, gen.n_blocks)
             j += 1
-    log.done(forward)
+    log.done()
     return GenerationResult(x[:, m:].clone(), log.stats, forward.records, forward.layer_budgets)
 
 
@@ -262,9 +262,9 @@ class StepLog:
                         left, t1 - self.start - setup))
         self.steps += 1
 
-    def done(self, forward: _Forward) -> None:
+    def done(self) -> None:
         """End-of-run figures: time, memory, KV bytes kept vs what the full prompt cache would take."""
-        stats, cfg = self.stats, self.model.config
+        stats, cfg, forward = self.stats, self.model.config, self.forward
         stats.setup_s = forward.setup_s
         stats.total_s = now(self.device) - self.start - forward.setup_s
         stats.steps_run = self.steps

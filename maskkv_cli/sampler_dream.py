@@ -127,5 +127,5 @@ def generate_dream(
             commit = top_k_commit(conf, still, counts)
         x[:, m + rows] = torch.where(commit, x0, x[:, m + rows])
         log.step(t0, x, commit, 0, 1)
-    log.done(forward)
+    log.done()
     return GenerationResult(x[:, m:].clone(), log.stats, forward.records, forward.layer_budgets)

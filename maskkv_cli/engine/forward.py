@@ -241,12 +241,11 @@ def prefill(
     return logits, cache, records
 
 
-def response_logits(model: DiffusionLM, cache: PromptCache, response: Tensor, rows: Tensor) -> Tensor:
-    """One denoising step over the response only (B, L); logits (B, len(rows), V) from the hidden states at
-    response rows ``rows`` (the sampler accounts for a model's logit shift)."""
-    m = cache.prompt_len
+def response_hidden(model: DiffusionLM, cache: PromptCache, response: Tensor, cos: Tensor, sin: Tensor,
+                    rows: Tensor | None = None) -> Tensor:
+    """One denoising step over the response only (B, L): every row's keys/values go into the cache's response
+    slot; the last layer runs on response rows ``rows`` only (all L when None). Hidden states (B, len(rows), d)."""
     x = model.embed(response)  # (B, L, d)
-    cos, sin = model.rope(torch.arange(m, m + response.shape[1], device=response.device))
     last = len(model.blocks) - 1
     gqa = model.config.group_size > 1
     for i, block in enumerate(model.blocks):
@@ -254,10 +253,18 @@ def response_logits(model: DiffusionLM, cache: PromptCache, response: Tensor, ro
         x, cos, sin = on_layer_device(model, i, x, cos, sin)
         q, k, v = block.qkv(x, cos, sin)  # q (B, H, L, D); k, v (B, H_kv, L, D)
         layer.write_response(k, v)
-        if i == last:  # only the rows whose logits are needed go on
+        if i == last and rows is not None:  # only the rows whose logits are needed go on
             rows = rows.to(x.device)
             q, x = q[:, :, rows], x[:, rows]
         o = F.scaled_dot_product_attention(q, layer.k, layer.v, attn_mask=layer.bias, enable_gqa=gqa)
         x = x + block.attn_proj(o)
         x = x + block.mlp(x)
-    return model.head(x)
+    return x
+
+
+def response_logits(model: DiffusionLM, cache: PromptCache, response: Tensor, rows: Tensor) -> Tensor:
+    """One denoising step over the response only (B, L); logits (B, len(rows), V) from the hidden states at
+    response rows ``rows`` (the sampler accounts for a model's logit shift)."""
+    m = cache.prompt_len
+    cos, sin = model.rope(torch.arange(m, m + response.shape[1], device=response.device))
+    return model.head(response_hidden(model, cache, response, cos, sin, rows))

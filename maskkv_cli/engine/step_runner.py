@@ -8,7 +8,8 @@ tensor) and the LM head is applied to the needed rows outside it. That costs the
 instead of its still-masked rows (a fraction of one layer) and buys a function that compiles once and can be
 captured as one CUDA graph: one launch per step instead of a few per layer.
 
-The eager path of the sampler (``forward.response_logits``) stays the default; these modes are opt-in
+Both run the same layer loop (``forward.response_hidden``); the eager path (``forward.response_logits``, the
+needed rows only) stays the default; these modes are opt-in
 (``--compile``, ``--cuda-graph``) and need the whole model on one device.
 """
 
@@ -18,10 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from maskkv_cli.engine.cache import PromptCache
+from maskkv_cli.engine.forward import response_hidden
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.families import DiffusionLM
 from maskkv_cli.stats import now
@@ -53,25 +54,6 @@ class StepOptions:
 
 
 STEP_MODES = ("eager", "compile", "cuda-graph", "compile+cuda-graph")
-
-
-def response_hidden(model: DiffusionLM, cache: PromptCache, response: Tensor, cos: Tensor, sin: Tensor,
-                    window: Tensor | None = None) -> Tensor:
-    """Hidden states after the last layer of the response rows ``window`` (W,) (all L rows when None), shape
-    (B, W, d); every row's keys/values are written into the cache."""
-    x = model.embed(response)
-    gqa = model.config.group_size > 1
-    last = len(model.blocks) - 1
-    for i, block in enumerate(model.blocks):
-        layer = cache.layers[i]
-        q, k, v = block.qkv(x, cos, sin)
-        layer.write_response(k, v)
-        if i == last and window is not None:
-            q, x = q[:, :, window], x[:, window]
-        o = F.scaled_dot_product_attention(q, layer.k, layer.v, attn_mask=layer.bias, enable_gqa=gqa)
-        x = x + block.attn_proj(o)
-        x = x + block.mlp(x)
-    return x
 
 
 class StepRunner:
