@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from maskkv_cli.bench.tasks import KINDS, Task, generate_tasks, load_corpus
+from maskkv_cli.errors import UsageError
 from maskkv_cli.models.config import ModelConfig, named_config
 from maskkv_cli.models.llada import LLaDA
 from maskkv_cli.models.loading import load_model, save_model
@@ -79,8 +80,6 @@ class TrainEvent:
 
 def parse_mix(spec: str) -> dict[str, float]:
     """``"niah_multikey:3,niah_single"`` -> ``{"niah_multikey": 3.0, "niah_single": 1.0}``."""
-    from maskkv_cli.errors import UsageError
-
     mix: dict[str, float] = {}
     for part in (p.strip() for p in spec.split(",")):
         if not part:
