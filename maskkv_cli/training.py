@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from maskkv_cli.bench.tasks import KINDS, Task, generate_tasks, load_corpus
 from maskkv_cli.errors import UsageError
+from maskkv_cli.growth import grow_depth
 from maskkv_cli.models.config import ModelConfig, named_config
 from maskkv_cli.models.llada import LLaDA
 from maskkv_cli.models.loading import load_model, save_model
@@ -64,6 +65,7 @@ class TrainConfig:
     eval_n: int = 32
     threads: int = 1
     init_from: str | None = None  # start from these weights (and tokenizer) instead of random ones
+    grow_layers: int = 0  # with init_from: add this many blocks that start as identities (see growth.py)
     stop_after: int | None = None  # end the run after this many steps (the schedule still spans ``steps``)
 
 
@@ -254,7 +256,13 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
         start = state["step"]
     elif cfg.init_from:
         tok = load_tokenizer(cfg.init_from)
-        model = load_model(cfg.init_from).train()
+        model = load_model(cfg.init_from)
+        if cfg.grow_layers:
+            try:
+                model = grow_depth(model, cfg.grow_layers)
+            except ValueError as exc:
+                raise UsageError(f"--grow-layers: {exc}") from None
+        model.train()
         for p in model.parameters():
             p.requires_grad_(True)
         state = None

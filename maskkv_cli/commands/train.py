@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from maskkv_cli.commands.common import guarded, note
+from maskkv_cli.errors import UsageError
 
 
 @guarded
@@ -33,6 +34,9 @@ def train_tiny(
     init_from: Annotated[Path | None, typer.Option("--init-from", help="Start from this model's weights and "
                                                    "tokenizer (e.g. a first, short-context stage).",
                                                    show_default=False)] = None,
+    grow_layers: Annotated[int, typer.Option("--grow-layers", help="With --init-from: add this many blocks, "
+                                             "each a copy of the one before with zeroed output projections, so "
+                                             "training starts from the same function (block expansion).")] = 0,
     stop_after: Annotated[int | None, typer.Option("--stop-after", help="End after this many steps; the learning-"
                                                    "rate schedule still spans --steps.", show_default=False)] = None,
     d_model: Annotated[int, typer.Option("--d-model")] = 128,
@@ -58,16 +62,18 @@ def train_tiny(
     from maskkv_cli.training import TrainConfig, TrainEvent, install_model, parse_mix, train
 
     mix = parse_mix(kinds)
+    if grow_layers and init_from is None:
+        raise UsageError("--grow-layers adds blocks to a trained model: give it with --init-from")
+    if not 0 <= grow_layers:
+        raise UsageError(f"--grow-layers must be >= 0, got {grow_layers}")
     if not 0.0 <= full_mask <= 1.0:
-        from maskkv_cli.errors import UsageError
-
         raise UsageError(f"--full-mask must be a probability between 0 and 1, got {full_mask}")
     cfg = TrainConfig(out=str(out), steps=steps, batch_size=batch_size, lr=lr, min_len=min_len, max_len=max_len,
                       curriculum_steps=curriculum_steps, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
                       mlp_hidden_size=3 * d_model, threads=threads, seed=seed, answer_len=answer_len,
                       full_mask=full_mask, position_window=position_window,
                       mix=mix, init_from=str(init_from) if init_from else None,
-                      stop_after=stop_after)
+                      grow_layers=grow_layers, stop_after=stop_after)
 
     def show(e: TrainEvent) -> None:
         row = {"step": e.step, "loss": round(e.loss, 4), "lr": e.lr, "len": e.length, "t": round(e.elapsed_s)}
