@@ -187,3 +187,23 @@ def test_haystack_document(tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.M
     config = json.loads((out / "config.json").read_text())
     assert config["settings"]["source"]["kind"] == "haystack"
     assert config["settings"]["source"]["name"] == "notes.txt"
+
+
+def test_exported_tasks_give_the_same_cells_as_generating_them(tiny_dir: Path, tmp_path: Path) -> None:
+    path = tmp_path / "needles.jsonl"
+    result = runner.invoke(app, ["bench", "tasks", str(path), "--model", str(tiny_dir), "--lengths", "40,64",
+                                 "-n", "2"])
+    assert result.exit_code == 0, result.output
+    assert "wrote 8 tasks" in result.stderr and len(path.read_text().splitlines()) == 8
+    again = runner.invoke(app, ["bench", "tasks", str(path), "--model", str(tiny_dir)])
+    assert again.exit_code == 2 and "--force" in again.stderr and len(path.read_text().splitlines()) == 8
+
+    def cells(*args: str) -> dict[tuple[str, int], tuple[float, float, int]]:
+        run = bench("--model", str(tiny_dir), "-n", "2", "--policies", "full", "--json", "--out",
+                    str(tmp_path / ("q-file" if "--tasks" in args else "q-gen")), *FAST, *args)
+        assert run.exit_code == 0, run.output
+        return {(r["task"], r["length"]): (r["accuracy"], r["mean_prompt_tokens"], r["n"])
+                for r in json.loads(run.stdout)["results"]}
+
+    generated = cells("--lengths", "40,64")
+    assert cells("--tasks", str(path)) == generated and len(generated) == 4

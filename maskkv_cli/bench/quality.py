@@ -4,12 +4,15 @@ The tasks come from one of two places:
 
 - generated (``tasks.generate_tasks``) once per (kind, target length) with the model's tokenizer as the length
   measure, hidden in the packaged corpus or in the paragraphs of a user's document (``haystack``);
-- read from a JSONL file (LongBench's published format, or our own export): records are grouped by their
-  ``dataset`` and the first ``samples`` of each group are used; their lengths are their own.
+- read from a JSONL file (LongBench's published format, or our own export, ``maskkv bench tasks``): records are
+  grouped by their ``dataset`` (and by target length for exported synthetic tasks) and the first ``samples``
+  of each group are used; their lengths are their own.
 
-Every task becomes the prompt the tiny model was trained on (the chat template around
-``document_question(context, question)``; a context longer than the window is cut in its middle, LongBench's
-rule). Then, for every (policy, budget) case, every task is answered greedily and scored with
+A synthetic task becomes the prompt the tiny model was trained on (the chat template around
+``document_question(context, question)``; a context longer than the window is cut in its middle). A LongBench
+task gets the harness's prompt (``longbench.py``: the task's template, the first and last half of the tokens
+when too long, the chat template after the cut except for the few-shot and code tasks) and its own answer
+length. Then, for every (policy, budget) case, every task is answered greedily and scored with
 ``metrics.score`` (the metric named by the task's dataset, exact match when unknown). Budgets apply to the
 evicting policies only: ``full`` and ``none`` run once, with budget ``None``.
 
@@ -31,8 +34,8 @@ import hashlib
 import io
 import json
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +52,7 @@ DEFAULT_POLICIES: tuple[str, ...] = ("full", "maskkv", "snapkv", "pyramidkv", "a
 DEFAULT_BUDGETS: tuple[int, ...] = (8, 16, 32, 64)
 FALLBACK_GENERATION: dict[str, int] = {"gen_length": 16, "steps": 16, "block_length": 16}
 PREDICTIONS_FILE = "predictions.jsonl"
+DOCUMENT_QUESTION = "document_question"  # the chat template around document + question (the synthetic tasks)
 SUMMARY_FILE = "summary.md"
 PLOT_FILE = "quality.png"
 TABLE_HEADERS: tuple[str, ...] = ("task", "length", "policy", "budget", "n", "accuracy", "retention", "share",
@@ -132,10 +136,12 @@ class TaskGroup:
     """The tasks of one (task, length) cell with their prompt ids, shared by every case."""
 
     task: str  # a kind, or a dataset name for tasks read from a file
-    length: int | None  # target context tokens; None for tasks read from a file
+    length: int | None  # target context tokens; None for tasks read from a file (unless it was exported)
     tasks: list[Task]
     prompts: list[list[int]]
     truncated: int = 0  # prompts whose context was cut in its middle to fit the window
+    gen_length: int | None = None  # the task's own answer length (LongBench), else the run's
+    prompt_format: str = DOCUMENT_QUESTION  # how the prompts were built (see ``longbench.PromptSpec``)
 
     @property
     def n(self) -> int:
@@ -169,8 +175,15 @@ def read_haystack(path: str | Path) -> tuple[list[str], TaskSource]:
     return paragraphs, TaskSource("haystack", Path(path).name, doc.sha256)
 
 
-def read_tasks_file(path: str | Path, samples: int) -> tuple[list[tuple[str, list[Task]]], TaskSource]:
-    """Records of a JSONL file grouped by dataset (first-seen order), the first ``samples`` of each."""
+FileGroup = tuple[str, int | None, list[Task]]  # dataset, target length (exported synthetic tasks) or None, tasks
+
+
+def read_tasks_file(path: str | Path, samples: int) -> tuple[list[FileGroup], TaskSource]:
+    """Records of a JSONL file grouped by dataset (first-seen order), the first ``samples`` of each.
+
+    Tasks exported by ``maskkv bench tasks`` carry their target length (``meta.target_length``) and are grouped
+    by (dataset, length), so a file with several lengths gives the same cells as generating them here.
+    """
     source = Path(path)
     if not source.is_file():
         raise UsageError(f"--tasks file {source} does not exist")
@@ -183,13 +196,16 @@ def read_tasks_file(path: str | Path, samples: int) -> tuple[list[tuple[str, lis
         raise UsageError(f"cannot read --tasks file {source}: {exc.strerror or exc}") from None
     if not tasks:
         raise UsageError(f"--tasks file {source} has no records")
-    groups: dict[str, list[Task]] = {}
+    groups: dict[tuple[str, int | None], list[Task]] = {}
     for task in tasks:
-        name = task.dataset or source.stem
-        bucket = groups.setdefault(name, [])
+        target = task.meta.get("target_length")
+        cell = (task.dataset or source.stem, target if isinstance(target, int) and not isinstance(target, bool)
+                else None)
+        bucket = groups.setdefault(cell, [])
         if len(bucket) < samples:
             bucket.append(task)
-    return list(groups.items()), TaskSource("file", source.name, digest)
+    return [(name, length, bucket) for (name, length), bucket in groups.items()], TaskSource("file", source.name,
+                                                                                              digest)
 
 
 def encode_tasks(session: Any, tasks: Sequence[Task], gen_length: int) -> tuple[list[list[int]], int]:
@@ -215,15 +231,29 @@ def encode_tasks(session: Any, tasks: Sequence[Task], gen_length: int) -> tuple[
 def build_groups(session: Any, *, kinds: Sequence[str] = DEFAULT_KINDS, lengths: Sequence[int] = DEFAULT_LENGTHS,
                  samples: int = DEFAULT_SAMPLES, seed: int = 0, gen_length: int = 16,
                  haystack: Sequence[str] | None = None,
-                 file_groups: Sequence[tuple[str, list[Task]]] | None = None) -> list[TaskGroup]:
-    """Generate (or take from a file) the tasks once and encode their prompts once."""
+                 file_groups: Sequence[FileGroup] | None = None,
+                 templates: Mapping[str, str] | None = None, task_lengths: bool = True) -> list[TaskGroup]:
+    """Generate (or take from a file) the tasks once and encode their prompts once.
+
+    Datasets of a file that are LongBench tasks get the harness's prompts (``longbench.py``; ``templates``
+    replaces the built-in wording) and, with ``task_lengths``, their own answer lengths instead of ``gen_length``.
+    """
+    from maskkv_cli.bench.longbench import encode_longbench, prompt_spec
+
     if samples <= 0:
         raise UsageError(f"--samples must be a positive integer, got {samples}")
     groups: list[TaskGroup] = []
     if file_groups is not None:
-        for name, tasks in file_groups:
-            prompts, cut = encode_tasks(session, tasks, gen_length)
-            groups.append(TaskGroup(name, None, list(tasks), prompts, cut))
+        for name, target, tasks in file_groups:
+            spec = prompt_spec(name, templates)
+            if spec is None:
+                prompts, cut = encode_tasks(session, tasks, gen_length)
+                groups.append(TaskGroup(name, target, list(tasks), prompts, cut))
+                continue
+            length = spec.max_new_tokens if task_lengths else gen_length
+            prompts, cut = encode_longbench(session, tasks, spec, length)
+            groups.append(TaskGroup(name, target, list(tasks), prompts, cut,
+                                    gen_length=length if task_lengths else None, prompt_format=spec.fingerprint))
         return groups
     for kind in kinds:
         for length in lengths:
@@ -264,12 +294,29 @@ def model_fingerprint(path: str | Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def group_generation(gen: Any, group: TaskGroup) -> Any:
+    """The run's generation settings, or for a group with its own answer length: that length, one token per
+    step (the MaskKV paper's LongBench setting) and the run's block length when it divides the length."""
+    length = group.gen_length
+    if length is None or length == gen.gen_length:
+        return gen
+    block = gen.block_length if length % gen.block_length == 0 else length
+    return replace(gen, gen_length=length, steps=length, block_length=block)
+
+
+def generation_settings(gen: Any) -> dict[str, Any]:
+    return {"gen_length": gen.gen_length, "steps": gen.steps, "block_length": gen.block_length,
+            "temperature": gen.temperature, "remasking": gen.remasking, "threshold": gen.threshold}
+
+
 def row_key(group: TaskGroup, case: Case, *, seed: int, model_id: str, dtype: str, gen: dict[str, Any],
             source: TaskSource) -> str:
-    """What decides one row's numbers, hashed."""
+    """What decides one row's numbers, hashed (the prompt format only when it is not the default, so rows of
+    the synthetic tasks keep their keys)."""
+    fmt = {} if group.prompt_format == DOCUMENT_QUESTION else {"prompt": group.prompt_format}
     return settings_key({
         "task": group.task, "length": group.length, "policy": case.policy, "budget": case.budget, "n": group.n,
-        "seed": seed, "model": model_id, "dtype": dtype, "gen": gen, "source": source.as_dict(),
+        "seed": seed, "model": model_id, "dtype": dtype, "gen": gen, "source": source.as_dict(), **fmt,
     })
 
 
@@ -329,6 +376,12 @@ def table_cells(row: dict[str, Any]) -> list[str]:
     ]
 
 
+def _own_lengths(rows: Sequence[dict[str, Any]], gen: dict[str, Any]) -> str:
+    own = sorted({f"{r['task']} {r['gen_length']}" for r in rows if r.get("gen_length") not in (None,
+                                                                                               gen.get("gen_length"))})
+    return f" (LongBench answer lengths, one token per step: {', '.join(own)})" if own else ""
+
+
 def summary_markdown(rows: Sequence[dict[str, Any]], settings: dict[str, Any]) -> str:
     gen = settings.get("generation", {})
     lines = [
@@ -338,7 +391,7 @@ def summary_markdown(rows: Sequence[dict[str, Any]], settings: dict[str, Any]) -
         f"- tasks: {settings.get('source', {}).get('kind')} {settings.get('tasks')}; samples per cell: "
         f"{settings.get('samples')}; seed {settings.get('seed')}",
         f"- generation: {gen.get('gen_length')} tokens, {gen.get('steps')} steps, blocks of "
-        f"{gen.get('block_length')}, greedy",
+        f"{gen.get('block_length')}, greedy" + _own_lengths(rows, gen),
         "- accuracy: 100 x mean score (exact match for the synthetic tasks, LongBench metric per dataset); "
         "retention: accuracy / full-cache accuracy of the same task and length; share: budget / mean prompt "
         "tokens; prompt: mean prompt tokens (chat template included); s/sample: seconds per answer",
@@ -433,7 +486,7 @@ class QualityRun:
 
 
 def _case_row(group: TaskGroup, case: Case, key: str, scores: list[float], seconds: list[float],
-              prefill: list[float], settings: dict[str, Any]) -> dict[str, Any]:
+              prefill: list[float], settings: dict[str, Any], gen: Any) -> dict[str, Any]:
     mean_prompt = group.mean_prompt_tokens
     dataset = group.tasks[0].dataset if group.tasks else group.task
     return {
@@ -456,9 +509,9 @@ def _case_row(group: TaskGroup, case: Case, key: str, scores: list[float], secon
         "model": settings["model"],
         "model_id": settings["model_id"],
         "seed": settings["seed"],
-        "gen_length": settings["generation"]["gen_length"],
-        "steps": settings["generation"]["steps"],
-        "block_length": settings["generation"]["block_length"],
+        "gen_length": gen.gen_length,
+        "steps": gen.steps,
+        "block_length": gen.block_length,
     }
 
 
@@ -497,8 +550,8 @@ def run_quality(
         raise UsageError("nothing to run: no tasks or no policies")
     model_id = model_fingerprint(session.model_path)
     dtype = str(session.model.dtype).removeprefix("torch.")
-    gen_settings = {"gen_length": gen.gen_length, "steps": gen.steps, "block_length": gen.block_length,
-                    "temperature": gen.temperature, "remasking": gen.remasking, "threshold": gen.threshold}
+    gen_settings = generation_settings(gen)
+    group_gens = [group_generation(gen, g) for g in groups]
     settings: dict[str, Any] = {
         "tasks": tasks_label,
         "source": source.as_dict(),
@@ -514,7 +567,8 @@ def run_quality(
         "dtype": dtype,
     }
     keys = {(gi, ci): row_key(g, c, seed=seed, model_id=model_id, dtype=dtype,
-                              gen={**gen_settings, "layer_budgets": layer_budgets}, source=source)
+                              gen={**generation_settings(group_gens[gi]), "layer_budgets": layer_budgets},
+                              source=source)
             for ci, c in enumerate(cases) for gi, g in enumerate(groups)}
     planned = [keys[(gi, ci)] for ci in range(len(cases)) for gi in range(len(groups))]
     folder = ResultsFolder.open(BENCH_KIND, settings, planned, out=out, fresh=fresh)
@@ -554,7 +608,7 @@ def run_quality(
             lines: list[dict[str, Any]] = []
             for task, ids in zip(group.tasks, group.prompts, strict=True):
                 t0 = time.perf_counter()
-                answer = session.answer_ids(ids, gen, cache)
+                answer = session.answer_ids(ids, group_gens[gi], cache)
                 seconds.append(time.perf_counter() - t0)
                 stats = getattr(getattr(answer, "result", None), "stats", None)
                 if stats is not None:
@@ -570,7 +624,7 @@ def run_quality(
                 done += 1
                 if on_progress:
                     on_progress(QualityProgress(case, ci + 1, len(cases), done, total))
-            row = _case_row(group, case, key, scores, seconds, prefill, settings)
+            row = _case_row(group, case, key, scores, seconds, prefill, settings, group_gens[gi])
             predictions[key] = lines
             write_predictions()  # before the row: a row in results.jsonl always has its predictions
             folder.put(row)

@@ -18,7 +18,8 @@ from maskkv_cli.errors import UsageError
 from maskkv_cli.options import DeviceOpt, DtypeOpt, JsonOpt, QuietOpt, SeedOpt
 
 bench_app = typer.Typer(
-    help="Benchmarks: speed (no cache vs full cache vs MaskKV over prompt lengths) and prefill peak memory.",
+    help="Benchmarks: speed (no cache vs full cache vs MaskKV over prompt lengths), prefill peak memory, and "
+    "answer quality under eviction (with its tasks exported as LongBench JSONL).",
     no_args_is_help=True,
 )
 

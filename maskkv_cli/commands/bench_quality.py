@@ -41,8 +41,11 @@ PoliciesOpt = Annotated[str, typer.Option("--policies", help="Comma-separated po
 BudgetsOpt = Annotated[str, typer.Option(
     "--budgets", help="Budgets (K/V pairs per head per layer) of the evicting policies; full and none run once.")]
 QGenOpt = Annotated[int | None, typer.Option(
-    "--gen-length", help=f"Response tokens [default: the model's, else {FALLBACK_GENERATION['gen_length']}].",
-    show_default=False)]
+    "--gen-length", help=f"Response tokens [default: the model's, else {FALLBACK_GENERATION['gen_length']}; "
+    "LongBench tasks: their own (32-512, one token per step)].", show_default=False)]
+PromptsOpt = Annotated[Path | None, typer.Option(
+    "--prompts", help="With a LongBench --tasks file: a JSON object of dataset -> template with {context} and "
+    "{input} (e.g. LongBench's dataset2prompt.json) instead of the built-in wording.", show_default=False)]
 QStepsOpt = Annotated[int | None, typer.Option(
     "--steps", help=f"Denoising steps [default: the model's, else {FALLBACK_GENERATION['steps']}].",
     show_default=False)]
@@ -147,6 +150,7 @@ def quality(
     model: ModelOpt = None,
     layer_budgets: LayerBudgetsOpt = "auto",
     haystack: HaystackOpt = None,
+    prompts: PromptsOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     out: OutOpt = None,
@@ -169,8 +173,11 @@ def quality(
 
         maskkv bench quality --tasks ~/LongBench/data/hotpotqa.jsonl --model ~/models/LLaDA-8B-Instruct --json
 
+        maskkv bench quality --tasks qasper.jsonl --prompts ~/LongBench/config/dataset2prompt.json
+
         maskkv bench quality --haystack report.pdf --tasks niah_single --lengths 1k
     """
+    from maskkv_cli.bench.longbench import load_templates
     from maskkv_cli.bench.quality import (
         TaskSource,
         build_groups,
@@ -202,6 +209,8 @@ def quality(
                  as_json)
         file_groups, source = read_tasks_file(Path(tasks).expanduser(), samples)
         label = str(Path(tasks).expanduser())
+    elif prompts is not None:
+        raise UsageError("--prompts applies to a LongBench --tasks file (.jsonl), not to generated tasks")
     else:
         kinds = parse_kinds(tasks)
         length_list = tuple(dict.fromkeys(parse_counts(lengths, "--lengths"))) if lengths else DEFAULT_LENGTHS
@@ -210,13 +219,15 @@ def quality(
         else:
             source = TaskSource("corpus", "", "")
         label = ",".join(kinds)
+    templates = load_templates(prompts) if prompts is not None else None
     session = open_session(model, device, dtype, quiet, as_json)
     defaults = session.generation_defaults or FALLBACK_GENERATION
     gen = generation_config(defaults, gen_length, steps, block_length, temperature=0.0, seed=seed)
     cases = plan_cases(names, budget_list)
     with _Display(quiet, as_json) as display:
         groups = build_groups(session, kinds=kinds, lengths=length_list, samples=samples, seed=seed,
-                              gen_length=gen.gen_length, haystack=paragraphs, file_groups=file_groups)
+                              gen_length=gen.gen_length, haystack=paragraphs, file_groups=file_groups,
+                              templates=templates, task_lengths=gen_length is None)
         run = run_quality(session, groups, cases, gen, source=source, tasks_label=label, samples=samples, seed=seed,
                           out=out, fresh=fresh, layer_budgets=layer_budgets, on_progress=display)
     for message in run.notes:
@@ -228,3 +239,62 @@ def quality(
     if not quiet:
         reused = f", {run.reused} rows reused" if run.reused else ""
         sys.stderr.write(f"results: {run.folder}{reused}\n")
+
+
+@bench_app.command("tasks")
+@guarded
+def export_tasks(
+    out: Annotated[Path, typer.Argument(help="The JSONL file to write (LongBench format).", show_default=False)],
+    tasks: Annotated[str, typer.Option("--tasks", help="Comma-separated task kinds (niah_single, niah_multikey, "
+                                       "niah_multivalue, vt).")] = ",".join(DEFAULT_KINDS),
+    lengths: LengthsOpt = None,
+    samples: SamplesOpt = DEFAULT_SAMPLES,
+    seed: QSeedOpt = 0,
+    haystack: HaystackOpt = None,
+    model: Annotated[str | None, typer.Option(
+        "--model", "-m", help="Count lengths in this model's tokens [default: the default model's tokenizer].",
+        show_default=False)] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace the file if it exists.")] = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Write the synthetic tasks `bench quality` generates as LongBench JSONL (context, input, answers, length,
+    dataset, _id; needles and target length under "meta"), so other tools can run them and `bench quality
+    --tasks FILE` gives the same cells.
+
+    Examples:
+
+        maskkv bench tasks needles.jsonl --lengths 256,1k -n 50
+
+        maskkv bench tasks mine.jsonl --tasks niah_single,vt --haystack report.pdf --model ~/models/LLaDA-8B-Instruct
+    """
+    from maskkv_cli.bench.quality import parse_kinds, read_haystack
+    from maskkv_cli.bench.tasks import generate_tasks, save_jsonl
+    from maskkv_cli.defaults import resolve_default_model
+    from maskkv_cli.prompting import load_tokenizer
+
+    if samples <= 0:
+        raise UsageError(f"--samples must be a positive integer, got {samples}")
+    if out.exists() and not force:
+        raise UsageError(f"{out} exists; pass --force to replace it or choose another file")
+    if out.suffix.lower() != ".jsonl":
+        raise UsageError(f"{out}: the tasks file must end in .jsonl (that is how --tasks recognises a file)")
+    kinds = parse_kinds(tasks)
+    length_list = tuple(dict.fromkeys(parse_counts(lengths, "--lengths"))) if lengths else DEFAULT_LENGTHS
+    paragraphs = read_haystack(haystack)[0] if haystack is not None else None
+    path, _ = resolve_default_model(model)
+    tokenizer = load_tokenizer(path)
+
+    def count(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False))
+
+    generated = []
+    for kind in kinds:
+        for length in length_list:
+            try:
+                generated += generate_tasks(kind, samples, length, seed=seed, haystack=paragraphs, count_tokens=count)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+    save_jsonl(generated, out)
+    if not quiet:
+        sys.stderr.write(f"wrote {len(generated)} tasks ({', '.join(kinds)} x {', '.join(map(str, length_list))} "
+                         f"tokens of {Path(path).name}, {samples} each, seed {seed}) to {out}\n")
