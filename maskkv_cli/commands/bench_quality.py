@@ -248,8 +248,9 @@ def export_tasks(
     tasks: Annotated[str, typer.Option("--tasks", help="Comma-separated task kinds (niah_single, niah_multikey, "
                                        "niah_multivalue, vt).")] = ",".join(DEFAULT_KINDS),
     lengths: LengthsOpt = None,
-    samples: SamplesOpt = DEFAULT_SAMPLES,
-    seed: QSeedOpt = 0,
+    samples: Annotated[int, typer.Option("--samples", "-n", help="Tasks per (kind, length).")] = DEFAULT_SAMPLES,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the tasks (the same seed, lengths and model give "
+                                      "bench quality's tasks).")] = 0,
     haystack: HaystackOpt = None,
     model: Annotated[str | None, typer.Option(
         "--model", "-m", help="Count lengths in this model's tokens [default: the default model's tokenizer].",
