@@ -44,7 +44,7 @@ class TrainConfig:
     n_layers: int = 4
     n_heads: int = 8
     mlp_hidden_size: int = 384
-    rope_theta: float = 10000.0
+    rope_theta: float | None = None  # RoPE base: 10,000 for a new model; with init_from, a new base (None keeps it)
     steps: int = 3000
     batch_size: int = 32
     lr: float = 2e-3
@@ -262,6 +262,10 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
                 model = grow_depth(model, cfg.grow_layers)
             except ValueError as exc:
                 raise UsageError(f"--grow-layers: {exc}") from None
+        if cfg.rope_theta:
+            # A larger base leaves more dimensions slow enough to match content far away; training adapts to it
+            # (adjusted base frequency, as in long-context fine-tuning).
+            model.config = model.config.with_(rope_theta=cfg.rope_theta)
         model.train()
         for p in model.parameters():
             p.requires_grad_(True)
@@ -272,7 +276,7 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
         mcfg = named_config("tiny").with_(
             d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, n_kv_heads=cfg.n_heads,
             mlp_hidden_size=cfg.mlp_hidden_size, vocab_size=len(tok), embedding_size=len(tok),
-            rope_theta=cfg.rope_theta, max_sequence_length=4 * cfg.max_len)
+            rope_theta=cfg.rope_theta or 10000.0, max_sequence_length=4 * cfg.max_len)
         model = LLaDA(mcfg).init_weights(cfg.seed).train()
         state = None
         start = 0

@@ -130,3 +130,14 @@ def test_parse_mix():
                      (" , ", "empty")):
         with pytest.raises(UsageError, match=msg):
             parse_mix(bad)
+
+
+def test_rope_theta_sets_a_new_base_on_a_trained_model(tmp_path):
+    from dataclasses import replace
+
+    first = train(small(tmp_path / "a", 2))
+    assert load_model(first).config.rope_theta == 10000.0
+    moved = train(replace(small(tmp_path / "b", 2), init_from=str(first), rope_theta=500000.0))
+    assert load_model(moved).config.rope_theta == 500000.0
+    kept = train(replace(small(tmp_path / "c", 2), init_from=str(first)))
+    assert load_model(kept).config.rope_theta == 10000.0

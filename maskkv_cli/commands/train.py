@@ -37,6 +37,9 @@ def train_tiny(
     grow_layers: Annotated[int, typer.Option("--grow-layers", help="With --init-from: add this many blocks, "
                                              "each a copy of the one before with zeroed output projections, so "
                                              "training starts from the same function (block expansion).")] = 0,
+    rope_theta: Annotated[float | None, typer.Option(
+        "--rope-theta", help="RoPE base [default: 10000 for a new model; with --init-from, the model's own]. A larger "
+        "base on a trained model (then trained on) helps it match text far away.", show_default=False)] = None,
     stop_after: Annotated[int | None, typer.Option("--stop-after", help="End after this many steps; the learning-"
                                                    "rate schedule still spans --steps.", show_default=False)] = None,
     d_model: Annotated[int, typer.Option("--d-model")] = 128,
@@ -62,6 +65,8 @@ def train_tiny(
     from maskkv_cli.training import TrainConfig, TrainEvent, install_model, parse_mix, train
 
     mix = parse_mix(kinds)
+    if rope_theta is not None and rope_theta <= 1:
+        raise UsageError(f"--rope-theta must be greater than 1, got {rope_theta}")
     if grow_layers and init_from is None:
         raise UsageError("--grow-layers adds blocks to a trained model: give it with --init-from")
     if not 0 <= grow_layers:
@@ -73,7 +78,7 @@ def train_tiny(
                       mlp_hidden_size=3 * d_model, threads=threads, seed=seed, answer_len=answer_len,
                       full_mask=full_mask, position_window=position_window,
                       mix=mix, init_from=str(init_from) if init_from else None,
-                      grow_layers=grow_layers, stop_after=stop_after)
+                      grow_layers=grow_layers, rope_theta=rope_theta, stop_after=stop_after)
 
     def show(e: TrainEvent) -> None:
         row = {"step": e.step, "loss": round(e.loss, 4), "lr": e.lr, "len": e.length, "t": round(e.elapsed_s)}
