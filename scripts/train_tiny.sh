@@ -27,8 +27,12 @@ $M train-tiny --out $R/tiny-v7 --init-from $R/tiny-v6/final --steps 1000 --kinds
 $M train-tiny --out $R/tiny-mk1 --init-from $R/tiny-v7/final --steps 8000 --kinds niah_multikey:3,niah_single:1 \
   --min-len 24 --max-len 96 --curriculum-steps 1 --lr 1e-3 --full-mask 0.5 --json
 # 8. both kinds up to 512 tokens, RoPE positions spread over 2048 with PoSE-style skips (distances the contexts
-#    never reach); installed as the embedded default with a window of 1104 tokens, twice the longest training
-#    sequence (552: 512 of context, the template and question, 8 answer tokens)
+#    never reach)
 $M train-tiny --out $R/tiny-mk2a --init-from $R/tiny-mk1/final --steps 1500 --kinds niah_multikey:2,niah_single:1 \
-  --min-len 40 --max-len 512 --curriculum-steps 500 --lr 5e-4 --full-mask 0.5 --position-window 2048 --json \
-  --install --window 1104
+  --min-len 40 --max-len 512 --curriculum-steps 500 --lr 5e-4 --full-mask 0.5 --position-window 2048 --json
+# 9. two more layers (copies of layers 1 and 3 with zeroed output projections: the same function at the start),
+#    then the stage-8 recipe for 3000 steps; installed as the embedded default with a window of 1104 tokens,
+#    twice the longest training sequence (552: 512 of context, the template and question, 8 answer tokens)
+$M train-tiny --out $R/tiny-g6 --init-from $R/tiny-mk2a/final --grow-layers 2 --steps 3000 \
+  --kinds niah_multikey:2,niah_single:1 --min-len 40 --max-len 512 --curriculum-steps 300 --lr 5e-4 \
+  --full-mask 0.5 --position-window 2048 --json --install --window 1104
