@@ -168,5 +168,5 @@ def encode_longbench(session: Any, tasks: Sequence[Task], spec: PromptSpec,
         if spec.chat:
             prompts.append(chat_prompt_ids(tok, text))
         else:
-            prompts.append(([bos] if bos is not None else []) + list(tok.encode(text, add_special_tokens=False)))
+            prompts.append(([bos] if bos is not None else []) + ids)  # ids: the tokens of ``text`` as it stands
     return prompts, cut

@@ -255,17 +255,27 @@ def build_groups(session: Any, *, kinds: Sequence[str] = DEFAULT_KINDS, lengths:
             groups.append(TaskGroup(name, target, list(tasks), prompts, cut,
                                     gen_length=length if task_lengths else None, prompt_format=spec.fingerprint))
         return groups
+    for kind, length, tasks in generate_cells(kinds, lengths, samples, seed, haystack, session.count_tokens):
+        prompts, cut = encode_tasks(session, tasks, gen_length)
+        groups.append(TaskGroup(kind, length, tasks, prompts, cut))
+    return groups
+
+
+def generate_cells(kinds: Sequence[str], lengths: Sequence[int], samples: int, seed: int,
+                   haystack: Sequence[str] | None, count_tokens: Callable[[str], int]) -> list[FileGroup]:
+    """The synthetic tasks of every (kind, length) cell, lengths counted with ``count_tokens``: the same for
+    ``bench quality`` and ``bench tasks`` given the same seed and tokenizer."""
+    cells: list[FileGroup] = []
     for kind in kinds:
         for length in lengths:
             try:
                 tasks = generate_tasks(kind, samples, length, seed=seed,
                                        haystack=list(haystack) if haystack is not None else None,
-                                       count_tokens=session.count_tokens)
+                                       count_tokens=count_tokens)
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
-            prompts, cut = encode_tasks(session, tasks, gen_length)
-            groups.append(TaskGroup(kind, length, tasks, prompts, cut))
-    return groups
+            cells.append((kind, length, tasks))
+    return cells
 
 
 # ----- model identity and keys -----------------------------------------------------------------------------

@@ -57,6 +57,11 @@ HaystackOpt = Annotated[Path | None, typer.Option(
     "the built-in corpus.", show_default=False)]
 
 
+def parse_lengths(lengths: str | None) -> tuple[int, ...]:
+    """``--lengths`` as distinct counts in the order given, or the default lengths."""
+    return tuple(dict.fromkeys(parse_counts(lengths, "--lengths"))) if lengths else DEFAULT_LENGTHS
+
+
 def _cell(row: dict[str, Any]) -> str:
     return row["task"] if row.get("length") is None else f"{row['task']}@{row['length']}"
 
@@ -213,7 +218,7 @@ def quality(
         raise UsageError("--prompts applies to a LongBench --tasks file (.jsonl), not to generated tasks")
     else:
         kinds = parse_kinds(tasks)
-        length_list = tuple(dict.fromkeys(parse_counts(lengths, "--lengths"))) if lengths else DEFAULT_LENGTHS
+        length_list = parse_lengths(lengths)
         if haystack is not None:
             paragraphs, source = read_haystack(haystack)
         else:
@@ -268,8 +273,8 @@ def export_tasks(
 
         maskkv bench tasks mine.jsonl --tasks niah_single,vt --haystack report.pdf --model ~/models/LLaDA-8B-Instruct
     """
-    from maskkv_cli.bench.quality import parse_kinds, read_haystack
-    from maskkv_cli.bench.tasks import generate_tasks, save_jsonl
+    from maskkv_cli.bench.quality import generate_cells, parse_kinds, read_haystack
+    from maskkv_cli.bench.tasks import save_jsonl
     from maskkv_cli.defaults import resolve_default_model
     from maskkv_cli.prompting import load_tokenizer
 
@@ -280,7 +285,7 @@ def export_tasks(
     if out.suffix.lower() != ".jsonl":
         raise UsageError(f"{out}: the tasks file must end in .jsonl (that is how --tasks recognises a file)")
     kinds = parse_kinds(tasks)
-    length_list = tuple(dict.fromkeys(parse_counts(lengths, "--lengths"))) if lengths else DEFAULT_LENGTHS
+    length_list = parse_lengths(lengths)
     paragraphs = read_haystack(haystack)[0] if haystack is not None else None
     path, _ = resolve_default_model(model)
     tokenizer = load_tokenizer(path)
@@ -288,13 +293,8 @@ def export_tasks(
     def count(text: str) -> int:
         return len(tokenizer.encode(text, add_special_tokens=False))
 
-    generated = []
-    for kind in kinds:
-        for length in length_list:
-            try:
-                generated += generate_tasks(kind, samples, length, seed=seed, haystack=paragraphs, count_tokens=count)
-            except ValueError as exc:
-                raise UsageError(str(exc)) from None
+    generated = [task for _, _, cell in generate_cells(kinds, length_list, samples, seed, paragraphs, count)
+                 for task in cell]
     save_jsonl(generated, out)
     if not quiet:
         sys.stderr.write(f"wrote {len(generated)} tasks ({', '.join(kinds)} x {', '.join(map(str, length_list))} "
