@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from maskkv_cli.bench.tasks import KINDS, Task, generate_tasks, load_corpus
+from maskkv_cli.bench.tasks import KINDS, NUM_DISTRACTORS, Task, generate_tasks, load_corpus
 from maskkv_cli.errors import UsageError
 from maskkv_cli.growth import grow_depth
 from maskkv_cli.models.config import ModelConfig, named_config
@@ -60,6 +60,9 @@ class TrainConfig:
     full_mask: float = 0.0  # probability of masking the whole answer region of an example
     position_window: int | None = None  # PoSE-style skips: positions spread over this many (None = contiguous)
     mix: dict[str, float] = field(default_factory=lambda: {"niah_single": 0.5, "niah_multikey": 0.5})
+    # niah_multikey training examples draw their number of distractor needles from this range (the evaluation
+    # keeps the benchmark's NUM_DISTRACTORS)
+    distractors: tuple[int, int] = (NUM_DISTRACTORS, NUM_DISTRACTORS)
     ckpt_every: int = 100
     eval_every: int = 250
     eval_n: int = 32
@@ -99,6 +102,19 @@ def parse_mix(spec: str) -> dict[str, float]:
     if not mix:
         raise UsageError(f"--kinds: empty list; choose from {', '.join(KINDS)}")
     return mix
+
+
+def parse_range(spec: str, option: str) -> tuple[int, int]:
+    """``"3-7"`` -> ``(3, 7)``, ``"3"`` -> ``(3, 3)``; counts >= 0, low <= high."""
+    low_text, dash, high_text = spec.strip().partition("-")
+    try:
+        low = int(low_text)
+        high = int(high_text) if dash else low
+    except ValueError:
+        raise UsageError(f"{option}: expected N or LOW-HIGH (e.g. 3-7), got {spec!r}") from None
+    if not 0 <= low <= high:
+        raise UsageError(f"{option}: expected 0 <= LOW <= HIGH, got {spec!r}")
+    return low, high
 
 
 def _lr(cfg: TrainConfig, step: int) -> float:
@@ -144,7 +160,11 @@ class Batcher:
         out: list[tuple[list[int], list[int]]] = []
         while len(out) < n:
             kind = rng.choices(self.kinds, self.weights)[0]
-            task = generate_tasks(kind, 1, length, seed=rng.randrange(1 << 31), count_tokens=self.count)[0]
+            low, high = self.cfg.distractors
+            # A fixed count draws nothing, so runs from before the option see the same random stream.
+            distractors = low if low == high else rng.randint(low, high)
+            task = generate_tasks(kind, 1, length, seed=rng.randrange(1 << 31), count_tokens=self.count,
+                                  distractors=distractors)[0]
             ex = encode_example(self.tok, self.mcfg, task, self.cfg.answer_len)
             if ex is not None:
                 out.append(ex)

@@ -152,6 +152,16 @@ def test_niah_multikey_answer_and_distractors() -> None:
         assert roles == ["answer", "distractor", "distractor", "distractor"]
 
 
+def test_niah_multikey_distractor_count() -> None:
+    assert generate_tasks("niah_multikey", 3, 300, seed=2) == generate_tasks("niah_multikey", 3, 300, seed=2,
+                                                                            distractors=3)
+    for count in (0, 7):
+        for task in generate_tasks("niah_multikey", 3, 600, seed=2, distractors=count):
+            found = dict(re.findall(r"The special magic number for ([a-z]+) is (\d+)\.", task.context))
+            assert len(found) == count + 1 and len(task.meta["distractor_keys"]) == count
+            assert task.answers == (found[task.meta["key"]],)
+
+
 def test_niah_multivalue_answers_in_order_of_appearance() -> None:
     for task in generate_tasks("niah_multivalue", 5, 800, seed=4):
         key = task.meta["key"]
@@ -257,6 +267,8 @@ def test_tiny_target_still_holds_the_needle() -> None:
         ({"kind": "vt", "n": -1, "length": 100}, "number of tasks"),
         ({"kind": "vt", "n": 1, "length": 0}, "target length"),
         ({"kind": "vt", "n": 1, "length": 100, "haystack": ["  ", ""]}, "no text"),
+        ({"kind": "niah_multikey", "n": 1, "length": 100, "distractors": -1}, "distractor needles"),
+        ({"kind": "niah_multikey", "n": 1, "length": 100, "distractors": 1000}, "distractor needles"),
     ],
 )
 def test_bad_arguments(kwargs: dict[str, object], message: str) -> None:

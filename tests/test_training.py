@@ -8,7 +8,15 @@ import torch
 
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.loading import load_model
-from maskkv_cli.training import Batcher, TrainConfig, diffusion_loss, parse_mix, skipped_positions, train
+from maskkv_cli.training import (
+    Batcher,
+    TrainConfig,
+    diffusion_loss,
+    parse_mix,
+    parse_range,
+    skipped_positions,
+    train,
+)
 
 
 def small(tmp_path, steps):
@@ -130,6 +138,42 @@ def test_parse_mix():
                      (" , ", "empty")):
         with pytest.raises(UsageError, match=msg):
             parse_mix(bad)
+
+
+def test_parse_range():
+    assert parse_range("3-7", "--x") == (3, 7) and parse_range(" 4 ", "--x") == (4, 4)
+    for bad in ("", "a", "3-", "7-3", "-1"):
+        with pytest.raises(UsageError, match="--x"):
+            parse_range(bad, "--x")
+
+
+def test_batches_draw_distractor_counts_from_the_range(tiny_tokenizer, tiny_config, monkeypatch):
+    import maskkv_cli.training as training
+
+    seen: list[int] = []
+    real = training.generate_tasks
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["distractors"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(training, "generate_tasks", spy)
+    cfg = TrainConfig(batch_size=40, min_len=60, max_len=60, mix={"niah_multikey": 1.0}, distractors=(2, 5))
+    Batcher(cfg, tiny_tokenizer, tiny_config).batch(0, random.Random(0))
+    assert set(seen) == {2, 3, 4, 5}
+    # A fixed count draws nothing more from the random stream: the batch is the one of runs before the option.
+    fixed = TrainConfig(batch_size=4, min_len=60, max_len=60, mix={"niah_multikey": 1.0}, answer_len=16)
+    batcher = Batcher(fixed, tiny_tokenizer, tiny_config)
+    ids = batcher.batch(0, random.Random(1))[0]
+    rng = random.Random(1)
+    length = rng.randint(60, 60)
+    expected = []
+    for _ in range(4):
+        rng.choices(["niah_multikey"], [1.0])
+        task = real("niah_multikey", 1, length, seed=rng.randrange(1 << 31), count_tokens=batcher.count)[0]
+        expected.append(task.context)
+    for row, context in zip(ids, expected, strict=True):
+        assert tiny_tokenizer.decode(row.tolist()).count(context[-40:]) == 1
 
 
 def test_rope_theta_sets_a_new_base_on_a_trained_model(tmp_path):

@@ -181,7 +181,7 @@ def _needle(key: str, value: str) -> str:
     return NEEDLE_TEMPLATE.format(key=key, value=value)
 
 
-def _plan(kind: str, rng: random.Random, taken: set[str]) -> _Plan:
+def _plan(kind: str, rng: random.Random, taken: set[str], distractors: int = NUM_DISTRACTORS) -> _Plan:
     digits = NUMBER_DIGITS
     if kind == "niah_single":
         key = rng.choice(KEY_WORDS)
@@ -195,13 +195,13 @@ def _plan(kind: str, rng: random.Random, taken: set[str]) -> _Plan:
             facts={"key": key},
         )
     if kind == "niah_multikey":
-        keys = rng.sample(KEY_WORDS, NUM_DISTRACTORS + 1)
+        keys = rng.sample(KEY_WORDS, distractors + 1)
         values = [_new_number(rng, digits, taken) for _ in keys]
         return _Plan(
             question=QUESTION_SINGLE.format(key=keys[0]),
             needles=[_needle(k, v) for k, v in zip(keys, values, strict=True)],
             depths=[rng.random() for _ in keys],
-            roles=["answer"] + ["distractor"] * NUM_DISTRACTORS,
+            roles=["answer"] + ["distractor"] * distractors,
             payloads=values,
             facts={"key": keys[0], "distractor_keys": keys[1:]},
         )
@@ -327,9 +327,10 @@ def _generate_one(
     counter: _Counter,
     forbidden: set[str],
     source: str,
+    distractors: int,
 ) -> Task:
     rng = random.Random(f"maskkv-bench:{kind}:{seed}:{index}")
-    plan = _plan(kind, rng, set(forbidden))
+    plan = _plan(kind, rng, set(forbidden), distractors)
     start = rng.randrange(len(paragraphs))
 
     needle_cost = sum(counter(needle) for needle in plan.needles)
@@ -384,11 +385,13 @@ def generate_tasks(
     seed: int,
     haystack: list[str] | None = None,
     count_tokens: Callable[[str], int] | None = None,
+    distractors: int = NUM_DISTRACTORS,
 ) -> list[Task]:
     """Generate ``n`` tasks of ``kind`` whose contexts measure about ``length`` tokens.
 
     ``haystack``: paragraphs of a user's document to hide the needles in (default: the packaged corpus).
     ``count_tokens``: the length measure (default: whitespace words).
+    ``distractors``: niah_multikey's needles for other keys (RULER's multikey task: 3).
     """
     if kind not in KINDS:
         raise ValueError(f"unknown task kind {kind!r}; expected one of {', '.join(KINDS)}")
@@ -396,6 +399,8 @@ def generate_tasks(
         raise ValueError(f"the number of tasks must be >= 0, got {n}")
     if length < 1:
         raise ValueError(f"the target length must be >= 1, got {length}")
+    if not 0 <= distractors < len(KEY_WORDS):
+        raise ValueError(f"the number of distractor needles must be 0 to {len(KEY_WORDS) - 1}, got {distractors}")
     if haystack is None:
         paragraphs = load_corpus()
         source = "corpus"
@@ -408,7 +413,8 @@ def generate_tasks(
     forbidden = set(re.findall(r"\w+", "\n".join(paragraphs)))
     counter = _Counter(count_tokens or count_words)
     return [
-        _generate_one(kind, length, seed, index, paragraphs, counter, forbidden, source) for index in range(n)
+        _generate_one(kind, length, seed, index, paragraphs, counter, forbidden, source, distractors)
+        for index in range(n)
     ]
 
 

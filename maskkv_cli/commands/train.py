@@ -25,6 +25,9 @@ def train_tiny(
     curriculum_steps: Annotated[int, typer.Option("--curriculum-steps", help="Steps to reach --max-len.")] = 1500,
     kinds: Annotated[str, typer.Option("--kinds", help="Task kinds, equally mixed; KIND:W weights one "
                                        "(niah_multikey:3,niah_single:1).")] = "niah_single,niah_multikey",
+    distractors: Annotated[str, typer.Option("--distractors", help="Distractor needles per niah_multikey training "
+                                             "example: N or LOW-HIGH, drawn per example (the in-run evaluation "
+                                             "keeps the benchmark's 3).")] = "3",
     answer_len: Annotated[int, typer.Option("--answer-len", help="Answer region in tokens.")] = 8,
     full_mask: Annotated[float, typer.Option("--full-mask", help="Probability of masking an example's whole "
                                              "answer region (else k ~ U{1..R} tokens).")] = 0.0,
@@ -62,9 +65,13 @@ def train_tiny(
 
         OMP_NUM_THREADS=1 nohup maskkv train-tiny --out runs/tiny --json > train.log &
     """
-    from maskkv_cli.training import TrainConfig, TrainEvent, install_model, parse_mix, train
+    from maskkv_cli.bench.tasks import KEY_WORDS
+    from maskkv_cli.training import TrainConfig, TrainEvent, install_model, parse_mix, parse_range, train
 
     mix = parse_mix(kinds)
+    distractor_range = parse_range(distractors, "--distractors")
+    if distractor_range[1] >= len(KEY_WORDS):
+        raise UsageError(f"--distractors: at most {len(KEY_WORDS) - 1} (one key word each), got {distractors!r}")
     if rope_theta is not None and rope_theta <= 1:
         raise UsageError(f"--rope-theta must be greater than 1, got {rope_theta}")
     if grow_layers and init_from is None:
@@ -76,7 +83,7 @@ def train_tiny(
     cfg = TrainConfig(out=str(out), steps=steps, batch_size=batch_size, lr=lr, min_len=min_len, max_len=max_len,
                       curriculum_steps=curriculum_steps, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
                       mlp_hidden_size=3 * d_model, threads=threads, seed=seed, answer_len=answer_len,
-                      full_mask=full_mask, position_window=position_window,
+                      full_mask=full_mask, position_window=position_window, distractors=distractor_range,
                       mix=mix, init_from=str(init_from) if init_from else None,
                       grow_layers=grow_layers, rope_theta=rope_theta, stop_after=stop_after)
 
