@@ -135,7 +135,7 @@ def test_retention_from_rows() -> None:
     assert [(r["task"], r["length"], r["policy"]) for r in ordered][:2] == [("niah_single", 256, "full"),
                                                                             ("niah_single", 256, "maskkv")]
     text = summary_markdown(out, {"model": "m", "generation": {}})
-    assert "| niah_single | 256 | maskkv | 8 | 10 | 40.0 | 0.50 |" in text
+    assert "| niah_single | 256 | maskkv | 8 | 10 | 40.0 | - | 0.50 |" in text  # no scores, no interval
 
 
 def test_plan_cases_budgets_only_for_evicting_policies() -> None:

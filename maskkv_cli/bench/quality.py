@@ -18,7 +18,9 @@ evicting policies only: ``full`` and ``none`` run once, with budget ``None``.
 
 One row per (task, length, policy, budget): ``n``, ``accuracy`` (``metrics.aggregate``: 100 x mean score),
 ``retention`` (accuracy / the ``full`` accuracy of the same task and length; None when ``full`` is 0 or was
-not run), ``budget_share`` (budget / mean prompt tokens), ``mean_prompt_tokens`` and timings.
+not run), ``ci95`` (the accuracy's 95% interval), ``budget_share`` (budget / mean prompt tokens),
+``mean_prompt_tokens`` and timings. Beside the rows, ``paired``: MaskKV against every other policy at the same
+budget, task by task (``bench/paired.py``).
 
 The results folder (``results.ResultsFolder``) holds ``config.json``, ``results.jsonl``, ``predictions.jsonl``
 (one line per task and case), ``summary.md`` and ``quality.png``. A row's ``key`` hashes everything that
@@ -40,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from maskkv_cli.bench.metrics import aggregate, metric_for, score
+from maskkv_cli.bench.paired import add_intervals, paired_comparisons, paired_markdown
 from maskkv_cli.bench.results import ResultsFolder, atomic_write_bytes, atomic_write_text, read_jsonl, settings_key
 from maskkv_cli.bench.tasks import KINDS, Task, generate_tasks, load_jsonl, split_paragraphs
 from maskkv_cli.errors import UsageError
@@ -55,8 +58,8 @@ PREDICTIONS_FILE = "predictions.jsonl"
 DOCUMENT_QUESTION = "document_question"  # the chat template around document + question (the synthetic tasks)
 SUMMARY_FILE = "summary.md"
 PLOT_FILE = "quality.png"
-TABLE_HEADERS: tuple[str, ...] = ("task", "length", "policy", "budget", "n", "accuracy", "retention", "share",
-                                  "prompt", "s/sample")
+TABLE_HEADERS: tuple[str, ...] = ("task", "length", "policy", "budget", "n", "accuracy", "95% interval",
+                                  "retention", "share", "prompt", "s/sample")
 _FINGERPRINT_BYTES = 1 << 20
 
 
@@ -379,6 +382,7 @@ def table_cells(row: dict[str, Any]) -> list[str]:
         "-" if row.get("budget") is None else str(row["budget"]),
         str(row["n"]),
         f"{float(row['accuracy']):.1f}",
+        "-" if not row.get("ci95") else f"{row['ci95'][0]:.1f}-{row['ci95'][1]:.1f}",
         _fmt(row.get("retention"), ".2f"),
         _fmt(row.get("budget_share"), ".1%"),
         _fmt(row.get("mean_prompt_tokens"), ".0f"),
@@ -392,7 +396,8 @@ def _own_lengths(rows: Sequence[dict[str, Any]], gen: dict[str, Any]) -> str:
     return f" (LongBench answer lengths, one token per step: {', '.join(own)})" if own else ""
 
 
-def summary_markdown(rows: Sequence[dict[str, Any]], settings: dict[str, Any]) -> str:
+def summary_markdown(rows: Sequence[dict[str, Any]], settings: dict[str, Any],
+                     paired: Sequence[dict[str, Any]] = ()) -> str:
     gen = settings.get("generation", {})
     lines = [
         "# maskkv bench quality",
@@ -403,6 +408,7 @@ def summary_markdown(rows: Sequence[dict[str, Any]], settings: dict[str, Any]) -
         f"- generation: {gen.get('gen_length')} tokens, {gen.get('steps')} steps, blocks of "
         f"{gen.get('block_length')}, greedy" + _own_lengths(rows, gen),
         "- accuracy: 100 x mean score (exact match for the synthetic tasks, LongBench metric per dataset); "
+        "95% interval: of the accuracy (Wilson for exact match); "
         "retention: accuracy / full-cache accuracy of the same task and length; share: budget / mean prompt "
         "tokens; prompt: mean prompt tokens (chat template included); s/sample: seconds per answer",
         "",
@@ -411,7 +417,8 @@ def summary_markdown(rows: Sequence[dict[str, Any]], settings: dict[str, Any]) -
     ]
     for row in display_order(rows):
         lines.append("| " + " | ".join(table_cells(row)) + " |")
-    return "\n".join(lines) + "\n"
+    section = paired_markdown(paired)
+    return "\n".join(lines) + "\n" + ("\n" + section if section else "")
 
 
 def plot_quality(rows: Sequence[dict[str, Any]], path: Path) -> bool:
@@ -493,6 +500,7 @@ class QualityRun:
     ran: int  # rows computed now
     plot: Path | None
     notes: list[str] = field(default_factory=list)
+    paired: list[dict[str, Any]] = field(default_factory=list)  # maskkv against each policy (bench/paired.py)
 
 
 def _case_row(group: TaskGroup, case: Case, key: str, scores: list[float], seconds: list[float],
@@ -643,12 +651,17 @@ def run_quality(
         if on_progress:
             on_progress(QualityProgress(case, ci + 1, len(cases), done, total, finished=True, rows=tuple(case_rows),
                                         reused=all_reused, seconds=time.perf_counter() - started))
-    rows = add_retention(folder.ordered())
+    # Per-task scores by position: every case answers a group's tasks in the same order.
+    task_scores = {key: {str(i): float(line["score"]) for i, line in enumerate(lines)}
+                   for key, lines in predictions.items()}
+    rows = add_intervals(add_retention(folder.ordered()),
+                         {key: list(by_task.values()) for key, by_task in task_scores.items()})
+    paired = paired_comparisons(rows, task_scores)
     folder.update(rows)
-    folder.write_text(SUMMARY_FILE, summary_markdown(rows, settings))
+    folder.write_text(SUMMARY_FILE, summary_markdown(rows, settings, paired))
     plot: Path | None = folder.path / PLOT_FILE
     if not plot_quality(rows, folder.path / PLOT_FILE):
         plot = None
         notes.append("matplotlib is not installed: skipped quality.png (pip install 'maskkv[plot]')")
     return QualityRun(rows=rows, folder=folder.path, settings=settings, reused=len(planned) - ran, ran=ran,
-                      plot=plot, notes=notes)
+                      plot=plot, notes=notes, paired=paired)

@@ -140,6 +140,19 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
     Console(stderr=False).print(table)
 
 
+def _paired_line(paired: list[dict[str, Any]]) -> str:
+    """One line on the task-by-task comparisons (the whole table is in summary.md)."""
+    ahead = sum(1 for c in paired if c["wins"] > c["losses"])
+    behind = [c for c in paired if c["wins"] < c["losses"]]
+    line = (f"{paired[0]['reference']} task by task against the other policies at the same budget: ahead in "
+            f"{ahead}, behind in {len(behind)} of {len(paired)} comparisons")
+    clear = [c for c in behind if c["p"] < 0.05]
+    if clear:
+        cells = ", ".join(f"{c['policy']} on {c['task']} {c['length']} @{c['budget']}" for c in clear)
+        return f"{line}; significantly behind (sign test p < 0.05): {cells}"
+    return f"{line}; none of those significant (sign test p < 0.05)" if behind else line
+
+
 @bench_app.command("quality")
 @guarded
 def quality(
@@ -169,6 +182,8 @@ def quality(
     Tasks are generated once per (kind, length) with the model's tokenizer (or read from a LongBench JSONL
     file), then every policy/budget answers every task greedily. Writes a results folder (config.json,
     results.jsonl, predictions.jsonl, summary.md, quality.png); a re-run with identical settings reuses its rows.
+    Each row has a 95% interval; summary.md (and --json's "paired") compares maskkv with every other policy at
+    the same budget task by task (sign test on the tasks where they differ).
 
     Examples:
 
@@ -238,9 +253,11 @@ def quality(
     for message in run.notes:
         note(message, quiet, as_json)
     if as_json:
-        typer.echo(json.dumps({"results": run.rows}))
+        typer.echo(json.dumps({"results": run.rows, "paired": run.paired}))
         return
     _print_table(run.rows)
+    if not quiet and run.paired:
+        sys.stderr.write(_paired_line(run.paired) + "\n")
     if not quiet:
         reused = f", {run.reused} rows reused" if run.reused else ""
         sys.stderr.write(f"results: {run.folder}{reused}\n")
