@@ -185,3 +185,27 @@ def test_rope_theta_sets_a_new_base_on_a_trained_model(tmp_path):
     assert load_model(moved).config.rope_theta == 500000.0
     kept = train(replace(small(tmp_path / "c", 2), init_from=str(first)))
     assert load_model(kept).config.rope_theta == 10000.0
+
+
+def test_cli_passes_training_options_and_refuses_bad_ones(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import maskkv_cli.training as training
+    from maskkv_cli.cli import app
+
+    seen: list[TrainConfig] = []
+
+    def fake_train(cfg, on_event=None):
+        seen.append(cfg)
+        return tmp_path / "final"
+
+    monkeypatch.setattr(training, "train", fake_train)
+    base = ["train-tiny", "--out", str(tmp_path / "run")]
+    result = CliRunner().invoke(app, [*base, "--distractors", "3-7", "--eval-n", "80", "--eval-every", "100"])
+    assert result.exit_code == 0, result.output
+    assert (seen[0].distractors, seen[0].eval_n, seen[0].eval_every) == ((3, 7), 80, 100)
+    for bad, message in ((["--eval-n", "0"], "--eval-n"), (["--distractors", "2-200"], "at most"),
+                         (["--distractors", "x"], "--distractors")):
+        result = CliRunner().invoke(app, [*base, *bad])
+        assert result.exit_code != 0 and message in result.output and "Traceback" not in result.output
+    assert len(seen) == 1

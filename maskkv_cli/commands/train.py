@@ -29,6 +29,9 @@ def train_tiny(
                                              "example: N or LOW-HIGH, drawn per example (the in-run evaluation "
                                              "keeps the benchmark's 3).")] = "3",
     answer_len: Annotated[int, typer.Option("--answer-len", help="Answer region in tokens.")] = 8,
+    eval_n: Annotated[int, typer.Option("--eval-n", help="Tasks per kind in the in-run evaluation (at --max-len); "
+                                        "one task of 32 is 3 points, so compare runs with more.")] = 32,
+    eval_every: Annotated[int, typer.Option("--eval-every", help="Steps between in-run evaluations.")] = 250,
     full_mask: Annotated[float, typer.Option("--full-mask", help="Probability of masking an example's whole "
                                              "answer region (else k ~ U{1..R} tokens).")] = 0.0,
     position_window: Annotated[int | None, typer.Option(
@@ -78,12 +81,15 @@ def train_tiny(
         raise UsageError("--grow-layers adds blocks to a trained model: give it with --init-from")
     if not 0 <= grow_layers:
         raise UsageError(f"--grow-layers must be >= 0, got {grow_layers}")
+    if eval_n < 1 or eval_every < 1:
+        raise UsageError(f"--eval-n and --eval-every must be positive, got {eval_n} and {eval_every}")
     if not 0.0 <= full_mask <= 1.0:
         raise UsageError(f"--full-mask must be a probability between 0 and 1, got {full_mask}")
     cfg = TrainConfig(out=str(out), steps=steps, batch_size=batch_size, lr=lr, min_len=min_len, max_len=max_len,
                       curriculum_steps=curriculum_steps, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
                       mlp_hidden_size=3 * d_model, threads=threads, seed=seed, answer_len=answer_len,
                       full_mask=full_mask, position_window=position_window, distractors=distractor_range,
+                      eval_n=eval_n, eval_every=eval_every,
                       mix=mix, init_from=str(init_from) if init_from else None,
                       grow_layers=grow_layers, rope_theta=rope_theta, stop_after=stop_after)
 
