@@ -61,7 +61,7 @@ def test_paired_comparisons_match_tasks_within_a_cell() -> None:
     assert one["p"] == 1.0
     assert "| t | 256 | 8 | snapkv | 75.0 | 50.0 | 2 | 1 | 1 |" in paired_markdown([one])  # p = 1
     assert paired_markdown([]) == ""
-    with_ci = add_intervals(rows, {k: list(v.values()) for k, v in scores.items()} | {"f": []})
+    with_ci = add_intervals(rows, scores | {"f": {}})
     assert with_ci[0]["ci95"] == list(wilson_interval(3, 4)) and with_ci[3]["ci95"] is None
     assert "ci95" not in rows[0]
 

@@ -15,6 +15,11 @@ from typing import Any
 Z95 = 1.959964  # two-sided 95% normal quantile
 
 
+def _percent(low: float, high: float) -> tuple[float, float]:
+    """A proportion interval as percentages, clipped to 0-100 and rounded to 0.1."""
+    return (round(100 * max(0.0, low), 1), round(100 * min(1.0, high), 1))
+
+
 def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
     """Wilson score interval of a proportion, in percent (sound at 0% and 100%, unlike mean +- z sd)."""
     if n <= 0:
@@ -22,7 +27,7 @@ def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, fl
     p = successes / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (round(100 * max(0.0, centre - half), 1), round(100 * min(1.0, centre + half), 1))
+    return _percent(centre - half, centre + half)
 
 
 def score_interval(scores: Sequence[float], z: float = Z95) -> tuple[float, float]:
@@ -35,7 +40,7 @@ def score_interval(scores: Sequence[float], z: float = Z95) -> tuple[float, floa
     mean = sum(scores) / n
     sd = math.sqrt(sum((s - mean) ** 2 for s in scores) / (n - 1)) if n > 1 else 0.0
     half = z * sd / math.sqrt(n)
-    return (round(100 * max(0.0, mean - half), 1), round(100 * min(1.0, mean + half), 1))
+    return _percent(mean - half, mean + half)
 
 
 def sign_test(wins: int, losses: int) -> float:
@@ -47,11 +52,13 @@ def sign_test(wins: int, losses: int) -> float:
     return min(1.0, 2 * tail)
 
 
-def add_intervals(rows: Sequence[dict[str, Any]], scores: Mapping[str, Sequence[float]]) -> list[dict[str, Any]]:
-    """Copies of the rows with ``ci95`` = [low, high] from the per-task scores of their ``key`` (None without)."""
+def add_intervals(rows: Sequence[dict[str, Any]], task_scores: Mapping[str, Mapping[str, float]]
+                  ) -> list[dict[str, Any]]:
+    """Copies of the rows with ``ci95`` = [low, high] from the per-task scores of their ``key`` (row key -> task
+    id -> score; None for a row without scores)."""
     out = []
     for row in rows:
-        values = scores.get(str(row.get("key")))
+        values = list(task_scores.get(str(row.get("key")), {}).values())
         out.append({**row, "ci95": list(score_interval(values)) if values else None})
     return out
 
@@ -70,12 +77,12 @@ def paired_comparisons(rows: Sequence[dict[str, Any]], task_scores: Mapping[str,
     out: list[dict[str, Any]] = []
     for (task, length, budget), policies in by_cell.items():
         ref = policies.get(reference)
-        if ref is None:
+        ref_scores = task_scores.get(str(ref.get("key")), {}) if ref is not None else {}
+        if not ref_scores:
             continue
-        ref_scores = task_scores.get(str(ref.get("key")), {})
         for policy, row in policies.items():
             other = task_scores.get(str(row.get("key")), {})
-            if policy == reference or not ref_scores or not other:
+            if policy == reference or not other:
                 continue
             shared = ref_scores.keys() & other.keys()
             wins = sum(1 for t in shared if ref_scores[t] > other[t])

@@ -654,8 +654,7 @@ def run_quality(
     # Per-task scores by position: every case answers a group's tasks in the same order.
     task_scores = {key: {str(i): float(line["score"]) for i, line in enumerate(lines)}
                    for key, lines in predictions.items()}
-    rows = add_intervals(add_retention(folder.ordered()),
-                         {key: list(by_task.values()) for key, by_task in task_scores.items()})
+    rows = add_intervals(add_retention(folder.ordered()), task_scores)
     paired = paired_comparisons(rows, task_scores)
     folder.update(rows)
     folder.write_text(SUMMARY_FILE, summary_markdown(rows, settings, paired))

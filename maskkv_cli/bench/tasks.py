@@ -96,6 +96,11 @@ class Task:
     meta: dict[str, Any] = field(default_factory=dict, hash=False)
 
 
+def max_distractors() -> int:
+    """The most distractor needles a niah_multikey task can have: one other key word each."""
+    return len(KEY_WORDS) - 1
+
+
 def count_words(text: str) -> int:
     """Default length measure: whitespace-separated words."""
     return len(text.split())
@@ -399,8 +404,8 @@ def generate_tasks(
         raise ValueError(f"the number of tasks must be >= 0, got {n}")
     if length < 1:
         raise ValueError(f"the target length must be >= 1, got {length}")
-    if not 0 <= distractors < len(KEY_WORDS):
-        raise ValueError(f"the number of distractor needles must be 0 to {len(KEY_WORDS) - 1}, got {distractors}")
+    if not 0 <= distractors <= max_distractors():
+        raise ValueError(f"the number of distractor needles must be 0 to {max_distractors()}, got {distractors}")
     if haystack is None:
         paragraphs = load_corpus()
         source = "corpus"

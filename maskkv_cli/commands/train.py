@@ -68,13 +68,13 @@ def train_tiny(
 
         OMP_NUM_THREADS=1 nohup maskkv train-tiny --out runs/tiny --json > train.log &
     """
-    from maskkv_cli.bench.tasks import KEY_WORDS
+    from maskkv_cli.bench.tasks import max_distractors
     from maskkv_cli.training import TrainConfig, TrainEvent, install_model, parse_mix, parse_range, train
 
     mix = parse_mix(kinds)
     distractor_range = parse_range(distractors, "--distractors")
-    if distractor_range[1] >= len(KEY_WORDS):
-        raise UsageError(f"--distractors: at most {len(KEY_WORDS) - 1} (one key word each), got {distractors!r}")
+    if distractor_range[1] > max_distractors():  # checked here, before any training starts
+        raise UsageError(f"--distractors: at most {max_distractors()} (one key word each), got {distractors!r}")
     if rope_theta is not None and rope_theta <= 1:
         raise UsageError(f"--rope-theta must be greater than 1, got {rope_theta}")
     if grow_layers and init_from is None:
