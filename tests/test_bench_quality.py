@@ -207,3 +207,22 @@ def test_exported_tasks_give_the_same_cells_as_generating_them(tiny_dir: Path, t
 
     generated = cells("--lengths", "40,64")
     assert cells("--tasks", str(path)) == generated and len(generated) == 4
+
+
+def test_model_fingerprint_ignores_notes_but_not_weights_or_config(tiny_dir: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from maskkv_cli.bench.quality import model_fingerprint
+
+    copy = tmp_path / "model"
+    shutil.copytree(tiny_dir, copy)
+    base = model_fingerprint(copy)
+    assert model_fingerprint(tiny_dir) == base  # where the folder lives does not matter
+    (copy / "training.json").write_text('{"note": "edited"}')
+    (copy / "README.md").write_text("# notes\n")
+    assert model_fingerprint(copy) == base
+    config = copy / "config.json"
+    data = json.loads(config.read_text())
+    data["rope_theta"] = float(data["rope_theta"]) * 2
+    config.write_text(json.dumps(data))
+    assert model_fingerprint(copy) != base
