@@ -226,3 +226,38 @@ def test_model_fingerprint_ignores_notes_but_not_weights_or_config(tiny_dir: Pat
     data["rope_theta"] = float(data["rope_theta"]) * 2
     config.write_text(json.dumps(data))
     assert model_fingerprint(copy) != base
+
+
+def _distractor_answerer(self: Session, ids: list[int], gen: Any, cache: Any, on_event: Any = None) -> Any:
+    """Answers with the number of a needle whose key is not the one asked about (the wrong key matched)."""
+    import re
+
+    text = self.tokenizer.decode(ids)
+    asked = re.findall(r"What is the special magic number for (\w+)\?", text)[-1]
+    others = [value for key, value in re.findall(r"The special magic number for (\w+) is (\d+)\.", text)
+                if key != asked]
+    return SimpleNamespace(text=others[0] if others else "0", notes=[], result=None)
+
+
+def test_wrong_answers_that_are_another_needles_number_are_counted(tiny_dir: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from maskkv_cli.bench.tasks import distractor_values, generate_tasks
+
+    task = generate_tasks("niah_multikey", 1, 120, seed=3, distractors=4)[0]
+    assert len(distractor_values(task)) == 4 and task.answers[0] not in distractor_values(task)
+    assert distractor_values(generate_tasks("niah_single", 1, 120, seed=3)[0]) == set()
+
+    monkeypatch.setattr(Session, "answer_ids", _distractor_answerer)
+    out = tmp_path / "q"
+    result = bench("--model", str(tiny_dir), "--tasks", "niah_single,niah_multikey", "--lengths", "64", "-n", "3",
+                   "--policies", "full", "--out", str(out), "--json", *FAST)
+    assert result.exit_code == 0, result.output
+    rows = {row["task"]: row for row in json.loads(result.stdout)["results"]}
+    assert rows["niah_multikey"]["distractor_answers"] == 3 and rows["niah_multikey"]["accuracy"] == 0.0
+    assert rows["niah_single"]["distractor_answers"] is None
+    lines = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert all(line["distractor"] for line in lines if line["task"] == "niah_multikey")
+    assert not any("distractor" in line for line in lines if line["task"] == "niah_single")
+    summary = (out / "summary.md").read_text()
+    assert "| niah_multikey | 64 | full | - | 3 | 3 | 0 |" in summary
+    assert "| niah_single | 64 |" not in summary.split("## Wrong answers")[1]

@@ -44,7 +44,7 @@ from typing import Any
 from maskkv_cli.bench.metrics import aggregate, metric_for, score
 from maskkv_cli.bench.paired import add_intervals, paired_comparisons, paired_markdown
 from maskkv_cli.bench.results import ResultsFolder, atomic_write_bytes, atomic_write_text, read_jsonl, settings_key
-from maskkv_cli.bench.tasks import KINDS, Task, generate_tasks, load_jsonl, split_paragraphs
+from maskkv_cli.bench.tasks import KINDS, Task, distractor_values, generate_tasks, load_jsonl, split_paragraphs
 from maskkv_cli.errors import UsageError
 
 BENCH_KIND = "quality"
@@ -424,8 +424,27 @@ def summary_markdown(rows: Sequence[dict[str, Any]], settings: dict[str, Any],
     ]
     for row in display_order(rows):
         lines.append("| " + " | ".join(table_cells(row)) + " |")
-    section = paired_markdown(paired)
-    return "\n".join(lines) + "\n" + ("\n" + section if section else "")
+    sections = [text for text in (paired_markdown(paired), distractor_markdown(rows)) if text]
+    return "\n".join(lines) + "\n" + "".join("\n" + text for text in sections)
+
+
+def distractor_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    """For tasks with distractor needles: of the wrong answers, how many were another needle's number (the
+    wrong key matched, or eviction kept a distractor and lost the answer) and how many were digits no needle
+    has (the copy went wrong). Empty when no row counted them."""
+    counted = [row for row in display_order(rows) if row.get("distractor_answers") is not None]
+    if not counted:
+        return ""
+    lines = ["## Wrong answers: another needle's number or none", "",
+             "| task | length | policy | budget | wrong | another needle's number | no needle's number |",
+             "|---|---:|---|---:|---:|---:|---:|"]
+    for row in counted:
+        wrong = int(row["n"]) - round(float(row.get("score_sum", 0.0)))
+        other = int(row["distractor_answers"])
+        budget = "-" if row.get("budget") is None else str(row["budget"])
+        lines.append(f"| {row['task']} | {row['length']} | {row['policy']} | {budget} | {wrong} | {other} | "
+                     f"{wrong - other} |")
+    return "\n".join(lines) + "\n"
 
 
 def plot_quality(rows: Sequence[dict[str, Any]], path: Path) -> bool:
@@ -540,6 +559,12 @@ def _case_row(group: TaskGroup, case: Case, key: str, scores: list[float], secon
     }
 
 
+def _distractor_answers(lines: Sequence[dict[str, Any]]) -> int | None:
+    """How many answers were a distractor needle's number; None when no task of the row has distractors."""
+    marked = [line["distractor"] for line in lines if "distractor" in line]
+    return sum(marked) if marked else None
+
+
 def _prediction_lines(path: Path, keep: set[str]) -> dict[str, list[dict[str, Any]]]:
     kept: dict[str, list[dict[str, Any]]] = {}
     for line in read_jsonl(path):
@@ -643,13 +668,18 @@ def run_quality(
                         notes.append(message)
                 value = score(task.dataset, answer.text, task.answers, all_classes=task.meta.get("all_classes"))
                 scores.append(value)
-                lines.append({"key": key, "id": task.meta.get("_id"), "task": group.task, "length": group.length,
-                              "policy": case.policy, "budget": case.budget, "prediction": answer.text,
-                              "gold": list(task.answers), "score": round(value, 6)})
+                line = {"key": key, "id": task.meta.get("_id"), "task": group.task, "length": group.length,
+                        "policy": case.policy, "budget": case.budget, "prediction": answer.text,
+                        "gold": list(task.answers), "score": round(value, 6)}
+                others = distractor_values(task)
+                if others:
+                    line["distractor"] = answer.text.strip() in others
+                lines.append(line)
                 done += 1
                 if on_progress:
                     on_progress(QualityProgress(case, ci + 1, len(cases), done, total))
             row = _case_row(group, case, key, scores, seconds, prefill, settings, group_gens[gi])
+            row["distractor_answers"] = _distractor_answers(lines)
             predictions[key] = lines
             write_predictions()  # before the row: a row in results.jsonl always has its predictions
             folder.put(row)

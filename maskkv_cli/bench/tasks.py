@@ -101,6 +101,17 @@ def max_distractors() -> int:
     return len(KEY_WORDS) - 1
 
 
+def distractor_values(task: Task) -> set[str]:
+    """The numbers of a task's distractor needles (generated niah_multikey tasks; empty for other tasks and for
+    records written before needles carried their value), so a wrong answer can be told apart: another needle's
+    number (the wrong key matched) or digits no needle has (the copy went wrong)."""
+    needles = task.meta.get("needles")
+    if not isinstance(needles, list):
+        return set()
+    return {str(n["value"]) for n in needles
+            if isinstance(n, dict) and n.get("role") == "distractor" and n.get("value") is not None}
+
+
 def count_words(text: str) -> int:
     """Default length measure: whitespace-separated words."""
     return len(text.split())
@@ -358,7 +369,8 @@ def _generate_one(
     )
     answer = ANSWER_SEPARATOR.join(payload for _, payload in answer_needles)
     needles_meta = [
-        {"text": plan.needles[j], "start": starts[j], "depth": realised[j], "role": plan.roles[j]}
+        {"text": plan.needles[j], "start": starts[j], "depth": realised[j], "role": plan.roles[j],
+         "value": plan.payloads[j]}
         for j in range(len(plan.needles))
     ]
     meta: dict[str, Any] = {
