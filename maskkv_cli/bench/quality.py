@@ -429,14 +429,14 @@ def summary_markdown(rows: Sequence[dict[str, Any]], settings: dict[str, Any],
 
 
 def distractor_markdown(rows: Sequence[dict[str, Any]]) -> str:
-    """For tasks with distractor needles: of the wrong answers, how many were another needle's number (the
-    wrong key matched, or eviction kept a distractor and lost the answer) and how many were digits no needle
-    has (the copy went wrong). Empty when no row counted them."""
+    """For tasks with distractor needles: of the wrong answers, how many were another needle's whole number (the
+    wrong key matched, or eviction kept a distractor and lost the answer) and how many were something else
+    (digits mixed from several needles, a wrong digit, cut short). Empty when no row counted them."""
     counted = [row for row in display_order(rows) if row.get("distractor_answers") is not None]
     if not counted:
         return ""
-    lines = ["## Wrong answers: another needle's number or none", "",
-             "| task | length | policy | budget | wrong | another needle's number | no needle's number |",
+    lines = ["## Wrong answers: another needle's number or something else", "",
+             "| task | length | policy | budget | wrong | another needle's number | something else |",
              "|---|---:|---|---:|---:|---:|---:|"]
     for row in counted:
         wrong = int(row["n"]) - round(float(row.get("score_sum", 0.0)))

@@ -104,7 +104,7 @@ def max_distractors() -> int:
 def distractor_values(task: Task) -> set[str]:
     """The numbers of a task's distractor needles (generated niah_multikey tasks; empty for other tasks and for
     records written before needles carried their value), so a wrong answer can be told apart: another needle's
-    number (the wrong key matched) or digits no needle has (the copy went wrong)."""
+    whole number (the wrong key matched) or something else (digits mixed from several needles, cut short)."""
     needles = task.meta.get("needles")
     if not isinstance(needles, list):
         return set()
