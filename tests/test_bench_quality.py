@@ -255,9 +255,21 @@ def test_wrong_answers_that_are_another_needles_number_are_counted(tiny_dir: Pat
     rows = {row["task"]: row for row in json.loads(result.stdout)["results"]}
     assert rows["niah_multikey"]["distractor_answers"] == 3 and rows["niah_multikey"]["accuracy"] == 0.0
     assert rows["niah_single"]["distractor_answers"] is None
+    multikey = rows["niah_multikey"]
+    assert multikey["wrong_digits"] > 0 and multikey["distractor_digits"] == multikey["wrong_digits"]
+    assert rows["niah_single"]["wrong_digits"] is None
     lines = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     assert all(line["distractor"] for line in lines if line["task"] == "niah_multikey")
     assert not any("distractor" in line for line in lines if line["task"] == "niah_single")
     summary = (out / "summary.md").read_text()
     assert "| niah_multikey | 64 | full | - | 3 | 3 | 0 |" in summary
     assert "| niah_single | 64 |" not in summary.split("## Wrong answers")[1]
+
+
+def test_digit_mixing_counts_places_taken_from_a_distractor() -> None:
+    from maskkv_cli.bench.tasks import digit_mixing
+
+    assert digit_mixing("5695", "3695", ["5123", "9"]) == (1, 1)
+    assert digit_mixing(" 12", "34", ["1"]) == (2, 1)  # the second place: no distractor has a 2 there
+    assert digit_mixing("4786", "4786815", ["4786815"]) == (0, 0)  # cut short: no place differs
+    assert digit_mixing("3310", "3310", ["3310"]) == (0, 0)

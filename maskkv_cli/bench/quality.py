@@ -44,7 +44,15 @@ from typing import Any
 from maskkv_cli.bench.metrics import aggregate, metric_for, score
 from maskkv_cli.bench.paired import add_intervals, paired_comparisons, paired_markdown
 from maskkv_cli.bench.results import ResultsFolder, atomic_write_bytes, atomic_write_text, read_jsonl, settings_key
-from maskkv_cli.bench.tasks import KINDS, Task, distractor_values, generate_tasks, load_jsonl, split_paragraphs
+from maskkv_cli.bench.tasks import (
+    KINDS,
+    Task,
+    digit_mixing,
+    distractor_values,
+    generate_tasks,
+    load_jsonl,
+    split_paragraphs,
+)
 from maskkv_cli.errors import UsageError
 
 BENCH_KIND = "quality"
@@ -436,14 +444,18 @@ def distractor_markdown(rows: Sequence[dict[str, Any]]) -> str:
     if not counted:
         return ""
     lines = ["## Wrong answers: another needle's number or something else", "",
-             "| task | length | policy | budget | wrong | another needle's number | something else |",
-             "|---|---:|---|---:|---:|---:|---:|"]
+             "Wrong digits: places where a wrong answer differs from the right number; of them, a distractor's: "
+             "the digit a distractor's number has at that place (about one in four by chance with three).", "",
+             "| task | length | policy | budget | wrong | another needle's number | something else | wrong digits "
+             "| of them a distractor's |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for row in counted:
         wrong = int(row["n"]) - round(float(row.get("score_sum", 0.0)))
         other = int(row["distractor_answers"])
         budget = "-" if row.get("budget") is None else str(row["budget"])
+        digits = [row.get("wrong_digits"), row.get("distractor_digits")]
         lines.append(f"| {row['task']} | {row['length']} | {row['policy']} | {budget} | {wrong} | {other} | "
-                     f"{wrong - other} |")
+                     f"{wrong - other} | " + " | ".join("-" if d is None else str(d) for d in digits) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -565,6 +577,11 @@ def _distractor_answers(lines: Sequence[dict[str, Any]]) -> int | None:
     return sum(marked) if marked else None
 
 
+def _line_sum(lines: Sequence[dict[str, Any]], field: str) -> int | None:
+    values = [int(line[field]) for line in lines if field in line]
+    return sum(values) if values else None
+
+
 def _prediction_lines(path: Path, keep: set[str]) -> dict[str, list[dict[str, Any]]]:
     kept: dict[str, list[dict[str, Any]]] = {}
     for line in read_jsonl(path):
@@ -674,12 +691,16 @@ def run_quality(
                 others = distractor_values(task)
                 if others:
                     line["distractor"] = answer.text.strip() in others
+                    line["wrong_digits"], line["distractor_digits"] = digit_mixing(answer.text, task.answers[0],
+                                                                                   others)
                 lines.append(line)
                 done += 1
                 if on_progress:
                     on_progress(QualityProgress(case, ci + 1, len(cases), done, total))
             row = _case_row(group, case, key, scores, seconds, prefill, settings, group_gens[gi])
             row["distractor_answers"] = _distractor_answers(lines)
+            row["wrong_digits"] = _line_sum(lines, "wrong_digits")
+            row["distractor_digits"] = _line_sum(lines, "distractor_digits")
             predictions[key] = lines
             write_predictions()  # before the row: a row in results.jsonl always has its predictions
             folder.put(row)

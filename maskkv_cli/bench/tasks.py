@@ -112,6 +112,19 @@ def distractor_values(task: Task) -> set[str]:
             if isinstance(n, dict) and n.get("role") == "distractor" and n.get("value") is not None}
 
 
+def digit_mixing(prediction: str, answer: str, distractors: Iterable[str]) -> tuple[int, int]:
+    """(places where the prediction's character differs from the answer's, of those the places where some
+    distractor number has the predicted character at the same place), over the answer's length: how much of a
+    wrong number was copied from the wrong needles."""
+    others = list(distractors)
+    wrong = borrowed = 0
+    for place, (got, want) in enumerate(zip(prediction.strip(), answer, strict=False)):
+        if got != want:
+            wrong += 1
+            borrowed += any(len(other) > place and other[place] == got for other in others)
+    return wrong, borrowed
+
+
 def count_words(text: str) -> int:
     """Default length measure: whitespace-separated words."""
     return len(text.split())
