@@ -571,13 +571,9 @@ def _case_row(group: TaskGroup, case: Case, key: str, scores: list[float], secon
     }
 
 
-def _distractor_answers(lines: Sequence[dict[str, Any]]) -> int | None:
-    """How many answers were a distractor needle's number; None when no task of the row has distractors."""
-    marked = [line["distractor"] for line in lines if "distractor" in line]
-    return sum(marked) if marked else None
-
-
 def _line_sum(lines: Sequence[dict[str, Any]], field: str) -> int | None:
+    """The sum of a per-answer mark or count over a row's prediction lines (True counts 1); None when no line has
+    it (no task of the row has distractor needles)."""
     values = [int(line[field]) for line in lines if field in line]
     return sum(values) if values else None
 
@@ -698,7 +694,7 @@ def run_quality(
                 if on_progress:
                     on_progress(QualityProgress(case, ci + 1, len(cases), done, total))
             row = _case_row(group, case, key, scores, seconds, prefill, settings, group_gens[gi])
-            row["distractor_answers"] = _distractor_answers(lines)
+            row["distractor_answers"] = _line_sum(lines, "distractor")
             row["wrong_digits"] = _line_sum(lines, "wrong_digits")
             row["distractor_digits"] = _line_sum(lines, "distractor_digits")
             predictions[key] = lines
