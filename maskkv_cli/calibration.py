@@ -33,7 +33,7 @@ from maskkv_cli.engine.forward import MLP_CHUNK, attention_shift
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.llada import LLaDA
 from maskkv_cli.paths import config_file
-from maskkv_cli.policies.base import PolicyOptions
+from maskkv_cli.policies.base import PolicyOptions, uses_importance
 
 __all__ = [
     "LAYER_BUDGET_MODES",
@@ -52,7 +52,6 @@ __all__ = [
 ]
 
 LAYER_BUDGET_MODES = ("auto", "online", "uniform", "off")  # "off" is an alias of "uniform"
-USES_IMPORTANCE = ("maskkv",)  # policies whose layer budgets come from I(l)
 _FIELDS = ("model", "model_path", "n_layers", "importance", "inputs", "tokens", "created", "maskkv_version")
 
 
@@ -312,11 +311,12 @@ def resolve_importance(
     - ``uniform`` (alias ``off``): uniform layer budgets (``importance`` None), no note.
     - ``online``: ``importance`` None (the plan stays uniform); the caller must run the prefill with
       ``online_importance=True`` so that the budgets come from the current input.
-    Only the ``maskkv`` policy uses layer importance; for the others ``options`` come back unchanged, no note.
+    Only the policies that use layer importance (``maskkv``, ``maskkv-residual``) read it; for the others
+    ``options`` come back unchanged, no note.
     """
     if mode not in LAYER_BUDGET_MODES:
         raise UsageError(f"--layer-budgets must be one of auto, online, uniform; got {mode!r}")
-    if policy_name not in USES_IMPORTANCE:
+    if not uses_importance(policy_name):
         return options, None
     if mode in ("uniform", "off"):
         return replace(options, importance=None), None

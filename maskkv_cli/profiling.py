@@ -377,6 +377,15 @@ def head_budget_matrix(records: Sequence[LayerRecord], row: int = 0) -> list[lis
     return [[int(x) for x in r.head_budgets[row].tolist()] for r in sorted(records, key=lambda r: r.layer)]
 
 
+def residual_matrix(records: Sequence[LayerRecord], row: int = 0) -> list[list[int]] | None:
+    """1 where a head holds a residual entry besides its kept entries (layers x heads); None when no head does."""
+    ordered = sorted(records, key=lambda r: r.layer)
+    if not any(r.residual is not None and bool(r.residual.any()) for r in ordered):
+        return None
+    return [[0] * r.head_budgets.shape[1] if r.residual is None else [int(x) for x in r.residual[row].tolist()]
+            for r in ordered]
+
+
 def preference_matrix(records: Sequence[LayerRecord], row: int = 0) -> list[list[float]] | None:
     """``P_h`` per head (layers x heads) when every layer reported it, else None."""
     ordered = sorted(records, key=lambda r: r.layer)
@@ -418,6 +427,7 @@ class RunProfile:
     dropped_tokens: int = 0
     rope_factor: int = 1
     notes: list[str] = field(default_factory=list)
+    residual: list[list[int]] | None = None  # layers x heads: 1 = the head holds a residual entry
 
     def as_dict(self) -> dict[str, Any]:
         pages: dict[str, Any] = (self.pages.as_dict() if self.pages is not None
@@ -428,6 +438,7 @@ class RunProfile:
             "dropped_tokens": self.dropped_tokens, "rope_factor": self.rope_factor, "stats": self.stats.as_dict(),
             "layer_budgets": self.layer_budgets, "head_budgets": self.head_budgets, "preference": self.preference,
             "importance": self.importance, "importance_source": self.importance_source, "pages": pages,
+            "residual_heads": self.residual,
         }
 
 
@@ -543,6 +554,7 @@ def profile_document(
             pages=mapped if isinstance(mapped, PageMap) else None,
             pages_note=mapped if isinstance(mapped, str) else None,
             dropped_tokens=fitted.dropped, rope_factor=fitted.rope_factor, notes=notes,
+            residual=residual_matrix(records) if records else None,
         ))
     if focus is None:
         focus = next((i for i, r in enumerate(runs) if r.evicted), None)

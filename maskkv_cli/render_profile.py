@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from maskkv_cli.errors import MaskKVError
+from maskkv_cli.policies.base import uses_importance
 from maskkv_cli.profiling import OUTSIDE, PageCount, ProfileReport, RunProfile, group_pages, quantize
 from maskkv_cli.render import human_bytes
 
@@ -168,7 +169,7 @@ def layer_chart(run: RunProfile, width: int = 24) -> RenderableType:
         why = "I(l) measured on this input (--layer-budgets online)"
     elif run.importance_source == "profile":
         why = "I(l) from the model's calibration profile"
-    elif run.spec.policy == "maskkv":
+    elif uses_importance(run.spec.policy):
         why = "no calibration profile was used: uniform layer budgets (run `maskkv calibrate` to make one)"
     else:
         why = f"{run.spec.policy} does not use layer importance: layer budgets only"
@@ -231,6 +232,10 @@ def report_renderables(report: ProfileReport, width: int, color: bool) -> list[R
     if run.head_budgets:
         out.append(heatmap(run.head_budgets, f"kept entries per head (layers x {report.heads})", "entries", color,
                            width))
+    if run.residual:
+        where = ", ".join(f"layer {i}: {', '.join(str(h) for h, on in enumerate(row) if on)}"
+                          for i, row in enumerate(run.residual) if any(row))
+        out.append(Text(f"diffuse heads with a residual entry (one of their budget): {where}", style="dim"))
     if run.preference:
         out.append(heatmap(run.preference, "P_h: share of the mask queries' attention on the prompt", "P_h",
                            color, min(width, 40 + 6)))

@@ -114,7 +114,7 @@ class Session:
         if budget is None and policy.evicts:
             budget = DEFAULT_BUDGET
         evicting = policy.evicts and budget is not None and budget < len(ids)
-        online = cache.layer_budgets == "online" and cache.policy == "maskkv"
+        online = cache.layer_budgets == "online" and policy.uses_importance
         prompt = torch.tensor([ids], dtype=torch.long, device=self.device)
         if self.model.config.family == "dream":
             from maskkv_cli.sampler_dream import DreamGenerationConfig, generate_dream

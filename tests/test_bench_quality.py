@@ -173,6 +173,21 @@ def test_rerun_reuses_finished_rows(tiny_dir: Path, tmp_path: Path, monkeypatch:
     assert len(calls) == 9 + 6
 
 
+def test_row_keys_carry_the_residual_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    from maskkv_cli.bench.quality import Case, TaskGroup, TaskSource, policy_rule, row_key
+    from maskkv_cli.policies.maskkv import MaskKVResidual
+
+    assert policy_rule("maskkv-residual") == {"residual_spread": 0.75}
+    assert policy_rule("maskkv") == policy_rule("snapkv") == policy_rule("full") == {}
+    group = TaskGroup(task="niah_single", length=40, tasks=[], prompts=[])
+    kwargs = {"seed": 0, "model_id": "m", "dtype": "float32", "gen": {}, "source": TaskSource("corpus", "", "")}
+    before = row_key(group, Case("maskkv-residual", 8), **kwargs)
+    other = row_key(group, Case("maskkv", 8), **kwargs)
+    monkeypatch.setattr(MaskKVResidual, "residual_default", 0.3)  # a changed rule: stored rows are not reused
+    assert row_key(group, Case("maskkv-residual", 8), **kwargs) != before
+    assert row_key(group, Case("maskkv", 8), **kwargs) == other
+
+
 def test_haystack_document(tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     doc = tmp_path / "notes.txt"
     doc.write_text("\n\n".join(f"Paragraph {i} says the harbor opens at dawn and the boats leave at noon."

@@ -117,6 +117,23 @@ def test_dream_kept_counts_per_kv_head(dream, policy):
         assert int(heads.sum()) == cfg.n_kv_heads * rec.layer_budget
 
 
+def test_dream_residual_entries_per_kv_head(dream):
+    budget = 6
+    ids = ids_of(dream, 80)
+    on = get_policy("maskkv-residual", PolicyOptions(residual_spread=0.01))  # random weights: force residual entries
+    out = generate_dream(dream, ids, GEN, on, budget)
+    cfg = dream.config
+    used = 0
+    for rec in out.records:
+        assert rec.residual is not None and rec.residual.shape == (1, cfg.n_kv_heads)
+        res = rec.residual[0].to(torch.int64)
+        assert int((rec.head_budgets[0] + res).sum()) == cfg.n_kv_heads * rec.layer_budget  # no extra entries
+        used += int(res.sum())
+    assert used > 0 and out.stats.kv_entries == cfg.n_layers * cfg.n_kv_heads * budget
+    full = generate_dream(dream, ids, GEN, get_policy("full")).tokens
+    assert torch.equal(generate_dream(dream, ids, GEN, on, 100).tokens, full)
+
+
 def test_cache_bytes_scale_with_kv_heads(dream):
     out = generate_dream(dream, ids_of(dream, 64), GEN, get_policy("full"))
     cfg = dream.config

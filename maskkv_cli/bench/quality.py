@@ -345,7 +345,20 @@ def row_key(group: TaskGroup, case: Case, *, seed: int, model_id: str, dtype: st
     return settings_key({
         "task": group.task, "length": group.length, "policy": case.policy, "budget": case.budget, "n": group.n,
         "seed": seed, "model": model_id, "dtype": dtype, "gen": gen, "source": source.as_dict(), **fmt,
+        **policy_rule(case.policy),
     })
+
+
+def policy_rule(name: str) -> dict[str, Any]:
+    """Settings of a policy that were added after rows were first stored: present only when they are on, so
+    rows of the other policies keep their keys and rows stored before a change are not reused after it."""
+    from maskkv_cli.policies.base import get_policy
+
+    try:
+        threshold = get_policy(name).residual_spread
+    except UsageError:
+        return {}
+    return {"residual_spread": threshold} if threshold > 0 else {}
 
 
 # ----- retention, table, summary ---------------------------------------------------------------------------

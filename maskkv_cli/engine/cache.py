@@ -23,6 +23,7 @@ class LayerCache:
     lengths: Tensor  # (B, H) int64: kept prompt entries per head (logical)
     positions: Tensor | None  # (B, H, K) int64 original prompt positions; None = all positions kept
     bias: Tensor | None  # (B, H_q, 1, K + L) additive mask (0 / -inf) in the compute dtype; None = dense
+    residual: Tensor | None = None  # (B, H) bool: heads whose last prompt slot is a residual entry (residual.py)
 
     def write_response(self, k: Tensor, v: Tensor) -> None:
         self.k[:, :, self.prompt_slots :].copy_(k)
@@ -35,7 +36,7 @@ class LayerCache:
     def nbytes(self) -> int:
         """Resident bytes of this layer (buffers, positions and bias)."""
         total = self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
-        for t in (self.positions, self.bias, self.lengths):
+        for t in (self.positions, self.bias, self.lengths, self.residual):
             if t is not None:
                 total += t.numel() * t.element_size()
         return total
@@ -53,8 +54,9 @@ class PromptCache:
     layers: list[LayerCache] = field(default_factory=list)
 
     def logical_entries(self) -> int:
-        """Kept prompt (key, value) pairs summed over layers, heads and batch."""
-        return int(sum(int(layer.lengths.sum()) for layer in self.layers))
+        """Kept prompt (key, value) pairs summed over layers, heads and batch (residual entries included)."""
+        return int(sum(int(layer.lengths.sum()) + (0 if layer.residual is None else int(layer.residual.sum()))
+                       for layer in self.layers))
 
     def nbytes(self) -> int:
         return sum(layer.nbytes() for layer in self.layers)
@@ -105,3 +107,27 @@ def select_layer(
         if group > 1:
             bias = bias.repeat_interleave(group, dim=1)
     return LayerCache(kb, vb, kmax, budgets, idx, bias)
+
+
+def add_residual(layer: LayerCache, k_r: Tensor, v_r: Tensor, offset: Tensor, heads: Tensor) -> LayerCache:
+    """The layer with one more prompt slot holding each selected head's residual entry.
+
+    k_r, v_r: (B, H_kv, D); offset: (B, H_q) logit offset; heads: (B, H_kv) bool, the heads that use their
+    residual (the slot is masked with ``-inf`` in the others). The kept entries and ``lengths`` are unchanged;
+    the new slot sits between the kept prompt entries and the response slot.
+    """
+    b, h, slots, d = layer.k.shape
+    k_slots = layer.prompt_slots
+    hq = offset.shape[1]
+    kb = layer.k.new_empty(b, h, slots + 1, d)
+    vb = layer.v.new_empty(b, h, slots + 1, d)
+    kb[:, :, :k_slots] = layer.k[:, :, :k_slots]
+    vb[:, :, :k_slots] = layer.v[:, :, :k_slots]
+    kb[:, :, k_slots] = k_r
+    vb[:, :, k_slots] = v_r
+    bias = torch.zeros(b, hq, 1, slots + 1, dtype=layer.k.dtype, device=layer.k.device)
+    if layer.bias is not None:
+        bias[..., :k_slots] = layer.bias[..., :k_slots]
+    use = heads.to(offset.device).repeat_interleave(hq // h, dim=1)
+    bias[:, :, 0, k_slots] = torch.where(use, offset, float("-inf")).to(bias.dtype)
+    return LayerCache(kb, vb, k_slots + 1, layer.lengths, layer.positions, bias, heads.clone())

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from maskkv_cli.budgets import boundary_layer_budgets
-from maskkv_cli.engine.cache import LayerCache, PromptCache, dense_layer, select_layer
+from maskkv_cli.engine.cache import LayerCache, PromptCache, add_residual, dense_layer, select_layer
+from maskkv_cli.engine.residual import attention_spread, diffuse_heads, residual_entries
 from maskkv_cli.models.families import DiffusionLM
 from maskkv_cli.policies.base import LayerView, Policy
 
@@ -37,6 +38,7 @@ class LayerRecord:
     preference: Tensor | None  # (B, H) P_h when computed
     positions: Tensor | None  # (B, H, K) kept prompt positions, padded with the last kept one; None = all
     importance: float | None = None  # I(l) of this input when measured online
+    residual: Tensor | None = None  # (B, H) bool: heads that hold a residual entry besides ``head_budgets``
 
 
 def attention_shift(x: Tensor, attn: Tensor, rows: int = SHIFT_ROWS) -> Tensor:
@@ -136,7 +138,28 @@ def _online_budget(layer_budgets: list[int], n_layers: int) -> int:
 
 def _record(i: int, budget: int, layer: LayerCache, pref: Tensor | None, importance: float | None) -> LayerRecord:
     return LayerRecord(i, budget, layer.lengths.cpu(), None if pref is None else pref.cpu(),
-                       layer.positions.cpu() if layer.positions is not None else None, importance)
+                       layer.positions.cpu() if layer.positions is not None else None, importance,
+                       None if layer.residual is None else layer.residual.cpu())
+
+
+def _select(policy: Policy, view: LayerView, q_mask: Tensor | None, k: Tensor, v: Tensor, scores: Tensor,
+            layer_budget: int, response_len: int, group: int) -> LayerCache:
+    """Head budgets and selection for one layer; with ``policy.residual_spread`` > 0 the diffuse heads keep one
+    entry fewer plus a residual entry (``engine/residual.py``; ``q_mask`` are the layer's mask queries)."""
+    m = view.prompt_len
+    heads = policy.head_budgets(view, layer_budget, scores)
+    threshold = policy.residual_spread
+    if threshold <= 0 or q_mask is None or not bool((heads < m).any()):
+        return select_layer(k, v, scores, heads, m, response_len, group)
+    diffuse = diffuse_heads(attention_spread(q_mask, k[:, :, :m], view.scale), heads, m, threshold)
+    if not bool(diffuse.any()):
+        return select_layer(k, v, scores, heads, m, response_len, group)
+    layer = select_layer(k, v, scores, heads - diffuse.to(heads.dtype), m, response_len, group)
+    kept = torch.zeros(scores.shape, dtype=torch.bool, device=k.device)
+    valid = torch.arange(layer.positions.shape[-1], device=k.device) < layer.lengths[..., None]  # type: ignore[union-attr]
+    kept.scatter_(-1, layer.positions, valid)  # type: ignore[arg-type]
+    k_r, v_r, offset = residual_entries(q_mask, k[:, :, :m], v[:, :, :m], kept, view.scale)
+    return add_residual(layer, k_r, v_r, offset, diffuse)
 
 
 def prefill(
@@ -187,7 +210,7 @@ def prefill(
         if budget >= prompt_len:  # the whole prompt fits: no eviction, exactly the full cache
             online, layer_budgets = False, None
     shifts: list[Tensor] = []
-    pending: list[tuple[StoredView, Tensor, Tensor, Tensor]] = []  # online: view, scores, full k, full v
+    pending: list[tuple[StoredView, Tensor | None, Tensor, Tensor, Tensor]] = []  # view, mask q, scores, k, v
     for i, block in enumerate(model.blocks):
         x, cos, sin = on_layer_device(model, i, x, cos, sin)
         q, k, v = chunked_qkv(block, x, cos, sin, mlp_chunk)  # q (B, H, T, D); k, v (B, H_kv, T, D)
@@ -199,14 +222,14 @@ def prefill(
         elif online:
             view = LayerView(i, n_layers, q, k, prompt_len, scale)
             scores = policy.scores(view, layer_budgets[i])  # (B, H_kv, M)
-            pending.append((_stored_view(view), scores, k, v))
+            q_mask = q[:, :, prompt_len:].clone() if policy.residual_spread > 0 else None
+            pending.append((_stored_view(view), q_mask, scores, k, v))
             del view, scores
         else:
             view = LayerView(i, n_layers, q, k, prompt_len, scale)
             lb = layer_budgets[i]
             scores = policy.scores(view, lb)  # (B, H_kv, M)
-            heads = policy.head_budgets(view, lb, scores)  # (B, H_kv)
-            layer = select_layer(k, v, scores, heads, prompt_len, response_len, group)
+            layer = _select(policy, view, q[:, :, prompt_len:], k, v, scores, lb, response_len, group)
             records.append(_record(i, lb, layer, policy.preference(view), None))
             cache.layers.append(layer)
             del view, scores
@@ -228,13 +251,12 @@ def prefill(
         budgets = boundary_layer_budgets(importance, budget, policy.options.beta, policy.options.boundary)
         pending.reverse()  # pop() from the end frees layer 0 first
         while pending:
-            view, scores, k, v = pending.pop()
+            view, q_mask, scores, k, v = pending.pop()
             lb = budgets[view.layer]
-            heads = policy.head_budgets(view, lb, scores)
-            layer = select_layer(k, v, scores, heads, prompt_len, response_len, group)
+            layer = _select(policy, view, q_mask, k, v, scores, lb, response_len, group)
             records.append(_record(view.layer, lb, layer, policy.preference(view), importance[view.layer]))
             cache.layers.append(layer)
-            del view, scores, k, v
+            del view, q_mask, scores, k, v
     else:
         for rec, value in zip(records, importance, strict=False):
             rec.importance = value

@@ -32,6 +32,7 @@ class PolicyOptions:
     adakv_floor: float = 0.2
     pyramid_beta: float = 20.0
     seed: int = 0  # random policy
+    residual_spread: float | None = None  # residual entries for heads at least this diffuse (None: the policy's)
 
 
 @dataclass
@@ -74,6 +75,15 @@ class Policy:
     summary: ClassVar[str] = ""
     uses_cache: ClassVar[bool] = True  # False: recompute the whole sequence at every step (``none``)
     evicts: ClassVar[bool] = True  # False: keep the whole prompt (``full``)
+    residual_default: ClassVar[float] = 0.0  # see ``residual_spread``; 0 = no residual entries
+    uses_importance: ClassVar[bool] = False  # True: layer budgets come from the layer importance I(l)
+
+    @property
+    def residual_spread(self) -> float:
+        """Heads whose mask queries spread their prompt attention over at least this share of the prompt
+        (perplexity / M) trade one entry for a residual entry (``maskkv_cli.engine.residual``); 0 turns it off."""
+        value = self.options.residual_spread
+        return self.residual_default if value is None else value
 
     def __init__(self, options: PolicyOptions | None = None) -> None:
         self.options = options or PolicyOptions()
@@ -110,6 +120,14 @@ def get_policy(name: str, options: PolicyOptions | None = None) -> Policy:
         return REGISTRY[name](options)
     except KeyError:
         raise UsageError(f"unknown policy {name!r}; choose one of: {', '.join(REGISTRY)}") from None
+
+
+def uses_importance(name: str) -> bool:
+    """Whether the policy called ``name`` takes its layer budgets from I(l) (False for unknown names)."""
+    import maskkv_cli.policies  # noqa: F401
+
+    cls = REGISTRY.get(name)
+    return bool(cls and cls.uses_importance)
 
 
 def policy_names() -> list[str]:

@@ -7,12 +7,19 @@ from torch import Tensor
 from maskkv_cli.budgets import boundary_layer_budgets, preference_head_budgets, uniform_layer_budgets
 from maskkv_cli.policies.base import LayerView, Policy, register
 
+# Heads whose mask queries each spread their prompt attention over at least three quarters of the prompt
+# (perplexity / M) get a residual entry. On the tiny model the two near-uniform heads of layer 0 sit at 0.88-0.96,
+# one last-layer head at 0.45-0.53 and the other 45 at or below 0.24 (docs/policies.md): the threshold sits in the
+# gap above the half-diffuse head.
+RESIDUAL_SPREAD = 0.75
+
 
 @register
 class MaskKV(Policy):
     name = "maskkv"
     summary = ("Mask-query voting: keep the prompt entries the response's mask queries attend to; layer budgets "
                "from a calibration profile (boundary-aware), head budgets by prompt preference.")
+    uses_importance = True
 
     def layer_budgets(self, n_layers: int, budget: int, prompt_len: int) -> list[int]:
         imp = self.options.importance
@@ -29,6 +36,14 @@ class MaskKV(Policy):
 
     def preference(self, view: LayerView) -> Tensor | None:
         return view.prompt_preference()
+
+
+@register
+class MaskKVResidual(MaskKV):
+    name = "maskkv-residual"
+    summary = ("MaskKV, and diffuse heads trade one entry for a residual entry standing in for what they evicted "
+               "(ours, opt-in; docs/policies.md).")
+    residual_default = RESIDUAL_SPREAD
 
 
 @register
