@@ -92,6 +92,18 @@ def test_maskkv_picks_the_positions_mask_queries_attend_to():
     assert layer.bias is None
 
 
+def test_maskkv_pooled_keeps_the_neighbours_of_a_voted_entry():
+    targets = {0: [10], 1: [20], 2: [0]}
+    view = _view_with_votes(targets)
+    scores = get_policy("maskkv-pooled").scores(view, 3)
+    layer = select_layer(view.k, view.k, scores, torch.full((1, 3), 3), view.prompt_len, view.response_len)
+    assert layer.positions[0, 0].tolist() == [9, 10, 11]
+    assert layer.positions[0, 1].tolist() == [19, 20, 21]
+    assert set(layer.positions[0, 2].tolist()[:2]) == {0, 1}  # at the edge: the one neighbour there is
+    plain = get_policy("maskkv").scores(view, 3)
+    assert torch.equal(plain, view.mask_mass()[..., : view.prompt_len])
+
+
 def test_prompt_preference_moves_budget_to_prompt_heads():
     m, mask_len, d = 32, 4, 16
     g = torch.Generator().manual_seed(1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from maskkv_cli.budgets import boundary_layer_budgets, preference_head_budgets, uniform_layer_budgets
+from maskkv_cli.engine.votes import pool_scores
 from maskkv_cli.policies.base import LayerView, Policy, register
 
 # Heads whose mask queries each spread their prompt attention over at least three quarters of the prompt
@@ -44,6 +45,20 @@ class MaskKVResidual(MaskKV):
     summary = ("MaskKV, and diffuse heads trade one entry for a residual entry standing in for what they evicted "
                "(ours, opt-in; docs/policies.md).")
     residual_default = RESIDUAL_SPREAD
+
+
+# Kernel of the neighbour pooling of ``maskkv-pooled``: a voted entry lends its score to the entry on each side.
+VOTE_POOL_KERNEL = 3
+
+
+@register
+class MaskKVPooled(MaskKV):
+    name = "maskkv-pooled"
+    summary = ("MaskKV with its votes max-pooled over 3 neighbouring tokens, so the entries beside a voted one "
+               "stay too (ours, opt-in; docs/tiny-model.md).")
+
+    def scores(self, view: LayerView, layer_budget: int) -> Tensor:
+        return pool_scores(super().scores(view, layer_budget), VOTE_POOL_KERNEL, "max")
 
 
 @register
