@@ -311,7 +311,7 @@ def resolve_importance(
     - ``uniform`` (alias ``off``): uniform layer budgets (``importance`` None), no note.
     - ``online``: ``importance`` None (the plan stays uniform); the caller must run the prefill with
       ``online_importance=True`` so that the budgets come from the current input.
-    Only the policies that use layer importance (``maskkv``, ``maskkv-residual``) read it; for the others
+    Only the policies that use layer importance (``maskkv`` and its variants) read it; for the others
     ``options`` come back unchanged, no note.
     """
     if mode not in LAYER_BUDGET_MODES:
