@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from prompts import random_ids
 from typer.testing import CliRunner
 
 import maskkv_cli.sampler as sampler_mod
@@ -39,8 +40,7 @@ runner = CliRunner()
 
 
 def ids_of(model, n=40, seed=0, masks=0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(6, model.config.vocab_size, (1, n), generator=g)
+    ids = random_ids(model, n, seed)
     if masks:
         ids = torch.cat([ids, torch.full((1, masks), model.config.mask_token_id)], 1)
     return ids

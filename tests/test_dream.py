@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from prompts import random_ids
 
 from maskkv_cli.models.config import named_config
 from maskkv_cli.models.dream import Dream
@@ -20,10 +21,6 @@ GEN = DreamGenerationConfig(gen_length=8, steps=8, alg="maskgit_plus")
 def dream(tiny_tokenizer):
     cfg = named_config("dream-tiny").with_(vocab_size=len(tiny_tokenizer))
     return Dream(cfg).init_weights(seed=2, std=0.2).eval()
-
-
-def ids_of(model, n=40, seed=0):
-    return torch.randint(6, model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(seed))
 
 
 def test_dream_7b_shapes_and_parameter_count():
@@ -52,12 +49,12 @@ def test_tiny_dream_round_trip_in_upstream_layout(tmp_path, dream, tiny_tokenize
     assert "model.layers.1.mlp.gate_proj.weight" in keys and "model.layers.0.self_attn.q_proj.bias" in keys
     loaded = load_model(folder)
     assert isinstance(loaded, Dream)
-    ids = ids_of(dream, 12)
+    ids = random_ids(dream, 12)
     assert torch.equal(loaded(ids), dream(ids))
 
 
 def test_logits_are_shifted(dream):
-    ids = ids_of(dream, 10)
+    ids = random_ids(dream, 10)
     x = dream.embed(ids)
     cos, sin = dream.rope(torch.arange(10))
     for block in dream.blocks:
@@ -85,7 +82,7 @@ def test_shift_decides_the_answer(tiny_tokenizer, policy):
     """Shifted, the first response position reads the last prompt token's hidden state and copies that token.
     Unshifted, it would read its own mask embedding and predict something else."""
     model = copy_model(tiny_tokenizer)
-    ids = ids_of(model, 20, seed=4)
+    ids = random_ids(model, 20, seed=4)
     out = generate_dream(model, ids, DreamGenerationConfig(gen_length=6, steps=6, alg="maskgit_plus"),
                          get_policy(policy), 8)
     last = int(ids[0, -1])
@@ -99,7 +96,7 @@ def test_shift_decides_the_answer(tiny_tokenizer, policy):
 
 @pytest.mark.parametrize("policy", EVICTING)
 def test_dream_budget_at_least_prompt_reproduces_full(dream, policy):
-    ids = ids_of(dream)
+    ids = random_ids(dream)
     full = generate_dream(dream, ids, GEN, get_policy("full")).tokens
     for budget in (39, 100):  # the cached segment is the prompt minus its last token
         assert torch.equal(generate_dream(dream, ids, GEN, get_policy(policy), budget).tokens, full)
@@ -108,7 +105,7 @@ def test_dream_budget_at_least_prompt_reproduces_full(dream, policy):
 @pytest.mark.parametrize("policy", EVICTING)
 def test_dream_kept_counts_per_kv_head(dream, policy):
     budget = 6
-    out = generate_dream(dream, ids_of(dream), GEN, get_policy(policy, PolicyOptions(window=4)), budget)
+    out = generate_dream(dream, random_ids(dream), GEN, get_policy(policy, PolicyOptions(window=4)), budget)
     cfg = dream.config
     assert out.layer_budgets is not None and sum(out.layer_budgets) == cfg.n_layers * budget
     for rec in out.records:
@@ -119,7 +116,7 @@ def test_dream_kept_counts_per_kv_head(dream, policy):
 
 def test_dream_residual_entries_per_kv_head(dream):
     budget = 6
-    ids = ids_of(dream, 80)
+    ids = random_ids(dream, 80)
     on = get_policy("maskkv-residual", PolicyOptions(residual_spread=0.01))  # random weights: force residual entries
     out = generate_dream(dream, ids, GEN, on, budget)
     cfg = dream.config
@@ -135,7 +132,7 @@ def test_dream_residual_entries_per_kv_head(dream):
 
 
 def test_cache_bytes_scale_with_kv_heads(dream):
-    out = generate_dream(dream, ids_of(dream, 64), GEN, get_policy("full"))
+    out = generate_dream(dream, random_ids(dream, 64), GEN, get_policy("full"))
     cfg = dream.config
     per_entry = 2 * cfg.head_dim * 4  # k and v, fp32
     assert out.stats.kv_bytes == cfg.n_layers * cfg.n_kv_heads * 63 * per_entry
@@ -144,7 +141,7 @@ def test_cache_bytes_scale_with_kv_heads(dream):
 
 def test_dream_algorithms_run(dream):
     for alg in ("origin", "maskgit_plus", "topk_margin", "entropy"):
-        out = generate_dream(dream, ids_of(dream), DreamGenerationConfig(gen_length=8, steps=4, alg=alg,
+        out = generate_dream(dream, random_ids(dream), DreamGenerationConfig(gen_length=8, steps=4, alg=alg,
                                                                          temperature=0.5, top_p=0.9, top_k=20),
                              get_policy("maskkv"), 8)
         assert not bool((out.tokens == dream.config.mask_token_id).any())

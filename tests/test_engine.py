@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from prompts import random_ids
 
 import maskkv_cli.engine.forward as fwd
 from maskkv_cli.engine.cache import select_layer
@@ -14,17 +15,12 @@ from maskkv_cli.sampler import GenerationConfig, generate
 EVICTING = [p for p in policy_names() if p not in ("none", "full")]
 
 
-def prompt_ids(model, n=40, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(6, model.config.vocab_size, (1, n), generator=g)
-
-
 GEN = GenerationConfig(gen_length=16, steps=8, block_length=8)
 
 
 @pytest.mark.parametrize("policy", EVICTING)
 def test_budget_at_least_prompt_reproduces_full(tiny_model, policy):
-    ids = prompt_ids(tiny_model)
+    ids = random_ids(tiny_model)
     full = generate(tiny_model, ids, GEN, get_policy("full")).tokens
     for budget in (40, 41, 500):
         out = generate(tiny_model, ids, GEN, get_policy(policy), budget)
@@ -34,7 +30,7 @@ def test_budget_at_least_prompt_reproduces_full(tiny_model, policy):
 
 @pytest.mark.parametrize("policy", EVICTING)
 def test_kept_counts_equal_budgets(tiny_model, policy):
-    ids = prompt_ids(tiny_model)
+    ids = random_ids(tiny_model)
     budget = 6
     out = generate(tiny_model, ids, GEN, get_policy(policy, PolicyOptions(window=4)), budget)
     cfg = tiny_model.config
@@ -60,7 +56,7 @@ def test_steps_attend_to_budget_plus_response(tiny_model, monkeypatch):
 
     monkeypatch.setattr(fwd.F, "scaled_dot_product_attention", spy)
     m, budget = 64, 5
-    generate(tiny_model, prompt_ids(tiny_model, m), GEN, get_policy("mask-vote-uniform"), budget)
+    generate(tiny_model, random_ids(tiny_model, m), GEN, get_policy("mask-vote-uniform"), budget)
     n_layers = tiny_model.config.n_layers
     assert seen[:n_layers] == [m + 16] * n_layers
     assert set(seen[n_layers:]) == {budget + 16}  # never the prompt length
@@ -134,7 +130,7 @@ def test_ragged_heads_are_padded_and_masked():
 
 def test_no_state_leaks_between_runs(tiny_model):
     before = {k: v.clone() for k, v in tiny_model.state_dict().items()}
-    ids = prompt_ids(tiny_model)
+    ids = random_ids(tiny_model)
     first = generate(tiny_model, ids, GEN, get_policy("full")).tokens
     for policy in EVICTING:
         generate(tiny_model, ids, GEN, get_policy(policy), 4)
@@ -144,21 +140,21 @@ def test_no_state_leaks_between_runs(tiny_model):
 
 
 def test_streamingllm_keeps_sinks_and_recent(tiny_model):
-    out = generate(tiny_model, prompt_ids(tiny_model, 30), GEN, get_policy("streamingllm"), 10)
+    out = generate(tiny_model, random_ids(tiny_model, 30), GEN, get_policy("streamingllm"), 10)
     for rec in out.records:
         for h in range(tiny_model.config.n_heads):
             assert rec.positions[0, h].tolist() == [0, 1, 2, 3, 24, 25, 26, 27, 28, 29]
 
 
 def test_snapkv_keeps_window(tiny_model):
-    out = generate(tiny_model, prompt_ids(tiny_model, 30), GEN, get_policy("snapkv", PolicyOptions(window=4)), 10)
+    out = generate(tiny_model, random_ids(tiny_model, 30), GEN, get_policy("snapkv", PolicyOptions(window=4)), 10)
     for rec in out.records:
         for h in range(tiny_model.config.n_heads):
             assert rec.positions[0, h].tolist()[-4:] == [26, 27, 28, 29]
 
 
 def test_kv_bytes_shrink_with_budget(tiny_model):
-    ids = prompt_ids(tiny_model, 64)
+    ids = random_ids(tiny_model, 64)
     full = generate(tiny_model, ids, GEN, get_policy("full")).stats
     small = generate(tiny_model, ids, GEN, get_policy("mask-vote-uniform"), 8).stats
     assert full.kv_bytes == full.kv_full_bytes
@@ -169,7 +165,7 @@ def test_chunked_prefill_matches_unchunked(tiny_model):
     from maskkv_cli.engine.forward import prefill
 
     m = 40
-    x = torch.cat([prompt_ids(tiny_model, m), torch.full((1, 16), tiny_model.config.mask_token_id)], 1)
+    x = torch.cat([random_ids(tiny_model, m), torch.full((1, 16), tiny_model.config.mask_token_id)], 1)
     rows = torch.arange(m, m + 16)
     policy = get_policy("maskkv")
     whole, cache_a, rec_a = prefill(tiny_model, x, m, policy, [8, 8], rows, mlp_chunk=4096)

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from prompts import random_ids
 
 from maskkv_cli.engine.cache import PromptCache, add_residual, select_layer
 from maskkv_cli.engine.residual import attention_spread, diffuse_heads, residual_entries
@@ -97,12 +98,11 @@ def test_only_diffuse_heads_that_evict_with_room_get_a_residual():
 ON = get_policy("maskkv-residual", PolicyOptions(residual_spread=0.01))
 
 
-def _ids(model, n=120, seed=0):
-    return torch.randint(6, model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(seed))
+PROMPT = 120  # tokens of the random prompts below
 
 
 def test_residual_costs_no_extra_entries(tiny_model):
-    ids, budget = _ids(tiny_model), 6
+    ids, budget = random_ids(tiny_model, PROMPT), 6
     out = generate(tiny_model, ids, GEN, ON, budget)
     assert any(r.residual is not None and bool(r.residual.any()) for r in out.records)
     total = 0
@@ -114,7 +114,7 @@ def test_residual_costs_no_extra_entries(tiny_model):
 
 
 def test_residual_is_opt_in(tiny_model):
-    ids = _ids(tiny_model)
+    ids = random_ids(tiny_model, PROMPT)
     assert get_policy("maskkv-residual").residual_spread == 0.75
     assert get_policy("maskkv").residual_spread == get_policy("snapkv").residual_spread == 0.0
     paper = generate(tiny_model, ids, GEN, get_policy("maskkv"), 6)
@@ -125,9 +125,9 @@ def test_residual_is_opt_in(tiny_model):
 
 @pytest.mark.parametrize("online", [False, True])
 def test_residual_changes_the_steps_and_budget_at_prompt_is_still_exact(tiny_model, online):
-    ids = _ids(tiny_model)
+    ids = random_ids(tiny_model, PROMPT)
     full = generate(tiny_model, ids, GEN, get_policy("full")).tokens
-    assert torch.equal(generate(tiny_model, ids, GEN, ON, 120, online_importance=online).tokens,
+    assert torch.equal(generate(tiny_model, ids, GEN, ON, PROMPT, online_importance=online).tokens,
                        full)
     on = generate(tiny_model, ids, GEN, ON, 6, online_importance=online)
     assert any(r.residual is not None and bool(r.residual.any()) for r in on.records)
@@ -141,7 +141,7 @@ def test_profile_matrix_and_layer_importance_follow_the_policy_class(tiny_model)
     from maskkv_cli.policies.base import uses_importance
     from maskkv_cli.profiling import residual_matrix
 
-    ids = _ids(tiny_model)
+    ids = random_ids(tiny_model, PROMPT)
     on = generate(tiny_model, ids, GEN, ON, 6)
     matrix = residual_matrix(on.records)
     assert matrix is not None and len(matrix) == tiny_model.config.n_layers

@@ -3,17 +3,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from prompts import random_ids
 
 import maskkv_cli.engine.forward as fwd
 from maskkv_cli.engine.forward import plain_logits, prefill
 from maskkv_cli.errors import UsageError
 from maskkv_cli.policies import get_policy
 from maskkv_cli.sampler import Event, GenerationConfig, _Forward, generate, transfer_schedule
-
-
-def prompt_ids(model, n=24, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(6, model.config.vocab_size, (1, n), generator=g)
 
 
 def test_transfer_schedule_rule():
@@ -34,7 +30,7 @@ def test_config_validation():
 
 def test_step0_full_cache_equals_plain_forward(tiny_model):
     m, gen_len = 24, 16
-    x = torch.cat([prompt_ids(tiny_model, m), torch.full((1, gen_len), tiny_model.config.mask_token_id)], 1)
+    x = torch.cat([random_ids(tiny_model, m), torch.full((1, gen_len), tiny_model.config.mask_token_id)], 1)
     rows = torch.arange(m, m + gen_len)
     ref = plain_logits(tiny_model, x, rows)
     got, cache, _ = prefill(tiny_model, x, m, get_policy("full"), None, rows)
@@ -55,7 +51,7 @@ def test_later_steps_see_only_the_response(tiny_model, monkeypatch):
 
     monkeypatch.setattr(fwd.F, "scaled_dot_product_attention", spy)
     gen = GenerationConfig(gen_length=gen_len, steps=4, block_length=gen_len)
-    generate(tiny_model, prompt_ids(tiny_model, m), gen, get_policy("full"))
+    generate(tiny_model, random_ids(tiny_model, m), gen, get_policy("full"))
     n_layers = tiny_model.config.n_layers
     assert seen[:n_layers] == [(m + gen_len, m + gen_len)] * n_layers  # prefill: the whole sequence
     later = seen[n_layers:]
@@ -67,9 +63,9 @@ def test_later_steps_see_only_the_response(tiny_model, monkeypatch):
 
 def test_deterministic_with_seed_and_temperature(tiny_model):
     gen = GenerationConfig(gen_length=16, steps=8, block_length=8, temperature=0.8, seed=3)
-    a = generate(tiny_model, prompt_ids(tiny_model), gen, get_policy("maskkv"), 8).tokens
-    b = generate(tiny_model, prompt_ids(tiny_model), gen, get_policy("maskkv"), 8).tokens
-    c = generate(tiny_model, prompt_ids(tiny_model), GenerationConfig(gen_length=16, steps=8, block_length=8,
+    a = generate(tiny_model, random_ids(tiny_model, 24), gen, get_policy("maskkv"), 8).tokens
+    b = generate(tiny_model, random_ids(tiny_model, 24), gen, get_policy("maskkv"), 8).tokens
+    c = generate(tiny_model, random_ids(tiny_model, 24), GenerationConfig(gen_length=16, steps=8, block_length=8,
                                                                         temperature=0.8, seed=4),
                  get_policy("maskkv"), 8).tokens
     assert torch.equal(a, b)
@@ -89,7 +85,7 @@ def test_commits_stay_and_follow_schedule(tiny_model, monkeypatch, policy, remas
     monkeypatch.setattr(_Forward, "__call__", record)
     events: list[Event] = []
     gen = GenerationConfig(gen_length=24, steps=12, block_length=8, remasking=remasking)
-    out = generate(tiny_model, prompt_ids(tiny_model), gen, get_policy(policy), 8, on_event=events.append)
+    out = generate(tiny_model, random_ids(tiny_model, 24), gen, get_policy(policy), 8, on_event=events.append)
     mask = tiny_model.config.mask_token_id
     final = torch.cat([states[-1][:, :24], out.tokens], 1)
     states.append(final)
@@ -106,14 +102,14 @@ def test_commits_stay_and_follow_schedule(tiny_model, monkeypatch, policy, remas
 def test_parallel_decoding_commits_at_least_one(tiny_model):
     events: list[Event] = []
     gen = GenerationConfig(gen_length=16, steps=2, block_length=8, threshold=0.99)
-    out = generate(tiny_model, prompt_ids(tiny_model), gen, get_policy("maskkv"), 8, on_event=events.append)
+    out = generate(tiny_model, random_ids(tiny_model, 24), gen, get_policy("maskkv"), 8, on_event=events.append)
     steps = [e for e in events if e.kind != "done"]
     assert all(e.committed >= 1 for e in steps)
     assert sum(e.committed for e in steps) == 16
     assert not bool((out.tokens == tiny_model.config.mask_token_id).any())
     # threshold 0: everything above 0 is committed at once, one step per block
     events.clear()
-    generate(tiny_model, prompt_ids(tiny_model), GenerationConfig(gen_length=16, steps=2, block_length=8,
+    generate(tiny_model, random_ids(tiny_model, 24), GenerationConfig(gen_length=16, steps=2, block_length=8,
                                                                   threshold=0.0),
              get_policy("full"), on_event=events.append)
     assert [e.committed for e in events if e.kind != "done"] == [8, 8]
@@ -123,8 +119,8 @@ def test_cfg_runs_and_differs(tiny_model):
     base = GenerationConfig(gen_length=8, steps=4, block_length=8)
     guided = GenerationConfig(gen_length=8, steps=4, block_length=8, cfg_scale=2.0)
     for policy in ("none", "full"):
-        a = generate(tiny_model, prompt_ids(tiny_model), base, get_policy(policy)).tokens
-        b = generate(tiny_model, prompt_ids(tiny_model), guided, get_policy(policy)).tokens
+        a = generate(tiny_model, random_ids(tiny_model, 24), base, get_policy(policy)).tokens
+        b = generate(tiny_model, random_ids(tiny_model, 24), guided, get_policy(policy)).tokens
         assert a.shape == b.shape == (1, 8)
 
 

@@ -1,0 +1,11 @@
+"""Random prompt ids for the engine and sampler tests."""
+
+from __future__ import annotations
+
+import torch
+
+
+def random_ids(model: torch.nn.Module, n: int = 40, seed: int = 0) -> torch.Tensor:
+    """(1, n) token ids drawn uniformly from the model's vocabulary above its special tokens (ids 0-5)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(6, model.config.vocab_size, (1, n), generator=g)
