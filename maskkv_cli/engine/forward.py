@@ -151,14 +151,15 @@ def _select(policy: Policy, view: LayerView, q_mask: Tensor | None, k: Tensor, v
     threshold = policy.residual_spread
     if threshold <= 0 or q_mask is None or not bool((heads < m).any()):
         return select_layer(k, v, scores, heads, m, response_len, group)
-    diffuse = diffuse_heads(attention_spread(q_mask, k[:, :, :m], view.scale), heads, m, threshold)
+    k_prompt = k[:, :, :m].float()  # one fp32 copy for both passes (no copy when the model is fp32)
+    diffuse = diffuse_heads(attention_spread(q_mask, k_prompt, view.scale), heads, m, threshold)
     if not bool(diffuse.any()):
         return select_layer(k, v, scores, heads, m, response_len, group)
     layer = select_layer(k, v, scores, heads - diffuse.to(heads.dtype), m, response_len, group)
     kept = torch.zeros(scores.shape, dtype=torch.bool, device=k.device)
     valid = torch.arange(layer.positions.shape[-1], device=k.device) < layer.lengths[..., None]  # type: ignore[union-attr]
     kept.scatter_(-1, layer.positions, valid)  # type: ignore[arg-type]
-    k_r, v_r, offset = residual_entries(q_mask, k[:, :, :m], v[:, :, :m], kept, view.scale)
+    k_r, v_r, offset = residual_entries(q_mask, k_prompt, v[:, :, :m], kept, view.scale)  # k_r cast on storing
     return add_residual(layer, k_r, v_r, offset, diffuse)
 
 
