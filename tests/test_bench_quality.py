@@ -173,12 +173,15 @@ def test_rerun_reuses_finished_rows(tiny_dir: Path, tmp_path: Path, monkeypatch:
     assert len(calls) == 9 + 6
 
 
-def test_row_keys_carry_the_residual_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_row_keys_carry_the_policy_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     from maskkv_cli.bench.quality import Case, TaskGroup, TaskSource, policy_rule, row_key
     from maskkv_cli.policies.maskkv import MaskKVResidual
 
     assert policy_rule("maskkv-residual") == {"residual_spread": 0.75}
     assert policy_rule("maskkv") == policy_rule("snapkv") == policy_rule("full") == {}
+    assert policy_rule("maskkv-plus") == {"residual_spread": 0.75, "neighbours": [3, 0.5]}
+    assert policy_rule("maskkv-pooled") == {"vote_pool": 3}
+    assert policy_rule("no-such-policy") == {}
     group = TaskGroup(task="niah_single", length=40, tasks=[], prompts=[])
     kwargs = {"seed": 0, "model_id": "m", "dtype": "float32", "gen": {}, "source": TaskSource("corpus", "", "")}
     before = row_key(group, Case("maskkv-residual", 8), **kwargs)

@@ -100,6 +100,30 @@ def test_maskkv_pooled_keeps_the_neighbours_of_a_voted_entry():
     assert torch.equal(plain, view.mask_mass()[..., : view.prompt_len])
 
 
+def test_neighbour_scores_lift_neighbours_above_the_unvoted_but_not_above_voted_entries():
+    from maskkv_cli.engine.votes import neighbour_scores
+
+    votes = torch.tensor([[[0.0, 0.1, 10.0, 0.2, 0.0, 6.0, 0.0, 0.0, 4.0, 0.3]]])
+    lifted = neighbour_scores(votes, 3, 0.5)
+    assert torch.allclose(lifted[0, 0], torch.tensor([0.05, 5.0, 10.0, 5.0, 3.0, 6.0, 3.0, 2.0, 4.0, 2.0]))
+    top4 = lifted[0, 0].topk(4).indices.sort().values.tolist()
+    assert top4 == [1, 2, 3, 5]  # 10's neighbours (5.0) beat 4.0, but 6.0 keeps its place
+    assert torch.equal(neighbour_scores(votes, 3, 0.0), votes)
+    assert torch.equal(neighbour_scores(votes, 1, 0.5), votes)
+
+
+def test_maskkv_plus_keeps_neighbours_of_voted_entries_and_residual_entries():
+    targets = {0: [10], 1: [20], 2: [0]}
+    view = _view_with_votes(targets)
+    plus = get_policy("maskkv-plus")
+    scores = plus.scores(view, 3)
+    layer = select_layer(view.k, view.k, scores, torch.full((1, 3), 3), view.prompt_len, view.response_len)
+    assert layer.positions[0, 0].tolist() == [9, 10, 11]
+    assert layer.positions[0, 1].tolist() == [19, 20, 21]
+    assert plus.residual_spread == get_policy("maskkv-residual").residual_spread > 0
+    assert get_policy("maskkv").residual_spread == 0
+
+
 def test_prompt_preference_moves_budget_to_prompt_heads():
     m, mask_len, d = 32, 4, 16
     g = torch.Generator().manual_seed(1)

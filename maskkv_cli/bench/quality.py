@@ -350,15 +350,13 @@ def row_key(group: TaskGroup, case: Case, *, seed: int, model_id: str, dtype: st
 
 
 def policy_rule(name: str) -> dict[str, Any]:
-    """Settings of a policy that were added after rows were first stored: present only when they are on, so
-    rows of the other policies keep their keys and rows stored before a change are not reused after it."""
+    """``Policy.rule()`` of the policy ``name`` (empty for a name that is not a policy)."""
     from maskkv_cli.policies.base import get_policy
 
     try:
-        threshold = get_policy(name).residual_spread
+        return get_policy(name).rule()
     except UsageError:
         return {}
-    return {"residual_spread": threshold} if threshold > 0 else {}
 
 
 # ----- retention, table, summary ---------------------------------------------------------------------------

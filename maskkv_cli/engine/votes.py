@@ -40,3 +40,15 @@ def pool_scores(scores: Tensor, kernel: int, mode: str = "max") -> Tensor:
     else:
         pooled = F.avg_pool1d(flat, kernel, stride=1, padding=kernel // 2, count_include_pad=False)
     return pooled[..., :n].reshape(b, h, n)
+
+
+def neighbour_scores(scores: Tensor, kernel: int, weight: float) -> Tensor:
+    """Each entry's score, or ``weight`` times the best score within ``kernel // 2`` tokens of it if that is more.
+
+    The entries beside a voted one then outrank every entry with less than ``weight`` of its votes, but not the
+    other voted entries: a soft form of ``pool_scores`` (weight 1) that leaves the ranking of the voted entries
+    alone (weight 0: the scores unchanged).
+    """
+    if kernel <= 1 or weight <= 0:
+        return scores
+    return torch.maximum(scores, pool_scores(scores, kernel, "max") * weight)

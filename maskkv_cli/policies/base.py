@@ -9,7 +9,7 @@ padding) is shared and lives in ``maskkv_cli.engine.cache``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -87,6 +87,12 @@ class Policy:
 
     def __init__(self, options: PolicyOptions | None = None) -> None:
         self.options = options or PolicyOptions()
+
+    def rule(self) -> dict[str, Any]:
+        """Settings of the policy's rule added after results were first stored (empty for the original rules):
+        benchmarks put them in their row keys, so rows stored under another rule are never reused."""
+        spread = self.residual_spread
+        return {"residual_spread": spread} if spread > 0 else {}
 
     def layer_budgets(self, n_layers: int, budget: int, prompt_len: int) -> list[int]:
         return uniform_layer_budgets(n_layers, budget)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor
 
 from maskkv_cli.budgets import boundary_layer_budgets, preference_head_budgets, uniform_layer_budgets
-from maskkv_cli.engine.votes import pool_scores
+from maskkv_cli.engine.votes import neighbour_scores, pool_scores
 from maskkv_cli.policies.base import LayerView, Policy, register
 
 # Heads whose mask queries each spread their prompt attention over at least three quarters of the prompt
@@ -19,7 +21,7 @@ RESIDUAL_SPREAD = 0.75
 class MaskKV(Policy):
     name = "maskkv"
     summary = ("Mask-query voting: keep the prompt entries the response's mask queries attend to; layer budgets "
-               "from a calibration profile (boundary-aware), head budgets by prompt preference.")
+               "from a calibration profile (boundary-aware), head budgets by prompt preference (the paper's method).")
     uses_importance = True
 
     def layer_budgets(self, n_layers: int, budget: int, prompt_len: int) -> list[int]:
@@ -59,6 +61,31 @@ class MaskKVPooled(MaskKV):
 
     def scores(self, view: LayerView, layer_budget: int) -> Tensor:
         return pool_scores(super().scores(view, layer_budget), VOTE_POOL_KERNEL, "max")
+
+    def rule(self) -> dict[str, Any]:
+        return {**super().rule(), "vote_pool": VOTE_POOL_KERNEL}
+
+
+# Neighbour votes of ``maskkv-plus``: an entry scores at least half the best vote among itself and the entry on
+# each side. Fixed on the seed-1, -3 and -5 samples (weights 0.25 / 0.5 / 0.75 / 1 tried; 1 is ``maskkv-pooled``,
+# which spends small budgets on neighbours instead of other voted entries), then checked on fresh samples
+# (docs/tiny-model.md).
+NEIGHBOUR_KERNEL = 3
+NEIGHBOUR_WEIGHT = 0.5
+
+
+@register
+class MaskKVPlus(MaskKV):
+    name = "maskkv-plus"
+    summary = ("MaskKV with our two repairs: the entries beside a voted one score at least half its votes, and "
+               "diffuse heads get a residual entry (ours; docs/policies.md).")
+    residual_default = RESIDUAL_SPREAD
+
+    def scores(self, view: LayerView, layer_budget: int) -> Tensor:
+        return neighbour_scores(super().scores(view, layer_budget), NEIGHBOUR_KERNEL, NEIGHBOUR_WEIGHT)
+
+    def rule(self) -> dict[str, Any]:
+        return {**super().rule(), "neighbours": [NEIGHBOUR_KERNEL, NEIGHBOUR_WEIGHT]}
 
 
 @register
