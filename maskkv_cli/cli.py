@@ -19,6 +19,7 @@ from maskkv_cli.commands.common import (
     note,
     open_session,
 )
+from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.options import (
     AlgOpt,
     BlockOpt,
@@ -75,7 +76,7 @@ def root(
 def generate(
     prompt: Annotated[str, typer.Argument(help="The user message (plain prompt, no document).")],
     model: ModelOpt = None,
-    policy: PolicyOpt = "maskkv",
+    policy: PolicyOpt = DEFAULT_POLICY,
     layer_budgets: LayerBudgetsOpt = "auto",
     budget: BudgetOpt = None,
     ratio: RatioOpt = None,
@@ -141,7 +142,8 @@ def policies() -> None:
     from maskkv_cli.policies.base import REGISTRY, policy_names
 
     for name in policy_names():
-        typer.echo(f"{name:20s} {REGISTRY[name].summary}")
+        summary = REGISTRY[name].summary + (" [default]" if name == DEFAULT_POLICY else "")
+        typer.echo(f"{name:20s} {summary}")
 
 
 app.command()(calibrate)

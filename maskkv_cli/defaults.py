@@ -1,4 +1,4 @@
-"""Which model a command uses when ``--model`` is not given, and the embedded demo model."""
+"""Which model and policy a command uses when ``--model`` / ``--policy`` are not given, and the embedded demo model."""
 
 from __future__ import annotations
 
@@ -9,6 +9,10 @@ from pathlib import Path
 
 from maskkv_cli.errors import UsageError
 from maskkv_cli.paths import config_file, maskkv_home
+
+# The policy of ask, summarize, generate, profile and demo without --policy: MaskKV with our two repairs
+# (policies/maskkv.py; why: docs/policies.md). ``maskkv`` is the paper's method as published.
+DEFAULT_POLICY = "maskkv-plus"
 
 TINY_RANDOM_NOTE = (
     "no --model given: using the embedded tiny RANDOM model (a demo of the pipeline; its answers are noise). "

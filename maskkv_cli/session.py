@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from maskkv_cli.budgets import resolve_budget
+from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.models.families import DiffusionLM
 from maskkv_cli.models.loading import load_model, resolve_model_path
 from maskkv_cli.policies.base import PolicyOptions, get_policy
@@ -20,7 +21,7 @@ from maskkv_cli.sampler import Event, GenerationConfig, GenerationResult, genera
 
 @dataclass(frozen=True)
 class CacheConfig:
-    policy: str = "maskkv"
+    policy: str = DEFAULT_POLICY
     budget: int | None = None
     ratio: float | None = None
     options: PolicyOptions = PolicyOptions()

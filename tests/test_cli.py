@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 from maskkv_cli import __version__
 from maskkv_cli.cli import app
+from maskkv_cli.defaults import DEFAULT_POLICY
 
 runner = CliRunner()
 
@@ -93,7 +94,7 @@ def test_demo_runs_on_a_given_model(tiny_dir):
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["question"].startswith("What is the special magic number for")
-    assert [r["policy"] for r in data["runs"]] == ["maskkv", "full"]
+    assert [r["policy"] for r in data["runs"]] == [DEFAULT_POLICY, "full"]
     assert data["runs"][0]["budget"] == 16
     assert "\x1b" not in result.stdout
 

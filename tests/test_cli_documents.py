@@ -8,6 +8,7 @@ from pdfs import BODY, make_pdf
 from typer.testing import CliRunner
 
 from maskkv_cli.cli import app
+from maskkv_cli.defaults import DEFAULT_POLICY
 
 runner = CliRunner()
 FAST = ["-n", "8", "--steps", "8", "--block-length", "8"]
@@ -59,7 +60,7 @@ def test_ask_answers_and_json(pdf, tiny_dir):
     data = json.loads(result.stdout)
     assert data["document"]["pages"] == 5
     assert [a["question"] for a in data["answers"]] == ["Who?", "When?"]
-    assert all(a["policy"] == "maskkv" and a["stats"]["prompt_len"] > 50 for a in data["answers"])
+    assert all(a["policy"] == DEFAULT_POLICY and a["stats"]["prompt_len"] > 50 for a in data["answers"])
 
 
 def test_ask_questions_file_and_policy(pdf, tiny_dir, tmp_path):

@@ -10,6 +10,7 @@ from pdfs import BODY, make_pdf
 from typer.testing import CliRunner
 
 from maskkv_cli.cli import app
+from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.documents import Document, Page
 from maskkv_cli.engine.forward import LayerRecord
 from maskkv_cli.errors import UsageError
@@ -112,7 +113,7 @@ def test_html_report(pdf, tiny_dir, tmp_path):
     assert "where the kept K/V come from" in page
     assert not re.search(r"(src|href)\s*=", page)  # no external assets
     data = page.split("id='maskkv-profile'>")[1].split("</script>")[0]
-    assert json.loads(data)["runs"][0]["label"] == "maskkv@16"
+    assert json.loads(data)["runs"][0]["label"] == f"{DEFAULT_POLICY}@16"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp file left
     assert f"wrote {target}" in result.stderr
 

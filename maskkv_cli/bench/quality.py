@@ -19,8 +19,8 @@ evicting policies only: ``full`` and ``none`` run once, with budget ``None``.
 One row per (task, length, policy, budget): ``n``, ``accuracy`` (``metrics.aggregate``: 100 x mean score),
 ``retention`` (accuracy / the ``full`` accuracy of the same task and length; None when ``full`` is 0 or was
 not run), ``ci95`` (the accuracy's 95% interval), ``budget_share`` (budget / mean prompt tokens),
-``mean_prompt_tokens`` and timings. Beside the rows, ``paired``: MaskKV against every other policy at the same
-budget, task by task (``bench/paired.py``).
+``mean_prompt_tokens`` and timings. Beside the rows, ``paired``: the default policy (else ``maskkv``) against
+every other policy at the same budget, task by task (``bench/paired.py``).
 
 The results folder (``results.ResultsFolder``) holds ``config.json``, ``results.jsonl``, ``predictions.jsonl``
 (one line per task and case), ``summary.md`` and ``quality.png``. A row's ``key`` hashes everything that
@@ -53,13 +53,15 @@ from maskkv_cli.bench.tasks import (
     load_jsonl,
     split_paragraphs,
 )
+from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.errors import UsageError
 
 BENCH_KIND = "quality"
 DEFAULT_KINDS: tuple[str, ...] = ("niah_single", "niah_multikey")
 DEFAULT_LENGTHS: tuple[int, ...] = (256, 512)
 DEFAULT_SAMPLES = 50
-DEFAULT_POLICIES: tuple[str, ...] = ("full", "maskkv", "snapkv", "pyramidkv", "adakv", "streamingllm", "random")
+DEFAULT_POLICIES: tuple[str, ...] = ("full", "maskkv", "maskkv-plus", "snapkv", "pyramidkv", "adakv", "streamingllm",
+                                     "random")
 DEFAULT_BUDGETS: tuple[int, ...] = (8, 16, 32, 64)
 FALLBACK_GENERATION: dict[str, int] = {"gen_length": 16, "steps": 16, "block_length": 16}
 PREDICTIONS_FILE = "predictions.jsonl"
@@ -549,7 +551,7 @@ class QualityRun:
     ran: int  # rows computed now
     plot: Path | None
     notes: list[str] = field(default_factory=list)
-    paired: list[dict[str, Any]] = field(default_factory=list)  # maskkv against each policy (bench/paired.py)
+    paired: list[dict[str, Any]] = field(default_factory=list)  # the default policy (else maskkv) against each policy
 
 
 def _case_row(group: TaskGroup, case: Case, key: str, scores: list[float], seconds: list[float],
@@ -720,7 +722,9 @@ def run_quality(
     task_scores = {key: {str(i): float(line["score"]) for i, line in enumerate(lines)}
                    for key, lines in predictions.items()}
     rows = add_intervals(add_retention(folder.ordered()), task_scores)
-    paired = paired_comparisons(rows, task_scores)
+    run_policies = {c.policy for c in cases}
+    reference = DEFAULT_POLICY if DEFAULT_POLICY in run_policies else "maskkv"
+    paired = paired_comparisons(rows, task_scores, reference)
     folder.update(rows)
     folder.write_text(SUMMARY_FILE, summary_markdown(rows, settings, paired))
     plot: Path | None = folder.path / PLOT_FILE

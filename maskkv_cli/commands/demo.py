@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from maskkv_cli.commands.common import cache_config, generation_config, guarded, one_line_stats, open_session
+from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.options import BudgetOpt, DeviceOpt, JsonOpt, ModelOpt, QuietOpt, SeedOpt
 
 
@@ -50,7 +51,7 @@ def demo(
     gen = generation_config(session.generation_defaults, None, None, None, seed=seed)
     runs = []
     with LiveRun(_stderr(), False) as live:
-        for policy, b in (("maskkv", budget), ("full", None)):
+        for policy, b in ((DEFAULT_POLICY, budget), ("full", None)):
             cache = cache_config(policy, b, None, seed)
             answer, _ = answer_question(session, task.context, task.input, gen, cache, "truncate", live)
             runs.append((policy, answer, score(task.dataset, answer.text, list(task.answers))))
@@ -63,11 +64,12 @@ def demo(
                f"hidden in it)")
     typer.echo(f"question: {task.input}")
     typer.echo(f"expected: {task.answers[0]}")
-    for policy, answer, correct in runs:
-        label = f"{policy} (budget {answer.budget})" if answer.budget else policy
-        typer.echo(f"{label:>20}: {answer.text!r} {'correct' if correct else 'wrong'}")
+    labels = [f"{policy} (budget {answer.budget})" if answer.budget else policy for policy, answer, _ in runs]
+    width = max(20, *map(len, labels))
+    for label, (_, answer, correct) in zip(labels, runs, strict=True):
+        typer.echo(f"{label:>{width}}: {answer.text!r} {'correct' if correct else 'wrong'}")
         if not quiet:
-            typer.echo(f"{'':>20}  {one_line_stats(answer.result.stats)}")
+            typer.echo(f"{'':>{width}}  {one_line_stats(answer.result.stats)}")
 
 
 def _stderr() -> object:

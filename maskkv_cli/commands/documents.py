@@ -18,6 +18,7 @@ from maskkv_cli.commands.common import (
     one_line_stats,
     open_session,
 )
+from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.options import (
     AlgOpt,
     BlockOpt,
@@ -153,7 +154,7 @@ def ask(
     questions_file: Annotated[Path | None, typer.Option("--questions", help="A file with one question per line.",
                                                         show_default=False)] = None,
     model: ModelOpt = None,
-    policy: PolicyOpt = "maskkv",
+    policy: PolicyOpt = DEFAULT_POLICY,
     layer_budgets: LayerBudgetsOpt = "auto",
     budget: BudgetOpt = None,
     ratio: RatioOpt = None,
@@ -258,7 +259,7 @@ def summarize(
     document: Annotated[Path, typer.Argument(help="PDF, text or Markdown file.", show_default=False)],
     length: Annotated[int, typer.Option("--length", help="Target length of the summary in words.")] = 150,
     model: ModelOpt = None,
-    policy: PolicyOpt = "maskkv",
+    policy: PolicyOpt = DEFAULT_POLICY,
     layer_budgets: LayerBudgetsOpt = "auto",
     budget: BudgetOpt = None,
     ratio: RatioOpt = None,

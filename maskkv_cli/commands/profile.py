@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from maskkv_cli.commands.common import fail, generation_config, guarded, live_display_on, note, open_session
+from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.options import (
     BlockOpt,
     DeviceOpt,
@@ -62,7 +63,7 @@ def profile(
     document: Annotated[Path, typer.Argument(help="PDF, text or Markdown file.", show_default=False)],
     question: Annotated[str, typer.Argument(help="The question asked in every run.")] = DEFAULT_QUESTION,
     model: ModelOpt = None,
-    policies: PoliciesOpt = "maskkv",
+    policies: PoliciesOpt = DEFAULT_POLICY,
     budgets: BudgetsOpt = None,
     ratio: RatiosOpt = None,
     layer_budgets: LayerBudgetsOpt = "auto",
