@@ -1,11 +1,12 @@
 """Residual entries: one synthetic prompt (key, value) per diffuse head, standing in for what the head evicted.
 
-Why (ours, not in the paper; opt-in as the ``maskkv-residual`` policy): some heads spread their attention over
-the whole prompt. On the tiny model two heads of the first layer do (the perplexity of each mask query's
-attention is 88-96% of the prompt length). No small set of entries summarizes such a head: after eviction its
-output is an average over a handful of tokens instead of over the document, and every later layer sees a
-shifted input. On one sample of multikey tasks those two heads accounted for nearly all of MaskKV's loss against
-the full cache; on others the gain is smaller or absent (``docs/tiny-model.md``).
+Why (ours, not in the paper; part of the default ``maskkv-plus`` policy, alone as ``maskkv-residual``): some
+heads spread their attention over the whole prompt. On the tiny model two heads of the first layer do (the
+perplexity of each mask query's attention is 88-96% of the prompt length). No small set of entries summarizes
+such a head: after eviction its output is an average over a handful of tokens instead of over the document, and
+every later layer sees a shifted input. On one sample of multikey tasks those two heads accounted for nearly all
+of MaskKV's loss against the full cache; on others the gain is smaller or absent, and on text unlike the
+training text it is large (``docs/tiny-model.md``).
 
 What: a head whose mask queries each spread their attention over at least a threshold share of the prompt
 (perplexity / M) spends one of its budgeted entries on a residual entry built from the evicted set ``E`` at
@@ -29,7 +30,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from maskkv_cli.engine.votes import CHUNK_ELEMENTS
+from maskkv_cli.engine.votes import CHUNK_ELEMENTS, logit_chunks
 
 
 def attention_spread(q: Tensor, k: Tensor, scale: float, chunk_elements: int = CHUNK_ELEMENTS) -> Tensor:
@@ -39,18 +40,14 @@ def attention_spread(q: Tensor, k: Tensor, scale: float, chunk_elements: int = C
     averaged over the queries ``q`` (B, H_q, R, D) and the query heads of a GQA group: about 1 for a head whose
     queries each look at the whole prompt alike, about k / M for one whose queries each look at k entries.
     """
-    b, hq, r, d = q.shape
+    b, hq, r = q.shape[:3]
     hkv, m = k.shape[1], k.shape[2]
-    g = hq // hkv
-    kt = k.float().transpose(-1, -2)[:, :, None]  # (B, H_kv, 1, D, M)
-    qg = q.float().view(b, hkv, g, r, d)
     total = torch.zeros(b, hkv, device=q.device)
-    rows = max(1, chunk_elements // max(1, b * hq * m))
-    for start in range(0, r, rows):
-        logp = torch.matmul(qg[:, :, :, start : start + rows], kt).mul_(scale).log_softmax(dim=-1)
+    for logits in logit_chunks(q, k, scale, chunk_elements):
+        logp = logits.log_softmax(dim=-1)
         entropy = -(logp.exp() * logp).sum(-1)  # (B, H_kv, g, rows)
         total += entropy.exp().sum(dim=(2, 3))
-    return total / (g * r * m)
+    return total / (hq // hkv * r * m)  # the mean over the g = H_q / H_kv query heads of a group and the queries
 
 
 def diffuse_heads(spread: Tensor, budgets: Tensor, prompt_len: int, threshold: float) -> Tensor:
@@ -72,16 +69,14 @@ def residual_entries(q: Tensor, k: Tensor, v: Tensor, kept: Tensor, scale: float
     b, hq, r, d = q.shape
     hkv, m = k.shape[1], k.shape[2]
     g = hq // hkv
-    kf = k.float()
-    kt = kf.transpose(-1, -2)[:, :, None]  # (B, H_kv, 1, D, M)
-    qg = q.float().view(b, hkv, g, r, d)
+    kf, qf = k.float(), q.float()  # each converted once (no copy when already fp32)
+    qg = qf.view(b, hkv, g, r, d)
     evicted_bias = torch.zeros(b, hkv, 1, 1, m, device=q.device).masked_fill_(kept[:, :, None, None], float("-inf"))
     weights = torch.zeros(b, hkv, m, device=q.device)
     lse_parts: list[Tensor] = []
-    rows = max(1, chunk_elements // max(1, b * hq * m))
     floor = torch.finfo(torch.float32).min
-    for start in range(0, r, rows):
-        logits = torch.matmul(qg[:, :, :, start : start + rows], kt).mul_(scale).add_(evicted_bias)
+    for logits in logit_chunks(qf, kf, scale, chunk_elements):
+        logits.add_(evicted_bias)
         lse = torch.logsumexp(logits, dim=-1)  # (B, H_kv, g, rows); -inf where nothing was evicted
         lse_parts.append(lse)
         weights += logits.sub_(lse.clamp_min(floor)[..., None]).exp_().sum(dim=(2, 3))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -10,21 +12,29 @@ from torch import Tensor
 CHUNK_ELEMENTS = 1 << 22
 
 
+def logit_chunks(q: Tensor, k: Tensor, scale: float, chunk_elements: int = CHUNK_ELEMENTS) -> Iterator[Tensor]:
+    """fp32 logits ``q k^T * scale`` of the queries ``q`` (B, H, R, D) against the keys ``k`` (B, H_kv, T, D), a
+    chunk of consecutive query rows at a time: (B, H_kv, g, rows, T) with H = g * H_kv (the query heads of a GQA
+    group side by side), each chunk about ``chunk_elements`` elements."""
+    b, h, r, d = q.shape
+    hkv, t = k.shape[1], k.shape[2]
+    kt = k.float().transpose(-1, -2)[:, :, None]  # (B, H_kv, 1, D, T)
+    qg = q.view(b, hkv, h // hkv, r, d)
+    rows = max(1, chunk_elements // max(1, b * h * t))
+    for start in range(0, r, rows):
+        yield torch.matmul(qg[:, :, :, start : start + rows].float(), kt).mul_(scale)
+
+
 def attention_mass(q: Tensor, k: Tensor, scale: float, chunk_elements: int = CHUNK_ELEMENTS) -> Tensor:
     """Sum over the queries ``q`` (B, H, R, D) of softmax(q k^T * scale) over all keys k (B, H_kv, T, D).
 
     Returns (B, H_kv, T) fp32: how much attention each key receives from these queries. With GQA
     (H = g * H_kv) the sums are averaged over the g query heads that share a key/value head.
     """
-    b, h, r, d = q.shape
+    b, h = q.shape[:2]
     hkv, t = k.shape[1], k.shape[2]
-    g = h // hkv
-    kt = k.float().transpose(-1, -2)[:, :, None]  # (B, H_kv, 1, D, T)
-    qg = q.view(b, hkv, g, r, d)
-    out = torch.zeros(b, hkv, g, t, dtype=torch.float32, device=q.device)
-    rows = max(1, chunk_elements // max(1, b * h * t))
-    for start in range(0, r, rows):
-        logits = torch.matmul(qg[:, :, :, start : start + rows].float(), kt).mul_(scale)  # (B, H_kv, g, rows, T)
+    out = torch.zeros(b, hkv, h // hkv, t, dtype=torch.float32, device=q.device)
+    for logits in logit_chunks(q, k, scale, chunk_elements):
         out += logits.softmax(dim=-1).sum(dim=3)
     return out.mean(dim=2)
 
