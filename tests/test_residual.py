@@ -113,7 +113,7 @@ def test_residual_costs_no_extra_entries(tiny_model):
     assert out.stats.kv_entries == total == tiny_model.config.n_layers * tiny_model.config.n_heads * budget
 
 
-def test_residual_is_opt_in(tiny_model):
+def test_residual_is_off_in_the_paper_rule_and_the_baselines(tiny_model):
     ids = random_ids(tiny_model, PROMPT)
     assert get_policy("maskkv-residual").residual_spread == 0.75
     assert get_policy("maskkv").residual_spread == get_policy("snapkv").residual_spread == 0.0
