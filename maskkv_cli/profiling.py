@@ -493,33 +493,33 @@ def _importance(session: Any, cache: Any, records: Sequence[LayerRecord]) -> tup
     return [float(x) for x in options.importance], "profile"
 
 
-AnswerFn = Callable[[Any], tuple[Any, Any]]  # CacheConfig -> (session.Answer, longctx.FittedContext)
-
-
 def profile_document(
     session: Any,
     doc: Document,
     question: str,
     gen: Any,
     specs: Sequence[RunSpec],
-    answer_fn: AnswerFn,
     *,
+    long: str = "truncate",
     layer_budgets: str = "auto",
     seed: int = 0,
     focus: int | None = None,
     warmup: bool = True,
     on_run: Callable[[int, int, RunSpec], None] | None = None,
+    on_event: Callable[[Any], None] | None = None,
+    on_prompt: Callable[[Any], None] | None = None,
+    on_answer: Callable[[Any], None] | None = None,
 ) -> ProfileReport:
     """Run every spec on the same input, one after another, and collect a ``ProfileReport``.
 
-    ``answer_fn(cache_config)`` runs one question about the document (fitting it to the window, building the
-    prompt, generating) and returns ``(Answer, FittedContext)``; the CLI passes its ``answer_question``.
+    Each run is ``pipeline.ask`` (``long`` says how a document longer than the window is fitted); ``on_event``
+    and ``on_prompt`` go to it, ``on_answer`` sees each run's answer.
     ``warmup`` first runs the first spec once on the question alone (one block), outside the measurements, so
     the first row does not pay one-time costs. ``focus`` picks the run drawn as pictures; by default the first
     that evicts.
     """
+    from maskkv_cli.pipeline import CacheConfig, ask
     from maskkv_cli.policies.base import PolicyOptions
-    from maskkv_cli.session import CacheConfig
 
     if not specs:
         raise UsageError("no run to profile")
@@ -537,7 +537,10 @@ def profile_document(
             on_run(i, len(specs), spec)
         _fresh_peak(session.device)
         cache = config(spec)
-        answer, fitted = answer_fn(cache)
+        answer = ask(session, doc.text, question, gen, cache, long=long, on_event=on_event, on_prompt=on_prompt)
+        if on_answer is not None:
+            on_answer(answer)
+        fitted = answer.fitted
         result = answer.result
         records: list[LayerRecord] = sorted(result.records, key=lambda r: r.layer)
         mapped = map_pages(session.tokenizer, doc, fitted.text, question, records, answer.prompt_len, fitted.dropped)

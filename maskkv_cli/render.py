@@ -130,6 +130,16 @@ class LiveRun:
         self.cache = text
         self.refresh()
 
+    def prompt_ready(self, prompt: Any) -> None:
+        """``pipeline.ask``'s ``on_prompt``: the prefill of this many prompt tokens starts."""
+        self.phase("prefill", f"{len(prompt.ids)} prompt tokens")
+
+    def answered(self, answer: Any) -> None:
+        """Show how much of the full prompt cache the answer's run kept."""
+        stats = answer.result.stats
+        if stats.kv_bytes:
+            self.set_cache(f"{human_bytes(stats.kv_bytes)} kept of {human_bytes(stats.kv_full_bytes)}")
+
     def __call__(self, event: Any) -> None:
         if event.kind == "prefill":
             self.phase_name = "denoising"

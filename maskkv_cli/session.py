@@ -12,6 +12,7 @@ import torch
 
 from maskkv_cli.budgets import resolve_budget
 from maskkv_cli.defaults import DEFAULT_POLICY
+from maskkv_cli.longctx import FittedContext
 from maskkv_cli.models.families import DiffusionLM
 from maskkv_cli.models.loading import load_model, resolve_model_path
 from maskkv_cli.policies.base import PolicyOptions, get_policy
@@ -57,6 +58,7 @@ class Answer:
     budget: int | None
     result: GenerationResult
     notes: list[str] = field(default_factory=list)
+    fitted: FittedContext | None = None  # how the document was fitted to the window (``pipeline.ask``)
 
 
 class Session:

@@ -321,13 +321,13 @@ def test_profile_document_resets_cuda_peaks_between_runs(monkeypatch):
     fitted = SimpleNamespace(text="doc", dropped=0, rope_factor=1, rule="")
     seen: list[str] = []
 
-    def answer_fn(cache):
+    def ask(session, context, question, gen, cache, **hooks):
         seen.append(cache.policy)
         result = SimpleNamespace(stats=RunStats(cache.policy, 10, 8), records=[], layer_budgets=None)
-        return SimpleNamespace(text="ok", prompt_len=10, budget=None, result=result, notes=[]), fitted
+        return SimpleNamespace(text="ok", prompt_len=10, budget=None, result=result, notes=[], fitted=fitted)
 
-    report = profile_document(session, _doc("doc"), "Q?", None, [RunSpec("none"), RunSpec("full")], answer_fn,
-                              warmup=False)
+    monkeypatch.setattr("maskkv_cli.pipeline.ask", ask)
+    report = profile_document(session, _doc("doc"), "Q?", None, [RunSpec("none"), RunSpec("full")], warmup=False)
     assert seen == ["none", "full"] and len(resets) == 2
     assert "reset before each run" in report.memory_note and report.focus is None
     assert report.runs[0].pages is None and "no prompt cache" in report.runs[0].pages_note

@@ -222,23 +222,12 @@ def read_tasks_file(path: str | Path, samples: int) -> tuple[list[FileGroup], Ta
 
 
 def encode_tasks(session: Any, tasks: Sequence[Task], gen_length: int) -> tuple[list[list[int]], int]:
-    """Prompt ids of each task (chat template, document then question); contexts too long are cut in the middle.
+    """Prompt ids of each task as ``pipeline.ask`` builds them (document then question, a context too long cut in
+    its middle), and how many were cut."""
+    from maskkv_cli.pipeline import prepare
 
-    Returns the prompts and how many of them were cut.
-    """
-    from maskkv_cli.longctx import fit_context
-    from maskkv_cli.prompting import document_question
-
-    cfg = session.model.config
-    prompts: list[list[int]] = []
-    truncated = 0
-    for task in tasks:
-        room = session.window - session.prompt_overhead(task.input) - gen_length
-        fitted = fit_context(session.tokenizer, task.context, room, "truncate", cfg.head_dim, session.base_theta,
-                             session.window)
-        truncated += fitted.dropped > 0
-        prompts.append(session.prompt_ids(document_question(fitted.text, task.input)))
-    return prompts, truncated
+    prepared = [prepare(session, task.context, task.input, gen_length) for task in tasks]
+    return [p.ids for p in prepared], sum(p.fitted.dropped > 0 for p in prepared)
 
 
 def build_groups(session: Any, *, kinds: Sequence[str] = DEFAULT_KINDS, lengths: Sequence[int] = DEFAULT_LENGTHS,
@@ -619,8 +608,8 @@ def run_quality(
     ``out``: the results folder (default: the newest ``runs/bench-quality-*`` with identical settings, else a new
     timestamped one); ``fresh``: a new folder, nothing reused.
     """
+    from maskkv_cli.pipeline import CacheConfig
     from maskkv_cli.policies.base import PolicyOptions
-    from maskkv_cli.session import CacheConfig
 
     if not groups or not cases:
         raise UsageError("nothing to run: no tasks or no policies")

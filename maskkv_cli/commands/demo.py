@@ -35,9 +35,8 @@ def demo(
     """
     from maskkv_cli.bench.metrics import score
     from maskkv_cli.bench.tasks import generate_tasks
-    from maskkv_cli.commands.documents import answer_question
     from maskkv_cli.paths import maskkv_home
-    from maskkv_cli.render import LiveRun
+    from maskkv_cli.pipeline import ask
 
     session = open_session(model, device, "auto", quiet, as_json)
     task = generate_tasks("niah_single", 1, length, seed=seed, count_tokens=session.count_tokens)[0]
@@ -50,11 +49,10 @@ def demo(
     os.replace(tmp, doc)
     gen = generation_config(session.generation_defaults, None, None, None, seed=seed)
     runs = []
-    with LiveRun(_stderr(), False) as live:
-        for policy, b in ((DEFAULT_POLICY, budget), ("full", None)):
-            cache = cache_config(policy, b, None, seed)
-            answer, _ = answer_question(session, task.context, task.input, gen, cache, "truncate", live)
-            runs.append((policy, answer, score(task.dataset, answer.text, list(task.answers))))
+    for policy, b in ((DEFAULT_POLICY, budget), ("full", None)):
+        cache = cache_config(policy, b, None, seed)
+        answer = ask(session, task.context, task.input, gen, cache)
+        runs.append((policy, answer, score(task.dataset, answer.text, list(task.answers))))
     if as_json:
         typer.echo(json.dumps({"document": str(doc), "question": task.input, "expected": task.answers[0],
                                "runs": [{"policy": p, "budget": a.budget, "answer": a.text, "correct": bool(s),
@@ -70,12 +68,3 @@ def demo(
         typer.echo(f"{label:>{width}}: {answer.text!r} {'correct' if correct else 'wrong'}")
         if not quiet:
             typer.echo(f"{'':>{width}}  {one_line_stats(answer.result.stats)}")
-
-
-def _stderr() -> object:
-    from rich.console import Console
-
-    return Console(stderr=True)
-
-
-

@@ -205,12 +205,12 @@ def ask(
         shown: set[str] = set()
         for i, q in enumerate(qs, 1):
             live.phase("tokenize", f"question {i}/{len(qs)}")
-            answer, fitted = answer_question(session, doc.text, q, gen, cache, long, live)
-            for message in [fitted.rule, *answer.notes]:
+            answer = _ask(session, doc.text, q, gen, cache, long, live)
+            for message in [answer.fitted.rule, *answer.notes]:
                 if message and message not in shown:
                     shown.add(message)
                     note(message, quiet, as_json)
-            results.append((q, answer, fitted))
+            results.append((q, answer, answer.fitted))
     if as_json:
         typer.echo(json.dumps({
             "document": {"source": str(document), "sha256": doc.sha256, "pages": len(doc.pages),
@@ -231,27 +231,13 @@ def ask(
             typer.echo(one_line_stats(a.result.stats), err=True)
 
 
-def answer_question(session: Any, context: str, question: str, gen: Any, cache: Any, long: str,
-                    live: Any) -> tuple[Any, Any]:
-    """Fit the document to the window, build the prompt, run the engine."""
-    from maskkv_cli.longctx import fit_context
-    from maskkv_cli.prompting import document_question
+def _ask(session: Any, context: str, question: str, gen: Any, cache: Any, long: str, live: Any) -> Any:
+    """``pipeline.ask`` with the live display following its prompt, steps and cache."""
+    from maskkv_cli.pipeline import ask
 
-    cfg = session.model.config
-    room = session.window - session.prompt_overhead(question) - gen.gen_length
-    total = session.prompt_overhead(question) + session.count_tokens(context) + gen.gen_length
-    fitted = fit_context(session.tokenizer, context, room, long, cfg.head_dim, session.base_theta, session.window,
-                         total)
-    session.set_rope_factor(fitted.rope_factor)
-    ids = session.prompt_ids(document_question(fitted.text, question))
-    live.phase("prefill", f"{len(ids)} prompt tokens")
-    answer = session.answer_ids(ids, gen, cache, on_event=live)
-    stats = answer.result.stats
-    if stats.kv_bytes:
-        from maskkv_cli.render import human_bytes
-
-        live.set_cache(f"{human_bytes(stats.kv_bytes)} kept of {human_bytes(stats.kv_full_bytes)}")
-    return answer, fitted
+    answer = ask(session, context, question, gen, cache, long=long, on_event=live, on_prompt=live.prompt_ready)
+    live.answered(answer)
+    return answer
 
 
 @guarded
@@ -315,13 +301,13 @@ def summarize(
             if not quiet and not as_json and not live_on:
                 typer.echo(f"part {i}/{len(parts)} (pages {part.first_page}-{part.last_page}, {part.tokens} tokens)",
                            err=True)
-            a, _ = answer_question(session, part.text, part_instruction(length), gen, cache, "truncate", live)
+            a = _ask(session, part.text, part_instruction(length), gen, cache, "truncate", live)
             summaries.append({"pages": [part.first_page, part.last_page], "tokens": part.tokens, "summary": a.text})
         final = summaries[0]["summary"]
         if len(summaries) > 1:
             live.phase("merge", f"{len(summaries)} summaries")
             joined = "\n\n".join(s["summary"] for s in summaries)
-            final = answer_question(session, joined, merge_instruction(length), gen, cache, "truncate", live)[0].text
+            final = _ask(session, joined, merge_instruction(length), gen, cache, "truncate", live).text
     if as_json:
         typer.echo(json.dumps({"document": str(document), "pages": len(doc.pages), "summary": final,
                                "parts": summaries}))

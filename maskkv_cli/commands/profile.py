@@ -99,7 +99,6 @@ def profile(
     """
     from rich.console import Console
 
-    from maskkv_cli.commands.documents import answer_question
     from maskkv_cli.profiling import choose_focus, parse_runs, profile_document
     from maskkv_cli.render import LiveRun
     from maskkv_cli.render_profile import print_report, require_matplotlib, write_html
@@ -128,10 +127,9 @@ def profile(
                                 temperature=temperature, threshold=threshold, seed=seed)
         live.phase("warm-up")
         report = profile_document(
-            session, doc, question, gen, specs,
-            lambda cache: answer_question(session, doc.text, question, gen, cache, long, live),
-            layer_budgets=layer_budgets, seed=seed, focus=focus, warmup=warmup,
-            on_run=lambda i, n, spec: live.phase(f"run {i + 1}/{n}", spec.label),
+            session, doc, question, gen, specs, long=long, layer_budgets=layer_budgets, seed=seed, focus=focus,
+            warmup=warmup, on_run=lambda i, n, spec: live.phase(f"run {i + 1}/{n}", spec.label), on_event=live,
+            on_prompt=live.prompt_ready, on_answer=live.answered,
         )
         live.phase("write")
         if plot is not None:

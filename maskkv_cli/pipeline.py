@@ -1,0 +1,62 @@
+"""The core use case: a question about a text becomes an answer.
+
+``ask`` fits the text to the model's window (cut its middle, or keep it and scale RoPE), builds the prompt (the
+chat template around the text and the question) and runs the sampler with the chosen cache policy. ``ask``,
+``summarize``, ``profile``, ``demo`` and ``bench quality`` all go through here; ``prepare`` is the first half
+on its own, for callers that build a prompt once and answer it under several cache settings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from maskkv_cli.longctx import FittedContext, fit_context
+from maskkv_cli.prompting import document_question
+from maskkv_cli.sampler import Event, GenerationConfig
+from maskkv_cli.session import Answer, CacheConfig, Session
+
+__all__ = ["Answer", "CacheConfig", "Prompt", "Session", "ask", "prepare"]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """The prompt ids of one question about a text, and how the text was fitted to the window."""
+
+    ids: list[int]
+    fitted: FittedContext
+
+
+def prepare(session: Session, context: str, question: str, gen_length: int, long: str = "truncate") -> Prompt:
+    """Fit ``context`` into what the window leaves beside the question and ``gen_length`` response tokens, and
+    build the chat prompt of document then question. ``long``: ``truncate`` or ``rope-scale``."""
+    cfg = session.model.config
+    overhead = session.prompt_overhead(question)
+    room = session.window - overhead - gen_length
+    # RoPE scaling sizes its factor for the whole sequence; a cut needs only the room.
+    total = overhead + session.count_tokens(context) + gen_length if long == "rope-scale" else None
+    fitted = fit_context(session.tokenizer, context, room, long, cfg.head_dim, session.base_theta, session.window,
+                         total)
+    return Prompt(session.prompt_ids(document_question(fitted.text, question)), fitted)
+
+
+def ask(
+    session: Session,
+    context: str,
+    question: str,
+    gen: GenerationConfig,
+    cache: CacheConfig,
+    *,
+    long: str = "truncate",
+    on_event: Callable[[Event], None] | None = None,
+    on_prompt: Callable[[Prompt], None] | None = None,
+) -> Answer:
+    """Answer ``question`` about ``context``: fit, prompt, sample. ``on_prompt`` sees the prompt before the
+    prefill starts; ``on_event`` gets the sampler's progress. The answer carries the fitted context."""
+    prompt = prepare(session, context, question, gen.gen_length, long)
+    session.set_rope_factor(prompt.fitted.rope_factor)
+    if on_prompt is not None:
+        on_prompt(prompt)
+    answer = session.answer_ids(prompt.ids, gen, cache, on_event)
+    return replace(answer, fitted=prompt.fitted)
+
