@@ -12,6 +12,7 @@ from maskkv_cli.commands.calibrate import calibrate
 from maskkv_cli.commands.common import (
     State,
     cache_config,
+    dream_options,
     fail,
     generation_config,
     guarded,
@@ -114,8 +115,7 @@ def generate(
     if not prompt.strip():
         raise fail("the prompt is empty; pass some text", 2)
     cache = cache_config(policy, budget, ratio, seed, layer_budgets)
-    session = open_session(model, device, dtype, quiet, as_json, device_map)
-    session.dream_options = {"alg": alg, "top_p": top_p, "top_k": top_k}
+    session = open_session(model, device, dtype, quiet, as_json, device_map, dream_options(alg, top_p, top_k))
     gen = generation_config(session.generation_defaults, gen_length, steps, block_length, temperature=temperature,
                             cfg_scale=cfg, remasking=remasking, threshold=threshold, seed=seed)
     err = Console(stderr=True)

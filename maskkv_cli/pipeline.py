@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from maskkv_cli.longctx import FittedContext, fit_context
 from maskkv_cli.prompting import document_question
-from maskkv_cli.sampler import Event, GenerationConfig
+from maskkv_cli.sampling import Event, GenerationConfig
 from maskkv_cli.session import Answer, CacheConfig, Session
 
 __all__ = ["Answer", "CacheConfig", "Prompt", "Session", "ask", "prepare"]

@@ -13,11 +13,11 @@ import torch
 from maskkv_cli.budgets import resolve_budget
 from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.longctx import FittedContext
-from maskkv_cli.models.families import DiffusionLM
 from maskkv_cli.models.loading import load_model, resolve_model_path
+from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import PolicyOptions, get_policy
 from maskkv_cli.prompting import chat_prompt_ids, decode_answer, document_question, load_tokenizer, stop_ids
-from maskkv_cli.sampler import Event, GenerationConfig, GenerationResult, generate
+from maskkv_cli.sampling import DreamOptions, Event, GenerationConfig, GenerationResult, sample
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class Session:
     """Model + tokenizer loaded once; ``answer`` may be called many times."""
 
     def __init__(self, model_path: str, device: str = "cpu", dtype: str | None = None,
-                 device_map: str | None = None) -> None:
+                 device_map: str | None = None, dream: DreamOptions | None = None) -> None:
         from maskkv_cli.models.loading import read_config
         from maskkv_cli.models.placement import parse_device_map, place_model
 
@@ -79,8 +79,7 @@ class Session:
             place_model(self.model, layer_devices)
         self.tokenizer: Any = load_tokenizer(model_path)
         self.base_theta = self.model.config.rope_theta
-        # Dream's sampler settings (its demo uses entropy); LLaDA ignores them.
-        self.dream_options: dict[str, Any] = {"alg": "entropy", "top_p": None, "top_k": None}
+        self.dream = dream or DreamOptions()  # Dream's own sampler settings; LLaDA's loop has none
         self.generation_defaults = read_generation_defaults(resolve_model_path(model_path))
 
     @property
@@ -119,14 +118,8 @@ class Session:
         evicting = policy.evicts and budget is not None and budget < len(ids)
         online = cache.layer_budgets == "online" and policy.uses_importance
         prompt = torch.tensor([ids], dtype=torch.long, device=self.device)
-        if self.model.config.family == "dream":
-            from maskkv_cli.sampler_dream import DreamGenerationConfig, generate_dream
-
-            dream = DreamGenerationConfig(gen_length=gen.gen_length, steps=gen.steps, temperature=gen.temperature,
-                                          seed=gen.seed, **self.dream_options)
-            result = generate_dream(self.model, prompt, dream, policy, budget, on_event, online_importance=online)
-        else:
-            result = generate(self.model, prompt, gen, policy, budget, on_event, online_importance=online)
+        result = sample(self.model, prompt, gen, policy, budget, on_event, online_importance=online,
+                        dream=self.dream)
         cfg = self.model.config
         text = decode_answer(self.tokenizer, result.tokens[0].tolist(), stop_ids(self.tokenizer, cfg),
                              cfg.mask_token_id)

@@ -226,7 +226,7 @@ def evaluate(model: LLaDA, tok: Any, tasks: list[Task], answer_len: int) -> floa
     from maskkv_cli.bench.metrics import score
     from maskkv_cli.policies.base import get_policy
     from maskkv_cli.prompting import decode_answer, stop_ids
-    from maskkv_cli.sampler import GenerationConfig, generate
+    from maskkv_cli.sampling import GenerationConfig, sample
 
     model.eval()
     gen = GenerationConfig(gen_length=answer_len, steps=answer_len, block_length=answer_len)
@@ -234,7 +234,7 @@ def evaluate(model: LLaDA, tok: Any, tasks: list[Task], answer_len: int) -> floa
     total = 0.0
     for t in tasks:
         ids = torch.tensor([chat_prompt_ids(tok, document_question(t.context, t.input))])
-        out = generate(model, ids, gen, get_policy("full"))
+        out = sample(model, ids, gen, get_policy("full"))
         pred = decode_answer(tok, out.tokens[0].tolist(), stops, model.config.mask_token_id)
         total += score(t.dataset, pred, list(t.answers))
     model.train()

@@ -56,7 +56,7 @@ def prompt_ids(tok: Any) -> torch.Tensor:
 
 
 def llada_modes() -> dict[str, Any]:
-    from maskkv_cli.sampler import GenerationConfig
+    from maskkv_cli import GenerationConfig
 
     base = {"gen_length": 16, "steps": 8, "block_length": 8}
     return {"greedy": GenerationConfig(**base), "temperature": GenerationConfig(**base, temperature=0.7, seed=3),
@@ -74,8 +74,8 @@ def dream_modes() -> dict[str, Any]:
 
 def token_cases(models: dict[str, Any], policies: Iterable[str]) -> dict[str, list[int]]:
     """``family/policy/budget/mode`` -> response token ids."""
+    from maskkv_cli import generate
     from maskkv_cli.policies.base import get_policy
-    from maskkv_cli.sampler import generate
     from maskkv_cli.sampler_dream import generate_dream
 
     ids = prompt_ids(models["tokenizer"])

@@ -26,7 +26,7 @@ from maskkv_cli.bench.speed import (
 from maskkv_cli.commands.bench import parse_count, parse_counts
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.config import named_config
-from maskkv_cli.sampler import GenerationConfig
+from maskkv_cli.sampling.llada import GenerationConfig
 
 TINY = dict(gen_length=16, steps=8, block_length=8, config="tiny", none_steps=2)
 NUMERIC = ("prefill_s", "step_s", "total_s", "tokens_per_s", "peak_mem_bytes", "kv_bytes", "limit_s",
@@ -71,12 +71,13 @@ def test_none_runs_to_the_end_when_timed_steps_cover_it():
 
 
 def test_rows_schedule_matches_the_sampler(model, monkeypatch):
-    import maskkv_cli.sampler as sampler
+    import maskkv_cli.sampling.common as common
+    import maskkv_cli.sampling.llada as sampler
     from maskkv_cli.policies import get_policy
 
     gen = GenerationConfig(gen_length=16, steps=8, block_length=8)
     seen: list[int] = []
-    real_prefill, real_step = sampler.prefill, sampler.response_logits
+    real_prefill, real_step = common.prefill, common.response_logits
 
     def spy_prefill(model, ids, m, policy, budgets, rows, **kw):
         seen.append(len(rows))
@@ -86,8 +87,8 @@ def test_rows_schedule_matches_the_sampler(model, monkeypatch):
         seen.append(len(rows))
         return real_step(model, cache, response, rows)
 
-    monkeypatch.setattr(sampler, "prefill", spy_prefill)
-    monkeypatch.setattr(sampler, "response_logits", spy_step)
+    monkeypatch.setattr(common, "prefill", spy_prefill)
+    monkeypatch.setattr(common, "response_logits", spy_step)
     sampler.generate(model, random_prompt(model.config, 24, 0, torch.device("cpu")), gen, get_policy("full"))
     assert [n for _, n in lim.rows_schedule(gen)] == seen
     assert lim.rows_schedule(gen)[:5] == [(0, 8), (0, 6), (0, 4), (0, 2), (1, 8)]

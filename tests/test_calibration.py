@@ -12,7 +12,7 @@ import torch
 from prompts import random_ids
 from typer.testing import CliRunner
 
-import maskkv_cli.sampler as sampler_mod
+import maskkv_cli.sampling.common as sampler_mod
 from maskkv_cli.budgets import boundary_layer_budgets
 from maskkv_cli.calibration import (
     ImportanceResult,
@@ -32,7 +32,7 @@ from maskkv_cli.errors import UsageError
 from maskkv_cli.models.llada import LLaDA
 from maskkv_cli.paths import config_file
 from maskkv_cli.policies import PolicyOptions, get_policy, policy_names
-from maskkv_cli.sampler import GenerationConfig, generate
+from maskkv_cli.sampling.llada import GenerationConfig, generate
 
 EVICTING = [p for p in policy_names() if p not in ("none", "full")]
 GEN = GenerationConfig(gen_length=16, steps=8, block_length=8)

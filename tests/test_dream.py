@@ -11,7 +11,7 @@ from maskkv_cli.models.dream import Dream
 from maskkv_cli.models.families import parameter_shapes
 from maskkv_cli.models.loading import load_model, save_model
 from maskkv_cli.policies import PolicyOptions, get_policy, policy_names
-from maskkv_cli.sampler_dream import DreamGenerationConfig, generate_dream
+from maskkv_cli.sampling.dream import DreamGenerationConfig, generate_dream
 
 EVICTING = [p for p in policy_names() if p not in ("none", "full")]
 GEN = DreamGenerationConfig(gen_length=8, steps=8, alg="maskgit_plus")

@@ -10,7 +10,7 @@ from prompts import random_ids
 import maskkv_cli.engine.forward as fwd
 from maskkv_cli.engine.cache import select_layer
 from maskkv_cli.policies import LayerView, PolicyOptions, get_policy, policy_names
-from maskkv_cli.sampler import GenerationConfig, generate
+from maskkv_cli.sampling.llada import GenerationConfig, generate
 
 EVICTING = [p for p in policy_names() if p not in ("none", "full")]
 

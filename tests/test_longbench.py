@@ -21,7 +21,7 @@ from maskkv_cli.bench.quality import TaskGroup, build_groups, group_generation
 from maskkv_cli.bench.tasks import Task
 from maskkv_cli.cli import app
 from maskkv_cli.errors import UsageError
-from maskkv_cli.sampler import GenerationConfig
+from maskkv_cli.sampling.llada import GenerationConfig
 from maskkv_cli.session import Session
 
 

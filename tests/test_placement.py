@@ -10,7 +10,7 @@ import maskkv_cli.engine.forward as fwd
 from maskkv_cli.cli import app
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.placement import parse_device_map, split_layers
-from maskkv_cli.sampler import GenerationConfig
+from maskkv_cli.sampling.llada import GenerationConfig
 from maskkv_cli.session import CacheConfig, Session
 
 CPU = torch.device("cpu")

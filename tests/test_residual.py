@@ -10,7 +10,7 @@ from prompts import random_ids
 from maskkv_cli.engine.cache import PromptCache, add_residual, select_layer
 from maskkv_cli.engine.residual import attention_spread, diffuse_heads, residual_entries
 from maskkv_cli.policies import PolicyOptions, get_policy
-from maskkv_cli.sampler import GenerationConfig, generate
+from maskkv_cli.sampling.llada import GenerationConfig, generate
 
 GEN = GenerationConfig(gen_length=16, steps=8, block_length=8)
 

@@ -12,8 +12,9 @@ from maskkv_cli.errors import UsageError
 from maskkv_cli.models.config import named_config
 from maskkv_cli.models.dream import Dream
 from maskkv_cli.policies import get_policy
-from maskkv_cli.sampler import GenerationConfig, generate, masked_sequence
-from maskkv_cli.sampler_dream import DreamGenerationConfig, generate_dream
+from maskkv_cli.sampling.common import masked_sequence
+from maskkv_cli.sampling.dream import DreamGenerationConfig, generate_dream
+from maskkv_cli.sampling.llada import GenerationConfig, generate
 
 GEN = GenerationConfig(gen_length=16, steps=16, block_length=8)
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from maskkv_cli.models.llada import LLaDA
-from maskkv_cli.sampler import GenerationConfig, transfer_schedule
+from maskkv_cli.sampling.llada import GenerationConfig, transfer_schedule
 from maskkv_cli.stats import now
 
 MLP_CHUNK = 2048

@@ -169,7 +169,7 @@ class _Stop(Exception):
 
 
 def _gen_config(case: SpeedCase, gen_length: int | None = None, steps: int | None = None) -> Any:
-    from maskkv_cli.sampler import GenerationConfig
+    from maskkv_cli.sampling import GenerationConfig
 
     return GenerationConfig(gen_length=gen_length or case.gen_length, steps=steps or case.steps,
                             block_length=min(case.block_length, gen_length or case.gen_length), seed=case.seed)
@@ -177,7 +177,7 @@ def _gen_config(case: SpeedCase, gen_length: int | None = None, steps: int | Non
 
 def _warmup(model: LLaDA, case: SpeedCase, policy: Any, budget: int | None) -> float:
     """A short generation (and limit) at a small length: kernels, allocator and caches warmed up."""
-    from maskkv_cli.sampler import generate
+    from maskkv_cli.sampling import sample
 
     dev = model.device
     t0 = now(dev)
@@ -185,7 +185,7 @@ def _warmup(model: LLaDA, case: SpeedCase, policy: Any, budget: int | None) -> f
     g = _gen_config(case, gen_length=case.block_length, steps=min(4, case.steps))  # one block, a few steps
     prompt = random_prompt(model.config, m, case.seed + 1, dev)
     b = None if budget is None else max(1, min(budget, m // 2))
-    generate(model, prompt, g, policy, b, step_options=StepOptions.from_label(case.step_mode))
+    sample(model, prompt, g, policy, b, step_options=StepOptions.from_label(case.step_mode))
     if case.limit:
         measure_limit(model, prompt, g, None if not policy.uses_cache else (b if b is not None else m), case.seed)
     return now(dev) - t0
@@ -193,7 +193,7 @@ def _warmup(model: LLaDA, case: SpeedCase, policy: Any, budget: int | None) -> f
 
 def _run_none(model: LLaDA, prompt: torch.Tensor, gen: Any, policy: Any, timed: int) -> tuple[float, list[float]]:
     """Step 0 and up to ``timed - 1`` more steps of the no-cache sampler; (step 0 seconds, later step seconds)."""
-    from maskkv_cli.sampler import generate
+    from maskkv_cli.sampling import sample
 
     marks: list[float] = []
 
@@ -204,7 +204,7 @@ def _run_none(model: LLaDA, prompt: torch.Tensor, gen: Any, policy: Any, timed: 
                 raise _Stop
 
     try:
-        generate(model, prompt, gen, policy, None, on_event)
+        sample(model, prompt, gen, policy, None, on_event)
     except _Stop:
         pass
     diffs = [b - a for a, b in zip(marks, marks[1:], strict=False)]
@@ -214,7 +214,7 @@ def _run_none(model: LLaDA, prompt: torch.Tensor, gen: Any, policy: Any, timed: 
 def run_case(case: SpeedCase) -> dict[str, Any]:
     """Measure one case in this process and return its row (see the module docstring)."""
     from maskkv_cli.policies import get_policy
-    from maskkv_cli.sampler import generate
+    from maskkv_cli.sampling import sample
 
     torch.set_num_threads(case.threads)
     dev = torch.device(case.device)
@@ -249,7 +249,7 @@ def run_case(case: SpeedCase) -> dict[str, Any]:
         total_s = prefill_s + (len(sched) - 1) * step_s
         steps_run, steps_timed, extrapolated = len(sched), 1 + len(later), True
     else:
-        result = generate(model, prompt, gen, policy, budget, step_options=StepOptions.from_label(case.step_mode))
+        result = sample(model, prompt, gen, policy, budget, step_options=StepOptions.from_label(case.step_mode))
         st = result.stats
         setup_s = st.setup_s
         prefill_s, step_s, total_s = st.prefill_s, st.median_step_s, st.total_s

@@ -70,7 +70,7 @@ def note(message: str | None, quiet: bool, as_json: bool) -> None:
 def generation_config(defaults: dict[str, int], gen_length: int | None, steps: int | None,
                       block_length: int | None, **kwargs: Any) -> Any:
     """A ``GenerationConfig`` from the options, filling gaps from the model's defaults, else 128/128/32."""
-    from maskkv_cli.sampler import GenerationConfig
+    from maskkv_cli.sampling import GenerationConfig
 
     gen = gen_length or defaults.get("gen_length", 128)
     block = block_length or defaults.get("block_length", min(32, gen))
@@ -81,14 +81,22 @@ def generation_config(defaults: dict[str, int], gen_length: int | None, steps: i
 
 
 def open_session(model: str | None, device: str, dtype: str, quiet: bool, as_json: bool,
-                 device_map: str | None = None) -> Any:
+                 device_map: str | None = None, dream: Any = None) -> Any:
     """Resolve the model (say so when the embedded default is used) and load it with its tokenizer."""
     from maskkv_cli.defaults import resolve_default_model
     from maskkv_cli.session import Session
 
     path, message = resolve_default_model(model)
     note(message, quiet, as_json)
-    return Session(path, device=pick_device(device), dtype=None if dtype == "auto" else dtype, device_map=device_map)
+    return Session(path, device=pick_device(device), dtype=None if dtype == "auto" else dtype, device_map=device_map,
+                   dream=dream)
+
+
+def dream_options(alg: str, top_p: float | None, top_k: int | None) -> Any:
+    """``--alg``, ``--top-p`` and ``--top-k`` as Dream's typed sampler options (LLaDA models ignore them)."""
+    from maskkv_cli.sampling import DreamOptions
+
+    return DreamOptions(alg=alg, top_p=top_p, top_k=top_k)
 
 
 def cache_config(policy: str, budget: int | None, ratio: float | None, seed: int, layer_budgets: str = "auto") -> Any:

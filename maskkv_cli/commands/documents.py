@@ -10,6 +10,7 @@ import typer
 
 from maskkv_cli.commands.common import (
     cache_config,
+    dream_options,
     fail,
     generation_config,
     guarded,
@@ -197,8 +198,7 @@ def ask(
         doc, _ = DocumentStore().ingest(document, password=password)
         _warn(doc, quiet, as_json)
         live.phase("load model")
-        session = open_session(model, device, dtype, quiet, as_json, device_map)
-        session.dream_options = {"alg": alg, "top_p": top_p, "top_k": top_k}
+        session = open_session(model, device, dtype, quiet, as_json, device_map, dream_options(alg, top_p, top_k))
         gen = generation_config(session.generation_defaults, gen_length, steps, block_length,
                                 temperature=temperature, threshold=threshold, seed=seed)
         results = []
@@ -285,8 +285,7 @@ def summarize(
         doc, _ = DocumentStore().ingest(document, password=password)
         _warn(doc, quiet, as_json)
         live.phase("load model")
-        session = open_session(model, device, dtype, quiet, as_json, device_map)
-        session.dream_options = {"alg": alg, "top_p": top_p, "top_k": top_k}
+        session = open_session(model, device, dtype, quiet, as_json, device_map, dream_options(alg, top_p, top_k))
         block = block_length or 32
         gen_tokens = max(block, -(-int(length * 1.6) // block) * block)
         gen = generation_config({}, gen_tokens, steps, block, temperature=temperature, threshold=threshold,

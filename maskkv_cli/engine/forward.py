@@ -21,7 +21,7 @@ from torch import Tensor
 from maskkv_cli.budgets import boundary_layer_budgets
 from maskkv_cli.engine.cache import LayerCache, PromptCache, add_residual, dense_layer, select_layer
 from maskkv_cli.engine.residual import attention_spread, diffuse_heads, residual_entries
-from maskkv_cli.models.families import DiffusionLM
+from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import LayerView, Policy
 
 MLP_CHUNK = 2048  # rows of the MLP computed at once in the prefill

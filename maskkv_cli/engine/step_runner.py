@@ -24,7 +24,7 @@ from torch import Tensor
 from maskkv_cli.engine.cache import PromptCache
 from maskkv_cli.engine.forward import response_hidden
 from maskkv_cli.errors import UsageError
-from maskkv_cli.models.families import DiffusionLM
+from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.stats import now
 
 

@@ -1,22 +1,48 @@
-"""Model families by name: the module class for a config, and the checkpoint key/shape table."""
+"""Model families by name: one table from a family to its module class and to the sampler loop it uses.
+
+A new family is its model file (implementing ``models.protocol.DiffusionLM``) and one ``Family`` entry here
+(plus its config reading in ``config.py``, and a sampler loop in ``sampling/`` only if none of the existing
+ones fits).
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from maskkv_cli.errors import UsageError
 from maskkv_cli.models.config import ModelConfig
 from maskkv_cli.models.dream import Dream
 from maskkv_cli.models.llada import LLaDA
+from maskkv_cli.models.protocol import DiffusionLM
 
-FAMILY_CLASSES: dict[str, type[nn.Module]] = {"llada": LLaDA, "dream": Dream}
-
-# Any model the engine drives: LLaDA or Dream (same methods: embed, blocks, head, rope, config).
-DiffusionLM = LLaDA | Dream
+__all__ = ["FAMILY_TABLE", "DiffusionLM", "Family", "build_model", "family", "parameter_shapes"]
 
 
-def build_model(cfg: ModelConfig) -> LLaDA | Dream:
-    return FAMILY_CLASSES[cfg.family](cfg)  # type: ignore[return-value]
+@dataclass(frozen=True)
+class Family:
+    name: str  # ModelConfig.family
+    model_class: type[nn.Module]
+    sampler: str  # the denoising loop (``sampling.SAMPLERS``): "llada" (blocks) or "dream" (one block, its rules)
+
+
+FAMILY_TABLE: dict[str, Family] = {
+    "llada": Family("llada", LLaDA, sampler="llada"),
+    "dream": Family("dream", Dream, sampler="dream"),
+}
+
+
+def family(name: str) -> Family:
+    try:
+        return FAMILY_TABLE[name]
+    except KeyError:
+        raise UsageError(f"unknown model family {name!r} (known: {', '.join(FAMILY_TABLE)})") from None
+
+
+def build_model(cfg: ModelConfig) -> DiffusionLM:
+    return family(cfg.family).model_class(cfg)  # type: ignore[return-value]
 
 
 def parameter_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

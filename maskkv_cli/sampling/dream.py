@@ -17,10 +17,11 @@ from torch import Tensor
 
 from maskkv_cli.engine.step_runner import StepOptions
 from maskkv_cli.errors import UsageError
-from maskkv_cli.models.families import DiffusionLM
+from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import Policy
-from maskkv_cli.sampler import Event, GenerationResult, StepLog, _Forward, masked_sequence, top_k_commit
-from maskkv_cli.stats import RunStats, now
+from maskkv_cli.sampling.common import Denoising, Event, GenerationResult, suppress_mask, top_k_commit
+from maskkv_cli.sampling.llada import GenerationConfig
+from maskkv_cli.stats import now
 
 DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 
@@ -51,6 +52,22 @@ class DreamGenerationConfig:
     @property
     def n_blocks(self) -> int:
         return 1
+
+
+@dataclass(frozen=True)
+class DreamOptions:
+    """Dream's own sampler settings, beside the shared ``GenerationConfig``: the confidence rule and the token
+    filters (``--alg``, ``--top-p``, ``--top-k``; the LLaDA loop has none of them)."""
+
+    alg: str = "entropy"
+    top_p: float | None = None
+    top_k: int | None = None
+
+
+def dream_config(gen: GenerationConfig, options: DreamOptions) -> DreamGenerationConfig:
+    """Dream's loop settings from the shared ones (its whole response is one block) and its own options."""
+    return DreamGenerationConfig(gen_length=gen.gen_length, steps=gen.steps, temperature=gen.temperature,
+                                 seed=gen.seed, alg=options.alg, top_p=options.top_p, top_k=options.top_k)
 
 
 def filter_logits(logits: Tensor, top_p: float | None, top_k: int | None) -> Tensor:
@@ -98,25 +115,20 @@ def generate_dream(
     step_options: StepOptions | None = None,
 ) -> GenerationResult:
     """Denoise ``gen.gen_length`` tokens after ``prompt`` (B, M) with Dream's sampler."""
-    device = model.device
-    x, m = masked_sequence(model, prompt, gen.gen_length)
-    mask_id = model.config.mask_token_id
-    rng = torch.Generator(device=device).manual_seed(gen.seed)
-    forward = _Forward(model, policy, budget, m, online_importance, step_options)
-    log = StepLog(model, RunStats(policy=policy.name, prompt_len=m, gen_length=gen.gen_length), on_event, m, forward)
+    run = Denoising(model, prompt, gen.gen_length, gen.seed, policy, budget, on_event, online_importance,
+                    step_options)
+    x, m, rng, device = run.x, run.m, run.rng, run.device
     timesteps = torch.linspace(1, gen.eps, gen.steps + 1, dtype=torch.float64)
     for i in range(gen.steps):
-        masked = x[:, m:] == mask_id
+        masked = x[:, m:] == run.mask_id
         if not bool(masked.any()):
             break
         t0 = now(device)
         rows = torch.nonzero(masked.any(0)).flatten()
-        logits = forward(x, rows)  # (B, n, V)
-        if mask_id < logits.shape[-1]:
-            logits[..., mask_id] = float("-inf")
+        logits = suppress_mask(run.forward(x, rows), run.mask_id)  # (B, n, V)
         t, s = float(timesteps[i]), float(timesteps[i + 1])
         last = i == gen.steps - 1
-        still = x[:, m + rows] == mask_id  # (B, n)
+        still = run.still_masked(rows)  # (B, n)
         conf, x0 = sample_tokens(logits, gen, rng)
         if gen.alg == "origin":
             p = 1.0 if last else 1 - s / t
@@ -125,7 +137,5 @@ def generate_dream(
             conf = torch.where(still, conf, float("-inf"))
             counts = [int(n) if last else int(int(n) * (1 - s / t)) for n in still.sum(1)]
             commit = top_k_commit(conf, still, counts)
-        x[:, m + rows] = torch.where(commit, x0, x[:, m + rows])
-        log.step(t0, x, commit, 0, 1)
-    log.done()
-    return GenerationResult(x[:, m:].clone(), log.stats, forward.records, forward.layer_budgets)
+        run.commit(rows, commit, x0, t0, 0, 1)
+    return run.result()

@@ -1,0 +1,198 @@
+"""What both denoising loops share: the forward passes over the compressed cache, the step meter, the events.
+
+``CachedForward`` gives the logits of the response positions a step needs: the plain forward for policy
+``none``, else the prefill at the first call (step 0: exact attention, votes, per-layer selection) and the
+response-only pass over the compressed cache after it. ``Denoising`` holds one generation's sequence
+``[prompt ; masks]``, its random generator, the forward and the ``StepMeter`` that times the steps and fills the
+run statistics; the family loops (``llada.py``, ``dream.py``) only decide which tokens to commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from maskkv_cli.engine.cache import PromptCache
+from maskkv_cli.engine.forward import LayerRecord, plain_logits, prefill, response_logits
+from maskkv_cli.engine.step_runner import StepOptions, StepRunner
+from maskkv_cli.errors import UsageError
+from maskkv_cli.models.protocol import DiffusionLM
+from maskkv_cli.policies.base import Policy
+from maskkv_cli.stats import RunStats, memory_now, now
+
+
+@dataclass(frozen=True)
+class Event:
+    """Progress of a generation, for displays. ``kind``: prefill, step, done."""
+
+    kind: str
+    block: int = 0
+    n_blocks: int = 0
+    step: int = 0  # global step index (0 = the prefill)
+    committed: int = 0  # tokens committed by this step
+    masked_left: int = 0
+    elapsed_s: float = 0.0
+
+
+@dataclass
+class GenerationResult:
+    tokens: Tensor  # (B, gen_length) response ids (cond batch only)
+    stats: RunStats
+    records: list[LayerRecord] = field(default_factory=list)
+    layer_budgets: list[int] | None = None
+
+
+
+class CachedForward:
+    """Step 0 and later steps for one policy: plain recompute, or prefill + response-only steps.
+
+    With a logit shift (Dream: position i is predicted from hidden state i - 1) the cached segment is the
+    prompt minus its last token, which runs with the response at every step so that the first response
+    position gets fresh logits.
+    """
+
+    def __init__(self, model: DiffusionLM, policy: Policy, budget: int | None, prompt_len: int,
+                 online_importance: bool = False, step_options: StepOptions | None = None,
+                 row_window: int | None = None) -> None:
+        self.model, self.policy, self.prompt_len = model, policy, prompt_len
+        self.online = online_importance
+        self.step_options = step_options or StepOptions()
+        self.runner: StepRunner | None = None
+        self.setup_s = 0.0  # time spent building the runner (compilation / capture), not a step's work
+        self.row_window = row_window  # the sampler's block: each later step's rows lie in one such window
+        self.shift = model.config.logit_shift
+        self.split = prompt_len - self.shift  # cached prompt segment [0, split)
+        self.cache: PromptCache | None = None
+        self.records: list[LayerRecord] = []
+        self.layer_budgets: list[int] | None = None
+        self.batch = 1
+        if policy.uses_cache and self.split < 1:
+            raise UsageError("the prompt is too short for a prefix cache; use --policy none")
+        if policy.evicts and budget is not None and budget < self.split:
+            self.layer_budgets = policy.layer_budgets(len(model.blocks), budget, self.split)
+
+    def __call__(self, x: Tensor, rows: Tensor, block_start: int | None = None) -> Tensor:
+        """Logits for response positions ``rows`` of the sequence x (B, M + L); ``block_start``: the first
+        position of the ``row_window`` block that holds them, when the caller knows it."""
+        self.batch = x.shape[0]
+        hidden = rows + self.prompt_len - self.shift  # sequence index of the hidden state feeding each row
+        if not self.policy.uses_cache:
+            logits = plain_logits(self.model, x, hidden)
+        elif self.cache is None:
+            logits, self.cache, self.records = prefill(self.model, x, self.split, self.policy, self.layer_budgets,
+                                                       hidden, online_importance=self.online)
+            if self.online and self.layer_budgets is not None:
+                self.layer_budgets = [r.layer_budget for r in self.records]  # the plan actually used
+            if not self.step_options.eager:
+                self.runner = StepRunner(self.model, self.cache, x[:, self.split :], self.step_options,
+                                         self.row_window)
+                self.setup_s = self.runner.setup_s
+        elif self.runner is not None:
+            logits = self.runner(x[:, self.split :], hidden - self.split, block_start)
+        else:
+            logits = response_logits(self.model, self.cache, x[:, self.split :], hidden - self.split)
+        return logits.to(x.device)  # a model spread over devices ends on its last one
+
+
+
+def masked_sequence(model: DiffusionLM, prompt: Tensor, gen_length: int) -> tuple[Tensor, int]:
+    """``[prompt ; gen_length masks]`` on the model's device (a 1-D prompt is one row) and the prompt length."""
+    if prompt.dim() == 1:
+        prompt = prompt[None]
+    prompt = prompt.to(model.device)
+    bsz, m = prompt.shape
+    if m == 0:
+        raise UsageError("the prompt is empty")
+    masks = torch.full((bsz, gen_length), model.config.mask_token_id, dtype=prompt.dtype, device=prompt.device)
+    return torch.cat([prompt, masks], 1), m
+
+
+def top_k_commit(conf: Tensor, still: Tensor, counts: list[int]) -> Tensor:
+    """Bool (B, n): the ``counts[b]`` most confident still-masked positions of each row."""
+    commit = torch.zeros_like(still)
+    for b, k in enumerate(counts):
+        k = min(k, int(still[b].sum()))
+        if k:
+            commit[b, conf[b].topk(k).indices] = True
+    return commit
+
+
+class StepMeter:
+    """Times the steps (device-synchronised), emits events, and fills the run statistics at the end."""
+
+    def __init__(self, model: DiffusionLM, stats: RunStats, on_event: Callable[[Event], None] | None,
+                 prompt_len: int, forward: CachedForward) -> None:
+        self.model, self.stats, self.prompt_len, self.forward = model, stats, prompt_len, forward
+        self.emit = on_event or (lambda e: None)
+        self.device = model.device
+        self.steps = 0
+        self.start = now(self.device)
+        stats.step_mode = forward.step_options.label
+
+    def step(self, t0: float, x: Tensor, commit: Tensor, block: int, n_blocks: int) -> None:
+        t1 = now(self.device)
+        setup = self.forward.setup_s  # one-time compilation / capture inside step 0: not the step's work
+        if self.steps == 0:
+            self.stats.prefill_s = t1 - t0 - setup
+        else:
+            self.stats.step_s.append(t1 - t0)
+        left = int((x[:, self.prompt_len :] == self.model.config.mask_token_id).sum())
+        self.emit(Event("prefill" if self.steps == 0 else "step", block, n_blocks, self.steps, int(commit.sum()),
+                        left, t1 - self.start - setup))
+        self.steps += 1
+
+    def done(self) -> None:
+        """End-of-run figures: time, memory, KV bytes kept vs what the full prompt cache would take."""
+        stats, cfg, forward = self.stats, self.model.config, self.forward
+        stats.setup_s = forward.setup_s
+        stats.total_s = now(self.device) - self.start - forward.setup_s
+        stats.steps_run = self.steps
+        _, stats.peak_mem_bytes, stats.mem_kind = memory_now(self.device)
+        if forward.cache is not None:
+            stats.kv_entries = forward.cache.logical_entries()
+            stats.kv_bytes = forward.cache.prompt_nbytes()
+        elt = torch.finfo(self.model.dtype).bits // 8
+        per_token = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * elt  # type: ignore[operator]
+        stats.kv_full_bytes = per_token * forward.split * forward.batch
+        self.emit(Event("done", 0, 0, self.steps, 0, 0, stats.total_s))
+
+
+def suppress_mask(logits: Tensor, mask_id: int) -> Tensor:
+    """Never "commit" the mask token itself (random or tiny models can predict it): its logit becomes -inf."""
+    if mask_id < logits.shape[-1]:
+        logits[..., mask_id] = float("-inf")
+    return logits
+
+
+class Denoising:
+    """One generation: the sequence ``x`` = ``[prompt ; gen_length masks]`` (prompt length ``m``), the random
+    generator, the forward passes and the step meter. The loops read ``x`` and call ``commit`` each step."""
+
+    def __init__(self, model: DiffusionLM, prompt: Tensor, gen_length: int, seed: int, policy: Policy,
+                 budget: int | None, on_event: Callable[[Event], None] | None, online_importance: bool,
+                 step_options: StepOptions | None, row_window: int | None = None) -> None:
+        self.device = model.device
+        self.x, self.m = masked_sequence(model, prompt, gen_length)
+        self.mask_id = model.config.mask_token_id
+        self.rng = torch.Generator(device=self.device).manual_seed(seed)
+        self.forward = CachedForward(model, policy, budget, self.m, online_importance, step_options, row_window)
+        stats = RunStats(policy=policy.name, prompt_len=self.m, gen_length=gen_length)
+        self.meter = StepMeter(model, stats, on_event, self.m, self.forward)
+
+    def still_masked(self, rows: Tensor) -> Tensor:
+        """Bool (B, n): which of the response positions ``rows`` are still masks."""
+        return self.x[:, self.m + rows] == self.mask_id
+
+    def commit(self, rows: Tensor, commit: Tensor, x0: Tensor, t0: float, block: int, n_blocks: int) -> None:
+        """Write the chosen tokens ``x0`` where ``commit`` is set, and time the step that began at ``t0``."""
+        x, m = self.x, self.m
+        x[:, m + rows] = torch.where(commit, x0, x[:, m + rows])
+        self.meter.step(t0, x, commit, block, n_blocks)
+
+    def result(self) -> GenerationResult:
+        self.meter.done()
+        return GenerationResult(self.x[:, self.m :].clone(), self.meter.stats, self.forward.records,
+                                self.forward.layer_budgets)
