@@ -51,7 +51,7 @@ def shipped_model() -> Path | None:
 
 def _corpus_text() -> list[str]:
     try:
-        from maskkv_cli.bench.tasks import load_corpus
+        from maskkv_cli.documents.corpus import load_corpus
 
         paragraphs = load_corpus()
         if paragraphs:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from maskkv_cli.longctx import FittedContext, fit_context
 from maskkv_cli.prompting import document_question
+from maskkv_cli.prompting.fit import FittedContext, fit_context
 from maskkv_cli.sampling import Event, GenerationConfig
 from maskkv_cli.session import Answer, CacheConfig, Session
 

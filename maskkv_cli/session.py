@@ -10,13 +10,13 @@ from typing import Any
 
 import torch
 
-from maskkv_cli.budgets import resolve_budget
 from maskkv_cli.defaults import DEFAULT_POLICY
-from maskkv_cli.longctx import FittedContext
+from maskkv_cli.kv.budgets import resolve_budget
 from maskkv_cli.models.loading import load_model, resolve_model_path
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import PolicyOptions, get_policy
 from maskkv_cli.prompting import chat_prompt_ids, decode_answer, document_question, load_tokenizer, stop_ids
+from maskkv_cli.prompting.fit import FittedContext
 from maskkv_cli.sampling import DreamOptions, Event, GenerationConfig, GenerationResult, sample
 
 
@@ -108,7 +108,7 @@ class Session:
         cache: CacheConfig,
         on_event: Callable[[Event], None] | None = None,
     ) -> Answer:
-        from maskkv_cli.calibration import resolve_importance
+        from maskkv_cli.policies.calibration import resolve_importance
 
         budget = cache.resolved_budget(len(ids))
         options, note = resolve_importance(self.model_path, cache.options, cache.policy, cache.layer_budgets)

@@ -20,7 +20,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from maskkv_cli.budgets import preference_head_budgets
+from maskkv_cli.kv.budgets import preference_head_budgets
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Tests for maskkv_cli.budgets: layer and head budgets of MaskKV, PyramidKV and AdaKV."""
+"""Tests for maskkv_cli.kv.budgets: layer and head budgets of MaskKV, PyramidKV and AdaKV."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import random
 import pytest
 import torch
 
-from maskkv_cli.budgets import (
+from maskkv_cli.errors import UsageError
+from maskkv_cli.kv.budgets import (
     adakv_head_budgets,
     boundary_layer_budgets,
     distribute_exact,
@@ -17,7 +18,6 @@ from maskkv_cli.budgets import (
     resolve_budget,
     uniform_layer_budgets,
 )
-from maskkv_cli.errors import UsageError
 
 SEEDS = list(range(12))
 

@@ -13,25 +13,23 @@ from prompts import random_ids
 from typer.testing import CliRunner
 
 import maskkv_cli.sampling.common as sampler_mod
-from maskkv_cli.budgets import boundary_layer_budgets
-from maskkv_cli.calibration import (
-    ImportanceResult,
+from maskkv_cli.cli import app
+from maskkv_cli.engine.forward import StoredView, prefill, response_logits
+from maskkv_cli.engine.importance import ImportanceResult, layer_importance, measure_importance
+from maskkv_cli.errors import UsageError
+from maskkv_cli.kv.budgets import boundary_layer_budgets
+from maskkv_cli.models.llada import LLaDA
+from maskkv_cli.paths import config_file
+from maskkv_cli.policies import PolicyOptions, get_policy, policy_names
+from maskkv_cli.policies.calibration import (
     find_profile,
-    layer_importance,
     load_profile,
     make_profile,
-    measure_importance,
     model_key,
     profile_path,
     resolve_importance,
     save_profile,
 )
-from maskkv_cli.cli import app
-from maskkv_cli.engine.forward import StoredView, prefill, response_logits
-from maskkv_cli.errors import UsageError
-from maskkv_cli.models.llada import LLaDA
-from maskkv_cli.paths import config_file
-from maskkv_cli.policies import PolicyOptions, get_policy, policy_names
 from maskkv_cli.sampling.llada import GenerationConfig, generate
 
 EVICTING = [p for p in policy_names() if p not in ("none", "full")]

@@ -154,8 +154,8 @@ def test_model_folder_missing_files(pdf, tmp_path):
 
 
 def test_interrupt_exits_130_and_keeps_store(pdf, tiny_dir, monkeypatch):
+    from maskkv_cli.documents.store import DocumentStore
     from maskkv_cli.session import Session
-    from maskkv_cli.store import DocumentStore
 
     def boom(*a, **k):
         raise KeyboardInterrupt

@@ -391,7 +391,7 @@ def test_format_page_ranges() -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Token counting (maskkv_cli.tokencount)
+# Token counting (maskkv_cli.documents.tokens)
 
 
 @pytest.fixture
@@ -417,7 +417,7 @@ def fresh_tokencount(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[object]]:
 
 
 def test_count_tokens_with_model_tokenizer(fresh_tokencount: list[object]) -> None:
-    from maskkv_cli.tokencount import count_tokens
+    from maskkv_cli.documents.tokens import count_tokens
 
     class Plain:
         def encode(self, text: str) -> list[int]:
@@ -471,7 +471,7 @@ def test_count_tokens_cache_disabled(monkeypatch: pytest.MonkeyPatch, fresh_toke
 def test_tiktoken_cache_dir_rules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import tempfile
 
-    from maskkv_cli.tokencount import tiktoken_cache_dir
+    from maskkv_cli.documents.tokens import tiktoken_cache_dir
 
     monkeypatch.delenv("TIKTOKEN_CACHE_DIR", raising=False)
     monkeypatch.delenv("DATA_GYM_CACHE_DIR", raising=False)

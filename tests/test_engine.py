@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from prompts import random_ids
 
 import maskkv_cli.engine.forward as fwd
-from maskkv_cli.engine.cache import select_layer
+from maskkv_cli.kv.cache import select_layer
 from maskkv_cli.policies import LayerView, PolicyOptions, get_policy, policy_names
 from maskkv_cli.sampling.llada import GenerationConfig, generate
 
@@ -101,7 +101,7 @@ def test_maskkv_pooled_keeps_the_neighbours_of_a_voted_entry():
 
 
 def test_neighbour_scores_lift_neighbours_above_the_unvoted_but_not_above_voted_entries():
-    from maskkv_cli.engine.votes import neighbour_scores
+    from maskkv_cli.kv.votes import neighbour_scores
 
     votes = torch.tensor([[[0.0, 0.1, 10.0, 0.2, 0.0, 6.0, 0.0, 0.0, 4.0, 0.3]]])
     lifted = neighbour_scores(votes, 3, 0.5)

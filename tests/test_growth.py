@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from maskkv_cli.errors import UsageError
-from maskkv_cli.growth import grow_depth, growth_points
 from maskkv_cli.models.loading import load_model
-from maskkv_cli.training import train
+from maskkv_cli.training.growth import grow_depth, growth_points
+from maskkv_cli.training.train import train
 from tests.test_training import small
 
 

@@ -14,7 +14,7 @@ from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.documents import Document, Page
 from maskkv_cli.engine.forward import LayerRecord
 from maskkv_cli.errors import UsageError
-from maskkv_cli.profiling import (
+from maskkv_cli.reports.profile_report import (
     OUTSIDE,
     PageCount,
     RunSpec,
@@ -290,7 +290,7 @@ def test_quantize_and_group_pages():
 def test_heatmap_fits_an_80_column_terminal():
     from rich.console import Console
 
-    from maskkv_cli.render_profile import GLYPHS, heatmap
+    from maskkv_cli.cli.render_profile import GLYPHS, heatmap
 
     matrix = [[(7 * layer + 3 * head) % 300 + 10 for head in range(32)] for layer in range(32)]  # LLaDA-8B
     for color in (True, False):
@@ -309,7 +309,7 @@ def test_profile_document_resets_cuda_peaks_between_runs(monkeypatch):
     from types import SimpleNamespace
 
     from maskkv_cli.models.config import named_config
-    from maskkv_cli.profiling import profile_document
+    from maskkv_cli.reports.profile_report import profile_document
     from maskkv_cli.stats import RunStats
 
     resets: list[object] = []

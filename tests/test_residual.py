@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from prompts import random_ids
 
-from maskkv_cli.engine.cache import PromptCache, add_residual, select_layer
-from maskkv_cli.engine.residual import attention_spread, diffuse_heads, residual_entries
+from maskkv_cli.kv.cache import PromptCache, add_residual, select_layer
+from maskkv_cli.kv.residual import attention_spread, diffuse_heads, residual_entries
 from maskkv_cli.policies import PolicyOptions, get_policy
 from maskkv_cli.sampling.llada import GenerationConfig, generate
 
@@ -139,7 +139,7 @@ def test_residual_changes_the_steps_and_budget_at_prompt_is_still_exact(tiny_mod
 
 def test_profile_matrix_and_layer_importance_follow_the_policy_class(tiny_model):
     from maskkv_cli.policies.base import uses_importance
-    from maskkv_cli.profiling import residual_matrix
+    from maskkv_cli.reports.profile_report import residual_matrix
 
     ids = random_ids(tiny_model, PROMPT)
     on = generate(tiny_model, ids, GEN, ON, 6)

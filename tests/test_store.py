@@ -1,4 +1,4 @@
-"""Tests for maskkv_cli.store: the on-disk document cache."""
+"""Tests for maskkv_cli.documents.store: the on-disk document cache."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from maskkv_cli.documents import Document, Page
+from maskkv_cli.documents.store import DocumentStore, default_root
 from maskkv_cli.errors import DocumentError, UsageError
-from maskkv_cli.store import DocumentStore, default_root
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -184,7 +184,7 @@ def test_ingest_survives_unwritable_store(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_failed_write_leaves_no_temp_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import maskkv_cli.store as store_module
+    import maskkv_cli.documents.store as store_module
 
     store = DocumentStore(tmp_path)
     store.put(make_doc(sha_of("keep")))
@@ -215,7 +215,7 @@ def test_stale_temp_files_are_cleaned(tmp_path: Path) -> None:
 _KILLED_WRITER = r"""
 import sys, time
 from pathlib import Path
-import maskkv_cli.store as store
+import maskkv_cli.documents.store as store
 from maskkv_cli.documents import Document, Page
 
 def slow_write(fh, data):

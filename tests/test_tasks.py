@@ -16,11 +16,10 @@ from maskkv_cli.bench.tasks import (
     Task,
     count_words,
     generate_tasks,
-    load_corpus,
     load_jsonl,
     save_jsonl,
-    split_paragraphs,
 )
+from maskkv_cli.documents.corpus import load_corpus, split_paragraphs
 
 
 def _chars_over_four(text: str) -> int:

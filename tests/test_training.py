@@ -8,7 +8,7 @@ import torch
 
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.loading import load_model
-from maskkv_cli.training import (
+from maskkv_cli.training.train import (
     Batcher,
     TrainConfig,
     diffusion_loss,
@@ -148,7 +148,7 @@ def test_parse_range():
 
 
 def test_batches_draw_distractor_counts_from_the_range(tiny_tokenizer, tiny_config, monkeypatch):
-    import maskkv_cli.training as training
+    import maskkv_cli.training.train as training
 
     seen: list[int] = []
     real = training.generate_tasks
@@ -190,7 +190,7 @@ def test_rope_theta_sets_a_new_base_on_a_trained_model(tmp_path):
 def test_cli_passes_training_options_and_refuses_bad_ones(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    import maskkv_cli.training as training
+    import maskkv_cli.training.train as training
     from maskkv_cli.cli import app
 
     seen: list[TrainConfig] = []

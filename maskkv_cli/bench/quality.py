@@ -51,9 +51,9 @@ from maskkv_cli.bench.tasks import (
     distractor_values,
     generate_tasks,
     load_jsonl,
-    split_paragraphs,
 )
 from maskkv_cli.defaults import DEFAULT_POLICY
+from maskkv_cli.documents.corpus import split_paragraphs
 from maskkv_cli.errors import UsageError
 
 BENCH_KIND = "quality"

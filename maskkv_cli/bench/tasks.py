@@ -40,10 +40,10 @@ import string
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from maskkv_cli.documents.corpus import load_corpus
 
 KINDS: tuple[str, ...] = ("niah_single", "niah_multikey", "niah_multivalue", "vt")
 
@@ -128,31 +128,6 @@ def digit_mixing(prediction: str, answer: str, distractors: Iterable[str]) -> tu
 def count_words(text: str) -> int:
     """Default length measure: whitespace-separated words."""
     return len(text.split())
-
-
-def split_paragraphs(text: str) -> list[str]:
-    """Split text on blank lines; whitespace inside a paragraph collapses to single spaces."""
-    paragraphs: list[str] = []
-    for block in re.split(r"\n\s*\n", text):
-        cleaned = " ".join(block.split())
-        if cleaned:
-            paragraphs.append(cleaned)
-    return paragraphs
-
-
-@lru_cache(maxsize=1)
-def _corpus_paragraphs() -> tuple[str, ...]:
-    root = resources.files("maskkv_cli.assets").joinpath("corpus")
-    names = sorted(entry.name for entry in root.iterdir() if entry.name.endswith(".txt"))
-    paragraphs: list[str] = []
-    for name in names:
-        paragraphs.extend(split_paragraphs(root.joinpath(name).read_text(encoding="utf-8")))
-    return tuple(paragraphs)
-
-
-def load_corpus() -> list[str]:
-    """Paragraphs of the packaged English corpus (files in name order, paragraphs in file order)."""
-    return list(_corpus_paragraphs())
 
 
 # --------------------------------------------------------------------------------------------------

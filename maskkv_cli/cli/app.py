@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 
 from maskkv_cli import __version__
-from maskkv_cli.commands.calibrate import calibrate
-from maskkv_cli.commands.common import (
+from maskkv_cli.cli.commands.calibrate import calibrate
+from maskkv_cli.cli.commands.common import (
     State,
     cache_config,
     dream_options,
@@ -20,8 +20,7 @@ from maskkv_cli.commands.common import (
     note,
     open_session,
 )
-from maskkv_cli.defaults import DEFAULT_POLICY
-from maskkv_cli.options import (
+from maskkv_cli.cli.options import (
     AlgOpt,
     BlockOpt,
     BudgetOpt,
@@ -44,6 +43,7 @@ from maskkv_cli.options import (
     TopKOpt,
     TopPOpt,
 )
+from maskkv_cli.defaults import DEFAULT_POLICY
 
 app = typer.Typer(
     name="maskkv",
@@ -110,7 +110,7 @@ def generate(
     """
     from rich.console import Console
 
-    from maskkv_cli.render import StepProgress, stats_table
+    from maskkv_cli.cli.render import StepProgress, stats_table
 
     if not prompt.strip():
         raise fail("the prompt is empty; pass some text", 2)
@@ -150,20 +150,20 @@ app.command()(calibrate)
 
 
 def _register() -> None:
-    from maskkv_cli.commands.documents import ask, ingest, summarize
-    from maskkv_cli.commands.profile import profile
+    from maskkv_cli.cli.commands.documents import ask, ingest, summarize
+    from maskkv_cli.cli.commands.profile import profile
 
     app.command()(ingest)
     app.command()(ask)
     app.command()(summarize)
     app.command()(profile)
-    from maskkv_cli.commands.train import train_tiny
+    from maskkv_cli.cli.commands.train import train_tiny
 
     app.command("train-tiny")(train_tiny)
-    from maskkv_cli.commands.demo import demo
+    from maskkv_cli.cli.commands.demo import demo
 
     app.command()(demo)
-    from maskkv_cli.commands.bench import bench_app
+    from maskkv_cli.cli.commands.bench import bench_app
 
     app.add_typer(bench_app, name="bench")
 

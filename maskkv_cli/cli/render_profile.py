@@ -1,7 +1,7 @@
 """Pictures of a ``ProfileReport``: Rich renderables for the terminal, a matplotlib PNG, a self-contained HTML.
 
-The numbers come from ``maskkv_cli.profiling``; this module only draws them. Colours come from one fixed ramp
-(viridis, 9 steps) everywhere; a terminal without colours gets the same levels as characters (``.:-=+*#%@``).
+The numbers come from ``maskkv_cli.reports.profile_report``; this module only draws them. Colours come from one
+fixed ramp (viridis, 9 steps) everywhere; a terminal without colours gets the same levels as characters (``.:-=+*#%@``).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from maskkv_cli.cli.render import human_bytes
 from maskkv_cli.errors import MaskKVError
 from maskkv_cli.policies.base import uses_importance
-from maskkv_cli.profiling import OUTSIDE, PageCount, ProfileReport, RunProfile, group_pages, quantize
-from maskkv_cli.render import human_bytes
+from maskkv_cli.reports.profile_report import OUTSIDE, PageCount, ProfileReport, RunProfile, group_pages, quantize
 
 RAMP = ("#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725")
 GLYPHS = ".:-=+*#%@"  # the same levels without colour

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from maskkv_cli.budgets import boundary_layer_budgets
-from maskkv_cli.engine.cache import LayerCache, PromptCache, add_residual, dense_layer, select_layer
-from maskkv_cli.engine.residual import attention_spread, diffuse_heads, residual_entries
+from maskkv_cli.kv.budgets import boundary_layer_budgets
+from maskkv_cli.kv.cache import LayerCache, PromptCache, add_residual, dense_layer, select_layer
+from maskkv_cli.kv.residual import attention_spread, diffuse_heads, residual_entries
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import LayerView, Policy
 
@@ -181,7 +181,7 @@ def prefill(
     after its own attention, so only one layer's full K/V is ever resident.
 
     ``online_importance=True``: the layer importance ``I(l)`` is measured on this input while it runs (the
-    same statistic as ``maskkv_cli.calibration.layer_importance``, over every token of ``ids``) and the layer
+    same statistic as ``maskkv_cli.policies.calibration.layer_importance``, over every token of ``ids``) and the layer
     budgets become ``boundary_layer_budgets(I, B, beta, boundary)`` with ``B = sum(layer_budgets) / D`` (pass
     the uniform plan ``[B] * D``) and ``beta``/``boundary`` from ``policy.options``. Each layer is scored as it
     runs (``policy.scores(view, layer_budgets[i])``; MaskKV's scores do not depend on the budget); the queries

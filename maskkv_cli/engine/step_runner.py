@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from maskkv_cli.engine.cache import PromptCache
 from maskkv_cli.engine.forward import response_hidden
 from maskkv_cli.errors import UsageError
+from maskkv_cli.kv.cache import PromptCache
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.stats import now
 

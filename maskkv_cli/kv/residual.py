@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from maskkv_cli.engine.votes import CHUNK_ELEMENTS, logit_chunks
+from maskkv_cli.kv.votes import CHUNK_ELEMENTS, logit_chunks
 
 
 def attention_spread(q: Tensor, k: Tensor, scale: float, chunk_elements: int = CHUNK_ELEMENTS) -> Tensor:

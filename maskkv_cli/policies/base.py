@@ -3,7 +3,7 @@
 A policy answers three questions, each in a small method: how many prompt entries each layer keeps
 (``layer_budgets``), how much each prompt entry of each head is worth (``scores``; ``+inf`` = always keep),
 and how a layer's budget is split over its heads (``head_budgets``). Selection itself (top-k, gather,
-padding) is shared and lives in ``maskkv_cli.engine.cache``.
+padding) is shared and lives in ``maskkv_cli.kv.cache``.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from maskkv_cli.budgets import uniform_layer_budgets
-from maskkv_cli.engine.votes import attention_mass
 from maskkv_cli.errors import UsageError
+from maskkv_cli.kv.budgets import uniform_layer_budgets
+from maskkv_cli.kv.votes import attention_mass
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class Policy:
     @property
     def residual_spread(self) -> float:
         """Heads whose mask queries spread their prompt attention over at least this share of the prompt
-        (perplexity / M) trade one entry for a residual entry (``maskkv_cli.engine.residual``); 0 turns it off."""
+        (perplexity / M) trade one entry for a residual entry (``maskkv_cli.kv.residual``); 0 turns it off."""
         value = self.options.residual_spread
         return self.residual_default if value is None else value
 

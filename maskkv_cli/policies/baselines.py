@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from maskkv_cli.budgets import adakv_head_budgets, pyramid_layer_budgets
-from maskkv_cli.engine.votes import pool_scores
+from maskkv_cli.kv.budgets import adakv_head_budgets, pyramid_layer_budgets
+from maskkv_cli.kv.votes import pool_scores
 from maskkv_cli.policies.base import LayerView, Policy, register
 
 

@@ -6,8 +6,8 @@ from typing import Any
 
 from torch import Tensor
 
-from maskkv_cli.budgets import boundary_layer_budgets, preference_head_budgets, uniform_layer_budgets
-from maskkv_cli.engine.votes import neighbour_scores, pool_scores
+from maskkv_cli.kv.budgets import boundary_layer_budgets, preference_head_budgets, uniform_layer_budgets
+from maskkv_cli.kv.votes import neighbour_scores, pool_scores
 from maskkv_cli.policies.base import LayerView, Policy, register
 
 # Heads whose mask queries each spread their prompt attention over at least three quarters of the prompt

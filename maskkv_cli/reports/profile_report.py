@@ -13,7 +13,7 @@ inside the prompt; each prompt token whose characters lie in it gets the page of
 are aligned with the document's start and end, so only what is in the prompt is mapped. Every other token
 (chat template, question, the cut marker) counts as "question/template".
 
-This module computes data only (lists and numbers); rendering lives in ``maskkv_cli.render_profile``.
+This module computes data only (lists and numbers); rendering lives in ``maskkv_cli.cli.render_profile``.
 """
 
 from __future__ import annotations
@@ -480,7 +480,7 @@ def _fresh_peak(device: torch.device) -> None:
 
 def _importance(session: Any, cache: Any, records: Sequence[LayerRecord]) -> tuple[list[float] | None, str | None]:
     """The I(l) the run's layer budgets came from: measured online, or the calibration profile, or none."""
-    from maskkv_cli.calibration import resolve_importance
+    from maskkv_cli.policies.calibration import resolve_importance
 
     ordered = sorted(records, key=lambda r: r.layer)
     if ordered and all(r.importance is not None for r in ordered):

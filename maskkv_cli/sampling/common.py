@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from maskkv_cli.engine.cache import PromptCache
 from maskkv_cli.engine.forward import LayerRecord, plain_logits, prefill, response_logits
 from maskkv_cli.engine.step_runner import StepOptions, StepRunner
 from maskkv_cli.errors import UsageError
+from maskkv_cli.kv.cache import PromptCache
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import Policy
 from maskkv_cli.stats import RunStats, memory_now, now

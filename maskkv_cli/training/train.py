@@ -27,12 +27,12 @@ import torch.nn.functional as F
 
 from maskkv_cli.bench.tasks import KINDS, NUM_DISTRACTORS, Task, generate_tasks, load_corpus
 from maskkv_cli.errors import UsageError
-from maskkv_cli.growth import grow_depth
 from maskkv_cli.models.config import ModelConfig, named_config
 from maskkv_cli.models.llada import LLaDA
 from maskkv_cli.models.loading import load_model, save_model
 from maskkv_cli.models.tokenizer_build import build_bpe_tokenizer
 from maskkv_cli.prompting import chat_prompt_ids, document_question, load_tokenizer
+from maskkv_cli.training.growth import grow_depth
 
 
 @dataclass(frozen=True)
@@ -363,7 +363,7 @@ def install_model(folder: Path, gen_length: int | None = None, window: int | Non
     """Copy a trained model into the package as the embedded default, with its generation defaults
     (``gen_length`` defaults to the answer region the model was trained with) and its window
     (``max_sequence_length``; default twice the longest training context)."""
-    target = Path(__file__).parent / "assets" / "tiny-llada"
+    target = Path(__file__).parent.parent / "assets" / "tiny-llada"
     model = load_model(folder)
     if window:
         model.config = model.config.with_(max_sequence_length=window)

@@ -13,9 +13,9 @@ from typing import Annotated, Any
 
 import typer
 
-from maskkv_cli.commands.common import guarded, pick_device
+from maskkv_cli.cli.commands.common import guarded, pick_device
+from maskkv_cli.cli.options import DeviceOpt, DtypeOpt, JsonOpt, QuietOpt, SeedOpt
 from maskkv_cli.errors import UsageError
-from maskkv_cli.options import DeviceOpt, DtypeOpt, JsonOpt, QuietOpt, SeedOpt
 
 bench_app = typer.Typer(
     help="Benchmarks: speed (no cache vs full cache vs MaskKV over prompt lengths), prefill peak memory, and "
@@ -239,4 +239,4 @@ def memory(
 
 
 # `bench quality` registers itself on ``bench_app`` when imported.
-from maskkv_cli.commands import bench_quality  # noqa: E402,F401
+from maskkv_cli.cli.commands import bench_quality  # noqa: E402,F401

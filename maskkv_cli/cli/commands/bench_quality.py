@@ -1,6 +1,6 @@
 """``maskkv bench quality``: accuracy and retention of every KV policy and budget on retrieval tasks.
 
-Registered on ``bench_app`` (``maskkv_cli.commands.bench`` imports this module for that side effect). Heavy
+Registered on ``bench_app`` (``maskkv_cli.cli.commands.bench`` imports this module for that side effect). Heavy
 modules (torch, Rich) load inside the command, so ``maskkv --help`` stays light.
 """
 
@@ -21,10 +21,10 @@ from maskkv_cli.bench.quality import (
     DEFAULT_SAMPLES,
     FALLBACK_GENERATION,
 )
-from maskkv_cli.commands.bench import FreshOpt, OutOpt, bench_app, parse_counts
-from maskkv_cli.commands.common import generation_config, guarded, note, open_session
+from maskkv_cli.cli.commands.bench import FreshOpt, OutOpt, bench_app, parse_counts
+from maskkv_cli.cli.commands.common import generation_config, guarded, note, open_session
+from maskkv_cli.cli.options import DeviceOpt, DtypeOpt, JsonOpt, LayerBudgetsOpt, ModelOpt, QuietOpt
 from maskkv_cli.errors import UsageError
-from maskkv_cli.options import DeviceOpt, DtypeOpt, JsonOpt, LayerBudgetsOpt, ModelOpt, QuietOpt
 
 _FALLBACK = "/".join(str(FALLBACK_GENERATION[k]) for k in ("gen_length", "steps", "block_length"))
 TasksOpt = Annotated[str, typer.Option(

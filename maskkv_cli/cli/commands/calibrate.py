@@ -11,9 +11,9 @@ from typing import Annotated
 
 import typer
 
-from maskkv_cli.commands.common import guarded, note, pick_device
+from maskkv_cli.cli.commands.common import guarded, note, pick_device
+from maskkv_cli.cli.options import DeviceOpt, DtypeOpt, GenLengthOpt, JsonOpt, ModelOpt, QuietOpt
 from maskkv_cli.errors import DocumentError, UsageError
-from maskkv_cli.options import DeviceOpt, DtypeOpt, GenLengthOpt, JsonOpt, ModelOpt, QuietOpt
 
 DEFAULT_GEN_LENGTH = 128
 DocsArg = Annotated[list[Path] | None, typer.Argument(
@@ -69,7 +69,7 @@ def read_texts(paths: list[Path]) -> list[str]:
 
 def builtin_corpus() -> list[str]:
     try:
-        from maskkv_cli.bench.tasks import load_corpus
+        from maskkv_cli.documents.corpus import load_corpus
 
         paragraphs = load_corpus()
     except (ImportError, OSError):
@@ -106,8 +106,9 @@ def calibrate(
     """
     from rich.console import Console
 
-    from maskkv_cli.calibration import calibration_inputs, make_profile, measure_importance, save_profile
     from maskkv_cli.defaults import resolve_default_model
+    from maskkv_cli.engine.importance import calibration_inputs, measure_importance
+    from maskkv_cli.policies.calibration import make_profile, save_profile
 
     if samples < 1 or max_tokens < 1:
         raise UsageError("--samples and --max-tokens must be positive")

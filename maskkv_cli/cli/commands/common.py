@@ -116,7 +116,7 @@ def cache_config(policy: str, budget: int | None, ratio: float | None, seed: int
 
 
 def one_line_stats(stats: Any) -> str:
-    from maskkv_cli.render import human_bytes
+    from maskkv_cli.cli.render import human_bytes
 
     kv = (f"KV {human_bytes(stats.kv_bytes)} of {human_bytes(stats.kv_full_bytes)} ({stats.compression:.1f}x smaller)"
           if stats.kv_bytes else "no KV cache")

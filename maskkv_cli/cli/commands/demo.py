@@ -9,9 +9,9 @@ from typing import Annotated
 
 import typer
 
-from maskkv_cli.commands.common import cache_config, generation_config, guarded, one_line_stats, open_session
+from maskkv_cli.cli.commands.common import cache_config, generation_config, guarded, one_line_stats, open_session
+from maskkv_cli.cli.options import BudgetOpt, DeviceOpt, JsonOpt, ModelOpt, QuietOpt, SeedOpt
 from maskkv_cli.defaults import DEFAULT_POLICY
-from maskkv_cli.options import BudgetOpt, DeviceOpt, JsonOpt, ModelOpt, QuietOpt, SeedOpt
 
 
 @guarded

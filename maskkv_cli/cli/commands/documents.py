@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from maskkv_cli.commands.common import (
+from maskkv_cli.cli.commands.common import (
     cache_config,
     dream_options,
     fail,
@@ -19,8 +19,7 @@ from maskkv_cli.commands.common import (
     one_line_stats,
     open_session,
 )
-from maskkv_cli.defaults import DEFAULT_POLICY
-from maskkv_cli.options import (
+from maskkv_cli.cli.options import (
     AlgOpt,
     BlockOpt,
     BudgetOpt,
@@ -43,6 +42,7 @@ from maskkv_cli.options import (
     TopKOpt,
     TopPOpt,
 )
+from maskkv_cli.defaults import DEFAULT_POLICY
 
 
 def _consoles(quiet: bool, as_json: bool) -> tuple[Any, bool]:
@@ -80,7 +80,7 @@ def ingest(
 
         maskkv ingest --remove report.pdf
     """
-    from maskkv_cli.store import DocumentStore
+    from maskkv_cli.documents.store import DocumentStore
 
     store = DocumentStore()
     if list_:
@@ -110,7 +110,7 @@ def ingest(
         tokenizer = load_tokenizer(resolve_default_model(model)[0])
     import warnings
 
-    from maskkv_cli.tokencount import TokenCountWarning, count_tokens
+    from maskkv_cli.documents.tokens import TokenCountWarning, count_tokens
 
     warnings.simplefilter("ignore", TokenCountWarning)  # the method is reported in each row instead
     rows = []
@@ -186,12 +186,12 @@ def ask(
 
         maskkv ask book.txt "Where is the treasure?" --long rope-scale --json
     """
-    from maskkv_cli.store import DocumentStore
+    from maskkv_cli.documents.store import DocumentStore
 
     qs = _questions(question, more, questions_file)
     cache = cache_config(policy, budget, ratio, seed, layer_budgets)
     err, live_on = _consoles(quiet, as_json)
-    from maskkv_cli.render import LiveRun
+    from maskkv_cli.cli.render import LiveRun
 
     with LiveRun(err, live_on, device if device != "auto" else "cpu") as live:
         live.phase("parse", str(document))
@@ -272,9 +272,9 @@ def summarize(
 
         maskkv summarize book.txt --length 300 --budget 128 --json
     """
-    from maskkv_cli.render import LiveRun
-    from maskkv_cli.store import DocumentStore
-    from maskkv_cli.summarize import merge_instruction, part_instruction, split_parts
+    from maskkv_cli.cli.render import LiveRun
+    from maskkv_cli.documents.store import DocumentStore
+    from maskkv_cli.prompting.parts import merge_instruction, part_instruction, split_parts
 
     if length <= 0:
         raise fail(f"--length must be a positive number of words, got {length}", 2)

@@ -8,9 +8,8 @@ from typing import Annotated
 
 import typer
 
-from maskkv_cli.commands.common import fail, generation_config, guarded, live_display_on, note, open_session
-from maskkv_cli.defaults import DEFAULT_POLICY
-from maskkv_cli.options import (
+from maskkv_cli.cli.commands.common import fail, generation_config, guarded, live_display_on, note, open_session
+from maskkv_cli.cli.options import (
     BlockOpt,
     DeviceOpt,
     DtypeOpt,
@@ -26,6 +25,7 @@ from maskkv_cli.options import (
     TemperatureOpt,
     ThresholdOpt,
 )
+from maskkv_cli.defaults import DEFAULT_POLICY
 
 DEFAULT_QUESTION = "Summarize the document."
 
@@ -99,10 +99,10 @@ def profile(
     """
     from rich.console import Console
 
-    from maskkv_cli.profiling import choose_focus, parse_runs, profile_document
-    from maskkv_cli.render import LiveRun
-    from maskkv_cli.render_profile import print_report, require_matplotlib, write_html
-    from maskkv_cli.store import DocumentStore
+    from maskkv_cli.cli.render import LiveRun
+    from maskkv_cli.cli.render_profile import print_report, require_matplotlib, write_html
+    from maskkv_cli.documents.store import DocumentStore
+    from maskkv_cli.reports.profile_report import choose_focus, parse_runs, profile_document
 
     if not question.strip():
         raise fail("the question is empty; write the question after the document", 2)
@@ -133,7 +133,7 @@ def profile(
         )
         live.phase("write")
         if plot is not None:
-            from maskkv_cli.render_profile import plot_png
+            from maskkv_cli.cli.render_profile import plot_png
 
             plot_png(report, plot)
         if html is not None:

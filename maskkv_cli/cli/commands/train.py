@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from maskkv_cli.commands.common import guarded, note
+from maskkv_cli.cli.commands.common import guarded, note
 from maskkv_cli.errors import UsageError
 
 
@@ -69,7 +69,7 @@ def train_tiny(
         OMP_NUM_THREADS=1 nohup maskkv train-tiny --out runs/tiny --json > train.log &
     """
     from maskkv_cli.bench.tasks import max_distractors
-    from maskkv_cli.training import TrainConfig, TrainEvent, install_model, parse_mix, parse_range, train
+    from maskkv_cli.training.train import TrainConfig, TrainEvent, install_model, parse_mix, parse_range, train
 
     mix = parse_mix(kinds)
     distractor_range = parse_range(distractors, "--distractors")

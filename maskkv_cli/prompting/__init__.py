@@ -1,0 +1,12 @@
+"""From a document and a question to prompt ids: tokenizer, chat template, fitting to the window, summary parts."""
+
+from maskkv_cli.prompting.chat import (
+    chat_prompt_ids,
+    decode_answer,
+    document_question,
+    llada_template,
+    load_tokenizer,
+    stop_ids,
+)
+
+__all__ = ["chat_prompt_ids", "decode_answer", "document_question", "llada_template", "load_tokenizer", "stop_ids"]

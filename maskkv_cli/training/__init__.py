@@ -1,0 +1,1 @@
+"""Training the embedded tiny model (``maskkv train-tiny``) and growing a trained model deeper."""
