@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from maskkv_cli.bench.quality import add_retention, display_order, plan_cases, summary_markdown
+from maskkv_cli.bench.quality_plan import plan_cases
+from maskkv_cli.bench.quality_report import add_retention, display_order, summary_markdown
 from maskkv_cli.cli import app
 from maskkv_cli.session import Session
 
@@ -174,7 +175,9 @@ def test_rerun_reuses_finished_rows(tiny_dir: Path, tmp_path: Path, monkeypatch:
 
 
 def test_row_keys_carry_the_policy_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    from maskkv_cli.bench.quality import Case, TaskGroup, TaskSource, policy_rule, row_key
+    from maskkv_cli.bench.quality import policy_rule, row_key
+    from maskkv_cli.bench.quality_plan import Case
+    from maskkv_cli.bench.quality_sources import TaskGroup, TaskSource
     from maskkv_cli.policies.maskkv import MaskKVResidual
 
     assert policy_rule("maskkv-residual") == {"residual_spread": 0.75}

@@ -399,7 +399,7 @@ def fresh_tokencount(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[object]]:
     """Reset the module's memo and record any attempt to open a network connection."""
     import socket
 
-    from maskkv_cli import tokencount
+    from maskkv_cli.documents import tokens as tokencount
 
     attempts: list[object] = []
 
@@ -443,7 +443,7 @@ def test_count_tokens_with_model_tokenizer(fresh_tokencount: list[object]) -> No
 def test_count_tokens_offline_estimate_without_network(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_tokencount: list[object]
 ) -> None:
-    from maskkv_cli import tokencount
+    from maskkv_cli.documents import tokens as tokencount
 
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
     with pytest.warns(tokencount.TokenCountWarning, match="estimates"):
@@ -459,7 +459,7 @@ def test_count_tokens_offline_estimate_without_network(
 
 
 def test_count_tokens_cache_disabled(monkeypatch: pytest.MonkeyPatch, fresh_tokencount: list[object]) -> None:
-    from maskkv_cli import tokencount
+    from maskkv_cli.documents import tokens as tokencount
 
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")
     assert tokencount.tiktoken_cache_dir() is None
@@ -485,7 +485,7 @@ def test_tiktoken_cache_dir_rules(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 def test_cached_encoding_needs_the_right_content(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_tokencount: list[object]
 ) -> None:
-    from maskkv_cli import tokencount
+    from maskkv_cli.documents import tokens as tokencount
 
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
     blob = tmp_path / hashlib.sha1(tokencount.CL100K_URL.encode()).hexdigest()
@@ -508,7 +508,7 @@ def test_count_tokens_loads_tiktoken_only_from_cache(
 ) -> None:
     import tiktoken
 
-    from maskkv_cli import tokencount
+    from maskkv_cli.documents import tokens as tokencount
 
     class FakeEncoding:
         def encode(self, text: str, disallowed_special: object = "all") -> list[int]:
@@ -523,7 +523,7 @@ def test_count_tokens_loads_tiktoken_only_from_cache(
 def test_count_tokens_uses_tiktoken_when_cached(
     monkeypatch: pytest.MonkeyPatch, fresh_tokencount: list[object]
 ) -> None:
-    from maskkv_cli import tokencount
+    from maskkv_cli.documents import tokens as tokencount
 
     if tokencount.cached_encoding_path() is None:
         pytest.skip("cl100k_base is not in tiktoken's local cache on this machine")

@@ -17,7 +17,8 @@ from maskkv_cli.bench.longbench import (
     middle_cut,
     prompt_spec,
 )
-from maskkv_cli.bench.quality import TaskGroup, build_groups, group_generation
+from maskkv_cli.bench.quality import group_generation
+from maskkv_cli.bench.quality_sources import TaskGroup, build_groups
 from maskkv_cli.bench.tasks import Task
 from maskkv_cli.cli import app
 from maskkv_cli.errors import UsageError

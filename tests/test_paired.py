@@ -106,7 +106,7 @@ def test_run_reports_intervals_and_the_paired_comparison(tiny_dir: Path, tmp_pat
 
 def test_the_default_policy_is_the_reference_when_it_ran(tiny_dir: Path, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from maskkv_cli.bench.quality import DEFAULT_POLICIES
+    from maskkv_cli.bench.quality_plan import DEFAULT_POLICIES
     from maskkv_cli.defaults import DEFAULT_POLICY
 
     assert "maskkv" in DEFAULT_POLICIES and DEFAULT_POLICY in DEFAULT_POLICIES

@@ -1,18 +1,18 @@
 """Documents in: reading PDF, text and Markdown into pages of clean text, the ingest store, token counts."""
 
+from maskkv_cli.documents.clean import clean_text
 from maskkv_cli.documents.reading import (
     KINDS,
     TEXT_PAGE_CHARS,
     Document,
     Page,
-    clean_text,
     detect_kind,
     format_page_ranges,
     load_document,
     parse_document,
     read_source,
-    split_text_pages,
 )
+from maskkv_cli.documents.text import split_text_pages
 
 __all__ = ["KINDS", "TEXT_PAGE_CHARS", "Document", "Page", "clean_text", "detect_kind", "format_page_ranges",
            "load_document", "parse_document", "read_source", "split_text_pages"]

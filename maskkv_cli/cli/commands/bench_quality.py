@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from maskkv_cli.bench.quality import (
+from maskkv_cli.bench.quality_plan import (
     DEFAULT_BUDGETS,
     DEFAULT_KINDS,
     DEFAULT_LENGTHS,
@@ -119,7 +119,7 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from maskkv_cli.bench.quality import display_order
+    from maskkv_cli.bench.quality_report import display_order
 
     table = Table(title="maskkv bench quality\nacc = accuracy %, ret = retention (acc / full acc), share = budget / "
                   "prompt tokens, s/ans = seconds per answer", title_justify="left", box=box.SIMPLE_HEAD)
@@ -198,17 +198,9 @@ def quality(
         maskkv bench quality --haystack report.pdf --tasks niah_single --lengths 1k
     """
     from maskkv_cli.bench.longbench import load_templates
-    from maskkv_cli.bench.quality import (
-        TaskSource,
-        build_groups,
-        is_tasks_file,
-        parse_kinds,
-        parse_policies,
-        plan_cases,
-        read_haystack,
-        read_tasks_file,
-        run_quality,
-    )
+    from maskkv_cli.bench.quality import run_quality
+    from maskkv_cli.bench.quality_plan import is_tasks_file, parse_kinds, parse_policies, plan_cases
+    from maskkv_cli.bench.quality_sources import TaskSource, build_groups, read_haystack, read_tasks_file
 
     if samples <= 0:
         raise UsageError(f"--samples must be a positive integer, got {samples}")
@@ -290,7 +282,8 @@ def export_tasks(
 
         maskkv bench tasks mine.jsonl --tasks niah_single,vt --haystack report.pdf --model ~/models/LLaDA-8B-Instruct
     """
-    from maskkv_cli.bench.quality import generate_cells, parse_kinds, read_haystack
+    from maskkv_cli.bench.quality_plan import parse_kinds
+    from maskkv_cli.bench.quality_sources import generate_cells, read_haystack
     from maskkv_cli.bench.tasks import save_jsonl
     from maskkv_cli.defaults import resolve_default_model
     from maskkv_cli.prompting import load_tokenizer

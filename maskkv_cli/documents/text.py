@@ -1,0 +1,164 @@
+"""Text and Markdown files: decoding (UTF-8, UTF-16, legacy code pages), and pages cut at blank lines, never
+inside a Markdown code fence."""
+
+from __future__ import annotations
+
+import codecs
+import re
+
+from maskkv_cli.documents.clean import _normalise_whitespace, clean_text
+from maskkv_cli.documents.reading import TEXT_PAGE_CHARS, Page
+from maskkv_cli.errors import DocumentError
+
+__all__ = ["load_text", "split_text_pages"]
+
+
+_BINARY_CONTROLS = bytes(c for c in range(32) if c not in (9, 10, 11, 12, 13, 27)) + b"\x7f"
+_FENCE = re.compile(r"^\s{0,3}(```|~~~)")
+
+
+def _looks_binary(data: bytes) -> bool:
+    sample = data[: 1 << 16]
+    if b"\x00" in sample:
+        return True
+    controls = len(sample) - len(sample.translate(None, _BINARY_CONTROLS))
+    return controls > 0.05 * len(sample)
+
+
+def _mostly_printable(text: str) -> bool:
+    sample = text[: 1 << 16]
+    if not sample:
+        return True
+    good = sum(1 for ch in sample if ch.isprintable() or ch in "\n\t\r\f\v")
+    return good >= 0.97 * len(sample)
+
+
+def _decode_text(data: bytes, display: str) -> tuple[str, list[str]]:
+    notes: list[str] = []
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        try:
+            text = data.decode("utf-16")
+        except UnicodeDecodeError:
+            raise DocumentError(
+                f"{display} starts with a UTF-16 marker but is not valid UTF-16; "
+                "re-save it as UTF-8 and try again."
+            ) from None
+        if not _mostly_printable(text):
+            raise DocumentError(f"{display} looks binary, not text; pass a text, Markdown or PDF file.")
+        return text, notes
+    if data.startswith(codecs.BOM_UTF8):
+        text = data.decode("utf-8-sig", errors="replace")
+        if "\ufffd" in text and "\ufffd".encode() not in data:
+            notes.append(f"{display} has bytes that are not valid UTF-8; they were replaced with '\ufffd'.")
+        return text, notes
+    if _looks_binary(data):
+        raise DocumentError(
+            f"{display} looks binary (it contains NUL or control bytes), not text; "
+            f"pass a text, Markdown or PDF file."
+        )
+    try:
+        return data.decode("utf-8"), notes
+    except UnicodeDecodeError:
+        pass
+    for encoding, label in (("cp1252", "Windows-1252"), ("latin-1", "Latin-1")):
+        try:
+            text = data.decode(encoding)
+        except UnicodeDecodeError:
+            continue
+        if _mostly_printable(text):
+            notes.append(f"{display} is not UTF-8; it was read as {label}. Convert it to UTF-8 if "
+                         "some characters look wrong.")
+            return text, notes
+    raise DocumentError(
+        f"{display} is not UTF-8 and does not look like text in another common encoding; "
+        "convert it to UTF-8 (e.g. with iconv) and try again."
+    )
+
+
+def _blocks(text: str, kind: str) -> list[str]:
+    """Split text into paragraphs; for Markdown a fenced code block stays one block."""
+    raw = re.split(r"\n[ \t]*\n", text)
+    if kind != "markdown":
+        return [b for b in raw if b.strip()]
+    blocks: list[str] = []
+    open_fence: list[str] = []
+    for block in raw:
+        fences = sum(1 for line in block.split("\n") if _FENCE.match(line))
+        if open_fence:
+            open_fence.append(block)
+            if fences % 2 == 1:
+                blocks.append("\n\n".join(open_fence))
+                open_fence = []
+        elif fences % 2 == 1:
+            open_fence = [block]
+        elif block.strip():
+            blocks.append(block)
+    if open_fence:
+        blocks.append("\n\n".join(open_fence))
+    return blocks
+
+
+def _split_long(block: str, limit: int) -> list[str]:
+    """Cut a block longer than ``limit`` at line ends, else at spaces, else anywhere."""
+    pieces: list[str] = []
+    start, end = 0, len(block)
+    while end - start > limit:
+        floor = start + limit // 3
+        cut = block.rfind("\n", start, start + limit + 1)
+        if cut <= floor:
+            cut = block.rfind(" ", start, start + limit + 1)
+        if cut <= floor:
+            cut = start + limit
+        piece = block[start:cut].rstrip()
+        if piece:
+            pieces.append(piece)
+        start = cut
+        while start < end and block[start] in " \n":
+            start += 1
+    if start < end:
+        pieces.append(block[start:end])
+    return pieces
+
+
+def split_text_pages(text: str, kind: str = "text", limit: int = TEXT_PAGE_CHARS) -> list[str]:
+    """Cut a long text into pages of about ``limit`` characters at paragraph boundaries.
+
+    Deterministic: the same text always gives the same pages.  Markdown prefers to start a
+    page at a heading once the current page is half full, and never cuts a fenced code block
+    unless the block alone is longer than a page.
+    """
+    pages: list[str] = []
+    current: list[str] = []
+    size = 0
+    for block in _blocks(text, kind):
+        for piece in _split_long(block, limit) if len(block) > limit else [block]:
+            heading = kind == "markdown" and piece.lstrip().startswith("#")
+            if current and (size + 2 + len(piece) > limit or (heading and size >= limit // 2)):
+                pages.append("\n\n".join(current))
+                current, size = [], 0
+            current.append(piece)
+            size += len(piece) + (2 if size else 0)
+    if current:
+        pages.append("\n\n".join(current))
+    return pages
+
+
+def load_text(data: bytes, display: str, kind: str) -> tuple[list[Page], list[str]]:
+    text, notes = _decode_text(data, display)
+    if not text.strip():
+        raise DocumentError(f"{display} contains only whitespace; pass a file that contains text.")
+    form_feeds = "\f" in text
+    if form_feeds:
+        raw_pages = text.split("\f")
+    else:
+        raw_pages = split_text_pages(_normalise_whitespace(text, keep_indent=True), kind)
+    cleaned = clean_text(
+        raw_pages,
+        unwrap_lines=False,
+        join_hyphens=kind == "text",
+        drop_headers=form_feeds,
+    )
+    pages = [Page(number=i + 1, text=t) for i, t in enumerate(cleaned) if t]
+    if not pages:
+        raise DocumentError(f"{display} contains no readable text; pass a file that contains text.")
+    return pages, notes
