@@ -38,22 +38,20 @@ class FileProgress:
             MofNCompleteColumn,
             Progress,
             TextColumn,
-            TimeElapsedColumn,
             TimeRemainingColumn,
         )
 
         self.progress = Progress(
             TextColumn("{task.description}"),
-            BarColumn(bar_width=24),
+            BarColumn(bar_width=20),
             MofNCompleteColumn(),
-            TextColumn("files  {task.fields[pages]} pages  {task.fields[rate]}"),
-            TimeElapsedColumn(),
-            TextColumn("left"),
+            TextColumn("files · {task.fields[pages]} pages · {task.fields[rate]} ·"),
             TimeRemainingColumn(),
+            TextColumn("left"),
             console=Console(stderr=True),
             transient=True,
         )
-        self.task = self.progress.add_task("", total=total, pages=0, rate="")
+        self.task = self.progress.add_task("", total=total, pages=0, rate="- files/s")
 
     def __enter__(self) -> FileProgress:
         if self.progress is not None:
@@ -67,8 +65,8 @@ class FileProgress:
 
     def start(self, path: Path) -> None:
         if self.progress is not None:
-            name = path.name if len(path.name) <= 32 else path.name[:31] + "…"
-            self.progress.update(self.task, description=f"{name:32s}")
+            name = path.name if len(path.name) <= 24 else path.name[:23] + "…"
+            self.progress.update(self.task, description=f"{name:24s}")
 
     def finish(self, pages: int) -> None:
         self.done += 1
@@ -102,8 +100,8 @@ def _error_line(outcome: Any) -> str:
 def _line(outcome: Any) -> str:
     doc = outcome.document
     state = "already in the store" if outcome.status == "already" else "stored"
-    return (f"{outcome.path}: {len(doc.pages)} pages, {doc.n_chars} chars, {outcome.tokens} tokens; {state} "
-            f"as {doc.sha256[:12]}")
+    pages = f"{len(doc.pages)} page" + ("" if len(doc.pages) == 1 else "s")
+    return f"{outcome.path}: {pages}, {doc.n_chars} chars, {outcome.tokens} tokens; {state} as {doc.sha256[:12]}"
 
 
 @guarded
