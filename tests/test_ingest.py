@@ -302,23 +302,30 @@ app()
 """
 
 
-def test_kill_9_halfway_through_a_folder_then_rerun(tmp_path: Path) -> None:
-    folder = tmp_path / "reports"
-    files = [good_pdf(folder / f"report{i:02d}.pdf", f"number {i}") for i in range(6)]
+def _halt_in_the_third_write(tmp_path: Path, folder: Path, sig: int) -> tuple[int, str, str]:
+    """Run the halting ingest over ``folder``, send ``sig`` once it is halfway; return (code, stdout, stderr)."""
     marker = tmp_path / "halted"
     proc = subprocess.Popen([sys.executable, "-c", _HALTING_INGEST, str(marker), str(folder)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ))
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ))
     try:
         deadline = time.monotonic() + 120
         while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert marker.exists(), proc.stderr.read().decode() if proc.poll() is not None else "timed out"
-        proc.send_signal(signal.SIGKILL)
-        assert proc.wait(timeout=30) == -signal.SIGKILL
+        assert marker.exists(), proc.communicate()[1].decode() if proc.poll() is not None else "timed out"
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-        proc.stderr.close()
+            proc.communicate()
+    return proc.returncode, out.decode(), err.decode()
+
+
+def test_kill_9_halfway_through_a_folder_then_rerun(tmp_path: Path) -> None:
+    folder = tmp_path / "reports"
+    files = [good_pdf(folder / f"report{i:02d}.pdf", f"number {i}") for i in range(6)]
+    code, _, _ = _halt_in_the_third_write(tmp_path, folder, signal.SIGKILL)
+    assert code == -signal.SIGKILL
 
     store = DocumentStore()
     leftovers = [p for p in store.folder.iterdir() if p.name.startswith(".tmp-")]
@@ -334,4 +341,19 @@ def test_kill_9_halfway_through_a_folder_then_rerun(tmp_path: Path) -> None:
     result = run("ingest", folder)
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines()[-1] == "4 stored, 2 already in the store"
+    assert stored_sources() == [f.name for f in files]
+
+
+def test_ctrl_c_reports_what_was_done_and_leaves_no_temp_file(tmp_path: Path) -> None:
+    folder = tmp_path / "reports"
+    files = [good_pdf(folder / f"report{i:02d}.pdf", f"number {i}") for i in range(6)]
+    code, out, err = _halt_in_the_third_write(tmp_path, folder, signal.SIGINT)
+    assert code == 130
+    assert out.splitlines()[-1] == "2 stored"
+    assert err.splitlines()[-1].startswith("error: interrupted with 4 of 6 files not done")
+    assert "Traceback" not in err
+    store = DocumentStore()
+    assert not [p for p in store.folder.iterdir() if p.name.startswith(".tmp-")]
+    assert len(store.list()) == 2
+    assert run("ingest", folder).stdout.splitlines()[-1] == "4 stored, 2 already in the store"
     assert stored_sources() == [f.name for f in files]

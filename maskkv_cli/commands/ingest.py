@@ -196,14 +196,14 @@ def ingest(
     if as_json:
         data: dict[str, Any] = {"documents": [o.as_dict() for o in outcomes], "summary": dict(tally.counts)}
         if interrupted:
-            data["interrupted"] = {"files_not_reached": left}
+            data["interrupted"] = {"files_not_done": left}
         typer.echo(json.dumps(data))
     else:
         if len(methods) == 1:
             note(f"tokens counted with: {methods.pop()}", quiet, as_json)
         typer.echo(tally.summary())
     if interrupted:
-        raise fail(f"interrupted with {left} of {len(found.files)} files not reached; finished documents are "
+        raise fail(f"interrupted with {left} of {len(found.files)} files not done; finished documents are "
                    "kept: run the same command again to ingest the rest", 130)
     if tally.failed:
         raise typer.Exit(1)
