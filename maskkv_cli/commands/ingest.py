@@ -199,8 +199,8 @@ def ingest(
             data["interrupted"] = {"files_not_done": left}
         typer.echo(json.dumps(data))
     else:
-        if len(methods) == 1:
-            note(f"tokens counted with: {methods.pop()}", quiet, as_json)
+        if methods:
+            note(f"tokens counted with: {'; '.join(sorted(methods))}", quiet, as_json)
         typer.echo(tally.summary())
     if interrupted:
         raise fail(f"interrupted with {left} of {len(found.files)} files not done; finished documents are "
