@@ -2,6 +2,7 @@
 
 from maskkv_cli.documents.clean import clean_text
 from maskkv_cli.documents.reading import (
+    EXTENSIONS,
     KINDS,
     TEXT_PAGE_CHARS,
     Document,
@@ -14,5 +15,5 @@ from maskkv_cli.documents.reading import (
 )
 from maskkv_cli.documents.text import split_text_pages
 
-__all__ = ["KINDS", "TEXT_PAGE_CHARS", "Document", "Page", "clean_text", "detect_kind", "format_page_ranges",
-           "load_document", "parse_document", "read_source", "split_text_pages"]
+__all__ = ["EXTENSIONS", "KINDS", "TEXT_PAGE_CHARS", "Document", "Page", "clean_text", "detect_kind",
+           "format_page_ranges", "load_document", "parse_document", "read_source", "split_text_pages"]
