@@ -13,6 +13,10 @@ from maskkv_cli.paths import config_file, maskkv_home
 # The policy of ask, summarize, generate, profile and demo without --policy: MaskKV with our two repairs
 # (policies/maskkv.py; why: docs/policies.md). ``maskkv`` is the paper's method as published.
 DEFAULT_POLICY = "maskkv-plus"
+# Entries per head per layer an evicting policy keeps when no --budget / --ratio is given.
+DEFAULT_BUDGET = 256
+# What --layer-budgets takes: the calibration profile if any (auto), measured on the input (online), uniform.
+LAYER_BUDGET_CHOICES = ("auto", "online", "uniform")
 
 TINY_RANDOM_NOTE = (
     "no --model given: using the embedded tiny RANDOM model (a demo of the pipeline; its answers are noise). "

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from maskkv_cli.defaults import DEFAULT_POLICY
+from maskkv_cli.defaults import DEFAULT_BUDGET, DEFAULT_POLICY
 from maskkv_cli.kv.budgets import resolve_budget
 from maskkv_cli.models.loading import load_model, resolve_model_path
 from maskkv_cli.models.protocol import DiffusionLM
@@ -35,7 +35,6 @@ class CacheConfig:
         return resolve_budget(self.budget, self.ratio, prompt_len)
 
 
-DEFAULT_BUDGET = 256
 GENERATION_KEYS = ("gen_length", "steps", "block_length")
 
 

@@ -23,7 +23,7 @@ from maskkv_cli.bench.speed import (
     run_sweep,
     table_rows,
 )
-from maskkv_cli.cli.commands.bench import parse_count, parse_counts
+from maskkv_cli.cli.parsing import parse_count, parse_counts
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.config import named_config
 from maskkv_cli.sampling.llada import GenerationConfig

@@ -10,6 +10,7 @@ from pdfs import BODY, make_pdf
 from typer.testing import CliRunner
 
 from maskkv_cli.cli import app
+from maskkv_cli.cli.parsing import choose_focus, parse_runs
 from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.documents import Document, Page
 from maskkv_cli.engine.forward import LayerRecord
@@ -18,11 +19,9 @@ from maskkv_cli.reports.profile_report import (
     OUTSIDE,
     PageCount,
     RunSpec,
-    choose_focus,
     group_pages,
     kept_position_counts,
     page_map,
-    parse_runs,
     quantize,
     token_pages,
 )

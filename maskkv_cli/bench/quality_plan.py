@@ -22,25 +22,6 @@ FALLBACK_GENERATION: dict[str, int] = {"gen_length": 16, "steps": 16, "block_len
 # ----- options -------------------------------------------------------------------------------------------------
 
 
-def parse_policies(text: str) -> tuple[str, ...]:
-    """``"full,maskkv"`` -> known policy names, duplicates dropped, order kept."""
-    from maskkv_cli.policies.base import policy_names
-
-    known = policy_names()
-    names: list[str] = []
-    for part in text.split(","):
-        name = part.strip()
-        if not name:
-            continue
-        if name not in known:
-            raise UsageError(f"unknown policy {name!r} in --policies; choose from: {', '.join(known)}")
-        if name not in names:
-            names.append(name)
-    if not names:
-        raise UsageError("--policies is empty; give comma-separated policy names, e.g. full,maskkv")
-    return tuple(names)
-
-
 def is_tasks_file(value: str) -> bool:
     """``--tasks`` names a JSONL file (rather than a comma list of kinds)."""
     return value.strip().lower().endswith(".jsonl") or Path(value).is_file()

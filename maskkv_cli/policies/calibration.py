@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from maskkv_cli.defaults import LAYER_BUDGET_CHOICES
 from maskkv_cli.errors import UsageError
 from maskkv_cli.paths import config_file
 from maskkv_cli.policies.base import PolicyOptions, uses_importance
@@ -31,6 +32,7 @@ if TYPE_CHECKING:  # the measurement runs in the engine, one layer above the pol
     from maskkv_cli.engine.importance import ImportanceResult
 
 __all__ = [
+    "LAYER_BUDGET_CHOICES",
     "LAYER_BUDGET_MODES",
     "Profile",
     "find_profile",
@@ -42,7 +44,7 @@ __all__ = [
     "save_profile",
 ]
 
-LAYER_BUDGET_MODES = ("auto", "online", "uniform", "off")  # "off" is an alias of "uniform"
+LAYER_BUDGET_MODES = (*LAYER_BUDGET_CHOICES, "off")  # "off" is an alias of "uniform"
 _FIELDS = ("model", "model_path", "n_layers", "importance", "inputs", "tokens", "created", "maskkv_version")
 
 

@@ -38,13 +38,11 @@ __all__ = [
     "ProfileReport",
     "RunProfile",
     "RunSpec",
-    "choose_focus",
     "group_pages",
     "head_budget_matrix",
     "kept_position_counts",
     "map_pages",
     "page_map",
-    "parse_runs",
     "preference_matrix",
     "profile_document",
     "prompt_text",
@@ -53,7 +51,6 @@ __all__ = [
 ]
 
 OUTSIDE = "question/template"
-DEFAULT_BUDGET = 256
 
 
 # ----------------------------------------------------------------------------------------------------- runs
@@ -74,95 +71,6 @@ class RunSpec:
         if self.ratio is not None:
             return f"{self.policy}@{self.ratio:g}"
         return self.policy
-
-
-def _split(value: str) -> list[str]:
-    return [part.strip() for part in value.split(",") if part.strip()]
-
-
-def _positive_ints(value: str, option: str) -> list[int]:
-    out: list[int] = []
-    for part in _split(value):
-        try:
-            number = int(part)
-        except ValueError:
-            raise UsageError(f"{option} takes positive integers separated by commas, got {part!r}") from None
-        if number <= 0:
-            raise UsageError(f"{option} values must be positive integers, got {number}")
-        out.append(number)
-    if not out:
-        raise UsageError(f"{option} is empty; give e.g. {option} 64,256")
-    return list(dict.fromkeys(out))
-
-
-def _ratios(value: str) -> list[float]:
-    out: list[float] = []
-    for part in _split(value):
-        try:
-            number = float(part)
-        except ValueError:
-            raise UsageError(f"--ratio takes numbers in (0, 1] separated by commas, got {part!r}") from None
-        if not 0.0 < number <= 1.0:
-            raise UsageError(f"--ratio values must be in (0, 1], got {part}")
-        out.append(number)
-    if not out:
-        raise UsageError("--ratio is empty; give e.g. --ratio 0.1,0.5")
-    return list(dict.fromkeys(out))
-
-
-def parse_runs(policies: str, budgets: str | None, ratios: str | None) -> list[RunSpec]:
-    """The runs for ``--policies a,b`` x (``--budgets 64,256`` or ``--ratio 0.1,0.5``), in that order.
-
-    A policy that never evicts (``full``, ``none``) runs once whatever the budgets. Raises ``UsageError`` for an
-    unknown policy, a budget that is not a positive integer, a ratio outside (0, 1], or both budgets and ratios.
-    """
-    from maskkv_cli.policies.base import REGISTRY, policy_names
-
-    known = policy_names()
-    names = list(dict.fromkeys(_split(policies)))
-    if not names:
-        raise UsageError("--policies is empty; give e.g. --policies maskkv,snapkv")
-    for name in names:
-        if name not in known:
-            raise UsageError(f"unknown policy {name!r} in --policies; choose from: {', '.join(known)}")
-    if budgets is not None and ratios is not None:
-        raise UsageError("give either --budgets or --ratio, not both")
-    values: list[tuple[int | None, float | None]]
-    if ratios is not None:
-        values = [(None, r) for r in _ratios(ratios)]
-    else:
-        values = [(b, None) for b in _positive_ints(budgets if budgets is not None else str(DEFAULT_BUDGET),
-                                                     "--budgets")]
-    specs: list[RunSpec] = []
-    for name in names:
-        if not REGISTRY[name].evicts:
-            specs.append(RunSpec(name))
-            continue
-        specs.extend(RunSpec(name, budget, ratio) for budget, ratio in values)
-    return specs
-
-
-def choose_focus(specs: Sequence[RunSpec], choice: str) -> int:
-    """Index of the run named by ``--heatmap POLICY@BUDGET`` (or ``POLICY`` for full/none); ``UsageError`` else."""
-    wanted = choice.strip()
-    for i, spec in enumerate(specs):
-        if spec.label == wanted:
-            return i
-    policy, at, value = wanted.partition("@")
-    same = [i for i, s in enumerate(specs) if s.policy == policy]
-    if not at and len(same) == 1:
-        return same[0]
-    for i in same:
-        spec = specs[i]
-        try:
-            if spec.budget is not None and spec.budget == int(value):
-                return i
-            if spec.ratio is not None and spec.ratio == float(value):
-                return i
-        except ValueError:
-            continue
-    labels = ", ".join(s.label for s in specs)
-    raise UsageError(f"--heatmap {wanted} is not one of the runs ({labels}); write POLICY@BUDGET")
 
 
 # ------------------------------------------------------------------------------------------------ page map

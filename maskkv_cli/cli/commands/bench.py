@@ -6,16 +6,28 @@ Heavy modules (torch, Rich) load inside the commands, so ``maskkv --help`` stays
 from __future__ import annotations
 
 import json
-import re
 import sys
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from maskkv_cli.cli.commands.common import guarded, pick_device
-from maskkv_cli.cli.options import DeviceOpt, DtypeOpt, JsonOpt, QuietOpt, SeedOpt
-from maskkv_cli.errors import UsageError
+from maskkv_cli.cli.options import (
+    BenchBlockOpt,
+    BenchGenOpt,
+    BenchModelOpt,
+    BenchStepsOpt,
+    ConfigOpt,
+    DeviceOpt,
+    DtypeOpt,
+    FreshOpt,
+    JsonOpt,
+    OutOpt,
+    QuietOpt,
+    SeedOpt,
+    ThreadsOpt,
+)
+from maskkv_cli.cli.parsing import parse_count, parse_counts, parse_policies
 
 bench_app = typer.Typer(
     help="Benchmarks: speed (no cache vs full cache vs MaskKV over prompt lengths), prefill peak memory, and "
@@ -25,50 +37,6 @@ bench_app = typer.Typer(
 
 CPU_LENGTHS = "1k,2k,4k"
 GPU_LENGTHS = "1k,2k,4k,8k,16k,32k"
-
-ConfigOpt = Annotated[str | None, typer.Option(
-    "--config", help="Named model shape with random weights (llada-8b, llada-small, tiny) [default: llada-8b on a "
-    "GPU, llada-small on the CPU].", show_default=False)]
-BenchModelOpt = Annotated[str | None, typer.Option(
-    "--model", "-m", help="A checkpoint folder instead of random weights.", show_default=False)]
-GenOpt = Annotated[int, typer.Option("--gen-length", "-n", help="Response tokens to generate.")]
-StepsOpt = Annotated[int, typer.Option("--steps", help="Denoising steps in all (split evenly over blocks).")]
-BlockOpt = Annotated[int, typer.Option("--block-length", help="Tokens per semi-autoregressive block.")]
-ThreadsOpt = Annotated[int, typer.Option("--threads", help="torch threads in each case's process.")]
-OutOpt = Annotated[Path | None, typer.Option(
-    "--out", help="Results folder [default: runs/bench-<kind>-<timestamp>, or the latest folder with identical "
-    "settings, whose finished rows are reused].", show_default=False)]
-FreshOpt = Annotated[bool, typer.Option("--fresh", help="Measure every case again (do not reuse finished rows).")]
-
-
-def parse_count(text: str) -> int:
-    """``1024``, ``1k`` (1024), ``1.5k``, ``32K`` -> an integer count."""
-    t = text.strip().lower()
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(k?)", t)
-    if not m:
-        raise UsageError(f"not a count: {text!r} (use e.g. 4096 or 4k)")
-    value = float(m.group(1)) * (1024 if m.group(2) else 1)
-    if value != int(value) or value <= 0:
-        raise UsageError(f"not a positive whole count: {text!r}")
-    return int(value)
-
-
-def parse_counts(text: str, what: str) -> tuple[int, ...]:
-    items = [s for s in text.split(",") if s.strip()]
-    if not items:
-        raise UsageError(f"{what} is empty")
-    return tuple(parse_count(s) for s in items)
-
-
-def parse_names(text: str) -> tuple[str, ...]:
-    from maskkv_cli.policies.base import get_policy
-
-    names = tuple(s.strip() for s in text.split(",") if s.strip())
-    if not names:
-        raise UsageError("--policies is empty")
-    for name in names:
-        get_policy(name)  # unknown names raise a UsageError listing the choices
-    return names
 
 
 def _progress(quiet: bool, as_json: bool) -> Any:
@@ -121,9 +89,9 @@ def speed(
     budgets: Annotated[str, typer.Option("--budgets", help="Budgets of the evicting policies.")] = "64,256,1024",
     config: ConfigOpt = None,
     model: BenchModelOpt = None,
-    gen_length: GenOpt = 128,
-    steps: StepsOpt = 128,
-    block_length: BlockOpt = 32,
+    gen_length: BenchGenOpt = 128,
+    steps: BenchStepsOpt = 128,
+    block_length: BenchBlockOpt = 32,
     none_steps: Annotated[int, typer.Option(
         "--none-steps", help="Steps `none` runs (step 0 included); its end-to-end time is extrapolated from them.")]
     = 3,
@@ -167,7 +135,7 @@ def speed(
     gpu = dev.startswith("cuda")
     settings = SpeedSettings(
         prompt_lengths=parse_counts(prompt_lengths or (GPU_LENGTHS if gpu else CPU_LENGTHS), "--prompt-lengths"),
-        policies=parse_names(policies), budgets=parse_counts(budgets, "--budgets"), gen_length=gen_length,
+        policies=parse_policies(policies), budgets=parse_counts(budgets, "--budgets"), gen_length=gen_length,
         steps=steps, block_length=block_length, config=None if model else (config or ("llada-8b" if gpu
                                                                                       else "llada-small")),
         model=model, device=dev, dtype=dtype, none_steps=none_steps, seed=seed, threads=threads, limit=limit,
@@ -193,8 +161,8 @@ def memory(
     config: Annotated[str, typer.Option("--config", help="Named model shape with random weights.")]
     = "llada-small",
     model: BenchModelOpt = None,
-    gen_length: GenOpt = 128,
-    block_length: BlockOpt = 32,
+    gen_length: BenchGenOpt = 128,
+    block_length: BenchBlockOpt = 32,
     device: Annotated[str, typer.Option("--device", help="cpu (peak RSS) or cuda (allocator peak).")] = "cpu",
     dtype: DtypeOpt = "auto",
     threads: ThreadsOpt = 1,
@@ -219,8 +187,9 @@ def memory(
     """
     from maskkv_cli.bench.memory import TARGET_SHARE, MemorySettings, memory_table, run_memory
 
-    settings = MemorySettings(prompt_len=parse_count(prompt_length), budget=budget, gen_length=gen_length,
-                              block_length=block_length, policies=parse_names(policies),
+    settings = MemorySettings(prompt_len=parse_count(prompt_length, "--prompt-length"), budget=budget,
+                              gen_length=gen_length,
+                              block_length=block_length, policies=parse_policies(policies),
                               config=None if model else config, model=model, device=pick_device(device),
                               dtype=dtype, seed=seed, threads=threads, profile=profile)
     folder, rows = run_memory(settings, out, fresh, on_case=_progress(quiet, as_json))

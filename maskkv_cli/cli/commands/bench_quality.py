@@ -21,45 +21,36 @@ from maskkv_cli.bench.quality_plan import (
     DEFAULT_SAMPLES,
     FALLBACK_GENERATION,
 )
-from maskkv_cli.cli.commands.bench import FreshOpt, OutOpt, bench_app, parse_counts
+from maskkv_cli.cli.commands.bench import FreshOpt, OutOpt, bench_app
 from maskkv_cli.cli.commands.common import generation_config, guarded, note, open_session
-from maskkv_cli.cli.options import DeviceOpt, DtypeOpt, JsonOpt, LayerBudgetsOpt, ModelOpt, QuietOpt
+from maskkv_cli.cli.options import (
+    DeviceOpt,
+    DtypeOpt,
+    HaystackOpt,
+    JsonOpt,
+    LayerBudgetsOpt,
+    LengthsOpt,
+    ModelOpt,
+    PromptsOpt,
+    QualityBlockOpt,
+    QualityBudgetsOpt,
+    QualityGenOpt,
+    QualityPoliciesOpt,
+    QualitySamplesOpt,
+    QualitySeedOpt,
+    QualityStepsOpt,
+    QuietOpt,
+    TasksOpt,
+)
+from maskkv_cli.cli.parsing import parse_counts
 from maskkv_cli.errors import UsageError
 
 _FALLBACK = "/".join(str(FALLBACK_GENERATION[k]) for k in ("gen_length", "steps", "block_length"))
-TasksOpt = Annotated[str, typer.Option(
-    "--tasks", help="Comma-separated task kinds (niah_single, niah_multikey, niah_multivalue, vt), or a .jsonl file "
-    "(LongBench format or `maskkv` export; scored with the metric of each record's dataset, exact match if "
-    "unknown).")]
-LengthsOpt = Annotated[str | None, typer.Option(
-    "--lengths", help=f"Context lengths in tokens of the generated tasks, e.g. 256,1k [default: "
-    f"{','.join(map(str, DEFAULT_LENGTHS))}].", show_default=False)]
-SamplesOpt = Annotated[int, typer.Option(
-    "--samples", "-n", help="Tasks per (task, length); for a file, the first N records of each dataset.")]
-QSeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the generated tasks and of the random policy.")]
-PoliciesOpt = Annotated[str, typer.Option("--policies", help="Comma-separated policies (see `maskkv policies`).")]
-BudgetsOpt = Annotated[str, typer.Option(
-    "--budgets", help="Budgets (K/V pairs per head per layer) of the evicting policies; full and none run once.")]
-QGenOpt = Annotated[int | None, typer.Option(
-    "--gen-length", help=f"Response tokens [default: the model's, else {FALLBACK_GENERATION['gen_length']}; "
-    "LongBench tasks: their own (32-512, one token per step)].", show_default=False)]
-PromptsOpt = Annotated[Path | None, typer.Option(
-    "--prompts", help="With a LongBench --tasks file: a JSON object of dataset -> template with {context} and "
-    "{input} (e.g. LongBench's dataset2prompt.json) instead of the built-in wording.", show_default=False)]
-QStepsOpt = Annotated[int | None, typer.Option(
-    "--steps", help=f"Denoising steps [default: the model's, else {FALLBACK_GENERATION['steps']}; LongBench tasks "
-    "answered at their own length: one step per token].", show_default=False)]
-QBlockOpt = Annotated[int | None, typer.Option(
-    "--block-length", help=f"Tokens per block [default: the model's, else {FALLBACK_GENERATION['block_length']}].",
-    show_default=False)]
-HaystackOpt = Annotated[Path | None, typer.Option(
-    "--haystack", help="Hide the needles in this document (PDF, text, Markdown; split into paragraphs) instead of "
-    "the built-in corpus.", show_default=False)]
 
 
 def parse_lengths(lengths: str | None) -> tuple[int, ...]:
     """``--lengths`` as distinct counts in the order given, or the default lengths."""
-    return tuple(dict.fromkeys(parse_counts(lengths, "--lengths"))) if lengths else DEFAULT_LENGTHS
+    return parse_counts(lengths, "--lengths", unique=True) if lengths else DEFAULT_LENGTHS
 
 
 def _cell(row: dict[str, Any]) -> str:
@@ -158,13 +149,13 @@ def _paired_line(paired: list[dict[str, Any]]) -> str:
 def quality(
     tasks: TasksOpt = ",".join(DEFAULT_KINDS),
     lengths: LengthsOpt = None,
-    samples: SamplesOpt = DEFAULT_SAMPLES,
-    seed: QSeedOpt = 0,
-    policies: PoliciesOpt = ",".join(DEFAULT_POLICIES),
-    budgets: BudgetsOpt = ",".join(map(str, DEFAULT_BUDGETS)),
-    gen_length: QGenOpt = None,
-    steps: QStepsOpt = None,
-    block_length: QBlockOpt = None,
+    samples: QualitySamplesOpt = DEFAULT_SAMPLES,
+    seed: QualitySeedOpt = 0,
+    policies: QualityPoliciesOpt = ",".join(DEFAULT_POLICIES),
+    budgets: QualityBudgetsOpt = ",".join(map(str, DEFAULT_BUDGETS)),
+    gen_length: QualityGenOpt = None,
+    steps: QualityStepsOpt = None,
+    block_length: QualityBlockOpt = None,
     model: ModelOpt = None,
     layer_budgets: LayerBudgetsOpt = "auto",
     haystack: HaystackOpt = None,
@@ -199,15 +190,15 @@ def quality(
     """
     from maskkv_cli.bench.longbench import load_templates
     from maskkv_cli.bench.quality import run_quality
-    from maskkv_cli.bench.quality_plan import is_tasks_file, parse_kinds, parse_policies, plan_cases
+    from maskkv_cli.bench.quality_plan import is_tasks_file, parse_kinds, plan_cases
     from maskkv_cli.bench.quality_sources import TaskSource, build_groups, read_haystack, read_tasks_file
+    from maskkv_cli.cli.parsing import check_layer_budgets, parse_policies
 
     if samples <= 0:
         raise UsageError(f"--samples must be a positive integer, got {samples}")
-    if layer_budgets not in ("auto", "online", "uniform"):
-        raise UsageError(f"--layer-budgets must be auto, online or uniform, got {layer_budgets!r}")
+    check_layer_budgets(layer_budgets)
     names = parse_policies(policies)
-    budget_list = tuple(dict.fromkeys(parse_counts(budgets, "--budgets")))
+    budget_list = parse_counts(budgets, "--budgets", unique=True)
     from_file = is_tasks_file(tasks)
     file_groups = None
     paragraphs = None

@@ -12,16 +12,22 @@ from typing import Annotated
 import typer
 
 from maskkv_cli.cli.commands.common import guarded, note, pick_device
-from maskkv_cli.cli.options import DeviceOpt, DtypeOpt, GenLengthOpt, JsonOpt, ModelOpt, QuietOpt
+from maskkv_cli.cli.options import (
+    CalibrationSamplesOpt,
+    DeviceOpt,
+    DtypeOpt,
+    GenLengthOpt,
+    JsonOpt,
+    MaxTokensOpt,
+    ModelOpt,
+    QuietOpt,
+)
 from maskkv_cli.errors import DocumentError, UsageError
 
 DEFAULT_GEN_LENGTH = 128
 DocsArg = Annotated[list[Path] | None, typer.Argument(
     metavar="DOCS", help="Text or PDF files to calibrate on. Default: the built-in English corpus.",
     show_default=False)]
-SamplesOpt = Annotated[int, typer.Option("--samples", help="Calibration inputs (document windows) at most.")]
-MaxTokensOpt = Annotated[int, typer.Option(
-    "--max-tokens", help="Document tokens per input (the chat template and the masks come on top).")]
 
 
 def _is_pdf(path: Path) -> bool:
@@ -84,7 +90,7 @@ def builtin_corpus() -> list[str]:
 def calibrate(
     docs: DocsArg = None,
     model: ModelOpt = None,
-    samples: SamplesOpt = 8,
+    samples: CalibrationSamplesOpt = 8,
     max_tokens: MaxTokensOpt = 2048,
     gen_length: GenLengthOpt = None,
     device: DeviceOpt = "auto",

@@ -100,6 +100,7 @@ def dream_options(alg: str, top_p: float | None, top_k: int | None) -> Any:
 
 
 def cache_config(policy: str, budget: int | None, ratio: float | None, seed: int, layer_budgets: str = "auto") -> Any:
+    from maskkv_cli.cli.parsing import check_layer_budgets
     from maskkv_cli.policies.base import PolicyOptions
     from maskkv_cli.session import CacheConfig
 
@@ -109,8 +110,7 @@ def cache_config(policy: str, budget: int | None, ratio: float | None, seed: int
         raise fail(f"--budget must be a positive integer, got {budget}", 2)
     if ratio is not None and not 0 < ratio <= 1:
         raise fail(f"--ratio must be in (0, 1], got {ratio}", 2)
-    if layer_budgets not in ("auto", "online", "uniform"):
-        raise fail(f"--layer-budgets must be auto, online or uniform, got {layer_budgets!r}", 2)
+    check_layer_budgets(layer_budgets)
     return CacheConfig(policy=policy, budget=budget, ratio=ratio, options=PolicyOptions(seed=seed),
                        layer_budgets=layer_budgets)
 

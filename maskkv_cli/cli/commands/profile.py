@@ -14,39 +14,27 @@ from maskkv_cli.cli.options import (
     DeviceOpt,
     DtypeOpt,
     GenLengthOpt,
+    HeatmapOpt,
+    HtmlOpt,
     JsonOpt,
     LayerBudgetsOpt,
     LongOpt,
     ModelOpt,
     PasswordOpt,
+    PlotOpt,
+    ProfileBudgetsOpt,
+    ProfilePoliciesOpt,
     QuietOpt,
+    RatiosOpt,
     SeedOpt,
     StepsOpt,
     TemperatureOpt,
     ThresholdOpt,
+    WarmupOpt,
 )
 from maskkv_cli.defaults import DEFAULT_POLICY
 
 DEFAULT_QUESTION = "Summarize the document."
-
-PoliciesOpt = Annotated[str, typer.Option(
-    "--policies", "-p", help="Policies to compare, separated by commas (see `maskkv policies`).")]
-BudgetsOpt = Annotated[str | None, typer.Option(
-    "--budgets", "-b", help="Budgets (average prompt K/V pairs kept per head per layer), separated by commas "
-    "[default: 256].", show_default=False)]
-RatiosOpt = Annotated[str | None, typer.Option(
-    "--ratio", help="Budgets as shares of the prompt length in (0, 1], separated by commas; instead of --budgets.",
-    show_default=False)]
-HeatmapOpt = Annotated[str | None, typer.Option(
-    "--heatmap", help="The run to draw, as POLICY@BUDGET [default: the first run that evicts].",
-    show_default=False)]
-PlotOpt = Annotated[Path | None, typer.Option(
-    "--plot", help="Also write the pictures to this PNG file (needs matplotlib: pip install 'maskkv[plot]').",
-    show_default=False)]
-HtmlOpt = Annotated[Path | None, typer.Option(
-    "--html", help="Also write a self-contained HTML report to this file.", show_default=False)]
-WarmupOpt = Annotated[bool, typer.Option(
-    "--warmup/--no-warmup", help="Run the first policy once on the question alone before measuring.")]
 
 
 def _check_output(path: Path | None, option: str) -> None:
@@ -63,8 +51,8 @@ def profile(
     document: Annotated[Path, typer.Argument(help="PDF, text or Markdown file.", show_default=False)],
     question: Annotated[str, typer.Argument(help="The question asked in every run.")] = DEFAULT_QUESTION,
     model: ModelOpt = None,
-    policies: PoliciesOpt = DEFAULT_POLICY,
-    budgets: BudgetsOpt = None,
+    policies: ProfilePoliciesOpt = DEFAULT_POLICY,
+    budgets: ProfileBudgetsOpt = None,
     ratio: RatiosOpt = None,
     layer_budgets: LayerBudgetsOpt = "auto",
     gen_length: GenLengthOpt = None,
@@ -99,15 +87,15 @@ def profile(
     """
     from rich.console import Console
 
+    from maskkv_cli.cli.parsing import check_layer_budgets, choose_focus, parse_runs
     from maskkv_cli.cli.render import LiveRun
     from maskkv_cli.cli.render_profile import print_report, require_matplotlib, write_html
     from maskkv_cli.documents.store import DocumentStore
-    from maskkv_cli.reports.profile_report import choose_focus, parse_runs, profile_document
+    from maskkv_cli.reports.profile_report import profile_document
 
     if not question.strip():
         raise fail("the question is empty; write the question after the document", 2)
-    if layer_budgets not in ("auto", "online", "uniform"):
-        raise fail(f"--layer-budgets must be auto, online or uniform, got {layer_budgets!r}", 2)
+    check_layer_budgets(layer_budgets)
     specs = parse_runs(policies, budgets, ratio)
     focus = choose_focus(specs, heatmap) if heatmap is not None else None
     _check_output(plot, "--plot")

@@ -1,0 +1,129 @@
+"""Option values as the commands take them: comma lists of counts, ratios and policy names; the profile's runs.
+
+One parser per kind of value, shared by every command, so the same option reads the same way and fails with
+the same message everywhere. Errors are ``UsageError`` (exit code 2) naming the option.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from maskkv_cli.defaults import DEFAULT_BUDGET, LAYER_BUDGET_CHOICES
+from maskkv_cli.errors import UsageError
+
+if TYPE_CHECKING:  # parse_runs builds them; importing the report module loads torch
+    from maskkv_cli.reports.profile_report import RunSpec
+
+
+def split_list(text: str) -> list[str]:
+    """``"a, b,,c"`` -> ``["a", "b", "c"]``."""
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def parse_count(text: str, option: str = "") -> int:
+    """``1024``, ``1k`` (1024), ``1.5k``, ``32K`` -> a positive whole count."""
+    where = f"{option}: " if option else ""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(k?)", text.strip().lower())
+    if not m:
+        raise UsageError(f"{where}not a count: {text.strip()!r} (use positive whole numbers, e.g. 4096 or 4k)")
+    value = float(m.group(1)) * (1024 if m.group(2) else 1)
+    if value != int(value) or value <= 0:
+        raise UsageError(f"{where}not a positive whole count: {text.strip()!r}")
+    return int(value)
+
+
+def parse_counts(text: str, option: str, unique: bool = False) -> tuple[int, ...]:
+    """A comma list of counts (``64,256``, ``1k,2k``); ``unique`` drops repeats, keeping the first."""
+    counts = tuple(parse_count(part, option) for part in split_list(text))
+    if not counts:
+        raise UsageError(f"{option} is empty; give e.g. {option} 64,256")
+    return tuple(dict.fromkeys(counts)) if unique else counts
+
+
+def parse_ratios(text: str, option: str = "--ratio") -> tuple[float, ...]:
+    """A comma list of shares in (0, 1], repeats dropped."""
+    out: list[float] = []
+    for part in split_list(text):
+        try:
+            number = float(part)
+        except ValueError:
+            raise UsageError(f"{option} takes numbers in (0, 1] separated by commas, got {part!r}") from None
+        if not 0.0 < number <= 1.0:
+            raise UsageError(f"{option} values must be in (0, 1], got {part}")
+        out.append(number)
+    if not out:
+        raise UsageError(f"{option} is empty; give e.g. {option} 0.1,0.5")
+    return tuple(dict.fromkeys(out))
+
+
+def parse_policies(text: str, option: str = "--policies") -> tuple[str, ...]:
+    """A comma list of known policy names, repeats dropped, order kept."""
+    from maskkv_cli.policies.base import policy_names
+
+    known = policy_names()
+    names = tuple(dict.fromkeys(split_list(text)))
+    if not names:
+        raise UsageError(f"{option} is empty; give comma-separated policy names, e.g. full,maskkv")
+    for name in names:
+        if name not in known:
+            raise UsageError(f"unknown policy {name!r} in {option}; choose from: {', '.join(known)}")
+    return names
+
+
+def check_layer_budgets(mode: str) -> str:
+    """``--layer-budgets``: one of ``auto``, ``online``, ``uniform``."""
+    if mode not in LAYER_BUDGET_CHOICES:
+        raise UsageError(f"--layer-budgets must be {', '.join(LAYER_BUDGET_CHOICES[:-1])} or "
+                         f"{LAYER_BUDGET_CHOICES[-1]}, got {mode!r}")
+    return mode
+
+
+def parse_runs(policies: str, budgets: str | None, ratios: str | None) -> list[RunSpec]:
+    """``maskkv profile``'s runs: ``--policies a,b`` x (``--budgets 64,256`` or ``--ratio 0.1,0.5``), in that order.
+
+    A policy that never evicts (``full``, ``none``) runs once whatever the budgets.
+    """
+    from maskkv_cli.policies.base import REGISTRY
+    from maskkv_cli.reports.profile_report import RunSpec
+
+    names = parse_policies(policies)
+    if budgets is not None and ratios is not None:
+        raise UsageError("give either --budgets or --ratio, not both")
+    values: list[tuple[int | None, float | None]]
+    if ratios is not None:
+        values = [(None, r) for r in parse_ratios(ratios)]
+    else:
+        values = [(b, None) for b in parse_counts(budgets if budgets is not None else str(DEFAULT_BUDGET),
+                                                  "--budgets", unique=True)]
+    specs: list[RunSpec] = []
+    for name in names:
+        if not REGISTRY[name].evicts:
+            specs.append(RunSpec(name))
+            continue
+        specs.extend(RunSpec(name, budget, ratio) for budget, ratio in values)
+    return specs
+
+
+def choose_focus(specs: Sequence[RunSpec], choice: str) -> int:
+    """Index of the run named by ``--heatmap POLICY@BUDGET`` (or ``POLICY`` for full/none)."""
+    wanted = choice.strip()
+    for i, spec in enumerate(specs):
+        if spec.label == wanted:
+            return i
+    policy, at, value = wanted.partition("@")
+    same = [i for i, s in enumerate(specs) if s.policy == policy]
+    if not at and len(same) == 1:
+        return same[0]
+    for i in same:
+        spec = specs[i]
+        try:
+            if spec.budget is not None and spec.budget == int(value):
+                return i
+            if spec.ratio is not None and spec.ratio == float(value):
+                return i
+        except ValueError:
+            continue
+    labels = ", ".join(s.label for s in specs)
+    raise UsageError(f"--heatmap {wanted} is not one of the runs ({labels}); write POLICY@BUDGET")
