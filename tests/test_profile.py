@@ -15,16 +15,8 @@ from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.documents import Document, Page
 from maskkv_cli.engine.forward import LayerRecord
 from maskkv_cli.errors import UsageError
-from maskkv_cli.reports.profile_report import (
-    OUTSIDE,
-    PageCount,
-    RunSpec,
-    group_pages,
-    kept_position_counts,
-    page_map,
-    quantize,
-    token_pages,
-)
+from maskkv_cli.reports.pagemap import OUTSIDE, PageCount, group_pages, kept_position_counts, page_map, token_pages
+from maskkv_cli.reports.profile_report import RunSpec, quantize
 
 runner = CliRunner()
 FAST = ["-n", "8", "--steps", "8", "--block-length", "8"]
