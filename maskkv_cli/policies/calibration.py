@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # the measurement runs in the engine, one layer above the pol
 __all__ = [
     "LAYER_BUDGET_CHOICES",
     "LAYER_BUDGET_MODES",
-    "Profile",
+    "CalibrationProfile",
     "find_profile",
     "load_profile",
     "make_profile",
@@ -52,7 +52,7 @@ _FIELDS = ("model", "model_path", "n_layers", "importance", "inputs", "tokens", 
 
 
 @dataclass(frozen=True)
-class Profile:
+class CalibrationProfile:
     """A model's calibrated layer importance, as stored on disk."""
 
     model: str  # the key (see model_key)
@@ -70,7 +70,7 @@ class Profile:
         return data
 
     @classmethod
-    def from_dict(cls, data: object) -> Profile:
+    def from_dict(cls, data: object) -> CalibrationProfile:
         """Validate a parsed profile; raises ``ValueError`` with the reason when it does not fit."""
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
@@ -134,18 +134,19 @@ def _model_layers(folder: Path) -> int:
     return read_config(folder).n_layers
 
 
-def make_profile(model_path: str | os.PathLike[str], result: ImportanceResult) -> Profile:
+def make_profile(model_path: str | os.PathLike[str], result: ImportanceResult) -> CalibrationProfile:
     from maskkv_cli import __version__
 
     folder = _folder(model_path)
     n_layers = _model_layers(folder)
     if len(result.importance) != n_layers:
         raise ValueError(f"{len(result.importance)} importance values for a model with {n_layers} layers")
-    return Profile(model_key(folder), str(folder.resolve()), n_layers, tuple(result.importance), result.inputs,
-                   result.tokens, datetime.now(UTC).isoformat(timespec="seconds"), __version__)
+    return CalibrationProfile(model_key(folder), str(folder.resolve()), n_layers, tuple(result.importance),
+                              result.inputs, result.tokens, datetime.now(UTC).isoformat(timespec="seconds"),
+                              __version__)
 
 
-def save_profile(profile: Profile, path: Path | None = None) -> Path:
+def save_profile(profile: CalibrationProfile, path: Path | None = None) -> Path:
     """Write ``profile`` (default: under ``profile_dir()`` by its key) atomically: a temp file, then replace."""
     target = path or profile_dir() / f"{profile.model}.json"
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -161,7 +162,7 @@ def save_profile(profile: Profile, path: Path | None = None) -> Path:
     return target
 
 
-def find_profile(model_path: str | os.PathLike[str]) -> tuple[Profile | None, str | None]:
+def find_profile(model_path: str | os.PathLike[str]) -> tuple[CalibrationProfile | None, str | None]:
     """(the model's profile or None, why a profile file present was ignored or None).
 
     A missing file gives ``(None, None)``. A file that cannot be read, is not valid JSON, is made for another
@@ -179,7 +180,7 @@ def find_profile(model_path: str | os.PathLike[str]) -> tuple[Profile | None, st
     except ValueError as exc:
         return None, f"it is not valid JSON ({exc})"
     try:
-        profile = Profile.from_dict(data)
+        profile = CalibrationProfile.from_dict(data)
     except ValueError as exc:
         return None, str(exc)
     if profile.model != key:
@@ -190,7 +191,7 @@ def find_profile(model_path: str | os.PathLike[str]) -> tuple[Profile | None, st
     return profile, None
 
 
-def load_profile(model_path: str | os.PathLike[str]) -> Profile | None:
+def load_profile(model_path: str | os.PathLike[str]) -> CalibrationProfile | None:
     """The model's calibration profile, or None when there is none or it is unusable (see ``find_profile``)."""
     return find_profile(model_path)[0]
 

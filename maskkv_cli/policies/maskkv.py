@@ -11,9 +11,8 @@ from maskkv_cli.kv.votes import neighbour_scores, pool_scores
 from maskkv_cli.policies.base import LayerView, Policy, register
 
 # Heads whose mask queries each spread their prompt attention over at least three quarters of the prompt
-# (perplexity / M) get a residual entry. On the tiny model the two near-uniform heads of layer 0 sit at 0.88-0.96,
-# one last-layer head at 0.45-0.53 and the other 45 at or below 0.24 (docs/policies.md): the threshold sits in the
-# gap above the half-diffuse head.
+# (perplexity / M) get a residual entry: near-uniform heads only, not half-diffuse ones (the measured spreads
+# behind the threshold are in docs/policies.md).
 RESIDUAL_SPREAD = 0.75
 
 
@@ -67,9 +66,7 @@ class MaskKVPooled(MaskKV):
 
 
 # Neighbour votes of ``maskkv-plus``: an entry scores at least half the best vote among itself and the entry on
-# each side. Fixed on the seed-1, -3 and -5 samples (weights 0.25 / 0.5 / 0.75 / 1 tried; 1 is ``maskkv-pooled``,
-# which spends small budgets on neighbours instead of other voted entries), then checked on fresh samples
-# (docs/tiny-model.md).
+# each side (a weight of 1 is ``maskkv-pooled``; how 0.5 was chosen and checked: docs/tiny-model.md).
 NEIGHBOUR_KERNEL = 3
 NEIGHBOUR_WEIGHT = 0.5
 
