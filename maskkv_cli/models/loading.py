@@ -21,9 +21,8 @@ from torch import nn
 
 from maskkv_cli.errors import ModelLoadError
 from maskkv_cli.models.config import ModelConfig
-from maskkv_cli.models.dream import Dream
 from maskkv_cli.models.families import build_model, parameter_shapes
-from maskkv_cli.models.llada import LLaDA
+from maskkv_cli.models.protocol import DiffusionLM
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -141,7 +140,7 @@ def load_model(
     path: str | os.PathLike[str],
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype | None = None,
-) -> LLaDA | Dream:
+) -> DiffusionLM:
     """Build the model (LLaDA or Dream, from ``config.json``) on the meta device and load each tensor straight
     into place (no random init, no second copy)."""
     folder = resolve_model_path(path)
@@ -169,7 +168,7 @@ def load_model(
 
 
 def save_model(
-    model: LLaDA | Dream,
+    model: DiffusionLM,
     folder: str | os.PathLike[str],
     tokenizer: object | None = None,
     max_shard_bytes: int | None = None,
