@@ -1,8 +1,12 @@
-"""Random prompt ids for the engine and sampler tests."""
+"""Random prompt ids for the engine and sampler tests, and the list of policies that evict."""
 
 from __future__ import annotations
 
 import torch
+
+from maskkv_cli.policies import policy_names
+
+EVICTING = [p for p in policy_names() if p not in ("none", "full")]  # every policy with a budget
 
 
 def random_ids(model: torch.nn.Module, n: int = 40, seed: int = 0) -> torch.Tensor:

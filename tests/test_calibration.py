@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from prompts import random_ids
+from prompts import EVICTING, random_ids
 from typer.testing import CliRunner
 
 import maskkv_cli.sampling.common as sampler_mod
@@ -20,7 +20,7 @@ from maskkv_cli.errors import UsageError
 from maskkv_cli.kv.budgets import boundary_layer_budgets
 from maskkv_cli.models.llada import LLaDA
 from maskkv_cli.paths import config_file
-from maskkv_cli.policies import PolicyOptions, get_policy, policy_names
+from maskkv_cli.policies import PolicyOptions, get_policy
 from maskkv_cli.policies.calibration import (
     find_profile,
     load_profile,
@@ -32,7 +32,6 @@ from maskkv_cli.policies.calibration import (
 )
 from maskkv_cli.sampling.llada import GenerationConfig, generate
 
-EVICTING = [p for p in policy_names() if p not in ("none", "full")]
 GEN = GenerationConfig(gen_length=16, steps=8, block_length=8)
 runner = CliRunner()
 

@@ -4,16 +4,15 @@ import json
 
 import pytest
 import torch
-from prompts import random_ids
+from prompts import EVICTING, random_ids
 
 from maskkv_cli.models.config import named_config
 from maskkv_cli.models.dream import Dream
 from maskkv_cli.models.families import parameter_shapes
 from maskkv_cli.models.loading import load_model, save_model
-from maskkv_cli.policies import PolicyOptions, get_policy, policy_names
+from maskkv_cli.policies import PolicyOptions, get_policy
 from maskkv_cli.sampling.dream import DreamGenerationConfig, generate_dream
 
-EVICTING = [p for p in policy_names() if p not in ("none", "full")]
 GEN = DreamGenerationConfig(gen_length=8, steps=8, alg="maskgit_plus")
 
 

@@ -5,15 +5,12 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from prompts import random_ids
+from prompts import EVICTING, random_ids
 
 import maskkv_cli.engine.forward as fwd
 from maskkv_cli.kv.cache import select_layer
-from maskkv_cli.policies import LayerView, PolicyOptions, get_policy, policy_names
+from maskkv_cli.policies import LayerView, PolicyOptions, get_policy
 from maskkv_cli.sampling.llada import GenerationConfig, generate
-
-EVICTING = [p for p in policy_names() if p not in ("none", "full")]
-
 
 GEN = GenerationConfig(gen_length=16, steps=8, block_length=8)
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from maskkv_cli.models.llada import LLaDA
+from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.sampling.llada import GenerationConfig, transfer_schedule
 from maskkv_cli.stats import now
 
@@ -46,7 +46,7 @@ def rows_schedule(gen: GenerationConfig) -> list[tuple[int, int]]:
 
 
 @torch.no_grad()
-def bare_full_forward(model: LLaDA, ids: Tensor, rows: Tensor, mlp_chunk: int = MLP_CHUNK) -> Tensor:
+def bare_full_forward(model: DiffusionLM, ids: Tensor, rows: Tensor, mlp_chunk: int = MLP_CHUNK) -> Tensor:
     """One plain bidirectional forward over ids (B, T); logits at sequence positions ``rows``."""
     x = model.embed(ids)
     cos, sin = model.rope(torch.arange(ids.shape[1], device=ids.device))
@@ -63,7 +63,7 @@ def bare_full_forward(model: LLaDA, ids: Tensor, rows: Tensor, mlp_chunk: int = 
 class BareSteps:
     """Preallocated K/V of ``keys + L`` entries per head and layer, and a bare response-only forward."""
 
-    def __init__(self, model: LLaDA, prompt_len: int, keys: int, response_len: int, batch: int = 1,
+    def __init__(self, model: DiffusionLM, prompt_len: int, keys: int, response_len: int, batch: int = 1,
                  seed: int = 0) -> None:
         cfg = model.config
         self.model = model
@@ -120,7 +120,7 @@ class LimitTiming:
         return s[mid] if len(s) % 2 else 0.5 * (s[mid - 1] + s[mid])
 
 
-def measure_limit(model: LLaDA, prompt: Tensor, gen: GenerationConfig, keys: int | None,
+def measure_limit(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, keys: int | None,
                   seed: int = 0) -> LimitTiming:
     """Time the limit for ``prompt`` (B, M): ``keys`` entries per head (budget or M), or None for no cache."""
     dev = model.device
