@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import maskkv_cli.bench.tasks as tasks_module
+from maskkv_cli.bench.taskio import load_jsonl, save_jsonl
 from maskkv_cli.bench.tasks import (
     KEY_WORDS,
     KINDS,
@@ -16,8 +17,6 @@ from maskkv_cli.bench.tasks import (
     Task,
     count_words,
     generate_tasks,
-    load_jsonl,
-    save_jsonl,
 )
 from maskkv_cli.documents.corpus import load_corpus, split_paragraphs
 

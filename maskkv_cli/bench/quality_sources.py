@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from maskkv_cli.bench.quality_plan import DEFAULT_KINDS, DEFAULT_LENGTHS, DEFAULT_SAMPLES
-from maskkv_cli.bench.tasks import Task, generate_tasks, load_jsonl
+from maskkv_cli.bench.taskio import load_jsonl
+from maskkv_cli.bench.tasks import Task, generate_tasks
 from maskkv_cli.documents.corpus import split_paragraphs
 from maskkv_cli.errors import UsageError
 

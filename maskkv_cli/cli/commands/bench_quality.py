@@ -275,7 +275,7 @@ def export_tasks(
     """
     from maskkv_cli.bench.quality_plan import parse_kinds
     from maskkv_cli.bench.quality_sources import generate_cells, read_haystack
-    from maskkv_cli.bench.tasks import save_jsonl
+    from maskkv_cli.bench.taskio import save_jsonl
     from maskkv_cli.defaults import resolve_default_model
     from maskkv_cli.prompting import load_tokenizer
 
