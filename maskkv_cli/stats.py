@@ -49,6 +49,33 @@ def memory_now(device: torch.device | str) -> tuple[int, int, str]:
     return rss_bytes(), peak_rss_bytes(), "rss"
 
 
+def reset_peak(device: torch.device | str) -> bool:
+    """Start a fresh peak: CUDA allocator stats, or the kernel's peak RSS (Linux ``clear_refs``).
+
+    Returns False when the CPU peak could not be reset (it then counts from the process start).
+    """
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+        return True
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def read_current(device: torch.device | str) -> int:
+    """Bytes in use now (``memory_now``'s first figure)."""
+    return int(memory_now(device)[0])
+
+
+def read_peak(device: torch.device | str) -> int:
+    """Peak bytes since the last ``reset_peak`` (``memory_now``'s second figure)."""
+    return int(memory_now(device)[1])
+
+
 @dataclass
 class RunStats:
     policy: str

@@ -11,13 +11,12 @@ import torch.nn.functional as F
 from typer.testing import CliRunner
 
 from maskkv_cli.bench import limit as lim
+from maskkv_cli.bench.cases import random_model, random_prompt
 from maskkv_cli.bench.memory import MemoryCase, compare, run_memory_case
 from maskkv_cli.bench.results import ResultsFolder, read_jsonl
 from maskkv_cli.bench.speed import (
     SpeedCase,
     SpeedSettings,
-    random_model,
-    random_prompt,
     run_case,
     run_case_subprocess,
     run_sweep,

@@ -22,18 +22,10 @@ from typing import Any
 
 import torch
 
+from maskkv_cli.bench.cases import case_main, load_bench_model, random_prompt, run_in_fresh_process, weights_bytes
 from maskkv_cli.bench.results import ResultsFolder, settings_key
-from maskkv_cli.bench.speed import (
-    case_main,
-    load_bench_model,
-    random_prompt,
-    read_current,
-    read_peak,
-    reset_peak,
-    run_in_fresh_process,
-    weights_bytes,
-)
 from maskkv_cli.errors import UsageError
+from maskkv_cli.stats import read_current, read_peak, reset_peak
 
 TARGET_SHARE = 1 / 3  # MaskKV's peak above weights should be at most this share of the full cache's
 

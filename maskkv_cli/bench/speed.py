@@ -15,10 +15,7 @@ labelled ``extrapolated``.
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -27,96 +24,21 @@ from typing import Any
 
 import torch
 
+from maskkv_cli.bench.cases import (
+    case_main,
+    load_bench_model,
+    random_prompt,
+    run_in_fresh_process,
+    weights_bytes,
+)
 from maskkv_cli.bench.limit import measure_limit, rows_schedule
 from maskkv_cli.bench.results import ResultsFolder, atomic_write_bytes, settings_key
 from maskkv_cli.engine.step_runner import StepOptions
-from maskkv_cli.errors import MaskKVError, UsageError
-from maskkv_cli.models.config import ModelConfig, named_config
-from maskkv_cli.models.llada import LLaDA
-from maskkv_cli.stats import now, peak_rss_bytes, rss_bytes
+from maskkv_cli.errors import UsageError
+from maskkv_cli.models.protocol import DiffusionLM
+from maskkv_cli.stats import now, read_current, read_peak, reset_peak, rss_bytes
 
 WARMUP_PROMPT = 256  # prompt tokens of the warm-up run (or the case's own length when shorter)
-
-
-class BenchError(MaskKVError):
-    """A benchmark case that failed (its process crashed, ran out of memory, or printed no row)."""
-
-
-# ----- models -----------------------------------------------------------------------------------------------
-
-
-def random_model(cfg: ModelConfig, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                 seed: int = 0, std: float = 0.02) -> LLaDA:
-    """Random normal weights of the shape ``cfg``, allocated directly on the device in ``dtype``.
-
-    Built on the meta device and filled in place, so loading never holds a float32 copy or a second buffer
-    (the point for an 8B shape on a GPU, and for clean memory readings). Weights do not change speed.
-    """
-    dev = torch.device(device)
-    with torch.device("meta"):
-        model = LLaDA(cfg)
-    model = model.to(dtype=dtype).to_empty(device=dev)
-    gen = torch.Generator(device=dev).manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight") or name.endswith("ln_f.weight"):
-                p.fill_(1.0)
-            else:
-                p.normal_(0.0, std, generator=gen)
-    model.requires_grad_(False)
-    return model.eval()
-
-
-def load_bench_model(config: str | None, model_path: str | None, device: torch.device, dtype: str,
-                     seed: int) -> LLaDA:
-    from maskkv_cli.models.loading import load_model, parse_dtype
-
-    if model_path:
-        return load_model(model_path, device=device, dtype=None if dtype == "auto" else dtype)
-    return random_model(named_config(config or "llada-small"), device, parse_dtype(dtype, device), seed)
-
-
-def weights_bytes(model: torch.nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())
-
-
-def random_prompt(cfg: ModelConfig, length: int, seed: int, device: torch.device, batch: int = 1) -> torch.Tensor:
-    """Random token ids (never the mask token)."""
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, cfg.vocab_size, (batch, length), generator=gen)
-    ids[ids == cfg.mask_token_id] = (cfg.mask_token_id + 1) % cfg.vocab_size
-    return ids.to(device)
-
-
-# ----- peak memory --------------------------------------------------------------------------------------------
-
-
-def reset_peak(device: torch.device) -> bool:
-    """Start a fresh peak: CUDA allocator stats, or the kernel's peak RSS (Linux ``clear_refs``).
-
-    Returns False when the CPU peak could not be reset (it then counts from the process start).
-    """
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        return True
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def read_peak(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return peak_rss_bytes()
-
-
-def read_current(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.memory_allocated(device))
-    return rss_bytes()
 
 
 # ----- one case -----------------------------------------------------------------------------------------------
@@ -175,7 +97,7 @@ def _gen_config(case: SpeedCase, gen_length: int | None = None, steps: int | Non
                             block_length=min(case.block_length, gen_length or case.gen_length), seed=case.seed)
 
 
-def _warmup(model: LLaDA, case: SpeedCase, policy: Any, budget: int | None) -> float:
+def _warmup(model: DiffusionLM, case: SpeedCase, policy: Any, budget: int | None) -> float:
     """A short generation (and limit) at a small length: kernels, allocator and caches warmed up."""
     from maskkv_cli.sampling import sample
 
@@ -191,7 +113,7 @@ def _warmup(model: LLaDA, case: SpeedCase, policy: Any, budget: int | None) -> f
     return now(dev) - t0
 
 
-def _run_none(model: LLaDA, prompt: torch.Tensor, gen: Any, policy: Any, timed: int) -> tuple[float, list[float]]:
+def _run_none(model: DiffusionLM, prompt: torch.Tensor, gen: Any, policy: Any, timed: int) -> tuple[float, list[float]]:
     """Step 0 and up to ``timed - 1`` more steps of the no-cache sampler; (step 0 seconds, later step seconds)."""
     from maskkv_cli.sampling import sample
 
@@ -296,29 +218,6 @@ def run_case(case: SpeedCase) -> dict[str, Any]:
         row.update(limit_s=None, limit_prefill_s=None, limit_step_s=None, limit_keys=None, limit_extrapolated=None,
                    measured_over_limit=None)
     row["wall_s"] = time.time() - started
-    return row
-
-
-def run_in_fresh_process(module: str, case_json: str, threads: int, label: str,
-                         timeout: float | None = None) -> dict[str, Any]:
-    """Run ``python -m module --case JSON`` in a fresh process with ``threads`` threads; return its JSON row."""
-    env = dict(os.environ)
-    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    cmd = [sys.executable, "-m", module, "--case", case_json]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise BenchError(f"{label} ran past {timeout:.0f} s") from None
-    lines = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        why = "killed (out of memory?)" if proc.returncode in (-9, 137) else f"exit code {proc.returncode}"
-        raise BenchError(f"{label} failed ({why}): {tail}")
-    row = json.loads(lines[-1])
-    if row.get("error"):
-        raise BenchError(f"{label} failed: {row['error']}")
     return row
 
 
@@ -553,22 +452,6 @@ def write_plot(rows: Sequence[dict[str, Any]], path: Path) -> str | None:
 
 
 # ----- child process entry point ------------------------------------------------------------------------------
-
-
-def case_main(argv: Sequence[str] | None, prog: str, run: Callable[[str], dict[str, Any]]) -> int:
-    """Child-process entry point shared by the benchmarks: ``--case JSON`` in, one JSON row (or error) out."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog=f"python -m {prog}", description="Run one case and print its JSON row.")
-    parser.add_argument("--case", required=True, help="the case as JSON")
-    args = parser.parse_args(argv)
-    try:
-        row = run(args.case)
-    except MaskKVError as exc:
-        print(json.dumps({"error": str(exc)}), flush=True)
-        return 1
-    print(json.dumps(row), flush=True)
-    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
