@@ -64,7 +64,7 @@ class MemoryCase:
         return self.policy if self.budget is None else f"{self.policy}@{self.budget}"
 
 
-class PhaseProfile:
+class PhasePeaks:
     """Peak memory per (layer, phase) of a prefill: hooks set the label, a thread samples memory."""
 
     def __init__(self, model: Any, device: torch.device, policy: Any = None, interval_s: float = 0.001) -> None:
@@ -122,7 +122,7 @@ class PhaseProfile:
         self._patched.append((owner, name, real if name in vars(owner) else None))
         setattr(owner, name, wrapped)
 
-    def __enter__(self) -> PhaseProfile:
+    def __enter__(self) -> PhasePeaks:
         import torch.nn.functional as F
 
         import maskkv_cli.engine.forward as fwd
@@ -187,7 +187,7 @@ def run_memory_case(case: MemoryCase) -> dict[str, Any]:
     now(dev)
     loaded = read_current(dev)
     peak_reset = reset_peak(dev)
-    prof = PhaseProfile(model, dev, policy) if case.profile else None
+    prof = PhasePeaks(model, dev, policy) if case.profile else None
     t0 = now(dev)
     with torch.no_grad():
         if prof is not None:
