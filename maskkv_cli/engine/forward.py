@@ -45,7 +45,7 @@ def attention_shift(x: Tensor, attn: Tensor, rows: int = SHIFT_ROWS) -> Tensor:
     """Sum over the tokens of ``1 - cos(h_in, h_out)``, ``h_in = x``, ``h_out = x + attn`` (both (B, T, d)).
 
     This is the per-layer statistic behind the layer importance ``I(l)`` (spec section 2): how far the
-    attention sub-layer turns the residual stream. Computed in fp32 as ``|u - w|^2 / 2`` with ``u``, ``w`` the
+    attention sub-layer turns the hidden state. Computed in fp32 as ``|u - w|^2 / 2`` with ``u``, ``w`` the
     unit vectors of ``h_in`` and ``h_out`` (the same value as ``1 - cos`` without the cancellation near
     cos = 1), so an attention output of exactly zero gives exactly 0; each token contributes a value in
     [0, 2]. Returns a 0-dim float64 tensor on ``x``'s device (no host sync).
@@ -240,7 +240,7 @@ def prefill(
         del o
         if online_importance:
             shifts.append(attention_shift(x, attn))
-        x += attn  # in place: no second (B, T, d) residual stream
+        x += attn  # in place: no second (B, T, d) hidden state
         del attn
         for start in range(0, t, mlp_chunk):  # the MLP in row chunks, added in place
             x[:, start : start + mlp_chunk] += block.mlp(x[:, start : start + mlp_chunk])

@@ -1,7 +1,7 @@
 """Layer importance ``I(l)`` for MaskKV's boundary-aware layer budgets, measured over calibration inputs.
 
 ``I(l) = 1 - mean cos(h_in, h_out)`` over every token of every calibration input, where ``h_in`` is the
-residual stream entering layer l's attention sub-layer and ``h_out = h_in + attention output`` (before the
+hidden state entering layer l's attention sub-layer and ``h_out = h_in + attention output`` (before the
 MLP), in fp32 (spec section 2, "Layer level"). ``maskkv calibrate`` stores the result as a calibration profile
 (``maskkv_cli.policies.calibration``).
 """

@@ -62,7 +62,7 @@ class Block(nn.Module):
         self.ff_out = nn.Linear(h, d, bias=False)  # down
 
     def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Rotated q, k and plain v, each (B, H, T, D), from the residual stream x (B, T, d)."""
+        """Rotated q, k and plain v, each (B, H, T, D), from the hidden state x (B, T, d)."""
         b, t, _ = x.shape
         n = self.attn_norm(x)
         q = self.q_proj(n).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)

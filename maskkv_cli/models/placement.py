@@ -3,7 +3,7 @@
 ``--device-map auto`` splits the layers evenly over the visible GPUs; ``--device-map cuda:0,cuda:1`` (or
 ``cpu,cpu`` in tests) names the devices. The embedding sits with the first layer and the final norm and LM head
 with the last. Each layer's compressed cache is created by that layer's attention, so it lives on the layer's
-device; the engine moves the residual stream to the next layer's device between layers (one copy of a
+device; the engine moves the hidden state to the next layer's device between layers (one copy of a
 (B, T, d) activation per device boundary). No accelerate hooks are needed because the engine drives the
 blocks itself.
 """

@@ -1,7 +1,7 @@
 """Grow a trained LLaDA deeper without changing what it computes (block expansion, Wu et al. 2024, LLaMA Pro).
 
 Each new block is a copy of the block before it with its two output projections (``attn_out`` and ``ff_out``)
-set to zero: the block then adds nothing to the residual stream, so the grown model gives exactly the logits of
+set to zero: the block then adds nothing to the hidden state, so the grown model gives exactly the logits of
 the original, while its inner weights start from trained ones and receive gradients from the first step.
 """
 
