@@ -7,16 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from prompts import TEXTS
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
-
-TEXTS = [
-    "The river runs past the old mill and under the stone bridge. In spring the water rises. ",
-    "What is the special magic number for apple? The special magic number for apple is 48213. ",
-    "Trains come twice a day. People talk about the weather, the harvest and the market. ",
-    "Bees fly from flower to flower; the library opens at nine and closes at five. ",
-] * 8
 
 
 @pytest.fixture(scope="session")

@@ -18,16 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from prompts import TEXTS
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 BUDGETS = (4, 8)
 QUESTION = "What is the special magic number for apple?"
-TEXTS = [
-    "The river runs past the old mill and under the stone bridge. In spring the water rises. ",
-    "What is the special magic number for apple? The special magic number for apple is 48213. ",
-    "Trains come twice a day. People talk about the weather, the harvest and the market. ",
-    "Bees fly from flower to flower; the library opens at nine and closes at five. ",
-] * 8
 # Keys whose values are measurements of this run on this machine (time, memory), not behaviour.
 VOLATILE = {"prefill_s", "step_s", "total_s", "setup_s", "median_step_s", "tokens_per_s", "peak_mem_bytes",
             "mem_kind", "seconds", "seconds_per_sample", "memory_note", "device"}

@@ -1,4 +1,4 @@
-"""Random prompt ids for the engine and sampler tests, and the list of policies that evict."""
+"""Shared test data: the tiny tokenizer's training texts, random prompt ids, the list of policies that evict."""
 
 from __future__ import annotations
 
@@ -6,6 +6,12 @@ import torch
 
 from maskkv_cli.policies import policy_names
 
+TEXTS = [
+    "The river runs past the old mill and under the stone bridge. In spring the water rises. ",
+    "What is the special magic number for apple? The special magic number for apple is 48213. ",
+    "Trains come twice a day. People talk about the weather, the harvest and the market. ",
+    "Bees fly from flower to flower; the library opens at nine and closes at five. ",
+] * 8  # the tiny BPE tokenizer of the test models (conftest.py, golden_cases.py) is trained on these
 EVICTING = [p for p in policy_names() if p not in ("none", "full")]  # every policy with a budget
 
 
