@@ -71,12 +71,12 @@ def transfer_schedule(masked: int, steps: int) -> list[int]:
     return [base + (1 if j < rem else 0) for j in range(steps)]
 
 
-def add_gumbel_noise(logits: Tensor, temperature: float, gen: torch.Generator | None) -> Tensor:
+def add_gumbel_noise(logits: Tensor, temperature: float, rng: torch.Generator | None) -> Tensor:
     """Reference sampling trick: exp(logits) / (-log u)^T in float64; temperature 0 returns logits."""
     if temperature == 0:
         return logits
     logits = logits.to(torch.float64)
-    u = torch.rand(logits.shape, dtype=torch.float64, device=logits.device, generator=gen)
+    u = torch.rand(logits.shape, dtype=torch.float64, device=logits.device, generator=rng)
     return logits.exp() / (-torch.log(u)) ** temperature
 
 
