@@ -54,6 +54,19 @@ def diffuse_heads(spread: Tensor, budgets: Tensor, prompt_len: int, threshold: f
     return (spread >= threshold) & (budgets >= 2) & (budgets < prompt_len)
 
 
+def kept_mask(positions: Tensor, lengths: Tensor, prompt_len: int) -> Tensor:
+    """Bool (B, H, M): the prompt positions each head keeps, from a layer's ``positions`` (B, H, K) and ``lengths``
+    (B, H). A position counts as kept iff a valid slot (index below the head's length) holds it: padded slots
+    repeat a real position (M - 1) that the head may or may not keep, so they must not write at all. Invalid
+    slots write into an extra column M that is dropped, and every write is ``True`` (the result does not depend
+    on the order of the writes, which CUDA leaves undefined)."""
+    valid = torch.arange(positions.shape[-1], device=positions.device) < lengths.to(positions.device)[..., None]
+    target = torch.where(valid, positions, prompt_len)
+    kept = torch.zeros(*positions.shape[:-1], prompt_len + 1, dtype=torch.bool, device=positions.device)
+    kept.scatter_(-1, target, True)
+    return kept[..., :prompt_len]
+
+
 def residual_entries(q: Tensor, k: Tensor, v: Tensor, kept: Tensor, scale: float,
                      chunk_elements: int = CHUNK_ELEMENTS) -> tuple[Tensor, Tensor, Tensor]:
     """The residual key, value and logit offset of every head for the evicted entries ``~kept``.
