@@ -247,7 +247,8 @@ def prefill(
     tokens = ids.shape[0] * t
     importance = [float(s) / tokens for s in shifts]
     if online:
-        budgets = boundary_layer_budgets(importance, budget, policy.options.beta, policy.options.boundary)
+        budgets = boundary_layer_budgets(importance, budget, policy.options.beta, policy.options.boundary,
+                                         max_budget=prompt_len)
         pending.reverse()  # pop() from the end frees layer 0 first
         while pending:
             view, q_mask, scores, k, v = pending.pop()

@@ -27,7 +27,8 @@ class MaskKV(Policy):
         imp = self.options.importance
         if imp is None:
             return uniform_layer_budgets(n_layers, budget)
-        return boundary_layer_budgets(list(imp), budget, self.options.beta, self.options.boundary)
+        return boundary_layer_budgets(list(imp), budget, self.options.beta, self.options.boundary,
+                                      max_budget=prompt_len)
 
     def scores(self, view: LayerView, layer_budget: int) -> Tensor:
         return view.mask_mass()[..., : view.prompt_len]
