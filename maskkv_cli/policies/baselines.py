@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -79,6 +81,9 @@ class PyramidKV(SnapKV):
         if self.run_window is None:
             return super().window(layer_budget, prompt_len)
         return min(self.run_window, prompt_len - 1)
+
+    def rule(self) -> dict[str, Any]:
+        return {**super().rule(), "window": "per run"}  # rows stored when each layer picked its own W are stale
 
 
 @register
