@@ -10,9 +10,9 @@ from maskkv_cli.kv.budgets import boundary_layer_budgets, preference_head_budget
 from maskkv_cli.kv.votes import neighbour_scores, pool_scores
 from maskkv_cli.policies.base import LayerView, Policy, register
 
-# Heads whose mask queries each spread their prompt attention over at least three quarters of the prompt
-# (perplexity / M) get a residual entry: near-uniform heads only, not half-diffuse ones (the measured spreads
-# behind the threshold are in docs/policies.md).
+# Spread threshold of ``maskkv-residual`` and ``maskkv-plus``: a head whose mask queries each spread their prompt
+# attention over at least this share of the prompt (mean perplexity / M) gets a residual entry. How the value was
+# chosen: docs/policies.md.
 RESIDUAL_SPREAD = 0.75
 
 
@@ -27,7 +27,8 @@ class MaskKV(Policy):
         imp = self.options.importance
         if imp is None:
             return uniform_layer_budgets(n_layers, budget)
-        return boundary_layer_budgets(list(imp), budget, self.options.beta, self.options.boundary)
+        return boundary_layer_budgets(list(imp), budget, self.options.beta, self.options.boundary,
+                                      max_budget=prompt_len)
 
     def scores(self, view: LayerView, layer_budget: int) -> Tensor:
         return view.mask_mass()[..., : view.prompt_len]
@@ -65,8 +66,9 @@ class MaskKVPooled(MaskKV):
         return {**super().rule(), "vote_pool": VOTE_POOL_KERNEL}
 
 
-# Neighbour votes of ``maskkv-plus``: an entry scores at least half the best vote among itself and the entry on
-# each side (a weight of 1 is ``maskkv-pooled``; how 0.5 was chosen and checked: docs/tiny-model.md).
+# Neighbour votes of ``maskkv-plus``: an entry scores at least ``NEIGHBOUR_WEIGHT`` times the best vote among
+# itself and the entries within ``NEIGHBOUR_KERNEL // 2`` on each side (``kv.votes.neighbour_scores``). How the
+# values were chosen: docs/policies.md.
 NEIGHBOUR_KERNEL = 3
 NEIGHBOUR_WEIGHT = 0.5
 
@@ -74,8 +76,9 @@ NEIGHBOUR_WEIGHT = 0.5
 @register
 class MaskKVPlus(MaskKV):
     name = "maskkv-plus"
-    summary = ("MaskKV with our two repairs: the entries beside a voted one score at least half its votes, and "
-               "diffuse heads get a residual entry (ours; docs/policies.md).")
+    summary = ("MaskKV, and the entries beside a voted one score at least half its votes, and diffuse heads get a "
+               "residual entry (ours, experimental: tuned on the tiny model; compare on your checkpoint with "
+               "`maskkv bench quality --policies full,maskkv,maskkv-plus`).")
     residual_default = RESIDUAL_SPREAD
 
     def scores(self, view: LayerView, layer_budget: int) -> Tensor:
