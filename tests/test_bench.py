@@ -20,8 +20,8 @@ from maskkv_cli.bench.speed import (
     run_case,
     run_case_subprocess,
     run_sweep,
-    table_rows,
 )
+from maskkv_cli.bench.speed_report import table_rows
 from maskkv_cli.cli.parsing import parse_count, parse_counts
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.config import named_config

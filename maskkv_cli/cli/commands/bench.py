@@ -130,7 +130,8 @@ def speed(
 
         maskkv bench speed --device cuda --step-modes eager,compile+cuda-graph --policies full,maskkv
     """
-    from maskkv_cli.bench.speed import SpeedSettings, run_sweep, table_rows
+    from maskkv_cli.bench.speed import SpeedSettings, run_sweep
+    from maskkv_cli.bench.speed_report import table_rows
 
     dev = pick_device(device)
     gpu = dev.startswith("cuda")

@@ -1,0 +1,130 @@
+"""``bench speed``'s results as text and a picture: the table (shared by summary.md and the terminal), summary.md
+and speed.png."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from maskkv_cli.bench.results import ResultsFolder, atomic_write_bytes
+
+if TYPE_CHECKING:
+    from maskkv_cli.bench.speed import SpeedSettings
+
+__all__ = ["fmt_bytes", "fmt_gflops", "fmt_ratio", "summary_markdown", "table_rows", "write_plot"]
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def fmt_ratio(x: float | None, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:.{digits}f}x"
+
+
+def fmt_gflops(row: dict[str, Any]) -> str:
+    """The prefill's achieved GFLOP/s and the machine's matmul GFLOP/s measured in the same process."""
+    if row.get("prefill_gflops") is None or row.get("matmul_gflops") is None:
+        return "-"
+    return f"{row['prefill_gflops']:.1f} of {row['matmul_gflops']:.1f}"
+
+
+def table_rows(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """Header and text cells shared by the Markdown summary and the CLI table."""
+    head = ["prompt", "method", "prefill s", "step ms", "total s", "tok/s", "vs none", "vs full",
+            "peak mem", "above weights", "KV kept", "limit s", "meas/limit", "prefill GFLOP/s", "note"]
+    body = []
+    for r in rows:
+        notes = []
+        if r.get("extrapolated"):
+            notes.append("extrapolated")
+        if r["policy"] not in ("none", "full") and not r.get("evicted", True):
+            notes.append("budget >= prompt (= full)")
+        if r.get("setup_s"):
+            notes.append(f"{r['step_mode']} setup {r['setup_s']:.1f} s (not in total)")
+        if r.get("reused"):
+            notes.append("reused")
+        body.append([
+            str(r["prompt_len"]), r["method"], f"{r['prefill_s']:.3f}", f"{r['step_s'] * 1000:.1f}",
+            f"{r['total_s']:.2f}", f"{r['tokens_per_s']:.2f}", fmt_ratio(r.get("speedup_vs_none")),
+            fmt_ratio(r.get("speedup_vs_full"), 2), fmt_bytes(r["peak_mem_bytes"]),
+            fmt_bytes(r.get("peak_above_weights_bytes")), fmt_bytes(r["kv_bytes"]) if r["kv_bytes"] else "-",
+            "-" if r.get("limit_s") is None else f"{r['limit_s']:.2f}",
+            fmt_ratio(r.get("measured_over_limit"), 2), fmt_gflops(r), ", ".join(notes),
+        ])
+    return head, body
+
+
+def summary_markdown(settings: SpeedSettings, rows: Sequence[dict[str, Any]], folder: ResultsFolder,
+                     note: str | None = None) -> str:
+    head, body = table_rows(rows)
+    s = settings
+    what = f"checkpoint `{s.model}`" if s.model else f"random weights of the `{s.config}` shape"
+    lines = [
+        "# maskkv bench speed",
+        "",
+        f"- model: {what}, dtype {s.dtype}, device {s.device}, {s.threads} torch thread(s)",
+        f"- gen length {s.gen_length}, steps {s.steps}, block length {s.block_length}, seed {s.seed}",
+        f"- `none` runs {s.none_steps} step(s) and is extrapolated to all steps when that is fewer",
+        "- each case ran in a fresh process; warm-up: " + ("yes" if s.warmup else "no"),
+        "- limit = one bare forward over [prompt ; masks] + (steps - 1) bare response forwards over "
+        "budget + response keys",
+        "- prefill GFLOP/s: the matrix-product FLOPs of one bare forward over [prompt ; masks] / prefill s, 'of' "
+        "the machine's ceiling: torch.mm of two n x n matrices in the same dtype, device and threads, measured in "
+        "the case's process after its run (median of 7; `bench/ceiling.py`)",
+        "- memory: " + ("CUDA max_memory_allocated after a reset" if s.device.startswith("cuda")
+                        else "peak resident set (VmHWM) of the case's process, reset after loading and warm-up")
+        + "; 'above weights' = peak - memory right after loading",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join("---" for _ in head) + "|",
+    ]
+    lines += ["| " + " | ".join(cells) + " |" for cells in body]
+    lines.append("")
+    if note:
+        lines += [f"Note: {note}", ""]
+    lines.append(f"Rows: `{folder.path / 'results.jsonl'}`.")
+    return "\n".join(lines) + "\n"
+
+
+def write_plot(rows: Sequence[dict[str, Any]], path: Path) -> str | None:
+    """tokens/s and peak memory vs prompt length, one line per method; a note instead when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed, speed.png was skipped (pip install 'maskkv[plot]')"
+
+    methods: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        methods.setdefault(r["method"], []).append(r)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for name, rs in methods.items():
+        rs = sorted(rs, key=lambda r: r["prompt_len"])
+        xs = [r["prompt_len"] for r in rs]
+        ax1.plot(xs, [r["tokens_per_s"] for r in rs], marker="o", label=name)
+        ax2.plot(xs, [r["peak_mem_bytes"] / 2**30 for r in rs], marker="o", label=name)
+    for ax, title, unit in ((ax1, "tokens/s", "tokens/s"), (ax2, "peak memory", "GiB")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("prompt tokens")
+        ax.set_ylabel(unit)
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+    ax1.set_yscale("log")
+    ax1.legend(fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+    return None
