@@ -110,8 +110,8 @@ def evaluate(lm: Any, tasks: list[str], folder: Path, chat: bool = True) -> dict
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    return simple_evaluate(model=lm, tasks=tasks, task_manager=TaskManager(include_path=str(folder)),
-                           apply_chat_template=chat, log_samples=True)
+    manager = TaskManager(include_path=str(folder), include_defaults=False)  # only the local tasks: starts faster
+    return simple_evaluate(model=lm, tasks=tasks, task_manager=manager, apply_chat_template=chat, log_samples=True)
 
 
 def answers_by_doc(result: dict[str, Any], task: str) -> dict[int, str]:
@@ -209,28 +209,52 @@ def test_rolling_loglikelihood_is_refused_in_one_line(runs: dict[str, Any]) -> N
         runs["full"]["lm"].loglikelihood_rolling([])
 
 
+def test_eval_command_writes_results_and_stats(offline: Path, tasks_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["eval", "--model", str(shipped_model()), "--tasks", "local_gsm",
+                                      "--include-path", str(tasks_dir), "--no-builtin-tasks", "--policy", "maskkv",
+                                      "--budget", "8", "--block-length", "32", "--device", "cpu", "-o", str(out),
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert "exact_match,none" in data["results"]["local_gsm"]
+    assert data["maskkv"]["local_gsm"]["requests"] == len(GSM) and data["maskkv"]["local_gsm"]["budget"] == 8
+    folder = Path(data["output"])
+    assert list(folder.glob("samples_local_gsm_*.jsonl")) and list(folder.glob("results_*.json"))
+    assert len(next(folder.glob("maskkv_requests_*.jsonl")).read_text().splitlines()) == len(GSM)
+
+
+def test_eval_without_the_harness_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import maskkv_cli.evaluation as evaluation
+
+    monkeypatch.setattr(evaluation, "harness_available", lambda: False)
+    result = CliRunner().invoke(app, ["eval", "--tasks", "gsm8k"])
+    assert result.exit_code == 1
+    assert result.stderr.strip() == "error: the evaluation harness is not installed; run: pip install 'maskkv[eval]'"
+
+
 def test_accelerate_two_processes_split_and_match(runs: dict[str, Any], offline: Path, tasks_dir: Path,
                                                   tmp_path: Path) -> None:
-    """``accelerate launch`` with two CPU processes: each rank answers its share, the merged result is the
-    one-process result."""
+    """``accelerate launch`` with two CPU processes (``maskkv eval``): each rank answers its share of the
+    documents, and the merged result is the one-process result."""
     launcher = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or shutil.which("accelerate")
     assert launcher, "accelerate is part of maskkv[eval]"
-    out, stats = tmp_path / "out", tmp_path / "stats"
+    out = tmp_path / "out"
     env = {**os.environ, **OFFLINE, "OMP_NUM_THREADS": "1", "HF_DATASETS_CACHE": str(offline)}
     command = [launcher, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
                "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-               "-m", "maskkv_cli.evaluation", "--model", "maskkv", "--model_args",
-               f"model={shipped_model()},policy=maskkv,budget=8,block_length=32,stats_dir={stats}",
-               "--tasks", "local_hotpotqa", "--include_path", str(tasks_dir), "--apply_chat_template",
-               "--log_samples", "--output_path", str(out)]
+               "-m", "maskkv_cli", "eval", "--model", str(shipped_model()), "--tasks", "local_hotpotqa",
+               "--include-path", str(tasks_dir), "--no-builtin-tasks", "--chat-template", "--policy", "maskkv",
+               "--budget", "8", "--block-length", "32", "--device", "cpu", "-o", str(out), "--json"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    lines = [json.loads(x) for f in stats.glob("maskkv_requests_*.jsonl") for x in f.read_text().splitlines()]
+    data = json.loads(done.stdout.strip().splitlines()[-1])  # rank 0 prints; rank 1 prints nothing
+    folder = Path(data["output"])
+    lines = [json.loads(x) for x in next(folder.glob("maskkv_requests_*.jsonl")).read_text().splitlines()]
     ranks = {x["doc_id"]: x["rank"] for x in lines}
     assert ranks == {doc: doc % 2 for doc in range(len(_records()))}  # the harness's rank::world_size split
-    samples = [json.loads(x) for f in out.rglob("samples_local_hotpotqa_*.jsonl") for x in f.read_text().splitlines()]
+    samples = [json.loads(x) for x in next(folder.glob("samples_local_hotpotqa_*.jsonl")).read_text().splitlines()]
     one = runs["maskkv8"]["result"]
     assert {s["doc_id"]: s["filtered_resps"][0] for s in samples} == answers_by_doc(one, "local_hotpotqa")
-    results = json.loads(next(out.rglob("results_*.json")).read_text())
-    assert results["results"]["local_hotpotqa"]["score,none"] == one["results"]["local_hotpotqa"]["score,none"]
+    assert data["results"]["local_hotpotqa"]["score,none"] == one["results"]["local_hotpotqa"]["score,none"]
     assert "maskkv local_hotpotqa: 4 requests" in done.stderr
