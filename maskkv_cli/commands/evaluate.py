@@ -83,7 +83,11 @@ def evaluate(
     if not names:
         raise fail("--tasks is empty; give harness task names, e.g. --tasks longbench_hotpotqa", 2)
     _quiet_harness(quiet or as_json)
+    from maskkv_cli.defaults import resolve_default_model
     from maskkv_cli.evaluation.runner import run_eval
+
+    model, message = resolve_default_model(model)
+    note(message, quiet, as_json)
 
     model_args: dict[str, Any] = {"model": model, "policy": policy, "budget": budget, "ratio": ratio,
                                   "layer_budgets": layer_budgets, "steps": steps, "seed": seed,
@@ -94,8 +98,6 @@ def evaluate(
                    builtin_tasks=builtin_tasks, chat_template=chat_template, limit=limit, output=output)
     if run.results is None:
         return  # another rank prints
-    for message in run.notes:
-        note(message, quiet, as_json)
     if as_json:
         typer.echo(json.dumps({"results": run.results["results"], "maskkv": run.summary,
                                "output": None if run.folder is None else str(run.folder)}, ensure_ascii=False))

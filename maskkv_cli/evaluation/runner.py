@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,6 @@ class EvalRun:
     summary: dict[str, dict[str, Any]]
     folder: Path | None  # where the results, the samples and the maskkv statistics went
     table: str = ""
-    notes: list[str] = field(default_factory=list)
 
 
 def run_eval(tasks: list[str], model_args: dict[str, Any], *, include_path: str | None = None,
@@ -43,7 +42,7 @@ def run_eval(tasks: list[str], model_args: dict[str, Any], *, include_path: str 
 
     if include_path is not None and not Path(include_path).expanduser().is_dir():
         raise UsageError(f"--include-path {include_path} is not a folder of task YAML files")
-    path, note = resolve_default_model(model_args.get("model"))
+    path, _ = resolve_default_model(model_args.get("model"))
     args = {**model_args, "model": path}
     folder = None if output is None else Path(output).expanduser() / sanitize_model_name(str(path))
     lm = MaskKVLM(**args, stats_dir=None if folder is None else str(folder))
@@ -58,9 +57,8 @@ def run_eval(tasks: list[str], model_args: dict[str, Any], *, include_path: str 
     results = simple_evaluate(model=lm, model_args=args, tasks=tasks, task_manager=manager,
                               apply_chat_template=chat_template, log_samples=output is not None, limit=limit,
                               evaluation_tracker=tracker, gen_kwargs=gen_kwargs)
-    notes = [note] if note else []
     if results is None:  # not rank 0 under accelerate launch
-        return EvalRun(None, {}, folder, notes=notes)
+        return EvalRun(None, {}, folder)
     if tracker is not None:
         samples = results.pop("samples", {})
         tracker.save_results_aggregated(results=results, samples=samples)
@@ -71,4 +69,4 @@ def run_eval(tasks: list[str], model_args: dict[str, Any], *, include_path: str 
         table += "\n" + make_table(results, "groups")
     plain = json.loads(json.dumps(results.get("results", {}), default=handle_non_serializable))
     return EvalRun({"results": plain, "rank_count": int(os.environ.get("WORLD_SIZE", "1"))}, lm.last_summary,
-                   folder, table, notes)
+                   folder, table)
