@@ -159,6 +159,44 @@ def test_longbench_score_equals_bench_quality(runs: dict[str, Any], tasks_dir: P
     assert rows["full"]["accuracy"] > 0  # the tiny model finds needles: the comparison is not 0 == 0
 
 
+def test_official_longbench_task_equals_bench_quality_with_its_prompt(runs: dict[str, Any], offline: Path,
+                                                                       tmp_path: Path) -> None:
+    """The harness's own ``longbench_trec`` task (official prompt, raw text, stop at a newline, its
+    classification metric) on local records, against ``bench quality`` given the same prompt as ``--prompts``:
+    the same answers (the harness's cut at the newline is the first line LongBench scores) and score."""
+    import lm_eval.tasks.longbench as longbench
+    import yaml
+
+    official = Path(longbench.__path__[0]) / "trec.yaml"
+    loader = type("TagIgnoringLoader", (yaml.SafeLoader,), {})
+    loader.add_multi_constructor("!", lambda *_: None)
+    text = yaml.load(official.read_text(), Loader=loader)["doc_to_text"]  # a SafeLoader that skips !function tags
+    records = [{**r, "dataset": "trec", "question": r["input"], "all_classes": [str(v) for _, v in NEEDLES]}
+               for r in _records()]
+    data = tmp_path / "trec.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    (tmp_path / "local_trec.yaml").write_text(f"include: {official}\ntask: local_trec\ntag: []\n"
+                                              f"dataset_path: json\ndataset_name: null\ndataset_kwargs:\n"
+                                              f"  data_files:\n    test: {data}\n", encoding="utf-8")
+    harness = evaluate(runs["full"]["lm"], ["local_trec"], tmp_path, chat=False)
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps({"trec": text.replace("{{context}}", "{context}").replace("{{question}}",
+                                                                                           "{input}")}))
+    out = tmp_path / "bench"
+    result = CliRunner().invoke(app, [
+        "bench", "quality", "--model", str(shipped_model()), "--tasks", str(data), "--prompts", str(prompts),
+        "--policies", "full", "--gen-length", "32", "--steps", "32", "--block-length", "32", "--out", str(out),
+        "--json", "--fresh"])
+    assert result.exit_code == 0, result.output
+    row = json.loads(result.output)["results"][0]
+    ids = [r["_id"] for r in records]
+    mine = {ids.index(p["id"]): p["prediction"].split("\n")[0]
+            for p in map(json.loads, (out / "predictions.jsonl").read_text().splitlines())}
+    assert answers_by_doc(harness, "local_trec") == mine
+    assert any(mine.values())  # not only empty answers
+    assert round(100 * harness["results"]["local_trec"]["score,none"], 2) == pytest.approx(row["accuracy"])
+
+
 def test_policy_and_budget_reach_the_engine(runs: dict[str, Any]) -> None:
     full = {(x["task"], x["doc_id"]): x for x in runs["full"]["lines"]}
     kept = {(x["task"], x["doc_id"]): x for x in runs["maskkv8"]["lines"]}
