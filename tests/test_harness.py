@@ -296,3 +296,44 @@ def test_accelerate_two_processes_split_and_match(runs: dict[str, Any], offline:
     assert {s["doc_id"]: s["filtered_resps"][0] for s in samples} == answers_by_doc(one, "local_hotpotqa")
     assert data["results"]["local_hotpotqa"]["score,none"] == one["results"]["local_hotpotqa"]["score,none"]
     assert "maskkv local_hotpotqa: 4 requests" in done.stderr
+
+
+def test_dream_family(tiny_tokenizer: Any, tmp_path: Path) -> None:
+    """A Dream checkpoint through the harness model: its own sampler's answer under the policy, the stop string
+    applied, fewer bytes kept than the full cache, and a log-likelihood estimate."""
+    from lm_eval.api.instance import Instance
+
+    from maskkv_cli.evaluation import register
+    from maskkv_cli.models.config import named_config
+    from maskkv_cli.models.dream import Dream
+    from maskkv_cli.models.loading import save_model
+    from maskkv_cli.policies.base import PolicyOptions
+    from maskkv_cli.sampler import GenerationConfig
+    from maskkv_cli.session import CacheConfig, Session
+
+    register()
+    from maskkv_cli.evaluation.harness_model import MaskKVLM
+
+    cfg = named_config("dream-tiny").with_(vocab_size=len(tiny_tokenizer))
+    folder = save_model(Dream(cfg).init_weights(seed=2, std=0.2).eval(), tmp_path / "dream", tiny_tokenizer)
+    context = "The river runs past the old mill. The special magic number for apple is 48213. " * 3
+    ids = [cfg.bos_token_id] + list(tiny_tokenizer.encode(context, add_special_tokens=False))
+    session = Session(str(folder))
+    expected = session.answer_ids(ids, GenerationConfig(gen_length=16, steps=16, block_length=8),
+                                  CacheConfig("maskkv", 4, options=PolicyOptions(seed=0))).text
+    assert len(expected) > 1, "the random Dream answers with at least two characters"
+    stop = expected[1]
+    kept: dict[str, int] = {}
+    for policy, budget in (("maskkv", 4), ("full", None)):
+        lm = MaskKVLM(model=str(folder), policy=policy, budget=budget, block_length=8, device="cpu")
+        requests = [Instance("generate_until", {}, (context, {"max_gen_toks": 16, "until": []}), 0),
+                    Instance("generate_until", {}, (context, {"max_gen_toks": 16, "until": [stop]}), 0)]
+        for request in requests:
+            request.task_name, request.doc_id = "dream", 0
+        answers = lm.generate_until(requests)
+        if policy == "maskkv":
+            assert answers == [expected, expected.split(stop)[0]]
+        kept[policy] = lm.last_summary["dream"]["mean_kv_bytes"]
+    assert kept["maskkv"] < kept["full"]
+    (value, _), = lm.loglikelihood([Instance("loglikelihood", {}, (context, " 48213"), 0)])
+    assert value < 0.0
