@@ -71,7 +71,7 @@ def evaluate(
 
         maskkv eval --tasks my_task --include-path ./tasks --no-builtin-tasks --policy full
 
-        accelerate launch -m maskkv_cli eval --model ~/LLaDA-8B-Instruct --tasks longbench_trec -o runs/lb
+        accelerate launch --multi_gpu --num_processes 8 -m maskkv_cli eval --tasks longbench_trec -o runs/lb
     """
     from maskkv_cli.evaluation import INSTALL_HINT, harness_available
 
