@@ -164,6 +164,9 @@ def _register() -> None:
     from maskkv_cli.commands.demo import demo
 
     app.command()(demo)
+    from maskkv_cli.commands.evaluate import evaluate
+
+    app.command("eval")(evaluate)
     from maskkv_cli.commands.bench import bench_app
 
     app.add_typer(bench_app, name="bench")
