@@ -19,6 +19,7 @@ from maskkv_cli.commands.common import (
     one_line_stats,
     open_session,
 )
+from maskkv_cli.commands.pull import YesOpt
 from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.options import (
     AlgOpt,
@@ -50,6 +51,14 @@ def _consoles(quiet: bool, as_json: bool) -> tuple[Any, bool]:
 
     err = Console(stderr=True)
     return err, live_display_on(quiet, as_json)
+
+
+def _pull_first(model: str | None, yes: bool, quiet: bool, as_json: bool) -> None:
+    """Offer (or, with --yes, run) the pull of a --model ORG/NAME not on disk before the live panel starts."""
+    from maskkv_cli.commands.pull import ensure_model
+    from maskkv_cli.defaults import resolve_default_model
+
+    ensure_model(resolve_default_model(model)[0], yes, quiet, as_json)
 
 
 def _warn(doc: Any, quiet: bool, as_json: bool) -> None:
@@ -173,6 +182,7 @@ def ask(
     device_map: DeviceMapOpt = None,
     dtype: DtypeOpt = "auto",
     seed: SeedOpt = 0,
+    yes: YesOpt = False,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -191,6 +201,7 @@ def ask(
     qs = _questions(question, more, questions_file)
     cache = cache_config(policy, budget, ratio, seed, layer_budgets)
     err, live_on = _consoles(quiet, as_json)
+    _pull_first(model, yes, quiet, as_json)
     from maskkv_cli.render import LiveRun
 
     with LiveRun(err, live_on, device if device != "auto" else "cpu") as live:
@@ -198,7 +209,7 @@ def ask(
         doc, _ = DocumentStore().ingest(document, password=password)
         _warn(doc, quiet, as_json)
         live.phase("load model")
-        session = open_session(model, device, dtype, quiet, as_json, device_map)
+        session = open_session(model, device, dtype, quiet, as_json, device_map, yes)
         session.dream_options = {"alg": alg, "top_p": top_p, "top_k": top_k}
         gen = generation_config(session.generation_defaults, gen_length, steps, block_length,
                                 temperature=temperature, threshold=threshold, seed=seed)
@@ -220,7 +231,7 @@ def ask(
             "document": {"source": str(document), "sha256": doc.sha256, "pages": len(doc.pages),
                          "chars": doc.n_chars},
             "model": session.model_path,
-            "answers": [{"question": q, "answer": a.text, **_confidence_fields(a, "answer", embedded),
+            "answers": [{"question": q, "answer": a.text, **confidence_fields(a, "answer", embedded),
                          "policy": cache.policy, "budget": a.budget,
                          "prompt_tokens": a.prompt_len, "dropped_tokens": f.dropped, "rope_factor": f.rope_factor,
                          "stats": a.result.stats.as_dict()} for q, a, f in results],
@@ -229,7 +240,7 @@ def ask(
     _print_answers(results, quiet, embedded)
 
 
-def _confidence_fields(answer: Any, what: str, embedded: bool) -> dict[str, Any]:
+def confidence_fields(answer: Any, what: str, embedded: bool) -> dict[str, Any]:
     """``confidence`` (mean/min token probability, or null for an empty answer) and, for an empty one, ``note``."""
     from maskkv_cli.confidence import empty_note
 
@@ -311,6 +322,7 @@ def summarize(
     device_map: DeviceMapOpt = None,
     dtype: DtypeOpt = "auto",
     seed: SeedOpt = 0,
+    yes: YesOpt = False,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -330,12 +342,13 @@ def summarize(
         raise fail(f"--length must be a positive number of words, got {length}", 2)
     cache = cache_config(policy, budget, ratio, seed, layer_budgets)
     err, live_on = _consoles(quiet, as_json)
+    _pull_first(model, yes, quiet, as_json)
     with LiveRun(err, live_on, device if device != "auto" else "cpu") as live:
         live.phase("parse", str(document))
         doc, _ = DocumentStore().ingest(document, password=password)
         _warn(doc, quiet, as_json)
         live.phase("load model")
-        session = open_session(model, device, dtype, quiet, as_json, device_map)
+        session = open_session(model, device, dtype, quiet, as_json, device_map, yes)
         session.dream_options = {"alg": alg, "top_p": top_p, "top_k": top_k}
         block = block_length or 32
         gen_tokens = max(block, -(-int(length * 1.6) // block) * block)
@@ -367,7 +380,7 @@ def summarize(
     embedded = is_embedded_model(session.model_path)
     if as_json:
         typer.echo(json.dumps({"document": str(document), "pages": len(doc.pages), "summary": final.text,
-                               **_confidence_fields(final, "summary", embedded), "parts": summaries}))
+                               **confidence_fields(final, "summary", embedded), "parts": summaries}))
         return
     from maskkv_cli.render import answer_lines
 
