@@ -41,7 +41,8 @@ class FakeHub:
         self.cdn = self._server(self._cdn_handler())
         self.endpoint = f"http://127.0.0.1:{self.hub.server_address[1]}"
         self.cdn_url = f"http://127.0.0.1:{self.cdn.server_address[1]}"
-        self.blobs = {hashlib.sha256(data).hexdigest(): data for files in self.repos.values() for data in files.values()}
+        self.blobs = {hashlib.sha256(data).hexdigest(): data
+                      for files in self.repos.values() for data in files.values()}
 
     # ----- lifecycle -----
 
@@ -52,7 +53,8 @@ class FakeHub:
         return server
 
     def __enter__(self) -> FakeHub:
-        self.threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in (self.hub, self.cdn)]
+        self.threads = [threading.Thread(target=s.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+                        for s in (self.hub, self.cdn)]
         for t in self.threads:
             t.start()
         self.timer = threading.Timer(self.lifetime, self.close)  # never outlives a hung test
@@ -77,7 +79,8 @@ class FakeHub:
 
     def downloads(self) -> list[dict[str, Any]]:
         """GETs of file contents (small files from the hub, weights from the CDN)."""
-        return [r for r in self.requests() if r["method"] == "GET" and ("/resolve/" in r["path"] or r["server"] == "cdn")]
+        return [r for r in self.requests()
+                if r["method"] == "GET" and ("/resolve/" in r["path"] or r["server"] == "cdn")]
 
     # ----- handlers -----
 

@@ -42,17 +42,31 @@ def hf_env(tmp_path, monkeypatch):
     return tmp_path / "hf" / "hub"
 
 
+def point_hub_at(endpoint: str, home: Path, monkeypatch) -> None:
+    """HF_ENDPOINT for our code; the same for the few settings huggingface_hub reads once at import (the endpoint
+    of its own side requests, its token file, offline flag), so that nothing reaches the real Hub or home."""
+    import huggingface_hub.constants as hc
+
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    monkeypatch.setattr(hc, "ENDPOINT", endpoint)
+    monkeypatch.setattr(hc, "HUGGINGFACE_CO_URL_TEMPLATE", endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(hc, "HF_TOKEN_PATH", str(home / "token"))
+    monkeypatch.setattr(hc, "AGENT_HARNESSES_PATH", str(home / ".agent_harnesses.json"))
+    monkeypatch.setattr(hc, "HF_HUB_OFFLINE", False)
+
+
 @pytest.fixture
 def server(checkpoint, hf_env, monkeypatch):
     with FakeHub({REPO: checkpoint, "gated-org/tiny": checkpoint}, gated={"gated-org/tiny": "hf_right"}) as fake:
-        monkeypatch.setenv("HF_ENDPOINT", fake.endpoint)
+        point_hub_at(fake.endpoint, hf_env.parent, monkeypatch)
         yield fake
 
 
 def test_pull_fetches_only_what_the_loader_reads(server, hf_env):
     events: list[PullEvent] = []
     result = pull(REPO, on_event=events.append)
-    assert result.commit == COMMIT and result.path == hf_env / f"models--{REPO.replace('/', '--')}" / "snapshots" / COMMIT
+    repo = hf_env / f"models--{REPO.replace('/', '--')}"
+    assert result.commit == COMMIT and result.path == repo / "snapshots" / COMMIT
     names = sorted(p.name for p in result.path.iterdir())
     assert names == sorted(["chat_template.jinja", "config.json", "generation_config.json", "model.safetensors",
                             "tokenizer.json", "tokenizer_config.json"])
@@ -135,7 +149,7 @@ def test_offline_uses_the_cache_or_says_what_to_do(server, monkeypatch):
 def test_unreachable_endpoint(hf_env, monkeypatch):
     with FakeHub({}) as fake:
         dead = fake.endpoint
-    monkeypatch.setenv("HF_ENDPOINT", dead)  # nothing listens there any more
+    point_hub_at(dead, hf_env.parent, monkeypatch)  # nothing listens there any more
     with pytest.raises(HubError, match="cannot reach http://127.0.0.1"):
         pull(REPO)
 
