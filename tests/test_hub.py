@@ -120,8 +120,9 @@ def test_missing_revision(server):
 
 
 def test_gated_without_and_with_token(server, monkeypatch):
-    with pytest.raises(HubError, match=r"gated-org/tiny is gated \(HTTP 401\).*set HF_TOKEN"):
+    with pytest.raises(HubError, match=r"gated-org/tiny is gated: accept its terms at .* set HF_TOKEN"):
         pull("gated-org/tiny")
+    assert not server.downloads()  # said before any file was asked for
     monkeypatch.setenv("HF_TOKEN", "hf_wrong")
     with pytest.raises(HubError, match=r"gated \(HTTP 403\).*has no access"):
         pull("gated-org/tiny")
@@ -183,7 +184,7 @@ def test_cli_errors_are_one_line(server):
     result = runner.invoke(app, ["pull", "nobody/nothing"])
     assert result.exit_code == 1 and result.stderr.count("\n") == 1 and result.stderr.startswith("error: no model")
     result = runner.invoke(app, ["pull", "gated-org/tiny"])
-    assert result.exit_code == 1 and "gated (HTTP 401)" in result.stderr and "Traceback" not in result.output
+    assert result.exit_code == 1 and "is gated" in result.stderr and "Traceback" not in result.output
 
 
 def test_model_not_on_disk_gives_the_pull_command_or_pulls_with_yes(server, tmp_path):

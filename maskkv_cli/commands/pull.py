@@ -41,7 +41,8 @@ class _PullDisplay:
             return
         if event.kind == "plan":
             if not self.live:
-                self.console.print(f"{event.files} files to download, {_human(event.n)}")
+                self.console.print(f"{event.files} files to download, {_human(event.n)}" if event.files else
+                                   "every file is already in the cache")
                 return
             from rich.progress import (
                 BarColumn,

@@ -190,6 +190,16 @@ def _translate(exc: Exception, repo_id: str, revision: str | None) -> MaskKVErro
                     f"HF_ENDPOINT, or copy the model folder here and pass --model PATH")
 
 
+def _have_token() -> bool:
+    """Whether huggingface_hub will send a token (HF_TOKEN, or the file ``hf auth login`` writes)."""
+    from huggingface_hub import get_token
+
+    try:
+        return get_token() is not None
+    except Exception:  # a failing token source means no usable token
+        return False
+
+
 def _write_ref(repo: Path, revision: str, commit: str) -> None:
     """Point ``refs/<revision>`` at ``commit`` (atomically), once every file of the snapshot is in place."""
     if revision == commit:
@@ -227,6 +237,9 @@ def pull(repo_id: str, revision: str | None = None,
     except Exception as exc:
         raise _translate(exc, repo_id, revision) from None
     commit = info.sha or rev
+    if info.gated and not _have_token() and cached_snapshot(repo_id, commit, cache_dir) is None:
+        raise HubError(f"{repo_id} is gated: accept its terms at {endpoint()}/{repo_id} and set HF_TOKEN to a token "
+                       f"of that account")
     sizes = {s.rfilename: int(s.size or (s.lfs.size if s.lfs else 0) or 0) for s in info.siblings or []}
     if CONFIG_FILE not in sizes:
         raise HubError(f"{repo_id} has no {CONFIG_FILE}: it is not a model checkpoint maskkv can load")
@@ -240,7 +253,8 @@ def pull(repo_id: str, revision: str | None = None,
     snap = repo / "snapshots" / commit
 
     def fetch(name: str) -> Path:
-        emit(PullEvent("file", name, total=sizes.get(name, 0)))
+        if not (snap / name).exists():
+            emit(PullEvent("file", name, total=sizes.get(name, 0)))
         try:
             path = hf_hub_download(repo_id, name, revision=commit, cache_dir=cache_dir, endpoint=endpoint(),
                                    tqdm_class=_bar_class(lambda n: emit(PullEvent("bytes", name, n))))
