@@ -198,3 +198,19 @@ def test_model_not_on_disk_gives_the_pull_command_or_pulls_with_yes(server, tmp_
                                  "--yes", "--quiet"])
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == "4821"
+
+
+def test_models_lists_remembered_folders_and_why_one_does_not_load(tmp_path, tiny_dir, hf_env):
+    doc = tmp_path / "doc.txt"
+    doc.write_text("The river runs past the mill. " * 20)
+    assert runner.invoke(app, ["ask", str(doc), "Where?", "--model", str(tiny_dir), "--quiet"]).exit_code == 0
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_dir, broken)
+    (broken / "model.safetensors").unlink()
+    assert runner.invoke(app, ["ask", str(doc), "Where?", "--model", str(broken), "--quiet"]).exit_code == 1
+    listed = {m["path"]: m for m in json.loads(runner.invoke(app, ["models", "--json"]).stdout)["models"]}
+    assert listed[str(tiny_dir.resolve())]["loadable"] is True and listed[str(tiny_dir.resolve())]["family"] == "llada"
+    assert listed[str(broken.resolve())]["loadable"] is False
+    assert "no model.safetensors" in listed[str(broken.resolve())]["problem"]
+    shown = runner.invoke(app, ["models"])
+    assert "no: " in shown.stdout and "llada" in shown.stdout

@@ -177,11 +177,13 @@ def ensure_model(model: str, yes: bool, quiet: bool, as_json: bool) -> None:
         return
     from maskkv_cli.defaults import shipped_model
     from maskkv_cli.models.loading import hf_cache_dir
+    from maskkv_cli.paths import maskkv_home
 
     shipped = shipped_model()
-    inside_cache = hf_cache_dir().resolve() in folder.resolve().parents
-    if Path(model).expanduser().is_dir() and not inside_cache and (shipped is None or
-                                                                   folder.resolve() != shipped.resolve()):
+    own = [hf_cache_dir().resolve(), maskkv_home().resolve()]  # the cache and maskkv's own demo models
+    inside = any(root in folder.resolve().parents for root in own)
+    if Path(model).expanduser().is_dir() and not inside and (shipped is None or
+                                                             folder.resolve() != shipped.resolve()):
         from maskkv_cli.models.catalog import remember_folder
 
         try:

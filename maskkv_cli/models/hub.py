@@ -186,6 +186,11 @@ def _translate(exc: Exception, repo_id: str, revision: str | None) -> MaskKVErro
                             f"HF_TOKEN to a token that can read it{token}")
         return HubError(f"{where} answered HTTP {status} for {repo_id}; try again later")
     first = (str(exc).splitlines() or [""])[0]
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    if isinstance(exc, OSError) and not isinstance(exc, (LocalEntryNotFoundError, ConnectionError)):
+        return HubError(f"cannot write {repo_id} into {hf_cache_dir()} ({type(exc).__name__}: {first}); check the "
+                        f"disk, or set HF_HUB_CACHE to another folder")
     return HubError(f"cannot reach {where} ({type(exc).__name__}: {first}); check the network connection or "
                     f"HF_ENDPOINT, or copy the model folder here and pass --model PATH")
 
