@@ -42,6 +42,14 @@ def main() -> None:
     task = generate_tasks("niah_single", 1, 350, seed=7)[0]
     (tmp / "notes.txt").write_text(task.context)
     (tmp / "scan.pdf").write_bytes(make_pdf([None, None]))
+    # `maskkv pull` runs against the tests' local Hub endpoint serving the embedded model (no network needed)
+    from hubserver import FakeHub
+
+    from maskkv_cli.defaults import shipped_model
+
+    hub = FakeHub({"maskkv-demo/tiny-llada": shipped_model()}, lifetime=3600).__enter__()
+    env.update(HF_ENDPOINT=hub.endpoint, HF_HOME=str(tmp / "hf"))
+    env.pop("HF_TOKEN", None)
     template = (ROOT / "docs" / "guide.template.md").read_text()
     template = template.replace("KEY", task.meta["key"]).replace("ANSWER", task.answers[0])
     parts = template.split("```run\n")
@@ -49,7 +57,9 @@ def main() -> None:
     for part in parts[1:]:
         cmd, rest = part.split("\n```", 1)
         cmd = cmd.strip()
-        out.append("```console\n$ " + cmd + "\n" + run(cmd, env, tmp) + "\n```" + rest)
+        text = run(cmd, env, tmp).replace(hub.endpoint, "http://127.0.0.1:PORT")
+        out.append("```console\n$ " + cmd + "\n" + text + "\n```" + rest)
+    hub.close()
     (ROOT / "docs" / "guide.md").write_text("".join(out))
     print(f"wrote {ROOT / 'docs' / 'guide.md'}")
 
