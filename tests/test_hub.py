@@ -214,3 +214,20 @@ def test_models_lists_remembered_folders_and_why_one_does_not_load(tmp_path, tin
     assert "no model.safetensors" in listed[str(broken.resolve())]["problem"]
     shown = runner.invoke(app, ["models"])
     assert "no: " in shown.stdout and "llada" in shown.stdout
+
+
+def test_sharded_checkpoint_fetches_the_index_and_its_shards_only(tmp_path, tiny_model, tiny_tokenizer, hf_env,
+                                                                   monkeypatch):
+    from maskkv_cli.models.loading import save_model
+
+    folder = save_model(tiny_model, tmp_path / "sharded", tiny_tokenizer, max_shard_bytes=200_000)
+    shards = sorted(p.name for p in folder.glob("model-*.safetensors"))
+    assert len(shards) > 1
+    shutil.copy(folder / shards[0], folder / "consolidated.safetensors")  # not in the index: never fetched
+    with FakeHub({"org/sharded": folder}) as fake:
+        point_hub_at(fake.endpoint, hf_env.parent, monkeypatch)
+        result = pull("org/sharded")
+    names = sorted(p.name for p in result.path.iterdir())
+    assert "consolidated.safetensors" not in names
+    assert set(shards) | {"model.safetensors.index.json", "config.json"} <= set(names)
+    load_model(result.path)

@@ -67,9 +67,9 @@ class _PullDisplay:
 
 
 def _human(n: float) -> str:
-    from maskkv_cli.models.hub import _human as human
+    from maskkv_cli.models.hub import human_size
 
-    return human(n)
+    return human_size(n)
 
 
 def run_pull(repo_id: str, revision: str | None, quiet: bool, as_json: bool) -> Any:

@@ -149,7 +149,7 @@ def _bar_class(on_bytes: Callable[[int], None]) -> type:
     return _Bar
 
 
-def _human(n: float) -> str:
+def human_size(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -285,8 +285,9 @@ def pull(repo_id: str, revision: str | None = None,
     if need:
         folder_free = free_bytes(cache_dir)
         if need + DISK_MARGIN > folder_free:
-            raise HubError(f"not enough free disk space for {repo_id}: it needs {_human(need)} in {cache_dir}, which "
-                           f"has {_human(folder_free)} free; free some space or set HF_HUB_CACHE to a larger disk")
+            raise HubError(f"not enough free disk space for {repo_id}: it needs {human_size(need)} in {cache_dir}, "
+                           f"which has {human_size(folder_free)} free; free some space or set HF_HUB_CACHE to a "
+                           f"larger disk")
     emit(PullEvent("plan", total=sum(f.size for f in files), n=need, files=len(todo)))
     for name in order:
         fetch(name)
