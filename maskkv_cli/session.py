@@ -18,6 +18,7 @@ from maskkv_cli.policies.base import PolicyOptions, get_policy
 from maskkv_cli.prompting import chat_prompt_ids, decode_answer, document_question, load_tokenizer, stop_ids
 from maskkv_cli.prompting.fit import FittedContext
 from maskkv_cli.sampling import DreamOptions, Event, GenerationConfig, GenerationResult, sample
+from maskkv_cli.sampling.confidence import Confidence, answer_confidence
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class Answer:
     budget: int | None
     result: GenerationResult
     notes: list[str] = field(default_factory=list)
+    confidence: Confidence | None = None  # mean/min probability of the answer's tokens when unmasked
     fitted: FittedContext | None = None  # how the document was fitted to the window (``pipeline.ask``)
 
 
@@ -120,10 +122,14 @@ class Session:
         result = sample(self.model, prompt, gen, policy, budget, on_event, online_importance=online,
                         dream=self.dream)
         cfg = self.model.config
-        text = decode_answer(self.tokenizer, result.tokens[0].tolist(), stop_ids(self.tokenizer, cfg),
-                             cfg.mask_token_id)
+        tokens = result.tokens[0].tolist()
+        stops = stop_ids(self.tokenizer, cfg)
+        text = decode_answer(self.tokenizer, tokens, stops, cfg.mask_token_id)
+        confidence = None
+        if result.token_probs is not None:
+            confidence = answer_confidence(tokens, result.token_probs[0].tolist(), stops, cfg.mask_token_id)
         notes = [note] if note and evicting else []
-        return Answer(text, len(ids), budget if policy.evicts else None, result, notes)
+        return Answer(text, len(ids), budget if policy.evicts else None, result, notes, confidence)
 
     def answer(self, question: str, gen: GenerationConfig, cache: CacheConfig,
                on_event: Callable[[Event], None] | None = None) -> Answer:

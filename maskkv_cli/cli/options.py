@@ -10,8 +10,9 @@ import typer
 from maskkv_cli.bench.quality_plan import DEFAULT_LENGTHS, FALLBACK_GENERATION
 
 ModelOpt = Annotated[str | None, typer.Option(
-    "--model", "-m", help="Checkpoint folder or a Hugging Face id in the local HF cache (never downloaded). "
-    "Default: MASKKV_MODEL, the config file, else the embedded tiny model.", show_default=False)]
+    "--model", "-m", help="Checkpoint folder or a Hugging Face id (ORG/NAME) in the local HF cache; an id not there "
+    "is downloaded only with `maskkv pull`, --yes or your consent. Default: MASKKV_MODEL, the config file, else the "
+    "embedded tiny model.", show_default=False)]
 PolicyOpt = Annotated[str, typer.Option("--policy", "-p", help="KV-cache policy (see `maskkv policies`).")]
 BudgetOpt = Annotated[int | None, typer.Option(
     "--budget", "-b", help="Average prompt K/V pairs kept per head per layer [default: 256].", show_default=False)]
@@ -49,6 +50,9 @@ AlgOpt = Annotated[str, typer.Option(
     "--alg", help="Dream only: confidence rule (origin, maskgit_plus, topk_margin, entropy).")]
 TopPOpt = Annotated[float | None, typer.Option("--top-p", help="Dream only: nucleus sampling.", show_default=False)]
 TopKOpt = Annotated[int | None, typer.Option("--top-k", help="Dream only: top-k sampling.", show_default=False)]
+
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Download a --model ORG/NAME that is not on this machine "
+                                      "without asking (`maskkv pull`).")]
 
 # bench speed and bench memory
 ConfigOpt = Annotated[str | None, typer.Option(

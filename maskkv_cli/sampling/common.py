@@ -43,6 +43,8 @@ class GenerationResult:
     stats: RunStats
     records: list[LayerRecord] = field(default_factory=list)
     layer_budgets: list[int] | None = None
+    # (B, gen_length) float64: probability of each token when it was committed (NaN: never committed)
+    token_probs: Tensor | None = None
 
 
 
@@ -181,18 +183,23 @@ class Denoising:
         self.forward = CachedForward(model, policy, budget, self.m, online_importance, step_options, row_window)
         stats = RunStats(policy=policy.name, prompt_len=self.m, gen_length=gen_length)
         self.meter = StepMeter(model, stats, on_event, self.m, self.forward)
+        self.token_probs = torch.full((self.x.shape[0], gen_length), float("nan"), dtype=torch.float64,
+                                      device=self.device)
 
     def still_masked(self, rows: Tensor) -> Tensor:
         """Bool (B, n): which of the response positions ``rows`` are still masks."""
         return self.x[:, self.m + rows] == self.mask_id
 
-    def commit(self, rows: Tensor, commit: Tensor, x0: Tensor, t0: float, block: int, n_blocks: int) -> None:
-        """Write the chosen tokens ``x0`` where ``commit`` is set, and time the step that began at ``t0``."""
+    def commit(self, rows: Tensor, commit: Tensor, x0: Tensor, chosen_prob: Tensor, t0: float, block: int,
+               n_blocks: int) -> None:
+        """Write the chosen tokens ``x0`` where ``commit`` is set, record their probabilities ``chosen_prob`` (which
+        take no part in choosing), and time the step that began at ``t0``."""
         x, m = self.x, self.m
         x[:, m + rows] = torch.where(commit, x0, x[:, m + rows])
+        self.token_probs[:, rows] = torch.where(commit, chosen_prob, self.token_probs[:, rows])
         self.meter.step(t0, x, commit, block, n_blocks)
 
     def result(self) -> GenerationResult:
         self.meter.done()
         return GenerationResult(self.x[:, self.m :].clone(), self.meter.stats, self.forward.records,
-                                self.forward.layer_budgets)
+                                self.forward.layer_budgets, self.token_probs)

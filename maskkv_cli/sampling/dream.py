@@ -4,7 +4,8 @@ The whole response is one block. ``timesteps = linspace(1, eps, steps + 1)``; at
 ``origin`` algorithm commits each masked position with probability ``1 - s/t``; the others commit the top
 ``int(#masked * (1 - s/t))`` positions (all of them at the last step) by confidence: ``maskgit_plus`` the
 chosen token's probability, ``topk_margin`` top-1 minus top-2 probability, ``entropy`` the negative entropy.
-Tokens are sampled with temperature, top-p and top-k (temperature 0 = argmax).
+Tokens are sampled with temperature, top-p and top-k (temperature 0 = argmax). The chosen token's probability
+(after temperature and filtering) at the step it is committed goes to ``GenerationResult.token_probs``.
 """
 
 from __future__ import annotations
@@ -83,8 +84,9 @@ def filter_logits(logits: Tensor, top_p: float | None, top_k: int | None) -> Ten
     return logits
 
 
-def sample_tokens(logits: Tensor, gen: DreamGenerationConfig, rng: torch.Generator) -> tuple[Tensor, Tensor]:
-    """(confidence, tokens) for logits (B, n, V) by Dream's rules."""
+def sample_tokens(logits: Tensor, gen: DreamGenerationConfig,
+                  rng: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
+    """(confidence, tokens, probability of each chosen token) for logits (B, n, V) by Dream's rules."""
     if gen.temperature > 0:
         logits = logits / gen.temperature
     logits = filter_logits(logits, gen.top_p, gen.top_k)
@@ -95,12 +97,13 @@ def sample_tokens(logits: Tensor, gen: DreamGenerationConfig, rng: torch.Generat
         conf = probs.gather(-1, x0[..., None]).squeeze(-1)
     else:
         conf, x0 = probs.max(-1)
+    chosen_prob = conf
     if gen.alg == "topk_margin":
         top2 = probs.topk(2, dim=-1).values
         conf = top2[..., 0] - top2[..., 1]
     elif gen.alg == "entropy":
         conf = (probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
-    return conf, x0
+    return conf, x0, chosen_prob
 
 
 @torch.no_grad()
@@ -129,7 +132,7 @@ def generate_dream(
         t, s = float(timesteps[i]), float(timesteps[i + 1])
         last = i == gen.steps - 1
         still = run.still_masked(rows)  # (B, n)
-        conf, x0 = sample_tokens(logits, gen, rng)
+        conf, x0, chosen_prob = sample_tokens(logits, gen, rng)
         if gen.alg == "origin":
             p = 1.0 if last else 1 - s / t
             commit = still & (torch.rand(still.shape, generator=rng, device=device, dtype=torch.float64) < p)
@@ -137,5 +140,5 @@ def generate_dream(
             conf = torch.where(still, conf, float("-inf"))
             counts = [int(n) if last else int(int(n) * (1 - s / t)) for n in still.sum(1)]
             commit = top_k_commit(conf, still, counts)
-        run.commit(rows, commit, x0, t0, 0, 1)
+        run.commit(rows, commit, x0, chosen_prob, t0, 0, 1)
     return run.result()

@@ -6,7 +6,9 @@ steps one more), chosen by confidence (``low_confidence``: probability of the ch
 uniform noise). Temperature uses Gumbel noise in float64; classifier-free guidance runs a second sequence with
 the prompt masked. With ``threshold`` set, every masked token of the block whose confidence exceeds it is
 committed at once (always at least one). Progress goes to ``on_event`` as plain ``Event`` objects; the
-forward passes, the sequence and the step meter are shared with Dream's loop (``common.py``).
+forward passes, the sequence and the step meter are shared with Dream's loop (``common.py``). Each committed
+token's probability under the model (after guidance, before noise) at the step it was unmasked goes to
+``GenerationResult.token_probs``; it takes no part in choosing tokens.
 """
 
 from __future__ import annotations
@@ -122,9 +124,9 @@ def generate(
                 logits = unc + (gen.cfg_scale + 1) * (cond - unc)
             logits = suppress_mask(logits, mask_id)
             x0 = add_gumbel_noise(logits, gen.temperature, rng).argmax(-1)  # (B, n)
+            chosen_prob = logits.to(torch.float64).softmax(-1).gather(-1, x0[..., None]).squeeze(-1)
             if gen.remasking == "low_confidence":
-                probs = logits.to(torch.float64).softmax(-1)
-                conf = probs.gather(-1, x0[..., None]).squeeze(-1)
+                conf = chosen_prob
             else:
                 conf = torch.rand(x0.shape, dtype=torch.float64, device=device, generator=rng)
             still = run.still_masked(rows)  # (B, n)
@@ -133,6 +135,6 @@ def generate(
                 counts = [schedules[b][j] for b in range(bsz)]
             else:  # parallel decoding: everything above the threshold, at least one per row
                 counts = [max(1, int((conf[b] > gen.threshold).sum())) for b in range(bsz)]
-            run.commit(rows, top_k_commit(conf, still, counts), x0, t0, blk, gen.n_blocks)
+            run.commit(rows, top_k_commit(conf, still, counts), x0, chosen_prob, t0, blk, gen.n_blocks)
             j += 1
     return run.result()
