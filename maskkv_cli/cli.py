@@ -157,6 +157,9 @@ def _register() -> None:
     app.command()(ask)
     app.command()(summarize)
     app.command()(profile)
+    from maskkv_cli.commands.batch import batch
+
+    app.command()(batch)
     from maskkv_cli.commands.train import train_tiny
 
     app.command("train-tiny")(train_tiny)

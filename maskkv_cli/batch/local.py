@@ -1,0 +1,187 @@
+"""Pools on one machine: the driver's own process, or one spawned process per device (``--devices``/``--workers``).
+
+Each worker process loads the model once, then takes jobs from its own queue and puts rows on a shared one. A
+worker receives a document's text only when it differs from its previous job's (jobs arrive grouped by document),
+so a document asked many questions crosses the process boundary about once per worker.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+from dataclasses import replace
+from typing import Any
+
+from maskkv_cli.batch.dispatch import Event
+from maskkv_cli.batch.jobs import Job
+from maskkv_cli.batch.worker import Worker, WorkerSpec, one_line_error
+from maskkv_cli.errors import MaskKVError
+
+_POLL_S = 0.5
+
+
+class InProcessPool:
+    """One worker: the driver itself (no process boundary; the default)."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        self.worker: Worker | None = None
+        self._events: list[Event] = []
+
+    def start(self) -> list[int]:
+        self.worker = Worker(self.spec)
+        return [0]
+
+    def submit(self, worker: int, job: Job, text: str) -> None:
+        assert self.worker is not None
+        self._events.append(Event("done", worker, self.worker.run(job.message(), text)))
+
+    def wait(self) -> list[Event]:
+        events, self._events = self._events, []
+        return events
+
+    def replace(self, worker: int) -> bool:
+        return False
+
+    def pending(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        self.worker = None
+
+
+def _process_main(spec: WorkerSpec, name: str, inbox: Any, outbox: Any) -> None:
+    """A worker process: load the model, then answer ``(message, text or None)`` until told to stop (None)."""
+    try:
+        try:
+            worker = Worker(spec, name)
+        except Exception as exc:
+            outbox.put(("failed", name, one_line_error(exc)))
+            return
+        outbox.put(("ready", name, None))
+        text = ""
+        while True:
+            item = inbox.get()
+            if item is None:
+                return
+            message, new_text = item
+            if new_text is not None:
+                text = new_text
+            outbox.put(("done", name, worker.run(message, text)))
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; the driver handles it
+        return
+
+
+class ProcessPool:
+    """One spawned process per device; ``devices`` like ``["cuda:0", "cuda:1"]`` or ``["cpu"] * n``."""
+
+    def __init__(self, spec: WorkerSpec, devices: list[str], threads: int | None = None,
+                 max_replacements: int | None = None) -> None:
+        self.spec = spec
+        self.devices = devices
+        self.threads = threads
+        self.ctx = multiprocessing.get_context("spawn")
+        self.outbox: Any = self.ctx.Queue()
+        self.procs: dict[int, Any] = {}
+        self.inboxes: dict[int, Any] = {}
+        self.device_of: dict[int, str] = {}
+        self.last_sha: dict[int, str] = {}
+        self.busy: set[int] = set()
+        self.starting: set[int] = set()
+        self.replacements_left = len(devices) * 2 if max_replacements is None else max_replacements
+        self._next = 0
+
+    def _spawn(self, device: str) -> int:
+        wid = self._next
+        self._next += 1
+        spec = replace(self.spec, device=device, threads=self.threads)
+        inbox = self.ctx.Queue()
+        proc = self.ctx.Process(target=_process_main, args=(spec, str(wid), inbox, self.outbox), daemon=True,
+                                name=f"maskkv-batch-{wid}")
+        proc.start()
+        self.procs[wid], self.inboxes[wid], self.device_of[wid] = proc, inbox, device
+        self.starting.add(wid)
+        return wid
+
+    def start(self) -> list[int]:
+        for device in self.devices:
+            self._spawn(device)
+        ready: list[int] = []
+        while self.starting:  # every worker loads its model before the first job: a bad model fails once, clearly
+            for event in self._events(block=True):
+                if event.kind == "ready":
+                    ready.append(event.worker)
+                elif event.kind == "lost":
+                    self.close()
+                    raise MaskKVError(f"a worker could not start on {self.device_of[event.worker]}: {event.reason}")
+        return ready
+
+    def submit(self, worker: int, job: Job, text: str) -> None:
+        fresh = self.last_sha.get(worker) != job.document_sha
+        self.inboxes[worker].put((job.message(), text if fresh else None))
+        self.last_sha[worker] = job.document_sha
+        self.busy.add(worker)
+
+    def _events(self, block: bool) -> list[Event]:
+        events: list[Event] = []
+        try:
+            item = self.outbox.get(timeout=_POLL_S) if block else self.outbox.get_nowait()
+            while True:
+                events.append(self._event(item))
+                item = self.outbox.get_nowait()
+        except queue.Empty:
+            pass
+        if not events:
+            for wid in sorted(self.busy | self.starting):
+                proc = self.procs[wid]
+                if not proc.is_alive():
+                    self.busy.discard(wid)
+                    self.starting.discard(wid)
+                    events.append(Event("lost", wid, reason=f"worker process {proc.pid} on {self.device_of[wid]} "
+                                                            f"exited with code {proc.exitcode}"))
+        return events
+
+    def _event(self, item: tuple[str, str, Any]) -> Event:
+        kind, name, payload = item
+        wid = int(name)
+        if kind == "ready":
+            self.starting.discard(wid)
+            return Event("ready", wid)
+        if kind == "failed":
+            self.starting.discard(wid)
+            return Event("lost", wid, reason=str(payload))
+        self.busy.discard(wid)
+        return Event("done", wid, payload)
+
+    def wait(self) -> list[Event]:
+        while True:
+            events = self._events(block=True)
+            if events:
+                return events
+
+    def replace(self, worker: int) -> bool:
+        proc = self.procs.pop(worker, None)
+        if proc is not None and proc.is_alive():
+            proc.kill()
+        if self.replacements_left <= 0:
+            return False
+        self.replacements_left -= 1
+        self._spawn(self.device_of[worker])
+        return True
+
+    def pending(self) -> int:
+        return len(self.starting)
+
+    def close(self) -> None:
+        for wid, proc in self.procs.items():
+            if proc.is_alive():
+                try:
+                    self.inboxes[wid].put_nowait(None)
+                except Exception:  # a full or broken queue: the process is killed below anyway
+                    pass
+        for proc in self.procs.values():
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+        self.procs.clear()
