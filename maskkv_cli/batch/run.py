@@ -137,6 +137,7 @@ def run_batch(
     from maskkv_cli.bench.results import machine_info
     from maskkv_cli.models.loading import resolve_model_path
     from maskkv_cli.policies.base import policy_names
+    from maskkv_cli.sampler import GenerationConfig
     from maskkv_cli.session import read_generation_defaults
 
     known = policy_names()
@@ -159,7 +160,9 @@ def run_batch(
     pool, device_kind = _pool(runner, spec)
 
     def generation(gen_length: int | None) -> tuple[int, int, int]:
-        return resolve_generation(defaults, gen_length, settings.steps, settings.block_length)
+        triple = resolve_generation(defaults, gen_length, settings.steps, settings.block_length)
+        GenerationConfig(*triple)  # an impossible combination is a usage error now, not a failure of every job
+        return triple
 
     jobs, duplicates = plan_jobs(list(specs), shas, lambda s: job_settings(s, settings, generation), model_id,
                                  resolve_dtype(dtype, device_kind), device_kind)
