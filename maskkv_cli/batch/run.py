@@ -94,8 +94,9 @@ def _row(job: Job, fields: dict[str, Any], attempts: int, gen_length: int | None
 def _pool(runner: Runner, spec: WorkerSpec) -> tuple[Pool, str]:
     """The pool and the device kind its workers use ("cuda" or "cpu"), which enters the job keys."""
     if runner.ray:
-        from maskkv_cli.batch.ray_pool import RayPool
+        from maskkv_cli.batch.ray_pool import RayPool, connect
 
+        connect(runner.ray)  # joins the cluster unless this process already has
         pool = RayPool(spec, runner.workers)
         return pool, "cuda" if pool.gpus else "cpu"
     if runner.devices:

@@ -178,9 +178,9 @@ def batch(
     cache_config(policy, budget, ratio, seed, layer_budgets)  # the same checks as ask
     names = parse_devices(devices, workers, ray)
     if ray:
-        from maskkv_cli.batch.ray_pool import connect
+        from maskkv_cli.batch.ray_pool import import_ray
 
-        connect(ray)
+        import_ray()  # without the extra: say so before reading any document
     specs = read_jobs_file(jobs) if jobs is not None else cross_product(list(docs or []),
                                                                          read_questions(questions))  # type: ignore
     path, message = resolve_default_model(model)
