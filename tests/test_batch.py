@@ -183,3 +183,20 @@ def test_ray_missing_names_the_extra(tmp_path: Path, corpus: dict[str, Path], mo
     result = runner.invoke(app, ["batch", str(jobs), "--out", str(tmp_path / "o"), "--ray", "auto"])
     assert result.exit_code == 2
     assert result.stderr.strip() == "error: Ray is not installed: pip install 'maskkv[ray]'"
+
+
+def test_bench_quality_sharded_over_worker_processes_gives_the_same_rows(tmp_path: Path, tiny_dir: Path) -> None:
+    args = ["bench", "quality", "--tasks", "niah_single", "--lengths", "128", "-n", "2", "--policies",
+            "full,maskkv", "--budgets", "8,16", "--model", str(tiny_dir), "--json"]
+    one = runner.invoke(app, [*args, "--out", str(tmp_path / "one")])
+    two = runner.invoke(app, [*args, "--out", str(tmp_path / "two"), "--workers", "2"])
+    assert one.exit_code == 0 and two.exit_code == 0, (one.output, two.output)
+
+    def rows(result: object) -> list[dict[str, object]]:
+        timing = ("seconds", "seconds_per_sample", "prefill_s")
+        return [{k: v for k, v in r.items() if k not in timing} for r in json.loads(result.stdout)["results"]]
+
+    assert rows(two) == rows(one) and len(rows(one)) == 3
+    assert (tmp_path / "two" / "predictions.jsonl").read_text() == (tmp_path / "one" / "predictions.jsonl").read_text()
+    again = runner.invoke(app, [*args, "--out", str(tmp_path / "two"), "--workers", "2"])
+    assert again.exit_code == 0 and rows(again) == rows(one)  # every row reused: no worker is started

@@ -10,7 +10,7 @@ recorded as failed; a lost worker is replaced while the pool allows it.
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -58,6 +58,13 @@ def dispatch(jobs: Sequence[Job], pool: Pool, texts: dict[str, str], report: Rep
 
     ``texts`` maps a document's sha to its text. ``on_submit(worker, job)`` is a hook for tests and progress.
     """
+    for job, fields, attempts in results(jobs, pool, texts, max_retries, on_submit):
+        report(job, fields, attempts)
+
+
+def results(jobs: Sequence[Job], pool: Pool, texts: dict[str, str], max_retries: int = MAX_RETRIES,
+            on_submit: Callable[[int, Job], None] | None = None) -> Iterator[tuple[Job, dict[str, Any], int]]:
+    """``dispatch`` as a generator: ``(job, fields, attempts)`` for every job, as each finishes."""
     queue = deque(jobs)
     idle = deque(pool.start())
     busy: dict[int, Job] = {}
@@ -71,8 +78,8 @@ def dispatch(jobs: Sequence[Job], pool: Pool, texts: dict[str, str], report: Rep
                 on_submit(worker, job)
         if not busy and not pool.pending():
             for job in queue:
-                report(job, {"answer": None, "error": "no worker left to run it (every worker was lost)"},
-                       attempts[job.key])
+                yield job, {"answer": None, "error": "no worker left to run it (every worker was lost)"}, \
+                    attempts[job.key]
             return
         for event in pool.wait():
             if event.kind == "ready":
@@ -83,12 +90,12 @@ def dispatch(jobs: Sequence[Job], pool: Pool, texts: dict[str, str], report: Rep
             job = busy.pop(event.worker)
             if event.kind == "done":
                 idle.append(event.worker)
-                report(job, event.fields, attempts[job.key] + 1)
+                yield job, event.fields, attempts[job.key] + 1
                 continue
             attempts[job.key] += 1
             if attempts[job.key] <= max_retries:
                 queue.appendleft(job)
             else:
-                report(job, {"answer": None, "error": f"its worker was lost {attempts[job.key]} times (last: "
-                                                      f"{event.reason})"}, attempts[job.key])
+                yield job, {"answer": None, "error": f"its worker was lost {attempts[job.key]} times (last: "
+                                                     f"{event.reason})"}, attempts[job.key]
             pool.replace(event.worker)

@@ -28,6 +28,10 @@ class InProcessPool:
         self.worker: Worker | None = None
         self._events: list[Event] = []
 
+    @property
+    def kind(self) -> str:
+        return f"this process ({self.spec.device})"
+
     def start(self) -> list[int]:
         self.worker = Worker(self.spec)
         return [0]
@@ -90,6 +94,10 @@ class ProcessPool:
         self.starting: set[int] = set()
         self.replacements_left = len(devices) * 2 if max_replacements is None else max_replacements
         self._next = 0
+
+    @property
+    def kind(self) -> str:
+        return f"{len(self.devices)} worker process(es) on {','.join(self.devices)}, {self.threads} thread(s) each"
 
     def _spawn(self, device: str) -> int:
         wid = self._next
@@ -173,12 +181,15 @@ class ProcessPool:
         return len(self.starting)
 
     def close(self) -> None:
+        """Idle workers stop on their own; a worker still busy (Ctrl-C, an error) is killed: its job is lost."""
         for wid, proc in self.procs.items():
-            if proc.is_alive():
+            if wid in self.busy or wid in self.starting:
+                proc.kill()
+            elif proc.is_alive():
                 try:
                     self.inboxes[wid].put_nowait(None)
                 except Exception:  # a full or broken queue: the process is killed below anyway
-                    pass
+                    proc.kill()
         for proc in self.procs.values():
             proc.join(timeout=5)
             if proc.is_alive():

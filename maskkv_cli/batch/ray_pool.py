@@ -70,9 +70,12 @@ class RayPool:
         if self.gpus:
             options: dict[str, Any] = {"num_gpus": 1, "num_cpus": 1}
             self.spec = replace(spec, device="cuda")
-        else:
-            options = {"num_cpus": 1}
-            self.spec = replace(spec, device="cpu", threads=spec.threads or 1)
+        else:  # the CPUs shared out between the actors (no more than one node has), one torch thread per CPU
+            per_node = max([int(n.get("Resources", {}).get("CPU", 0)) for n in self.ray.nodes() if n.get("Alive")]
+                           or [1])
+            share = max(1, min(cpus // self.count, per_node))
+            options = {"num_cpus": share}
+            self.spec = replace(spec, device="cpu", threads=spec.threads or share)
         self.actor_class = self.ray.remote(BatchActor).options(max_restarts=0, max_task_retries=0, **options)
         self.actors: dict[int, Any] = {}
         self.starting: dict[Any, int] = {}  # ready() ref -> worker id
@@ -83,7 +86,8 @@ class RayPool:
 
     @property
     def kind(self) -> str:
-        return f"{self.count} Ray actor(s), " + ("one GPU each" if self.gpus else "CPU")
+        each = "one GPU each" if self.gpus else f"{self.spec.threads} CPU thread(s) each"
+        return f"{self.count} Ray actor(s), {each}"
 
     def _spawn(self) -> None:
         wid = self._next

@@ -91,7 +91,7 @@ def _row(job: Job, fields: dict[str, Any], attempts: int, gen_length: int | None
             "attempts": attempts}
 
 
-def _pool(runner: Runner, spec: WorkerSpec) -> tuple[Pool, str]:
+def make_pool(runner: Runner, spec: WorkerSpec) -> tuple[Pool, str]:
     """The pool and the device kind its workers use ("cuda" or "cpu"), which enters the job keys."""
     if runner.ray:
         from maskkv_cli.batch.ray_pool import RayPool, connect
@@ -158,7 +158,7 @@ def run_batch(
     shas = {path: doc.sha256 for path, doc in documents.items()}
     texts = {doc.sha256: doc.text for doc in documents.values() if not doc.error}
     spec = WorkerSpec(model_path=model_path, dtype=None if dtype == "auto" else dtype)
-    pool, device_kind = _pool(runner, spec)
+    pool, device_kind = make_pool(runner, spec)
 
     def generation(gen_length: int | None) -> tuple[int, int, int]:
         triple = resolve_generation(defaults, gen_length, settings.steps, settings.block_length)
@@ -169,7 +169,7 @@ def run_batch(
                                  resolve_dtype(dtype, device_kind), device_kind)
     started = time.perf_counter()
     folder = AnswersFolder(out).open(job.key for job in jobs)
-    counts = {"ok": 0, "failed": 0, "ran": 0}
+    counts = {"ok": 0, "failed": 0, "ran": 0, "answered": 0}
     failures: list[dict[str, Any]] = []
     first_sent: list[float] = []
     try:
@@ -185,6 +185,7 @@ def run_batch(
             row = _row(job, fields, attempts, job.settings.gen_length)
             folder.append(row)
             counts["ran"] += 1
+            counts["answered"] += attempts > 0  # run by a worker (not a document that failed to parse)
             if row["error"]:
                 counts["failed"] += 1
                 failures.append(row)
@@ -192,7 +193,7 @@ def run_batch(
                 counts["ok"] += 1
             done = counts["ok"] + counts["failed"]
             elapsed = time.perf_counter() - (first_sent[0] if first_sent else started)
-            rate = counts["ran"] / elapsed * 60 if elapsed > 0 else 0.0
+            rate = counts["answered"] / elapsed * 60 if elapsed > 0 and first_sent else 0.0
             left = len(jobs) - done
             tell(BatchProgress(done, counts["failed"], left, len(jobs), reused, rate,
                                left / rate * 60 if rate > 0 else None, row=row))
@@ -221,7 +222,7 @@ def run_batch(
         result = BatchResult(folder=out, total=len(jobs), ok=counts["ok"], failed=counts["failed"],
                              reused=sum(1 for job in jobs if job.key in folder.finished), ran=counts["ran"],
                              duplicates=duplicates, seconds=seconds,
-                             jobs_per_minute=counts["ran"] / seconds * 60 if seconds > 0 and counts["ran"] else 0.0,
+                             jobs_per_minute=counts["answered"] / seconds * 60 if first_sent and seconds > 0 else 0.0,
                              failures=failures, runner=pool_label(pool, runner))
         folder.write_text(SUMMARY_FILE, summary_markdown(result, config_of(model_path, settings),
                                                          [folder.rows[j.key] for j in jobs if j.key in folder.rows]))

@@ -44,10 +44,19 @@ class Worker:
         self.name = name
 
     def run(self, message: dict[str, Any], text: str) -> dict[str, Any]:
-        """The answering part of a job's row; ``error`` holds a one-line reason when it failed."""
+        """The answering part of a job's row; ``error`` holds a one-line reason when it failed.
+
+        A message of kind "cell" is a ``bench quality`` row's prompts; its answers come back under "answers".
+        """
         started = time.perf_counter()
         try:
-            fields = answer_job(self.session, text, message["question"], AnswerSettings(**message["settings"]))
+            if message.get("kind") == "cell":
+                from maskkv_cli.bench.quality import answer_prompt
+
+                fields = {"answers": [answer_prompt(self.session, ids, message["gen"], message["cache"])
+                                      for ids in message["prompts"]]}
+            else:
+                fields = answer_job(self.session, text, message["question"], AnswerSettings(**message["settings"]))
             fields["error"] = None
         except Exception as exc:  # one job's failure (OOM, a bad setting) must not stop the run
             fields = {"answer": None, "error": one_line_error(exc)}
