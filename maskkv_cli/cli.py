@@ -150,7 +150,8 @@ app.command()(calibrate)
 
 
 def _register() -> None:
-    from maskkv_cli.commands.documents import ask, ingest, summarize
+    from maskkv_cli.commands.documents import ask, summarize
+    from maskkv_cli.commands.ingest import ingest
     from maskkv_cli.commands.profile import profile
 
     app.command()(ingest)

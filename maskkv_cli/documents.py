@@ -671,26 +671,35 @@ def _scan_page_objects(reader: Any) -> list[Any]:
     return pages
 
 
-def _open_repaired(data: bytes, display: str, password: str | None) -> tuple[list[Any], int, bool]:
+def _open_repaired(
+    data: bytes, display: str, password: str | None, limits: list[str]
+) -> tuple[list[Any], int, bool]:
     """Re-open a PDF pypdf could not read, rebuilding its cross-reference table.
 
-    Returns (page slots, expected page count, whether page order is a guess).
+    Returns (page slots, expected page count, whether page order is a guess).  pypdf's safety
+    limits hit on the way are appended to ``limits``; when nothing can be recovered they, not
+    "damaged", are what the error names.
     """
     from pypdf import PdfReader
     from pypdf.errors import DependencyError
     from pypdf.generic import NameObject, NumberObject
 
-    unreadable = DocumentError(
-        f"{display} is damaged or truncated and no page could be recovered; "
-        "get a fresh copy of the file (re-download or re-export it)."
-    )
+    def unreadable() -> DocumentError:
+        if limits:
+            return _limit_error(display, limits[0])
+        return DocumentError(
+            f"{display} is damaged or truncated and no page could be recovered; "
+            "get a fresh copy of the file (re-download or re-export it)."
+        )
+
     # A trailing startxref of 0 makes pypdf rebuild its cross-reference table by scanning.
     try:
         reader = PdfReader(BytesIO(data + b"\nstartxref\n0\n%%EOF\n"), strict=False)
     except DependencyError:
         raise _aes_error(display) from None
-    except Exception:
-        raise unreadable from None
+    except Exception as exc:
+        _note_limit(exc, limits)
+        raise unreadable() from None
     _unlock(reader, password, display)
     if "/Size" not in reader.trailer:  # the trailer was lost; let pypdf search for the catalog
         numbers = [n for table in reader.xref.values() for n in table] + list(reader.xref_objStm)
@@ -699,18 +708,58 @@ def _open_repaired(data: bytes, display: str, password: str | None) -> tuple[lis
         slots, declared = _walk_page_tree(reader)
     except DependencyError:
         raise _aes_error(display) from None
-    except Exception:
+    except Exception as exc:
+        _note_limit(exc, limits)
         slots, declared = [], 0
     guessed = False
     if not any(slot is not None for slot in slots):
         slots = _scan_page_objects(reader)
         declared, guessed = 0, True
     if not slots:
-        raise unreadable
+        raise unreadable()
     return slots, max(declared, len(slots)), guessed
 
 
-def _extract(page: Any, display: str) -> str | None:
+# pypdf raises LimitReachedError both for its resource limits and for some reference cycles; a
+# cycle is damage, so only the others count as "exceeds a safety limit".
+_CYCLE_WORDS = re.compile(r"cycl|loop|self.reference", re.IGNORECASE)
+
+
+def _limit_reason(exc: BaseException) -> str | None:
+    """pypdf's message when ``exc`` is one of its resource limits, else None."""
+    from pypdf.errors import LimitReachedError
+
+    if not isinstance(exc, LimitReachedError) or _CYCLE_WORDS.search(str(exc)):
+        return None
+    return str(exc).strip() or type(exc).__name__
+
+
+def _note_limit(exc: BaseException, limits: list[str]) -> None:
+    reason = _limit_reason(exc)
+    if reason is not None:
+        limits.append(reason)
+
+
+def _limit_detail(reason: str) -> str:
+    """Say which of pypdf's limits was hit in words; pypdf's own message otherwise."""
+    if "decompress" in reason.lower():
+        return "a compressed stream inflates past the reader's decompression limit"
+    match = re.search(r"Declared stream length of (\d+)", reason)
+    if match:
+        return f"a stream declares a length of {int(match.group(1)):,} bytes, over the reader's limit"
+    return f"pypdf: {reason}"
+
+
+def _limit_error(display: str, reason: str) -> DocumentError:
+    return DocumentError(
+        f"{display} exceeds a safety limit of the PDF reader ({_limit_detail(reason)}), so no text was read; "
+        "such limits guard against decompression bombs. If you trust the file, re-export it (for example "
+        "print it to a new PDF) or split it, and load that."
+    )
+
+
+def _extract(page: Any, display: str, limits: list[str]) -> str | None:
+    """The page's text, or None when it cannot be read (a safety limit is appended to ``limits``)."""
     from pypdf.errors import DependencyError
 
     if page is None:
@@ -723,7 +772,8 @@ def _extract(page: Any, display: str) -> str | None:
         return str(page.extract_text())
     except DependencyError:
         raise _aes_error(display) from None
-    except Exception:
+    except Exception as exc:
+        _note_limit(exc, limits)
         return None
 
 
@@ -737,13 +787,15 @@ def _load_pdf(data: bytes, display: str, password: str | None) -> tuple[list[Pag
 
     with _quiet_pypdf():
         slots: list[Any] = []
+        limits: list[str] = []  # pypdf's safety limits hit while reading, as its messages
         repaired = guessed = False
         expected = 0
         try:
             reader = PdfReader(BytesIO(data), strict=False)
         except DependencyError:
             raise _aes_error(display) from None
-        except Exception:
+        except Exception as exc:
+            _note_limit(exc, limits)
             reader = None
         if reader is not None:
             _unlock(reader, password, display)
@@ -752,21 +804,31 @@ def _load_pdf(data: bytes, display: str, password: str | None) -> tuple[list[Pag
                 expected = len(slots)
             except DependencyError:
                 raise _aes_error(display) from None
-            except Exception:
+            except Exception as exc:
+                _note_limit(exc, limits)
                 reader = None
         if reader is None:
-            slots, expected, guessed = _open_repaired(data, display, password)
+            slots, expected, guessed = _open_repaired(data, display, password, limits)
             repaired = True
-        raw = [_extract(page, display) for page in slots]
+        raw: list[str | None] = []
+        page_limits: dict[int, str] = {}  # page number -> the safety limit its text hit
+        for number, page in enumerate(slots, 1):
+            before = len(limits)
+            raw.append(_extract(page, display, limits))
+            if len(limits) > before:
+                page_limits[number] = limits[before]
+        limited = list(page_limits)
 
     numbers = list(range(1, len(raw) + 1))
-    failed = [n for n, text in zip(numbers, raw, strict=True) if text is None]
+    failed = [n for n, text in zip(numbers, raw, strict=True) if text is None and n not in limited]
     cleaned = clean_text([text or "" for text in raw])
     pages = [Page(number=n, text=t) for n, t in zip(numbers, cleaned, strict=True) if t]
-    blank = [n for n, t in zip(numbers, cleaned, strict=True) if not t and n not in failed]
+    blank = [n for n, t, r in zip(numbers, cleaned, raw, strict=True) if not t and r is not None]
     missing = list(range(len(raw) + 1, expected + 1))
 
     if not pages:
+        if limits:
+            raise _limit_error(display, limits[0])
         if blank and not failed and not missing:
             raise DocumentError(
                 f"{display} has no extractable text on any of its {_plural(len(blank), 'page')} "
@@ -779,8 +841,14 @@ def _load_pdf(data: bytes, display: str, password: str | None) -> tuple[list[Pag
         )
 
     notes: list[str] = []
+    if limited:
+        verb = "exceeds" if len(limited) == 1 else "exceed"
+        notes.append(
+            f"{display}: {_pages_label(limited)} {verb} a safety limit of the PDF reader "
+            f"({_limit_detail(page_limits[limited[0]])}); skipped."
+        )
     if repaired:
-        lost = sorted(set(failed + blank + missing))
+        lost = sorted(set(failed + blank + missing) - set(limited))
         note = (
             f"{display} looks truncated or damaged; recovered text from "
             f"{len(pages)} of {_plural(max(expected, len(raw)), 'page')}"

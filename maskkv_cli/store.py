@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from maskkv_cli.documents import Document, parse_document, read_source
-from maskkv_cli.errors import UsageError
+from maskkv_cli.errors import MaskKVError, UsageError
 from maskkv_cli.paths import maskkv_home
 
 FORMAT_VERSION = 1
@@ -227,11 +227,15 @@ class DocumentStore:
             pass
         return entry
 
-    def ingest(self, path: str | Path, password: str | None = None) -> tuple[Document, bool]:
+    def ingest(
+        self, path: str | Path, password: str | None = None, *, must_store: bool = False
+    ) -> tuple[Document, bool]:
         """Load ``path`` through the store; return ``(document, came_from_cache)``.
 
         The file is hashed first; a stored copy is returned (with ``source`` set to this
-        path) without parsing the file again.  Otherwise it is loaded and stored.
+        path) without parsing the file again.  Otherwise it is loaded and stored.  When the
+        store cannot be written the document is still returned with a warning, unless
+        ``must_store`` (storing is the point, as for ``maskkv ingest``): then it raises.
         """
         p, kind, data = read_source(path)
         source = os.path.abspath(p)
@@ -246,6 +250,12 @@ class DocumentStore:
             self.put(doc)
         except OSError as exc:  # a read-only or full cache must not stop the user
             reason = exc.strerror or str(exc)
+            if must_store:
+                raise MaskKVError(
+                    f"Could not save {doc.name} to the document store in {self.folder} ({reason}); "
+                    "check that the folder is writable and the disk has room, or set MASKKV_HOME "
+                    "to another folder."
+                ) from None
             note = f"Could not save {doc.name} to the document cache in {self.folder} ({reason})."
             doc = replace(doc, warnings=(*doc.warnings, note))
         return doc, False

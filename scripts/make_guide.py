@@ -34,7 +34,7 @@ def main() -> None:
                OMP_NUM_THREADS="1", TERM="dumb")
     env.pop("MASKKV_MODEL", None)
     sys.path.insert(0, str(ROOT / "tests"))
-    from pdfs import BODY, make_pdf  # the PDF builder of the tests
+    from pdfs import BODY, bomb_stream, make_pdf, raw_pdf  # the PDF builders of the tests
 
     (tmp / "harbour.pdf").write_bytes(make_pdf(BODY))
     from maskkv_cli.bench.tasks import generate_tasks
@@ -42,6 +42,15 @@ def main() -> None:
     task = generate_tasks("niah_single", 1, 350, seed=7)[0]
     (tmp / "notes.txt").write_text(task.context)
     (tmp / "scan.pdf").write_bytes(make_pdf([None, None]))
+    papers = tmp / "papers"  # a folder of good, damaged and unsupported files for `maskkv ingest papers`
+    (papers / "2024").mkdir(parents=True)
+    (papers / "harbour.pdf").write_bytes(make_pdf(BODY))
+    (papers / "lighthouse.pdf").write_bytes(make_pdf([BODY[2], ["He never sends them."]]))
+    (papers / "2024" / "minutes.pdf").write_bytes(make_pdf([["Minutes: the budget was approved."]] * 3))
+    (papers / "2024" / "broken.pdf").write_bytes(make_pdf(BODY)[:200])
+    (papers / "2024" / "bomb.pdf").write_bytes(raw_pdf([bomb_stream(80_000_000)]))
+    (papers / "reading-list.txt").write_text("Read the harbour report before Thursday.\n")
+    (papers / "slides.pptx").write_bytes(b"PK\x03\x04 not a format maskkv reads")
     template = (ROOT / "docs" / "guide.template.md").read_text()
     template = template.replace("KEY", task.meta["key"]).replace("ANSWER", task.answers[0])
     parts = template.split("```run\n")

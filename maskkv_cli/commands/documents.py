@@ -1,4 +1,4 @@
-"""``maskkv ingest``, ``maskkv ask`` and ``maskkv summarize``: documents in, answers out."""
+"""``maskkv ask`` and ``maskkv summarize``: documents in, answers out (``maskkv ingest`` is in ingest.py)."""
 
 from __future__ import annotations
 
@@ -54,78 +54,6 @@ def _consoles(quiet: bool, as_json: bool) -> tuple[Any, bool]:
 def _warn(doc: Any, quiet: bool, as_json: bool) -> None:
     for w in doc.warnings:
         note(w, quiet, as_json)
-
-
-@guarded
-def ingest(
-    files: Annotated[list[Path] | None, typer.Argument(help="PDF, text or Markdown files.", show_default=False)] = None,
-    model: Annotated[str | None, typer.Option("--model", "-m", help="Count tokens with this model's tokenizer "
-                                              "(default: tiktoken if cached locally, else an estimate).",
-                                              show_default=False)] = None,
-    password: PasswordOpt = None,
-    list_: Annotated[bool, typer.Option("--list", help="List the documents in the store.")] = False,
-    remove: Annotated[str | None, typer.Option("--remove", help="Remove a document (sha prefix or file name).",
-                                               show_default=False)] = None,
-    as_json: JsonOpt = False,
-    quiet: QuietOpt = False,
-) -> None:
-    """Parse documents once and keep them in the local store (``MASKKV_HOME``) for later commands.
-
-    Examples:
-
-        maskkv ingest report.pdf notes.md
-
-        maskkv ingest --list
-
-        maskkv ingest --remove report.pdf
-    """
-    from maskkv_cli.store import DocumentStore
-
-    store = DocumentStore()
-    if list_:
-        entries = store.list()
-        if as_json:
-            typer.echo(json.dumps({"documents": [{"sha256": e.sha256, "source": e.source, "kind": e.kind,
-                                                  "pages": e.pages, "chars": e.chars,
-                                                  "ingested_at": e.ingested_at} for e in entries]}))
-            return
-        if not entries:
-            typer.echo(f"the store is empty ({store.root})")
-        for e in entries:
-            typer.echo(f"{e.sha256[:12]}  {e.pages:4d} pages  {e.chars:9d} chars  {e.source}")
-        return
-    if remove:
-        entry = store.remove(remove)
-        done = f"removed {entry.source} ({entry.sha256[:12]})"
-        typer.echo(json.dumps({"removed": entry.sha256}) if as_json else done)
-        return
-    if not files:
-        raise fail("give one or more files to ingest, or --list / --remove", 2)
-    tokenizer = None
-    if model:
-        from maskkv_cli.defaults import resolve_default_model
-        from maskkv_cli.prompting import load_tokenizer
-
-        tokenizer = load_tokenizer(resolve_default_model(model)[0])
-    import warnings
-
-    from maskkv_cli.tokencount import TokenCountWarning, count_tokens
-
-    warnings.simplefilter("ignore", TokenCountWarning)  # the method is reported in each row instead
-    rows = []
-    for f in files:
-        doc, cached = store.ingest(f, password=password)
-        _warn(doc, quiet, as_json)
-        tokens, method = count_tokens(doc.text, tokenizer)
-        rows.append({"source": str(f), "sha256": doc.sha256, "kind": doc.kind, "pages": len(doc.pages),
-                     "chars": doc.n_chars, "tokens": tokens, "token_method": method, "cached": cached,
-                     "warnings": list(doc.warnings)})
-        if not as_json:
-            state = "already in the store" if cached else "stored"
-            typer.echo(f"{f}: {len(doc.pages)} pages, {doc.n_chars} chars, {tokens} tokens ({method}); {state} "
-                       f"as {doc.sha256[:12]}")
-    if as_json:
-        typer.echo(json.dumps({"documents": rows}))
 
 
 def _questions(question: str | None, extra: list[str] | None, questions_file: Path | None) -> list[str]:
