@@ -60,6 +60,8 @@ def test_jobs_from_jsonl_csv_and_cross_product(tmp_path: Path, corpus: dict[str,
     assert [(Path(s.document).name, s.question) for s in specs] == [
         ("broken.pdf", "Q1"), ("broken.pdf", "Q2"), ("story.pdf", "Q1"), ("story.pdf", "Q2"), ("notes.txt", "Q1"),
         ("notes.txt", "Q2")]
+    folder = cross_product([str(tmp_path)], ["Q"])  # a folder: its .pdf/.txt/.md files, as ingest finds them
+    assert sorted(Path(s.document).name for s in folder) == ["broken.pdf", "notes.txt", "story.pdf"]
     with pytest.raises(UsageError, match="matches no file"):
         cross_product([str(tmp_path / "*.docx")], ["Q"])
 

@@ -147,17 +147,20 @@ def read_questions(path: Path) -> list[str]:
 
 
 def cross_product(patterns: list[str], questions: list[str]) -> list[JobSpec]:
-    """Every document matching the glob patterns (sorted, each once) with every question."""
-    documents: list[str] = []
+    """Every document matching the patterns (globs, files or folders, found as ``maskkv ingest`` finds them:
+    folders recursively, .pdf/.txt/.md) with every question; each document once, in sorted order per pattern."""
+    from maskkv_cli.ingest import discover
+
+    matches: list[str] = []
     for pattern in patterns:
         expanded = str(Path(pattern).expanduser())
-        matches = sorted(glob.glob(expanded, recursive=True)) if glob.has_magic(expanded) else [expanded]
-        if not matches:
+        found = sorted(glob.glob(expanded, recursive=True)) if glob.has_magic(expanded) else [expanded]
+        if not found:
             raise UsageError(f"--docs {pattern!r} matches no file")
-        documents += [str(Path(m).resolve()) for m in matches if Path(m).is_file() or not Path(m).exists()]
-    documents = list(dict.fromkeys(documents))
+        matches += found
+    documents = list(dict.fromkeys(str(p.resolve()) for p in discover(matches).files))
     if not documents:
-        raise UsageError("--docs matches only folders; give files or a pattern like 'reports/*.pdf'")
+        raise UsageError("--docs finds no .pdf, .txt or .md file")
     return [JobSpec(id=f"{Path(d).name}#q{i}", document=d, question=q)
             for d in documents for i, q in enumerate(questions, 1)]
 
