@@ -65,10 +65,11 @@ class BatchResult:
     jobs_per_minute: float
     failures: list[dict[str, Any]] = field(default_factory=list)
     runner: str = ""
+    answered: int = 0  # jobs run by a worker now (``ran`` also counts documents that failed to parse)
 
     def as_dict(self) -> dict[str, Any]:
         return {"out": str(self.folder), "jobs": self.total, "ok": self.ok, "failed": self.failed,
-                "reused": self.reused, "ran": self.ran, "duplicates": self.duplicates,
+                "reused": self.reused, "ran": self.ran, "answered": self.answered, "duplicates": self.duplicates,
                 "seconds": round(self.seconds, 3), "jobs_per_minute": round(self.jobs_per_minute, 2),
                 "runner": self.runner,
                 "failures": [{"id": r["id"], "document": r["document"], "error": r["error"]} for r in self.failures]}
@@ -223,7 +224,7 @@ def run_batch(
                              reused=sum(1 for job in jobs if job.key in folder.finished), ran=counts["ran"],
                              duplicates=duplicates, seconds=seconds,
                              jobs_per_minute=counts["answered"] / seconds * 60 if first_sent and seconds > 0 else 0.0,
-                             failures=failures, runner=pool_label(pool, runner))
+                             failures=failures, runner=pool_label(pool, runner), answered=counts["answered"])
         folder.write_text(SUMMARY_FILE, summary_markdown(result, config_of(model_path, settings),
                                                          [folder.rows[j.key] for j in jobs if j.key in folder.rows]))
         folder.close()
@@ -250,7 +251,8 @@ def summary_markdown(result: BatchResult, config: dict[str, Any], rows: list[dic
              f"- runner: {result.runner}",
              f"- jobs: {result.total}; answered: {result.ok} ({result.reused} from earlier runs); failed: "
              f"{result.failed}; not run yet: {result.total - result.ok - result.failed}",
-             f"- this run: {result.ran} jobs in {result.seconds:.1f} s ({result.jobs_per_minute:.1f} jobs per minute)",
+             f"- this run: {result.answered} jobs answered in {result.seconds:.1f} s from the first one sent "
+             f"({result.jobs_per_minute:.1f} jobs per minute)",
              ""]
     if result.duplicates:
         lines += [f"- {result.duplicates} duplicate job(s) in the input were run once", ""]

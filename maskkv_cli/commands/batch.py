@@ -196,8 +196,9 @@ def batch(
     if as_json:
         typer.echo(json.dumps(result.as_dict()))
     elif not quiet:
+        rate = f" at {result.jobs_per_minute:.1f} jobs/min" if result.answered else ""
         sys.stderr.write(f"{result.ok} answered ({result.reused} from earlier runs), {result.failed} failed, "
-                         f"{result.ran} run now at {result.jobs_per_minute:.1f} jobs/min; results: {out}\n")
+                         f"{result.answered} run now{rate}; results: {out}\n")
         for row in result.failures[:10]:
             sys.stderr.write(f"  failed {row['id']}: {row['error']}\n")
         if len(result.failures) > 10:
