@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import tempfile
@@ -49,6 +50,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/bench-batch"))
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--configs", default="local 1,local 2,ray 1,ray 2",
+                        help="comma-separated, from: local 1, local 2, ray 1, ray 2")
     args = parser.parse_args()
     import ray
 
@@ -61,7 +64,7 @@ def main() -> None:
     ray_start = time.perf_counter() - started
     configs = {"local 1": Runner(devices=("cpu",)), "local 2": Runner(devices=("cpu", "cpu")),
                "ray 1": Runner(ray="auto", workers=1), "ray 2": Runner(ray="auto", workers=2)}
-    order = list(configs)
+    order = [name.strip() for name in args.configs.split(",")]
     runs: list[dict[str, object]] = []
     answers: dict[str, dict[str, str]] = {}
     for r in range(args.rounds):
@@ -75,22 +78,28 @@ def main() -> None:
             runs.append({"config": name, "round": r, "ok": result.ok, "failed": result.failed,
                          "jobs_per_minute": round(result.jobs_per_minute, 1), "steady_s": round(result.seconds, 2),
                          "wall_s": round(wall, 2), "runner": result.runner})
+            runs[-1]["load_average"] = round(os.getloadavg()[0], 1)
             print(json.dumps(runs[-1]), flush=True)
     ray.shutdown()
-    reference = answers["local 1"]
+    reference = answers[order[0]]
     same = {name: got == reference for name, got in answers.items()}
-    summary = {}
+    summary: dict[str, dict[str, float]] = {}
+    for name in order:  # pooled over the rounds: all jobs / all steady seconds
+        mine = [run for run in runs if run["config"] == name]
+        jobs = sum(int(run["ok"]) + int(run["failed"]) for run in mine)  # type: ignore[call-overload]
+        steady = sum(float(run["steady_s"]) for run in mine)  # type: ignore[arg-type]
+        summary[name] = {"jobs": jobs, "jobs_per_minute": round(jobs / steady * 60, 1),
+                         "per_round": [run["jobs_per_minute"] for run in mine],  # type: ignore[dict-item]
+                         "wall_s_median": statistics.median(float(run["wall_s"]) for run in mine)}  # type: ignore
+    base = summary[order[0]]["jobs_per_minute"]
     for name in order:
-        rates = [float(run["jobs_per_minute"]) for run in runs if run["config"] == name]  # type: ignore[arg-type]
-        walls = [float(run["wall_s"]) for run in runs if run["config"] == name]  # type: ignore[arg-type]
-        summary[name] = {"jobs_per_minute": statistics.median(rates), "wall_s": statistics.median(walls)}
-    base = summary["local 1"]["jobs_per_minute"]
-    for name in order:
-        summary[name]["rate_vs_local_1"] = round(summary[name]["jobs_per_minute"] / base, 3)
+        summary[name][f"rate_vs_{order[0].replace(' ', '_')}"] = round(summary[name]["jobs_per_minute"] / base, 3)
     for n in ("1", "2"):
-        summary[f"ray {n}"]["rate_vs_local_same_n"] = round(
-            summary[f"ray {n}"]["jobs_per_minute"] / summary[f"local {n}"]["jobs_per_minute"], 3)
-    report = {"jobs": len(specs), "rounds": args.rounds, "ray_cluster_start_s": round(ray_start, 2),
+        if f"ray {n}" in summary and f"local {n}" in summary:
+            summary[f"ray {n}"]["rate_vs_local_same_n"] = round(
+                summary[f"ray {n}"]["jobs_per_minute"] / summary[f"local {n}"]["jobs_per_minute"], 3)
+    report = {"jobs_per_run": len(specs), "rounds": args.rounds, "load_average_after": os.getloadavg(),
+              "ray_cluster_start_s": round(ray_start, 2),
               "answers_equal_local_1": same, "summary": summary, "runs": runs, "model": model}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench-batch.json").write_text(json.dumps(report, indent=2) + "\n")
