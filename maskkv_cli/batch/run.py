@@ -176,7 +176,7 @@ def run_batch(
     try:
         config = {"model": model_path, "model_id": model_id, "dtype": resolve_dtype(dtype, device_kind),
                   "device": device_kind, "settings": settings.as_dict(), "generation_defaults": defaults,
-                  "runner": runner.label, "jobs": len(jobs), "machine": machine_info(),
+                  "runner": pool_label(pool, runner), "jobs": len(jobs), "machine": machine_info(),
                   "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         folder.write_text(CONFIG_FILE, json.dumps(config, indent=2, default=str) + "\n")
         reused = sum(1 for job in jobs if job.key in folder.finished)
