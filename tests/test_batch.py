@@ -202,3 +202,27 @@ def test_bench_quality_sharded_over_worker_processes_gives_the_same_rows(tmp_pat
     assert (tmp_path / "two" / "predictions.jsonl").read_text() == (tmp_path / "one" / "predictions.jsonl").read_text()
     again = runner.invoke(app, [*args, "--out", str(tmp_path / "two"), "--workers", "2"])
     assert again.exit_code == 0 and rows(again) == rows(one)  # every row reused: no worker is started
+
+
+def test_a_job_that_fails_while_answering_is_a_row_and_the_run_goes_on(
+        tmp_path: Path, corpus: dict[str, Path], tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from maskkv_cli.session import Session
+
+    class OutOfMemoryError(RuntimeError):  # the name torch.cuda.OutOfMemoryError has
+        pass
+
+    real = Session.answer_ids
+
+    def answer_ids(self: Session, ids: list[int], gen: object, cache: object, on_event: object = None) -> object:
+        if "Who?" in self.tokenizer.decode(ids):
+            raise OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB\nmore detail")
+        return real(self, ids, gen, cache)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Session, "answer_ids", answer_ids)
+    specs = [JobSpec("long", str(corpus["story"]), "Who?"), JobSpec("short", str(corpus["notes"]), "What?")]
+    settings = AnswerSettings(policy="maskkv", budget=8, gen_length=8, steps=8, block_length=8)
+    result = run_batch(specs, settings, str(tiny_dir), tmp_path / "out")
+    assert (result.ok, result.failed) == (1, 1)
+    rows = {r["id"]: r for r in read_rows(tmp_path / "out" / "answers.jsonl")[0]}
+    assert rows["long"]["error"].startswith("the device ran out of memory") and rows["long"]["answer"] is None
+    assert rows["short"]["error"] is None and rows["short"]["answer"] is not None

@@ -9,6 +9,7 @@ lost event, ``dispatch`` retries it on another actor (at most twice) and the poo
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from typing import Any
 
@@ -75,7 +76,9 @@ class RayPool:
                            or [1])
             share = max(1, min(cpus // self.count, per_node))
             options = {"num_cpus": share}
-            self.spec = replace(spec, device="cpu", threads=spec.threads or share)
+            cap = os.environ.get("OMP_NUM_THREADS", "")  # as local workers: no more threads than the user allows
+            threads = min(share, int(cap)) if cap.isdigit() and int(cap) > 0 else share
+            self.spec = replace(spec, device="cpu", threads=spec.threads or threads)
         self.actor_class = self.ray.remote(BatchActor).options(max_restarts=0, max_task_retries=0, **options)
         self.actors: dict[int, Any] = {}
         self.starting: dict[Any, int] = {}  # ready() ref -> worker id

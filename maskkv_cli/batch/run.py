@@ -92,6 +92,15 @@ def _row(job: Job, fields: dict[str, Any], attempts: int, gen_length: int | None
             "attempts": attempts}
 
 
+def worker_threads(workers: int) -> int:
+    """Torch threads per local worker: the cores shared out (N workers never ask for more threads than there are
+    cores), and no more than ``OMP_NUM_THREADS`` when it is set (on a machine shared with other work, one
+    thread per worker is much faster than two that wait for each other: docs/scale.md)."""
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    cap = os.environ.get("OMP_NUM_THREADS", "")
+    return min(threads, int(cap)) if cap.isdigit() and int(cap) > 0 else threads
+
+
 def make_pool(runner: Runner, spec: WorkerSpec) -> tuple[Pool, str]:
     """The pool and the device kind its workers use ("cuda" or "cpu"), which enters the job keys."""
     if runner.ray:
@@ -106,9 +115,7 @@ def make_pool(runner: Runner, spec: WorkerSpec) -> tuple[Pool, str]:
         kinds = {d.split(":")[0] for d in runner.devices}
         if len(kinds) > 1:
             raise UsageError("--devices mixes CPU and GPU workers; their answers can differ, run them separately")
-        cpus = os.cpu_count() or 1
-        threads = max(1, cpus // len(runner.devices))  # N workers never ask for more threads than cores
-        return ProcessPool(spec, list(runner.devices), threads=threads), kinds.pop()
+        return ProcessPool(spec, list(runner.devices), threads=worker_threads(len(runner.devices))), kinds.pop()
     from maskkv_cli.batch.local import InProcessPool
 
     device = runner.device
