@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pdfs import BODY, make_pdf
@@ -153,16 +154,26 @@ def test_one_driver_per_folder(tmp_path: Path) -> None:
         AnswersFolder(tmp_path).open([])
 
 
-def test_two_worker_processes_give_the_same_answers(tmp_path: Path, corpus: dict[str, Path], tiny_dir: Path) -> None:
+def test_two_worker_processes_give_the_same_answers_and_retry_a_killed_workers_job(
+        tmp_path: Path, corpus: dict[str, Path], tiny_dir: Path) -> None:
     specs = [JobSpec(f"j{i}", str(doc), q) for i, (doc, q) in
              enumerate((d, q) for d in (corpus["story"], corpus["notes"]) for q in QUESTIONS)]
     settings = AnswerSettings(policy="maskkv-plus", budget=16, gen_length=8, steps=8, block_length=8)
     run_batch(specs, settings, str(tiny_dir), tmp_path / "one")
-    two = run_batch(specs, settings, str(tiny_dir), tmp_path / "two", runner=Runner(devices=("cpu", "cpu")))
-    assert "2 worker process" in two.runner and two.ok == 4
+    killed: list[str] = []
+
+    def kill_first(pool: Any, worker: int, job: Any) -> None:
+        if not killed:  # its worker process dies with the job in flight: the job runs again on another worker
+            killed.append(job.key)
+            pool.procs[worker].kill()
+
+    two = run_batch(specs, settings, str(tiny_dir), tmp_path / "two", runner=Runner(devices=("cpu", "cpu")),
+                    on_submit=kill_first)
+    assert "2 worker process" in two.runner and (two.ok, two.failed) == (4, 0)
     one_rows = {r["key"]: r["answer"] for r in read_rows(tmp_path / "one" / "answers.jsonl")[0]}
-    two_rows = {r["key"]: r["answer"] for r in read_rows(tmp_path / "two" / "answers.jsonl")[0]}
-    assert one_rows == two_rows and len(one_rows) == 4
+    two_rows = {r["key"]: r for r in read_rows(tmp_path / "two" / "answers.jsonl")[0]}
+    assert one_rows == {k: r["answer"] for k, r in two_rows.items()} and len(one_rows) == 4
+    assert two_rows[killed[0]]["attempts"] == 2
 
 
 def test_cli_errors_are_one_line(tmp_path: Path, corpus: dict[str, Path]) -> None:

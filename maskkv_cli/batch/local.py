@@ -1,6 +1,6 @@
 """Pools on one machine: the driver's own process, or one spawned process per device (``--devices``/``--workers``).
 
-Each worker process loads the model once, then takes jobs from its own queue and puts rows on a shared one. A
+Each worker process loads the model once, then takes jobs one at a time over its own pipe and sends rows back. A
 worker receives a document's text only when it differs from its previous job's (jobs arrive grouped by document),
 so a document asked many questions crosses the process boundary about once per worker.
 """
@@ -8,7 +8,6 @@ so a document asked many questions crosses the process boundary about once per w
 from __future__ import annotations
 
 import multiprocessing
-import queue
 from dataclasses import replace
 from typing import Any
 
@@ -54,30 +53,34 @@ class InProcessPool:
         self.worker = None
 
 
-def _process_main(spec: WorkerSpec, name: str, inbox: Any, outbox: Any) -> None:
+def _process_main(spec: WorkerSpec, name: str, conn: Any) -> None:
     """A worker process: load the model, then answer ``(message, text or None)`` until told to stop (None)."""
     try:
         try:
             worker = Worker(spec, name)
         except Exception as exc:
-            outbox.put(("failed", name, one_line_error(exc)))
+            conn.send(("failed", one_line_error(exc)))
             return
-        outbox.put(("ready", name, None))
+        conn.send(("ready", None))
         text = ""
         while True:
-            item = inbox.get()
+            item = conn.recv()
             if item is None:
                 return
             message, new_text = item
             if new_text is not None:
                 text = new_text
-            outbox.put(("done", name, worker.run(message, text)))
-    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; the driver handles it
+            conn.send(("done", worker.run(message, text)))
+    except (KeyboardInterrupt, EOFError):  # Ctrl-C reaches the whole process group; or the driver is gone
         return
 
 
 class ProcessPool:
-    """One spawned process per device; ``devices`` like ``["cuda:0", "cuda:1"]`` or ``["cpu"] * n``."""
+    """One spawned process per device; ``devices`` like ``["cuda:0", "cuda:1"]`` or ``["cpu"] * n``.
+
+    Each worker has its own pipe: the driver sends a job and receives its row on the calling thread (no queue
+    feeder threads in between), and a worker that dies shows up as the end of its pipe.
+    """
 
     def __init__(self, spec: WorkerSpec, devices: list[str], threads: int | None = None,
                  max_replacements: int | None = None) -> None:
@@ -85,9 +88,8 @@ class ProcessPool:
         self.devices = devices
         self.threads = threads
         self.ctx = multiprocessing.get_context("spawn")
-        self.outbox: Any = self.ctx.Queue()
         self.procs: dict[int, Any] = {}
-        self.inboxes: dict[int, Any] = {}
+        self.conns: dict[int, Any] = {}
         self.device_of: dict[int, str] = {}
         self.last_sha: dict[int, str] = {}
         self.busy: set[int] = set()
@@ -103,11 +105,12 @@ class ProcessPool:
         wid = self._next
         self._next += 1
         spec = replace(self.spec, device=device, threads=self.threads)
-        inbox = self.ctx.Queue()
-        proc = self.ctx.Process(target=_process_main, args=(spec, str(wid), inbox, self.outbox), daemon=True,
+        mine, theirs = self.ctx.Pipe()
+        proc = self.ctx.Process(target=_process_main, args=(spec, str(wid), theirs), daemon=True,
                                 name=f"maskkv-batch-{wid}")
         proc.start()
-        self.procs[wid], self.inboxes[wid], self.device_of[wid] = proc, inbox, device
+        theirs.close()  # the child holds its end: when it dies, recv() here ends with EOFError
+        self.procs[wid], self.conns[wid], self.device_of[wid] = proc, mine, device
         self.starting.add(wid)
         return wid
 
@@ -116,7 +119,7 @@ class ProcessPool:
             self._spawn(device)
         ready: list[int] = []
         while self.starting:  # every worker loads its model before the first job: a bad model fails once, clearly
-            for event in self._events(block=True):
+            for event in self.wait():
                 if event.kind == "ready":
                     ready.append(event.worker)
                 elif event.kind == "lost":
@@ -126,51 +129,44 @@ class ProcessPool:
 
     def submit(self, worker: int, job: Job, text: str) -> None:
         fresh = self.last_sha.get(worker) != job.document_sha
-        self.inboxes[worker].put((job.message(), text if fresh else None))
+        self.conns[worker].send((job.message(), text if fresh else None))
         self.last_sha[worker] = job.document_sha
         self.busy.add(worker)
 
-    def _events(self, block: bool) -> list[Event]:
-        events: list[Event] = []
-        try:
-            item = self.outbox.get(timeout=_POLL_S) if block else self.outbox.get_nowait()
-            while True:
-                events.append(self._event(item))
-                item = self.outbox.get_nowait()
-        except queue.Empty:
-            pass
-        if not events:
-            for wid in sorted(self.busy | self.starting):
-                proc = self.procs[wid]
-                if not proc.is_alive():
-                    self.busy.discard(wid)
-                    self.starting.discard(wid)
-                    events.append(Event("lost", wid, reason=f"worker process {proc.pid} on {self.device_of[wid]} "
-                                                            f"exited with code {proc.exitcode}"))
-        return events
+    def wait(self) -> list[Event]:
+        from multiprocessing.connection import wait
 
-    def _event(self, item: tuple[str, str, Any]) -> Event:
-        kind, name, payload = item
-        wid = int(name)
-        if kind == "ready":
+        by_conn = {self.conns[wid]: wid for wid in self.busy | self.starting}
+        while True:
+            ready = wait(list(by_conn), timeout=_POLL_S)
+            if ready:
+                return [self._receive(by_conn[conn]) for conn in ready]
+
+    def _receive(self, wid: int) -> Event:
+        try:
+            kind, payload = self.conns[wid].recv()
+        except (EOFError, OSError):
+            self.busy.discard(wid)
             self.starting.discard(wid)
+            proc = self.procs[wid]
+            proc.join(timeout=1)
+            return Event("lost", wid, reason=f"worker process {proc.pid} on {self.device_of[wid]} exited with code "
+                                             f"{proc.exitcode}")
+        self.starting.discard(wid)
+        if kind == "ready":
             return Event("ready", wid)
         if kind == "failed":
-            self.starting.discard(wid)
             return Event("lost", wid, reason=str(payload))
         self.busy.discard(wid)
         return Event("done", wid, payload)
-
-    def wait(self) -> list[Event]:
-        while True:
-            events = self._events(block=True)
-            if events:
-                return events
 
     def replace(self, worker: int) -> bool:
         proc = self.procs.pop(worker, None)
         if proc is not None and proc.is_alive():
             proc.kill()
+        conn = self.conns.pop(worker, None)
+        if conn is not None:
+            conn.close()
         if self.replacements_left <= 0:
             return False
         self.replacements_left -= 1
@@ -187,12 +183,15 @@ class ProcessPool:
                 proc.kill()
             elif proc.is_alive():
                 try:
-                    self.inboxes[wid].put_nowait(None)
-                except Exception:  # a full or broken queue: the process is killed below anyway
+                    self.conns[wid].send(None)
+                except OSError:  # a broken pipe: the process is killed below anyway
                     proc.kill()
         for proc in self.procs.values():
             proc.join(timeout=5)
             if proc.is_alive():
                 proc.kill()
                 proc.join(timeout=5)
+        for conn in self.conns.values():
+            conn.close()
         self.procs.clear()
+        self.conns.clear()
