@@ -182,6 +182,7 @@ def boundary_layer_budgets(
     budget: int,
     beta: float = 0.4,
     boundary: Sequence[int] | None = None,
+    max_budget: int | None = None,
 ) -> list[int]:
     """Boundary-aware layer budgets of MaskKV (spec section 2, "Layer level").
 
@@ -191,12 +192,18 @@ def boundary_layer_budgets(
     of its group. The rounding leftovers go one at a time to the most important layers (ties: lower index), so
     the total is exactly ``D * B``; every layer keeps at least 1. Negative importance counts as 0. When no
     layer is left in one group (``boundary=()`` or every layer a boundary layer) all layers form one group.
+
+    ``max_budget`` (the prompt length M: a layer's heads hold at most ``H * M`` entries) caps every layer; what a
+    capped layer cannot hold moves to the layers with room, spread evenly over them (the most important first
+    for the last units), so the total is ``min(D * B, D * M)`` and each layer's budget grows with B.
     """
     n_layers = len(importance)
     if n_layers < 1:
         raise ValueError("importance must have one value per layer, got none")
     _check_budget(budget)
     _check_unit(beta, "beta")
+    if max_budget is not None and max_budget < 1:
+        raise ValueError(f"max_budget must be >= 1, got {max_budget}")
     values = [float(x) for x in importance]
     if not all(math.isfinite(x) for x in values):
         raise ValueError(f"layer importance must be finite, got {values}")
@@ -225,7 +232,8 @@ def boundary_layer_budgets(
             shares[i] = k_group / len(group)
     per_layer = torch.tensor([k_base + math.floor(s) for s in shares], dtype=torch.int64)
     priority = torch.tensor([float(x) for x in imp], dtype=torch.float64)
-    return distribute_exact(per_layer, total, priority, lower=1).tolist()
+    target = total if max_budget is None else min(total, n_layers * max_budget)
+    return distribute_exact(per_layer, target, priority, lower=1, upper=max_budget).tolist()
 
 
 def pyramid_layer_budgets(

@@ -19,6 +19,7 @@ from maskkv_cli.commands.common import (
     note,
     open_session,
 )
+from maskkv_cli.commands.pull import YesOpt
 from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.options import (
     AlgOpt,
@@ -94,6 +95,7 @@ def generate(
     device_map: DeviceMapOpt = None,
     dtype: DtypeOpt = "auto",
     seed: SeedOpt = 0,
+    yes: YesOpt = False,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -114,7 +116,7 @@ def generate(
     if not prompt.strip():
         raise fail("the prompt is empty; pass some text", 2)
     cache = cache_config(policy, budget, ratio, seed, layer_budgets)
-    session = open_session(model, device, dtype, quiet, as_json, device_map)
+    session = open_session(model, device, dtype, quiet, as_json, device_map, yes)
     session.dream_options = {"alg": alg, "top_p": top_p, "top_k": top_k}
     gen = generation_config(session.generation_defaults, gen_length, steps, block_length, temperature=temperature,
                             cfg_scale=cfg, remasking=remasking, threshold=threshold, seed=seed)
@@ -127,11 +129,21 @@ def generate(
     for message in answer.notes:
         note(message, quiet, as_json)
     stats = answer.result.stats
+    from maskkv_cli.confidence import is_embedded_model
+    from maskkv_cli.render import answer_lines
+
+    embedded = is_embedded_model(session.model_path)
     if as_json:
-        typer.echo(json.dumps({"answer": answer.text, "model": session.model_path, "budget": answer.budget,
-                               "stats": stats.as_dict()}))
+        from maskkv_cli.commands.documents import confidence_fields
+
+        typer.echo(json.dumps({"answer": answer.text, **confidence_fields(answer, "answer", embedded),
+                               "model": session.model_path, "budget": answer.budget, "stats": stats.as_dict()}))
         return
-    typer.echo(answer.text)
+    out, line = answer_lines(answer.text, answer.confidence, "answer", embedded)
+    if out is not None:
+        typer.echo(out)
+    if out is None or not quiet:
+        typer.echo(line, err=True)
     if not quiet:
         Console(stderr=False).print(stats_table(stats))
 
@@ -158,6 +170,10 @@ def _register() -> None:
     app.command()(ask)
     app.command()(summarize)
     app.command()(profile)
+    from maskkv_cli.commands.pull import models, pull
+
+    app.command()(pull)
+    app.command()(models)
     from maskkv_cli.commands.batch import batch
 
     app.command()(batch)
@@ -167,6 +183,9 @@ def _register() -> None:
     from maskkv_cli.commands.demo import demo
 
     app.command()(demo)
+    from maskkv_cli.commands.evaluate import evaluate
+
+    app.command("eval")(evaluate)
     from maskkv_cli.commands.bench import bench_app
 
     app.add_typer(bench_app, name="bench")

@@ -7,8 +7,9 @@ from typing import Annotated
 import typer
 
 ModelOpt = Annotated[str | None, typer.Option(
-    "--model", "-m", help="Checkpoint folder or a Hugging Face id in the local HF cache (never downloaded). "
-    "Default: MASKKV_MODEL, the config file, else the embedded tiny model.", show_default=False)]
+    "--model", "-m", help="Checkpoint folder or a Hugging Face id (ORG/NAME) in the local HF cache; an id not there "
+    "is downloaded only with `maskkv pull`, --yes or your consent. Default: MASKKV_MODEL, the config file, else the "
+    "embedded tiny model.", show_default=False)]
 PolicyOpt = Annotated[str, typer.Option("--policy", "-p", help="KV-cache policy (see `maskkv policies`).")]
 BudgetOpt = Annotated[int | None, typer.Option(
     "--budget", "-b", help="Average prompt K/V pairs kept per head per layer [default: 256].", show_default=False)]

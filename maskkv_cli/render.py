@@ -17,6 +17,16 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
+def answer_lines(text: str, confidence: Any, what: str, embedded: bool) -> tuple[str | None, str]:
+    """(the text for stdout, or None when there is none; the line that goes with it on stderr): the confidence
+    of an answer or summary, or, for an empty one, a note saying so instead of a blank line."""
+    from maskkv_cli.confidence import describe, empty_note
+
+    if not text.strip():
+        return None, "note: " + empty_note(what, embedded)
+    return text, describe(confidence)
+
+
 def stats_rows(stats: Any) -> list[tuple[str, str]]:
     """(label, value) pairs of one run: timings, memory, KV cache kept vs full."""
     rows = [

@@ -3,9 +3,11 @@
 Sequence = ``[prompt ; gen_length masks]``. Blocks are decoded left to right; ``steps`` is split evenly over
 blocks; in a block with m masked tokens and s steps, step j commits ``m // s`` tokens (the first ``m % s``
 steps one more), chosen by confidence (``low_confidence``: probability of the chosen token; ``random``:
-uniform noise). Temperature uses Gumbel noise in float64; classifier-free guidance runs a second sequence with
-the prompt masked. With ``threshold`` set, every masked token of the block whose confidence exceeds it is
-committed at once (always at least one). Progress goes to ``on_event`` as plain ``Event`` objects.
+uniform noise). Temperature uses Gumbel noise in float64; classifier-free guidance runs a second sequence
+with the prompt masked. With ``threshold`` set, every masked token of the block whose confidence exceeds it
+is committed at once (always at least one). Progress goes to ``on_event`` as plain ``Event`` objects.
+Each committed token's probability under the model (after guidance, before noise) at the step it was
+unmasked goes to ``GenerationResult.token_probs``; it takes no part in choosing tokens.
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ class GenerationResult:
     stats: RunStats
     records: list[LayerRecord] = field(default_factory=list)
     layer_budgets: list[int] | None = None
+    # (B, gen_length) float64: probability of each token when it was committed (NaN: never committed)
+    token_probs: Tensor | None = None
 
 
 def transfer_schedule(masked: int, steps: int) -> list[int]:
@@ -174,6 +178,7 @@ def generate(
     rng = torch.Generator(device=device).manual_seed(gen.seed)
     forward = _Forward(model, policy, budget, m, online_importance, step_options, gen.block_length)
     log = StepLog(model, RunStats(policy=policy.name, prompt_len=m, gen_length=gen.gen_length), on_event, m, forward)
+    token_probs = torch.full((bsz, gen.gen_length), float("nan"), dtype=torch.float64, device=device)
     for blk in range(gen.n_blocks):
         lo, hi = blk * gen.block_length, (blk + 1) * gen.block_length
         block_masked = x[:, m + lo : m + hi] == mask_id  # (B, block)
@@ -197,9 +202,9 @@ def generate(
             if mask_id < logits.shape[-1]:  # never "commit" the mask token itself (random or tiny models can)
                 logits[..., mask_id] = float("-inf")
             x0 = add_gumbel_noise(logits, gen.temperature, rng).argmax(-1)  # (B, n)
+            chosen_prob = logits.to(torch.float64).softmax(-1).gather(-1, x0[..., None]).squeeze(-1)
             if gen.remasking == "low_confidence":
-                probs = logits.to(torch.float64).softmax(-1)
-                conf = probs.gather(-1, x0[..., None]).squeeze(-1)
+                conf = chosen_prob
             else:
                 conf = torch.rand(x0.shape, dtype=torch.float64, device=device, generator=rng)
             still = x[:, m + rows] == mask_id  # (B, n)
@@ -210,10 +215,11 @@ def generate(
                 counts = [max(1, int((conf[b] > gen.threshold).sum())) for b in range(bsz)]
             commit = top_k_commit(conf, still, counts)
             x[:, m + rows] = torch.where(commit, x0, x[:, m + rows])
+            token_probs[:, rows] = torch.where(commit, chosen_prob, token_probs[:, rows])
             log.step(t0, x, commit, blk, gen.n_blocks)
             j += 1
     log.done()
-    return GenerationResult(x[:, m:].clone(), log.stats, forward.records, forward.layer_budgets)
+    return GenerationResult(x[:, m:].clone(), log.stats, forward.records, forward.layer_budgets, token_probs)
 
 
 def masked_sequence(model: DiffusionLM, prompt: Tensor, gen_length: int) -> tuple[Tensor, int]:

@@ -4,7 +4,8 @@ The whole response is one block. ``timesteps = linspace(1, eps, steps + 1)``; at
 ``origin`` algorithm commits each masked position with probability ``1 - s/t``; the others commit the top
 ``int(#masked * (1 - s/t))`` positions (all of them at the last step) by confidence: ``maskgit_plus`` the
 chosen token's probability, ``topk_margin`` top-1 minus top-2 probability, ``entropy`` the negative entropy.
-Tokens are sampled with temperature, top-p and top-k (temperature 0 = argmax).
+Tokens are sampled with temperature, top-p and top-k (temperature 0 = argmax). The chosen token's probability
+(after temperature and filtering) at the step it is committed goes to ``GenerationResult.token_probs``.
 """
 
 from __future__ import annotations
@@ -66,8 +67,9 @@ def filter_logits(logits: Tensor, top_p: float | None, top_k: int | None) -> Ten
     return logits
 
 
-def sample_tokens(logits: Tensor, gen: DreamGenerationConfig, rng: torch.Generator) -> tuple[Tensor, Tensor]:
-    """(confidence, tokens) for logits (B, n, V) by Dream's rules."""
+def sample_tokens(logits: Tensor, gen: DreamGenerationConfig,
+                  rng: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
+    """(confidence, tokens, probability of each chosen token) for logits (B, n, V) by Dream's rules."""
     if gen.temperature > 0:
         logits = logits / gen.temperature
     logits = filter_logits(logits, gen.top_p, gen.top_k)
@@ -78,12 +80,13 @@ def sample_tokens(logits: Tensor, gen: DreamGenerationConfig, rng: torch.Generat
         conf = probs.gather(-1, x0[..., None]).squeeze(-1)
     else:
         conf, x0 = probs.max(-1)
+    chosen_prob = conf
     if gen.alg == "topk_margin":
         top2 = probs.topk(2, dim=-1).values
         conf = top2[..., 0] - top2[..., 1]
     elif gen.alg == "entropy":
         conf = (probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
-    return conf, x0
+    return conf, x0, chosen_prob
 
 
 @torch.no_grad()
@@ -105,6 +108,7 @@ def generate_dream(
     forward = _Forward(model, policy, budget, m, online_importance, step_options)
     log = StepLog(model, RunStats(policy=policy.name, prompt_len=m, gen_length=gen.gen_length), on_event, m, forward)
     timesteps = torch.linspace(1, gen.eps, gen.steps + 1, dtype=torch.float64)
+    token_probs = torch.full((x.shape[0], gen.gen_length), float("nan"), dtype=torch.float64, device=device)
     for i in range(gen.steps):
         masked = x[:, m:] == mask_id
         if not bool(masked.any()):
@@ -117,7 +121,7 @@ def generate_dream(
         t, s = float(timesteps[i]), float(timesteps[i + 1])
         last = i == gen.steps - 1
         still = x[:, m + rows] == mask_id  # (B, n)
-        conf, x0 = sample_tokens(logits, gen, rng)
+        conf, x0, chosen_prob = sample_tokens(logits, gen, rng)
         if gen.alg == "origin":
             p = 1.0 if last else 1 - s / t
             commit = still & (torch.rand(still.shape, generator=rng, device=device, dtype=torch.float64) < p)
@@ -126,6 +130,7 @@ def generate_dream(
             counts = [int(n) if last else int(int(n) * (1 - s / t)) for n in still.sum(1)]
             commit = top_k_commit(conf, still, counts)
         x[:, m + rows] = torch.where(commit, x0, x[:, m + rows])
+        token_probs[:, rows] = torch.where(commit, chosen_prob, token_probs[:, rows])
         log.step(t0, x, commit, 0, 1)
     log.done()
-    return GenerationResult(x[:, m:].clone(), log.stats, forward.records, forward.layer_budgets)
+    return GenerationResult(x[:, m:].clone(), log.stats, forward.records, forward.layer_budgets, token_probs)

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from maskkv_cli.budgets import resolve_budget
+from maskkv_cli.confidence import Confidence, answer_confidence
 from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.models.families import DiffusionLM
 from maskkv_cli.models.loading import load_model, resolve_model_path
@@ -57,6 +58,7 @@ class Answer:
     budget: int | None
     result: GenerationResult
     notes: list[str] = field(default_factory=list)
+    confidence: Confidence | None = None  # mean/min probability of the answer's tokens when unmasked
 
 
 class Session:
@@ -126,10 +128,14 @@ class Session:
         else:
             result = generate(self.model, prompt, gen, policy, budget, on_event, online_importance=online)
         cfg = self.model.config
-        text = decode_answer(self.tokenizer, result.tokens[0].tolist(), stop_ids(self.tokenizer, cfg),
-                             cfg.mask_token_id)
+        tokens = result.tokens[0].tolist()
+        stops = stop_ids(self.tokenizer, cfg)
+        text = decode_answer(self.tokenizer, tokens, stops, cfg.mask_token_id)
+        confidence = None
+        if result.token_probs is not None:
+            confidence = answer_confidence(tokens, result.token_probs[0].tolist(), stops, cfg.mask_token_id)
         notes = [note] if note and evicting else []
-        return Answer(text, len(ids), budget if policy.evicts else None, result, notes)
+        return Answer(text, len(ids), budget if policy.evicts else None, result, notes, confidence)
 
     def answer(self, question: str, gen: GenerationConfig, cache: CacheConfig,
                on_event: Callable[[Event], None] | None = None) -> Answer:

@@ -51,6 +51,14 @@ def main() -> None:
     (papers / "2024" / "bomb.pdf").write_bytes(raw_pdf([bomb_stream(80_000_000)]))
     (papers / "reading-list.txt").write_text("Read the harbour report before Thursday.\n")
     (papers / "slides.pptx").write_bytes(b"PK\x03\x04 not a format maskkv reads")
+    # `maskkv pull` runs against the tests' local Hub endpoint serving the embedded model (no network needed)
+    from hubserver import FakeHub
+
+    from maskkv_cli.defaults import shipped_model
+
+    hub = FakeHub({"maskkv-demo/tiny-llada": shipped_model()}, lifetime=3600).__enter__()
+    env.update(HF_ENDPOINT=hub.endpoint, HF_HOME=str(tmp / "hf"))
+    env.pop("HF_TOKEN", None)
     template = (ROOT / "docs" / "guide.template.md").read_text()
     template = template.replace("KEY", task.meta["key"]).replace("ANSWER", task.answers[0])
     parts = template.split("```run\n")
@@ -58,7 +66,9 @@ def main() -> None:
     for part in parts[1:]:
         cmd, rest = part.split("\n```", 1)
         cmd = cmd.strip()
-        out.append("```console\n$ " + cmd + "\n" + run(cmd, env, tmp) + "\n```" + rest)
+        text = run(cmd, env, tmp).replace(hub.endpoint, "http://127.0.0.1:PORT")
+        out.append("```console\n$ " + cmd + "\n" + text + "\n```" + rest)
+    hub.close()
     (ROOT / "docs" / "guide.md").write_text("".join(out))
     print(f"wrote {ROOT / 'docs' / 'guide.md'}")
 

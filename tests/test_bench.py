@@ -270,3 +270,24 @@ def test_step_modes_make_their_own_cases_and_rows():
         SpeedSettings(prompt_lengths=(32,), step_modes=("cuda-graph",), **TINY).check()
     with pytest.raises(UsageError, match="step mode"):
         SpeedSettings(prompt_lengths=(32,), step_modes=("fast",), **TINY).check()
+
+
+def test_speed_row_states_the_machines_matmul_ceiling_beside_the_prefill():
+    from maskkv_cli.bench.ceiling import forward_flops, matmul_gflops
+
+    cfg = named_config("tiny")
+    model = random_model(cfg)
+    m, L, d, n = 32, 16, cfg.d_model, cfg.n_layers
+    linear = 4 * d * d + 3 * d * cfg.mlp_hidden_size  # q, k, v, out; SwiGLU's three matrices
+    by_hand = 2 * (m + L) * n * linear + 4 * (m + L) ** 2 * d * n + 2 * L * d * cfg.vocab_size
+    assert forward_flops(model, m, L) == by_hand
+    gflops, size = matmul_gflops(torch.device("cpu"), torch.float32, size=64, repeats=3)
+    assert gflops > 0 and size == 64
+    row = run_case(SpeedCase("maskkv", 8, m, **TINY))
+    assert row["prefill_flops"] == by_hand and row["matmul_size"] == 1024 and row["cpu_capability"]
+    assert row["prefill_gflops"] == pytest.approx(by_hand / row["prefill_s"] / 1e9)
+    head, body = table_rows([{**row, "speedup_vs_none": None, "speedup_vs_full": None}])
+    cell = body[0][head.index("prefill GFLOP/s")]
+    assert cell == f"{row['prefill_gflops']:.1f} of {row['matmul_gflops']:.1f}"
+    no_limit = run_case(SpeedCase("maskkv", 8, m, limit=False, **TINY))
+    assert table_rows([no_limit])[1][0][head.index("prefill GFLOP/s")] == "-"

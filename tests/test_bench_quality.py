@@ -181,6 +181,7 @@ def test_row_keys_carry_the_policy_rule(monkeypatch: pytest.MonkeyPatch) -> None
     assert policy_rule("maskkv") == policy_rule("snapkv") == policy_rule("full") == {}
     assert policy_rule("maskkv-plus") == {"residual_spread": 0.75, "neighbours": [3, 0.5]}
     assert policy_rule("maskkv-pooled") == {"vote_pool": 3}
+    assert policy_rule("pyramidkv") == {"window": "per run"}
     assert policy_rule("no-such-policy") == {}
     group = TaskGroup(task="niah_single", length=40, tasks=[], prompts=[])
     kwargs = {"seed": 0, "model_id": "m", "dtype": "float32", "gen": {}, "source": TaskSource("corpus", "", "")}

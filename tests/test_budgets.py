@@ -175,6 +175,36 @@ def test_boundary_negative_importance_counts_as_zero() -> None:
     assert boundary_layer_budgets([-3.0, 0.0, 0.0, 1.0], 10) == clipped
 
 
+SKEWED = [5.0, 0.1, 0.1, 0.1, 0.1, 5.0]  # boundary layers want far more than a short prompt holds
+
+
+def test_boundary_budgets_above_the_prompt_move_to_layers_with_room() -> None:
+    m = 541
+    assert boundary_layer_budgets(SKEWED, 540)[0] > m  # uncapped, the boundary layers ask for more than M
+    previous: list[int] | None = None
+    for budget in range(300, m + 3):
+        out = boundary_layer_budgets(SKEWED, budget, max_budget=m)
+        assert sum(out) == len(SKEWED) * min(budget, m)
+        assert 1 <= min(out) and max(out) <= m
+        if previous is not None:  # grows smoothly: no layer ever loses entries when B grows
+            assert all(a >= b for a, b in zip(out, previous, strict=True)) and sum(out) - sum(previous) <= 6
+        previous = out
+    assert boundary_layer_budgets(SKEWED, 540, max_budget=m) == [541, 540, 540, 539, 539, 541]
+
+
+def test_boundary_cap_changes_nothing_when_every_layer_fits() -> None:
+    for budget in (8, 16, 64):
+        assert boundary_layer_budgets(SKEWED, budget, max_budget=10_000) == boundary_layer_budgets(SKEWED, budget)
+
+
+def test_maskkv_policy_keeps_d_times_b_with_a_skewed_profile_on_a_short_prompt() -> None:
+    from maskkv_cli.policies import PolicyOptions, get_policy
+
+    policy = get_policy("maskkv", PolicyOptions(importance=tuple(SKEWED)))
+    out = policy.layer_budgets(6, 540, 541)
+    assert sum(out) == 6 * 540 and max(out) <= 541
+
+
 def test_boundary_custom_and_negative_indexes() -> None:
     importance = [0.1, 0.9, 0.1, 0.1, 0.9, 0.1]
     assert boundary_layer_budgets(importance, 20, boundary=[1, -2]) == boundary_layer_budgets(

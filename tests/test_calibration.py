@@ -308,3 +308,19 @@ def test_calibrate_missing_document_is_one_line(tiny_dir, tmp_path):
     assert result.exit_code == 1
     assert result.stderr.strip() == f"error: document {missing} does not exist"
     assert not _profile_file(tiny_dir).exists()
+
+
+def test_skewed_profile_on_a_short_prompt_keeps_d_h_b_entries(deep_model):
+    """Layer budgets above what a layer holds (H x M) move to the other layers, offline and online."""
+    m, budget = 40, 30
+    x = ids_of(deep_model, m, masks=16)
+    cfg = deep_model.config
+    policy = get_policy("maskkv", PolicyOptions(importance=(5.0, 0.1, 0.1, 5.0)))
+    plan = policy.layer_budgets(cfg.n_layers, budget, m)
+    assert max(plan) == m and sum(plan) == cfg.n_layers * budget
+    _, cache, records = prefill(deep_model, x, m, policy, plan, torch.arange(m, m + 16))
+    assert cache.logical_entries() == cfg.n_layers * cfg.n_heads * budget
+    assert [int(r.head_budgets.sum()) for r in records] == [cfg.n_heads * b for b in plan]
+    _, cache, _ = prefill(deep_model, x, m, get_policy("maskkv"), [budget] * cfg.n_layers, torch.arange(m, m + 16),
+                          online_importance=True)
+    assert cache.logical_entries() == cfg.n_layers * cfg.n_heads * budget

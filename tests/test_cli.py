@@ -89,6 +89,17 @@ def test_policies_lists_all():
         assert name in result.output
 
 
+def test_the_papers_maskkv_is_the_default_and_maskkv_plus_is_labelled_experimental():
+    from maskkv_cli.session import CacheConfig
+
+    assert DEFAULT_POLICY == "maskkv" and CacheConfig().policy == "maskkv"
+    lines = {line.split()[0]: line for line in runner.invoke(app, ["policies"]).output.splitlines() if line.strip()}
+    assert lines["maskkv"].endswith("[default]")
+    assert "[default]" not in lines["maskkv-plus"]
+    assert "ours, experimental: tuned on the tiny model" in lines["maskkv-plus"]
+    assert "maskkv bench quality --policies full,maskkv,maskkv-plus" in lines["maskkv-plus"]
+
+
 def test_demo_runs_on_a_given_model(tiny_dir):
     result = runner.invoke(app, ["demo", "--model", str(tiny_dir), "--json", "--length", "120"])
     assert result.exit_code == 0, result.output

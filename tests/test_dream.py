@@ -193,3 +193,39 @@ def test_cli_dream_sampler_options(tmp_path, dream, tiny_tokenizer):
         assert result.exit_code == 0, result.output
     bad = CliRunner().invoke(app, base + ["--alg", "nope"])
     assert bad.exit_code == 2 and "--alg must be one of" in bad.stderr
+
+
+def _with_upstream_twin(dtype: torch.dtype) -> tuple[Dream, torch.nn.Module]:
+    """A tiny Dream and a ``transformers`` Qwen2 with the same weights (Dream's upstream architecture), both in
+    ``dtype``. Only the parameters are cast: the rotary ``inv_freq`` buffer stays fp32, as upstream loads it."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = named_config("dream-tiny").with_(vocab_size=300)
+    ours = Dream(cfg).init_weights(seed=2, std=0.2).eval()
+    hf = Qwen2Config(hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
+                     num_key_value_heads=cfg.n_kv_heads, intermediate_size=cfg.mlp_hidden_size,
+                     vocab_size=cfg.vocab_size, rope_theta=cfg.rope_theta, rms_norm_eps=cfg.rms_norm_eps,
+                     max_position_embeddings=cfg.max_sequence_length, tie_word_embeddings=False, hidden_act="silu")
+    hf._attn_implementation = "sdpa"
+    theirs = Qwen2ForCausalLM(hf).eval()
+    theirs.load_state_dict({Dream.checkpoint_key(k): v for k, v in ours.state_dict().items()}, strict=True)
+    for p in theirs.parameters():
+        p.data = p.data.to(dtype)
+    return ours.to(dtype), theirs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_dream_logits_match_a_bidirectional_transformers_qwen2(dtype):
+    """Upstream Dream is Qwen2 without the causal mask, its logits shifted by one; in half precision it casts the
+    fp32 cos/sin to the activation dtype before rotating, and so must we for the logits to match."""
+    ours, theirs = _with_upstream_twin(dtype)
+    t = 200
+    ids = torch.randint(0, 300, (1, t), generator=torch.Generator().manual_seed(0))
+    everything = torch.ones(1, 1, t, t, dtype=torch.bool)  # a full 4D mask: no causal masking
+    with torch.no_grad():
+        got = ours(ids)[:, 1:]
+        want = theirs(input_ids=ids, attention_mask={"full_attention": everything}).logits[:, :-1]
+        causal = theirs(input_ids=ids, attention_mask={"full_attention": everything.tril()}).logits[:, :-1]
+    assert got.dtype == want.dtype == dtype
+    assert torch.equal(got, want)
+    assert not torch.allclose(got.float(), causal.float(), atol=0.1)  # the mask really is bidirectional

@@ -197,3 +197,22 @@ def test_chunked_prefill_matches_unchunked(tiny_model):
     torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-5)
     for a, b in zip(rec_a, rec_b, strict=True):
         assert torch.equal(a.positions, b.positions)
+
+
+def test_pyramidkv_uses_one_window_for_the_whole_run():
+    """D = 32, B = 64, M = 1000: the budgets are computed with W = 32, so every layer keeps the last 32 prompt
+    tokens plus its share of the prefix (the top layer 32 + 2, not 17 + 17)."""
+    m, d = 1000, 8
+    g = torch.Generator().manual_seed(0)
+    view = LayerView(0, 32, torch.randn(1, 2, m + 4, d, generator=g), torch.randn(1, 2, m + 4, d, generator=g), m,
+                     1 / math.sqrt(d))
+    policy = get_policy("pyramidkv")
+    budgets = policy.layer_budgets(32, 64, m)
+    assert sum(budgets) == 32 * 64 and budgets[-1] == 34
+    for layer_budget in budgets:
+        scores = policy.scores(view, layer_budget)
+        forced = torch.isinf(scores)
+        assert forced.sum(-1).tolist() == [[32, 32]]
+        assert bool(forced[..., m - 32 :].all())
+        layer = select_layer(view.k, view.k, scores, torch.full((1, 2), layer_budget), m, 4)
+        assert int((layer.positions < m - 32).sum()) == 2 * (layer_budget - 32)  # type: ignore[operator]

@@ -11,7 +11,7 @@ from maskkv_cli import load_model, load_tokenizer
 from maskkv_cli.errors import ModelLoadError
 from maskkv_cli.models.config import named_config
 from maskkv_cli.models.families import parameter_shapes
-from maskkv_cli.models.loading import resolve_model_path, save_model
+from maskkv_cli.models.loading import ModelNotDownloaded, resolve_model_path, save_model
 
 # The table of the spec (shared/spec/models.md), written out independently of the model code.
 SPEC_8B = {
@@ -115,7 +115,7 @@ def test_unsupported_model_type(tmp_path, tiny_dir):
 
 def test_hf_id_resolves_from_local_cache_only(tmp_path, tiny_dir, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    with pytest.raises(ModelLoadError, match="huggingface-cli download GSAI-ML/LLaDA-8B-Instruct"):
+    with pytest.raises(ModelNotDownloaded, match="`maskkv pull GSAI-ML/LLaDA-8B-Instruct`"):
         resolve_model_path("GSAI-ML/LLaDA-8B-Instruct")
     repo = tmp_path / "hub" / "models--GSAI-ML--LLaDA-8B-Instruct"
     shutil.copytree(tiny_dir, repo / "snapshots" / "abc123")

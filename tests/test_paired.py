@@ -104,17 +104,17 @@ def test_run_reports_intervals_and_the_paired_comparison(tiny_dir: Path, tmp_pat
     assert "ahead in 1, behind in 0 of 1 comparisons" in again.stderr
 
 
-def test_the_default_policy_is_the_reference_when_it_ran(tiny_dir: Path, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_papers_maskkv_is_the_reference_of_the_paired_comparison(tiny_dir: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     from maskkv_cli.bench.quality import DEFAULT_POLICIES
     from maskkv_cli.defaults import DEFAULT_POLICY
 
-    assert "maskkv" in DEFAULT_POLICIES and DEFAULT_POLICY in DEFAULT_POLICIES
-    monkeypatch.setattr(Session, "answer_ids", oracle_for(DEFAULT_POLICY))
+    assert DEFAULT_POLICY == "maskkv" and DEFAULT_POLICIES[:3] == ("full", "maskkv", "maskkv-plus")
+    monkeypatch.setattr(Session, "answer_ids", oracle_for("maskkv-plus"))
     args = ["bench", "quality", "--model", str(tiny_dir), "--tasks", "niah_multikey", "--lengths", "60", "-n", "4",
-            "--policies", f"full,maskkv,{DEFAULT_POLICY}", "--budgets", "8", "--out", str(tmp_path / "q"),
+            "--policies", "full,maskkv-plus,maskkv", "--budgets", "8", "--out", str(tmp_path / "q"),
             "--gen-length", "8", "--steps", "8", "--block-length", "8", "--json"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     [pair] = json.loads(result.stdout)["paired"]
-    assert (pair["reference"], pair["policy"], pair["wins"], pair["losses"]) == (DEFAULT_POLICY, "maskkv", 4, 0)
+    assert (pair["reference"], pair["policy"], pair["wins"], pair["losses"]) == ("maskkv", "maskkv-plus", 0, 4)

@@ -9,7 +9,8 @@ from prompts import random_ids
 
 from maskkv_cli.engine.cache import PromptCache, add_residual, select_layer
 from maskkv_cli.engine.residual import attention_spread, diffuse_heads, residual_entries
-from maskkv_cli.policies import PolicyOptions, get_policy
+from maskkv_cli.policies import LayerView, PolicyOptions, get_policy
+from maskkv_cli.policies.base import Policy
 from maskkv_cli.sampler import GenerationConfig, generate
 
 GEN = GenerationConfig(gen_length=16, steps=8, block_length=8)
@@ -149,3 +150,46 @@ def test_profile_matrix_and_layer_importance_follow_the_policy_class(tiny_model)
     assert residual_matrix(generate(tiny_model, ids, GEN, get_policy("maskkv"), 6).records) is None
     assert uses_importance("maskkv") and uses_importance("maskkv-residual")
     assert not uses_importance("snapkv") and not uses_importance("no-such-policy")
+
+
+class _FixedHeadBudgets(Policy):
+    """Head budgets [3, 6] whatever the scores; every head diffuse enough for a residual entry."""
+
+    residual_default = 0.5
+
+    def scores(self, view: LayerView, layer_budget: int) -> torch.Tensor:
+        raise NotImplementedError  # the test passes its own scores
+
+    def head_budgets(self, view: LayerView, layer_budget: int, scores: torch.Tensor) -> torch.Tensor:
+        return torch.tensor([[3, 6]], device=scores.device)
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_residual_covers_exactly_the_evicted_set_when_a_short_head_keeps_the_last_position(device):
+    """Head 0 keeps {2, 9} (budget 3, one entry spent on the residual) and is shorter than head 1 (5 kept), so
+    its padded slots repeat position M - 1 = 9, the one it keeps: 9 must still count as kept."""
+    from maskkv_cli.engine.forward import _select
+
+    m, d, r = 10, 4, 3
+    g = torch.Generator().manual_seed(0)
+    k = torch.randn(1, 2, m, d, generator=g).to(device)
+    v = torch.randn(1, 2, m, d, generator=g).to(device)
+    q_mask = torch.zeros(1, 2, r, d, device=device)  # zero queries: every head attends uniformly (diffuse)
+    scores = torch.zeros(1, 2, m, device=device)
+    scores[0, 0, [2, 9]] = 1.0
+    scores[0, 1, :5] = 1.0
+    view = LayerView(0, 1, torch.cat([k, k], 2), torch.cat([k, k], 2)[:, :, : m + r], m, 0.5)
+    layer = _select(_FixedHeadBudgets(), view, q_mask, k, v, scores, 4, 0, 1)
+    assert layer.residual is not None and layer.residual.tolist() == [[True, True]]
+    assert layer.positions is not None and layer.lengths.tolist() == [[2, 5]]
+    assert layer.positions[0, 0, :2].tolist() == [2, 9] and layer.positions[0, 1].tolist() == [0, 1, 2, 3, 4]
+    slot = layer.prompt_slots - 1
+    evicted = {0: [0, 1, 3, 4, 5, 6, 7, 8], 1: [5, 6, 7, 8, 9]}
+    assert layer.bias is not None
+    for head, positions in evicted.items():
+        assert torch.allclose(layer.v[0, head, slot], v[0, head, positions].mean(0), atol=1e-6)
+        assert torch.allclose(layer.k[0, head, slot], k[0, head, positions].mean(0), atol=1e-6)
+        assert layer.bias[0, head, 0, slot].item() == pytest.approx(math.log(len(positions)), abs=1e-6)

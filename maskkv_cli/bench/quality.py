@@ -19,8 +19,8 @@ evicting policies only: ``full`` and ``none`` run once, with budget ``None``.
 One row per (task, length, policy, budget): ``n``, ``accuracy`` (``metrics.aggregate``: 100 x mean score),
 ``retention`` (accuracy / the ``full`` accuracy of the same task and length; None when ``full`` is 0 or was
 not run), ``ci95`` (the accuracy's 95% interval), ``budget_share`` (budget / mean prompt tokens),
-``mean_prompt_tokens`` and timings. Beside the rows, ``paired``: the default policy (else ``maskkv``) against
-every other policy at the same budget, task by task (``bench/paired.py``).
+``mean_prompt_tokens`` and timings. Beside the rows, ``paired``: the default policy (``maskkv``, the paper's
+method) against every other policy at the same budget, task by task (``bench/paired.py``).
 
 The results folder (``results.ResultsFolder``) holds ``config.json``, ``results.jsonl``, ``predictions.jsonl``
 (one line per task and case), ``summary.md`` and ``quality.png``. A row's ``key`` hashes everything that
@@ -551,7 +551,7 @@ class QualityRun:
     ran: int  # rows computed now
     plot: Path | None
     notes: list[str] = field(default_factory=list)
-    paired: list[dict[str, Any]] = field(default_factory=list)  # the default policy (else maskkv) against each policy
+    paired: list[dict[str, Any]] = field(default_factory=list)  # the default policy against each other policy
 
 
 @dataclass(frozen=True)
@@ -791,9 +791,7 @@ def run_quality(
     task_scores = {key: {str(i): float(line["score"]) for i, line in enumerate(lines)}
                    for key, lines in predictions.items()}
     rows = add_intervals(add_retention(folder.ordered()), task_scores)
-    run_policies = {c.policy for c in cases}
-    reference = DEFAULT_POLICY if DEFAULT_POLICY in run_policies else "maskkv"
-    paired = paired_comparisons(rows, task_scores, reference)
+    paired = paired_comparisons(rows, task_scores, DEFAULT_POLICY)
     folder.update(rows)
     folder.write_text(SUMMARY_FILE, summary_markdown(rows, settings, paired))
     plot: Path | None = folder.path / PLOT_FILE

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from maskkv_cli.bench.ceiling import ceiling_fields
 from maskkv_cli.bench.limit import measure_limit, rows_schedule
 from maskkv_cli.bench.results import ResultsFolder, atomic_write_bytes, settings_key
 from maskkv_cli.engine.step_runner import StepOptions
@@ -292,6 +293,7 @@ def run_case(case: SpeedCase) -> dict[str, Any]:
         row.update(limit_s=lim.total_s, limit_prefill_s=lim.prefill_s, limit_step_s=lim.median_step_s,
                    limit_keys=lim.attention_keys, limit_extrapolated=lim.extrapolated,
                    measured_over_limit=total_s / lim.total_s if lim.total_s > 0 else None)
+        row.update(ceiling_fields(model, dev, case.prompt_len, case.gen_length, prefill_s))
     else:
         row.update(limit_s=None, limit_prefill_s=None, limit_step_s=None, limit_keys=None, limit_extrapolated=None,
                    measured_over_limit=None)
@@ -461,10 +463,17 @@ def fmt_ratio(x: float | None, digits: int = 1) -> str:
     return "-" if x is None else f"{x:.{digits}f}x"
 
 
+def fmt_gflops(row: dict[str, Any]) -> str:
+    """The prefill's achieved GFLOP/s and the machine's matmul GFLOP/s measured in the same process."""
+    if row.get("prefill_gflops") is None or row.get("matmul_gflops") is None:
+        return "-"
+    return f"{row['prefill_gflops']:.1f} of {row['matmul_gflops']:.1f}"
+
+
 def table_rows(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """Header and text cells shared by the Markdown summary and the CLI table."""
     head = ["prompt", "method", "prefill s", "step ms", "total s", "tok/s", "vs none", "vs full",
-            "peak mem", "above weights", "KV kept", "limit s", "meas/limit", "note"]
+            "peak mem", "above weights", "KV kept", "limit s", "meas/limit", "prefill GFLOP/s", "note"]
     body = []
     for r in rows:
         notes = []
@@ -482,7 +491,7 @@ def table_rows(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str
             fmt_ratio(r.get("speedup_vs_full"), 2), fmt_bytes(r["peak_mem_bytes"]),
             fmt_bytes(r.get("peak_above_weights_bytes")), fmt_bytes(r["kv_bytes"]) if r["kv_bytes"] else "-",
             "-" if r.get("limit_s") is None else f"{r['limit_s']:.2f}",
-            fmt_ratio(r.get("measured_over_limit"), 2), ", ".join(notes),
+            fmt_ratio(r.get("measured_over_limit"), 2), fmt_gflops(r), ", ".join(notes),
         ])
     return head, body
 
@@ -501,6 +510,9 @@ def summary_markdown(settings: SpeedSettings, rows: Sequence[dict[str, Any]], fo
         "- each case ran in a fresh process; warm-up: " + ("yes" if s.warmup else "no"),
         "- limit = one bare forward over [prompt ; masks] + (steps - 1) bare response forwards over "
         "budget + response keys",
+        "- prefill GFLOP/s: the matrix-product FLOPs of one bare forward over [prompt ; masks] / prefill s, 'of' "
+        "the machine's ceiling: torch.mm of two n x n matrices in the same dtype, device and threads, measured in "
+        "the case's process after its run (median of 7; `bench/ceiling.py`)",
         "- memory: " + ("CUDA max_memory_allocated after a reset" if s.device.startswith("cuda")
                         else "peak resident set (VmHWM) of the case's process, reset after loading and warm-up")
         + "; 'above weights' = peak - memory right after loading",

@@ -107,7 +107,7 @@ def _print_table(title: str, head: list[str], body: list[list[str]], keep: tuple
 
 
 SPEED_COLUMNS = ("prompt", "method", "prefill s", "step ms", "total s", "tok/s", "vs none", "vs full", "peak mem",
-                 "KV kept", "meas/limit", "note")
+                 "KV kept", "meas/limit", "prefill GFLOP/s", "note")
 
 
 @bench_app.command()
@@ -131,7 +131,8 @@ def speed(
     dtype: DtypeOpt = "auto",
     threads: ThreadsOpt = 1,
     seed: SeedOpt = 0,
-    limit: Annotated[bool, typer.Option("--limit/--no-limit", help="Also time the limit line per case.")] = True,
+    limit: Annotated[bool, typer.Option(
+        "--limit/--no-limit", help="Also time the limit line and the machine's matmul ceiling per case.")] = True,
     step_modes: Annotated[str, typer.Option(
         "--step-modes", help="How the cache policies run later steps, each mode a case: eager, compile "
         "(torch.compile), cuda-graph, compile+cuda-graph. One-time compilation/capture is reported apart.")]

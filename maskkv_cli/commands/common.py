@@ -81,13 +81,16 @@ def generation_config(defaults: dict[str, int], gen_length: int | None, steps: i
 
 
 def open_session(model: str | None, device: str, dtype: str, quiet: bool, as_json: bool,
-                 device_map: str | None = None) -> Any:
-    """Resolve the model (say so when the embedded default is used) and load it with its tokenizer."""
+                 device_map: str | None = None, yes: bool = False) -> Any:
+    """Resolve the model (say so when the embedded default is used; offer to pull an ORG/NAME that is not on
+    disk, without asking with ``yes``) and load it with its tokenizer."""
+    from maskkv_cli.commands.pull import ensure_model
     from maskkv_cli.defaults import resolve_default_model
     from maskkv_cli.session import Session
 
     path, message = resolve_default_model(model)
     note(message, quiet, as_json)
+    ensure_model(path, yes, quiet, as_json)
     return Session(path, device=pick_device(device), dtype=None if dtype == "auto" else dtype, device_map=device_map)
 
 

@@ -58,6 +58,7 @@ def demo(
     if as_json:
         typer.echo(json.dumps({"document": str(doc), "question": task.input, "expected": task.answers[0],
                                "runs": [{"policy": p, "budget": a.budget, "answer": a.text, "correct": bool(s),
+                                         "confidence": a.confidence.as_dict() if a.confidence else None,
                                          "stats": a.result.stats.as_dict()} for p, a, s in runs]}))
         return
     typer.echo(f"document: {doc} ({runs[0][1].prompt_len} prompt tokens, a text from the package with one fact "
@@ -67,7 +68,10 @@ def demo(
     labels = [f"{policy} (budget {answer.budget})" if answer.budget else policy for policy, answer, _ in runs]
     width = max(20, *map(len, labels))
     for label, (_, answer, correct) in zip(labels, runs, strict=True):
-        typer.echo(f"{label:>{width}}: {answer.text!r} {'correct' if correct else 'wrong'}")
+        conf = answer.confidence
+        sure = (f", confidence {conf.mean:.2f} mean, {conf.min:.2f} min" + (" (LOW)" if conf.low else "")
+                if conf else ", no answer")
+        typer.echo(f"{label:>{width}}: {answer.text!r} {'correct' if correct else 'wrong'}{sure}")
         if not quiet:
             typer.echo(f"{'':>{width}}  {one_line_stats(answer.result.stats)}")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -18,6 +19,7 @@ from maskkv_cli.commands.common import (
     one_line_stats,
     open_session,
 )
+from maskkv_cli.commands.pull import YesOpt
 from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.options import (
     AlgOpt,
@@ -49,6 +51,14 @@ def _consoles(quiet: bool, as_json: bool) -> tuple[Any, bool]:
 
     err = Console(stderr=True)
     return err, live_display_on(quiet, as_json)
+
+
+def _pull_first(model: str | None, yes: bool, quiet: bool, as_json: bool) -> None:
+    """Offer (or, with --yes, run) the pull of a --model ORG/NAME not on disk before the live panel starts."""
+    from maskkv_cli.commands.pull import ensure_model
+    from maskkv_cli.defaults import resolve_default_model
+
+    ensure_model(resolve_default_model(model)[0], yes, quiet, as_json)
 
 
 def _warn(doc: Any, quiet: bool, as_json: bool) -> None:
@@ -100,6 +110,7 @@ def ask(
     device_map: DeviceMapOpt = None,
     dtype: DtypeOpt = "auto",
     seed: SeedOpt = 0,
+    yes: YesOpt = False,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -118,6 +129,7 @@ def ask(
     qs = _questions(question, more, questions_file)
     cache = cache_config(policy, budget, ratio, seed, layer_budgets)
     err, live_on = _consoles(quiet, as_json)
+    _pull_first(model, yes, quiet, as_json)
     from maskkv_cli.render import LiveRun
 
     with LiveRun(err, live_on, device if device != "auto" else "cpu") as live:
@@ -125,7 +137,7 @@ def ask(
         doc, _ = DocumentStore().ingest(document, password=password)
         _warn(doc, quiet, as_json)
         live.phase("load model")
-        session = open_session(model, device, dtype, quiet, as_json, device_map)
+        session = open_session(model, device, dtype, quiet, as_json, device_map, yes)
         session.dream_options = {"alg": alg, "top_p": top_p, "top_k": top_k}
         gen = generation_config(session.generation_defaults, gen_length, steps, block_length,
                                 temperature=temperature, threshold=threshold, seed=seed)
@@ -139,24 +151,59 @@ def ask(
                     shown.add(message)
                     note(message, quiet, as_json)
             results.append((q, answer, fitted))
+    from maskkv_cli.confidence import is_embedded_model
+
+    embedded = is_embedded_model(session.model_path)
     if as_json:
         typer.echo(json.dumps({
             "document": {"source": str(document), "sha256": doc.sha256, "pages": len(doc.pages),
                          "chars": doc.n_chars},
             "model": session.model_path,
-            "answers": [{"question": q, "answer": a.text, "policy": cache.policy, "budget": a.budget,
+            "answers": [{"question": q, "answer": a.text, **confidence_fields(a, "answer", embedded),
+                         "policy": cache.policy, "budget": a.budget,
                          "prompt_tokens": a.prompt_len, "dropped_tokens": f.dropped, "rope_factor": f.rope_factor,
                          "stats": a.result.stats.as_dict()} for q, a, f in results],
         }))
         return
+    _print_answers(results, quiet, embedded)
+
+
+def confidence_fields(answer: Any, what: str, embedded: bool) -> dict[str, Any]:
+    """``confidence`` (mean/min token probability, or null for an empty answer) and, for an empty one, ``note``."""
+    from maskkv_cli.confidence import empty_note
+
+    fields: dict[str, Any] = {"confidence": answer.confidence.as_dict() if answer.confidence else None}
+    if not answer.text.strip():
+        fields["note"] = empty_note(what, embedded)
+    return fields
+
+
+def _print_answers(results: list[tuple[str, Any, Any]], quiet: bool, embedded: bool) -> None:
+    """One answer: the text on stdout, its confidence on stderr. Several: Q/A/confidence blocks on stdout.
+    An empty answer is never a blank line: a note says so (even with --quiet, since it stands for the answer)."""
+    from maskkv_cli.render import answer_lines
+
+    empty_notes: list[str] = []
     for q, a, _ in results:
+        out, line = answer_lines(a.text, a.confidence, "answer", embedded)
         if len(results) > 1:
             typer.echo(f"Q: {q}")
-            typer.echo(f"A: {a.text}\n")
+            typer.echo(f"A: {out if out is not None else '(no answer, see the note below)'}")
+            if out is not None:
+                typer.echo(f"   {line}")
+            else:
+                empty_notes.append(line)
+            typer.echo("")
+        elif out is not None:
+            typer.echo(out)
+            if not quiet:
+                typer.echo(line, err=True)
         else:
-            typer.echo(a.text)
+            empty_notes.append(line)
         if not quiet:
             typer.echo(one_line_stats(a.result.stats), err=True)
+    if empty_notes:
+        typer.echo(empty_notes[0], err=True)
 
 
 def answer_question(session: Any, context: str, question: str, gen: Any, cache: Any, long: str,
@@ -203,6 +250,7 @@ def summarize(
     device_map: DeviceMapOpt = None,
     dtype: DtypeOpt = "auto",
     seed: SeedOpt = 0,
+    yes: YesOpt = False,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -222,12 +270,13 @@ def summarize(
         raise fail(f"--length must be a positive number of words, got {length}", 2)
     cache = cache_config(policy, budget, ratio, seed, layer_budgets)
     err, live_on = _consoles(quiet, as_json)
+    _pull_first(model, yes, quiet, as_json)
     with LiveRun(err, live_on, device if device != "auto" else "cpu") as live:
         live.phase("parse", str(document))
         doc, _ = DocumentStore().ingest(document, password=password)
         _warn(doc, quiet, as_json)
         live.phase("load model")
-        session = open_session(model, device, dtype, quiet, as_json, device_map)
+        session = open_session(model, device, dtype, quiet, as_json, device_map, yes)
         session.dream_options = {"alg": alg, "top_p": top_p, "top_k": top_k}
         block = block_length or 32
         gen_tokens = max(block, -(-int(length * 1.6) // block) * block)
@@ -244,14 +293,27 @@ def summarize(
                 typer.echo(f"part {i}/{len(parts)} (pages {part.first_page}-{part.last_page}, {part.tokens} tokens)",
                            err=True)
             a, _ = answer_question(session, part.text, part_instruction(length), gen, cache, "truncate", live)
-            summaries.append({"pages": [part.first_page, part.last_page], "tokens": part.tokens, "summary": a.text})
-        final = summaries[0]["summary"]
-        if len(summaries) > 1:
-            live.phase("merge", f"{len(summaries)} summaries")
-            joined = "\n\n".join(s["summary"] for s in summaries)
-            final = answer_question(session, joined, merge_instruction(length), gen, cache, "truncate", live)[0].text
+            summaries.append({"pages": [part.first_page, part.last_page], "tokens": part.tokens, "summary": a.text,
+                              "confidence": a.confidence.as_dict() if a.confidence else None})
+        final = parts_answer = a
+        written = [s["summary"] for s in summaries if s["summary"].strip()]
+        if len(summaries) > 1 and written:  # parts that gave no summary add nothing to the merge
+            live.phase("merge", f"{len(written)} summaries")
+            final = answer_question(session, "\n\n".join(written), merge_instruction(length), gen, cache,
+                                    "truncate", live)[0]
+        elif len(summaries) > 1:
+            final = replace(parts_answer, text="", confidence=None)
+    from maskkv_cli.confidence import is_embedded_model
+
+    embedded = is_embedded_model(session.model_path)
     if as_json:
-        typer.echo(json.dumps({"document": str(document), "pages": len(doc.pages), "summary": final,
-                               "parts": summaries}))
+        typer.echo(json.dumps({"document": str(document), "pages": len(doc.pages), "summary": final.text,
+                               **confidence_fields(final, "summary", embedded), "parts": summaries}))
         return
-    typer.echo(final)
+    from maskkv_cli.render import answer_lines
+
+    out, line = answer_lines(final.text, final.confidence, "summary", embedded)
+    if out is not None:
+        typer.echo(out)
+    if out is None or not quiet:
+        typer.echo(line, err=True)

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from maskkv_cli.budgets import boundary_layer_budgets
 from maskkv_cli.engine.cache import LayerCache, PromptCache, add_residual, dense_layer, select_layer
-from maskkv_cli.engine.residual import attention_spread, diffuse_heads, residual_entries
+from maskkv_cli.engine.residual import attention_spread, diffuse_heads, kept_mask, residual_entries
 from maskkv_cli.models.families import DiffusionLM
 from maskkv_cli.policies.base import LayerView, Policy
 
@@ -36,7 +36,7 @@ class LayerRecord:
     layer_budget: int
     head_budgets: Tensor  # (B, H) kept prompt entries per head
     preference: Tensor | None  # (B, H) P_h when computed
-    positions: Tensor | None  # (B, H, K) kept prompt positions, padded with the last kept one; None = all
+    positions: Tensor | None  # (B, H, K) kept prompt positions, padded with M - 1 past each head's budget; None = all
     importance: float | None = None  # I(l) of this input when measured online
     residual: Tensor | None = None  # (B, H) bool: heads that hold a residual entry besides ``head_budgets``
 
@@ -156,9 +156,7 @@ def _select(policy: Policy, view: LayerView, q_mask: Tensor | None, k: Tensor, v
     if not bool(diffuse.any()):
         return select_layer(k, v, scores, heads, m, response_len, group)
     layer = select_layer(k, v, scores, heads - diffuse.to(heads.dtype), m, response_len, group)
-    kept = torch.zeros(scores.shape, dtype=torch.bool, device=k.device)
-    valid = torch.arange(layer.positions.shape[-1], device=k.device) < layer.lengths[..., None]  # type: ignore[union-attr]
-    kept.scatter_(-1, layer.positions, valid)  # type: ignore[arg-type]
+    kept = kept_mask(layer.positions, layer.lengths, m)  # type: ignore[arg-type]
     k_r, v_r, offset = residual_entries(q_mask, k_prompt, v[:, :, :m], kept, view.scale)  # k_r cast on storing
     return add_residual(layer, k_r, v_r, offset, diffuse)
 
@@ -249,7 +247,8 @@ def prefill(
     tokens = ids.shape[0] * t
     importance = [float(s) / tokens for s in shifts]
     if online:
-        budgets = boundary_layer_budgets(importance, budget, policy.options.beta, policy.options.boundary)
+        budgets = boundary_layer_budgets(importance, budget, policy.options.beta, policy.options.boundary,
+                                         max_budget=prompt_len)
         pending.reverse()  # pop() from the end frees layer 0 first
         while pending:
             view, q_mask, scores, k, v = pending.pop()

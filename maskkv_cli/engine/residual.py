@@ -1,12 +1,8 @@
 """Residual entries: one synthetic prompt (key, value) per diffuse head, standing in for what the head evicted.
 
-Why (ours, not in the paper; part of the default ``maskkv-plus`` policy, alone as ``maskkv-residual``): some
-heads spread their attention over the whole prompt. On the tiny model two heads of the first layer do (the
-perplexity of each mask query's attention is 88-96% of the prompt length). No small set of entries summarizes
-such a head: after eviction its output is an average over a handful of tokens instead of over the document, and
-every later layer sees a shifted input. On one sample of multikey tasks those two heads accounted for nearly all
-of MaskKV's loss against the full cache; on others the gain is smaller or absent, and on text unlike the
-training text it is large (``docs/tiny-model.md``).
+Ours, not in the paper: used by the opt-in policies ``maskkv-residual`` and ``maskkv-plus`` (docs/policies.md
+has the motivation and the measurements). A head that spreads its attention over the whole prompt cannot be
+summarized by a few kept entries; the residual entry carries the evicted entries' attention-weighted average.
 
 What: a head whose mask queries each spread their attention over at least a threshold share of the prompt
 (perplexity / M) spends one of its budgeted entries on a residual entry built from the evicted set ``E`` at
@@ -56,6 +52,19 @@ def diffuse_heads(spread: Tensor, budgets: Tensor, prompt_len: int, threshold: f
     something (budget below ``prompt_len``) and its budget is at least 2 (the residual takes one entry)."""
     budgets = budgets.to(spread.device)
     return (spread >= threshold) & (budgets >= 2) & (budgets < prompt_len)
+
+
+def kept_mask(positions: Tensor, lengths: Tensor, prompt_len: int) -> Tensor:
+    """Bool (B, H, M): the prompt positions each head keeps, from a layer's ``positions`` (B, H, K) and ``lengths``
+    (B, H). A position counts as kept iff a valid slot (index below the head's length) holds it: padded slots
+    repeat a real position (M - 1) that the head may or may not keep, so they must not write at all. Invalid
+    slots write into an extra column M that is dropped, and every write is ``True`` (the result does not depend
+    on the order of the writes, which CUDA leaves undefined)."""
+    valid = torch.arange(positions.shape[-1], device=positions.device) < lengths.to(positions.device)[..., None]
+    target = torch.where(valid, positions, prompt_len)
+    kept = torch.zeros(*positions.shape[:-1], prompt_len + 1, dtype=torch.bool, device=positions.device)
+    kept.scatter_(-1, target, True)
+    return kept[..., :prompt_len]
 
 
 def residual_entries(q: Tensor, k: Tensor, v: Tensor, kept: Tensor, scale: float,

@@ -17,6 +17,17 @@ from maskkv_cli.models.config import ModelConfig
 from maskkv_cli.models.llada import RMSNorm, apply_rope, init_parameters, rope_tables
 
 
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """RoPE as upstream Dream (Qwen2) applies it: in fp32 (``apply_rope``) for fp32 activations; in half
+    precision the fp32 cos/sin tables are cast to the activation dtype and the rotation runs in that dtype, so
+    bf16/fp16 logits match what Dream's own code gives."""
+    if x.dtype == torch.float32:
+        return apply_rope(x, cos, sin)
+    c, s = cos.to(x.dtype), sin.to(x.dtype)
+    half = x.shape[-1] // 2
+    return x * c + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * s
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -54,7 +65,7 @@ class DreamBlock(nn.Module):
         q = a.q_proj(n).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
         k = a.k_proj(n).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = a.v_proj(n).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        return rotate(q, cos, sin), rotate(k, cos, sin), v
 
     def attn_proj(self, o: Tensor) -> Tensor:
         b, _, t, _ = o.shape

@@ -2,7 +2,7 @@
 
 A folder holds ``config.json`` (model_type "llada"), weights as ``model.safetensors`` or shards listed in
 ``model.safetensors.index.json``, and tokenizer files. Nothing here reaches the network: a Hugging Face id is
-looked up in the local HF cache only.
+looked up in the local HF cache only (``maskkv pull``, ``models/hub.py``, puts it there).
 """
 
 from __future__ import annotations
@@ -43,6 +43,16 @@ def parse_dtype(dtype: str | torch.dtype | None, device: torch.device | str = "c
         raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of auto, {', '.join(DTYPES)}") from None
 
 
+class ModelNotDownloaded(ModelLoadError):
+    """``--model ORG/NAME`` that is neither a folder nor in the local HF cache; ``maskkv pull`` can fetch it."""
+
+    def __init__(self, repo_id: str, searched: Path) -> None:
+        super().__init__(f"model {repo_id!r} is not on this machine (not a folder, not in the Hugging Face cache "
+                         f"{searched}); download it with `maskkv pull {repo_id}`")
+        self.repo_id = repo_id
+        self.searched = searched
+
+
 def hf_cache_dir() -> Path:
     if os.environ.get("HF_HUB_CACHE"):
         return Path(os.environ["HF_HUB_CACHE"])
@@ -77,10 +87,7 @@ def resolve_model_path(name_or_path: str | os.PathLike[str]) -> Path:
             )
             if found:
                 return found[-1]
-        raise ModelLoadError(
-            f"model {text!r} is not a folder and not in the local Hugging Face cache ({repo}); on a connected "
-            f"machine run `huggingface-cli download {text}` (or `hf download {text}`) and copy the folder here"
-        )
+        raise ModelNotDownloaded(text, repo)
     raise ModelLoadError(f"model folder {path} does not exist")
 
 

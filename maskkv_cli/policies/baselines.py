@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -49,8 +51,12 @@ class SnapKV(Policy):
     summary = ("Votes of the last 32 prompt queries (the observation window), max-pooled (kernel 7); keeps the "
                "top B - W prefix entries plus the window.")
 
+    def window(self, layer_budget: int, prompt_len: int) -> int:
+        """The observation window W of a layer with this budget."""
+        return snap_window(layer_budget, self.options.window, prompt_len)
+
     def scores(self, view: LayerView, layer_budget: int) -> Tensor:
-        w = snap_window(layer_budget, self.options.window, view.prompt_len)
+        w = self.window(layer_budget, view.prompt_len)
         if w == 0:
             return view.query_mass(0, view.prompt_len)[..., : view.prompt_len]
         prefix = snap_prefix_scores(view, w, self.options.pool_kernel, self.options.pool_mode)
@@ -62,9 +68,22 @@ class PyramidKV(SnapKV):
     name = "pyramidkv"
     summary = "SnapKV scores with a pyramid of layer budgets: more in the bottom layers, fewer on top (beta 20)."
 
+    run_window: int | None = None  # W of the current run, set by ``layer_budgets``
+
     def layer_budgets(self, n_layers: int, budget: int, prompt_len: int) -> list[int]:
-        w = snap_window(budget, self.options.window, prompt_len)
-        return pyramid_layer_budgets(n_layers, budget, w, prompt_len, self.options.pyramid_beta)
+        self.run_window = snap_window(budget, self.options.window, prompt_len)
+        return pyramid_layer_budgets(n_layers, budget, self.run_window, prompt_len, self.options.pyramid_beta)
+
+    def window(self, layer_budget: int, prompt_len: int) -> int:
+        """One W for the whole run: the W the layer budgets were computed with (every layer keeps the same last
+        W prompt tokens plus its own share of the prefix). Without a plan from ``layer_budgets`` (a hand-made
+        uniform plan), SnapKV's rule for the layer's budget."""
+        if self.run_window is None:
+            return super().window(layer_budget, prompt_len)
+        return min(self.run_window, prompt_len - 1)
+
+    def rule(self) -> dict[str, Any]:
+        return {**super().rule(), "window": "per run"}  # rows stored when each layer picked its own W are stale
 
 
 @register

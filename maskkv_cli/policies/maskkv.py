@@ -10,10 +10,9 @@ from maskkv_cli.budgets import boundary_layer_budgets, preference_head_budgets, 
 from maskkv_cli.engine.votes import neighbour_scores, pool_scores
 from maskkv_cli.policies.base import LayerView, Policy, register
 
-# Heads whose mask queries each spread their prompt attention over at least three quarters of the prompt
-# (perplexity / M) get a residual entry. On the tiny model the two near-uniform heads of layer 0 sit at 0.88-0.96,
-# one last-layer head at 0.45-0.53 and the other 45 at or below 0.24 (docs/policies.md): the threshold sits in the
-# gap above the half-diffuse head.
+# Spread threshold of ``maskkv-residual`` and ``maskkv-plus``: a head whose mask queries each spread their prompt
+# attention over at least this share of the prompt (mean perplexity / M) gets a residual entry. How the value was
+# chosen: docs/policies.md.
 RESIDUAL_SPREAD = 0.75
 
 
@@ -28,7 +27,8 @@ class MaskKV(Policy):
         imp = self.options.importance
         if imp is None:
             return uniform_layer_budgets(n_layers, budget)
-        return boundary_layer_budgets(list(imp), budget, self.options.beta, self.options.boundary)
+        return boundary_layer_budgets(list(imp), budget, self.options.beta, self.options.boundary,
+                                      max_budget=prompt_len)
 
     def scores(self, view: LayerView, layer_budget: int) -> Tensor:
         return view.mask_mass()[..., : view.prompt_len]
@@ -66,10 +66,9 @@ class MaskKVPooled(MaskKV):
         return {**super().rule(), "vote_pool": VOTE_POOL_KERNEL}
 
 
-# Neighbour votes of ``maskkv-plus``: an entry scores at least half the best vote among itself and the entry on
-# each side. Fixed on the seed-1, -3 and -5 samples (weights 0.25 / 0.5 / 0.75 / 1 tried; 1 is ``maskkv-pooled``,
-# which spends small budgets on neighbours instead of other voted entries), then checked on fresh samples
-# (docs/tiny-model.md).
+# Neighbour votes of ``maskkv-plus``: an entry scores at least ``NEIGHBOUR_WEIGHT`` times the best vote among
+# itself and the entries within ``NEIGHBOUR_KERNEL // 2`` on each side (``engine.votes.neighbour_scores``). How the
+# values were chosen: docs/policies.md.
 NEIGHBOUR_KERNEL = 3
 NEIGHBOUR_WEIGHT = 0.5
 
@@ -77,8 +76,9 @@ NEIGHBOUR_WEIGHT = 0.5
 @register
 class MaskKVPlus(MaskKV):
     name = "maskkv-plus"
-    summary = ("MaskKV with our two repairs: the entries beside a voted one score at least half its votes, and "
-               "diffuse heads get a residual entry (ours; docs/policies.md).")
+    summary = ("MaskKV, and the entries beside a voted one score at least half its votes, and diffuse heads get a "
+               "residual entry (ours, experimental: tuned on the tiny model; compare on your checkpoint with "
+               "`maskkv bench quality --policies full,maskkv,maskkv-plus`).")
     residual_default = RESIDUAL_SPREAD
 
     def scores(self, view: LayerView, layer_budget: int) -> Tensor:

@@ -1,0 +1,114 @@
+"""``maskkv eval``: run lm-evaluation-harness tasks (LongBench, GSM8K, ... or local task YAMLs) with maskkv."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from maskkv_cli.commands.common import fail, guarded, note
+from maskkv_cli.defaults import DEFAULT_POLICY
+from maskkv_cli.options import (
+    BlockOpt,
+    BudgetOpt,
+    DeviceOpt,
+    DtypeOpt,
+    JsonOpt,
+    LayerBudgetsOpt,
+    ModelOpt,
+    PolicyOpt,
+    QuietOpt,
+    RatioOpt,
+    SeedOpt,
+    StepsOpt,
+)
+
+
+@guarded
+def evaluate(
+    tasks: Annotated[str, typer.Option("--tasks", help="Comma-separated harness task or group names, e.g. "
+                                       "longbench_hotpotqa,gsm8k, or names from --include-path.")],
+    model: ModelOpt = None,
+    policy: PolicyOpt = DEFAULT_POLICY,
+    budget: BudgetOpt = None,
+    ratio: RatioOpt = None,
+    layer_budgets: LayerBudgetsOpt = "auto",
+    steps: StepsOpt = None,
+    block_length: BlockOpt = None,
+    include_path: Annotated[Path | None, typer.Option(
+        "--include-path", help="A folder of task YAML files of your own (local data files allowed).",
+        show_default=False)] = None,
+    builtin_tasks: Annotated[bool, typer.Option(
+        "--builtin-tasks/--no-builtin-tasks", help="Index the harness's own tasks too (off: only --include-path, "
+        "which starts faster).")] = True,
+    chat_template: Annotated[bool, typer.Option(
+        "--chat-template/--no-chat-template", help="Wrap each prompt in the model's chat template (LongBench: on "
+        "for QA and summaries, off for trec, triviaqa, samsum, lsht, lcc, repobench-p).")] = False,
+    limit: Annotated[float | None, typer.Option(
+        "--limit", help="Documents per task (a count, or a share when below 1).", show_default=False)] = None,
+    output: Annotated[Path | None, typer.Option(
+        "--output", "-o", help="Folder for the harness's results and samples and maskkv's per-request statistics.",
+        show_default=False)] = None,
+    mc_samples: Annotated[int, typer.Option(
+        "--mc-samples", help="Monte Carlo samples per log-likelihood request (multiple-choice tasks).")] = 32,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    seed: SeedOpt = 0,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Evaluate with EleutherAI's lm-evaluation-harness, maskkv as the model (needs `pip install 'maskkv[eval]'`).
+
+    Generation tasks use the sampler (one token per step unless --steps) under the cache policy, each request's
+    answer length and stop strings; multiple-choice tasks use the LLaDA Monte Carlo likelihood estimate.
+
+    Examples:
+
+        maskkv eval --model ~/LLaDA-8B-Instruct --tasks longbench_hotpotqa --chat-template --budget 256 -o runs/lb
+
+        maskkv eval --tasks my_task --include-path ./tasks --no-builtin-tasks --policy full
+
+        accelerate launch --multi_gpu --num_processes 8 -m maskkv_cli eval --tasks longbench_trec -o runs/lb
+    """
+    from maskkv_cli.evaluation import INSTALL_HINT, harness_available
+
+    if not harness_available():
+        raise fail(INSTALL_HINT)
+    if budget is not None and ratio is not None:
+        raise fail("give either --budget or --ratio, not both", 2)
+    names = [t.strip() for t in tasks.split(",") if t.strip()]
+    if not names:
+        raise fail("--tasks is empty; give harness task names, e.g. --tasks longbench_hotpotqa", 2)
+    _quiet_harness(quiet or as_json)
+    from maskkv_cli.defaults import resolve_default_model
+    from maskkv_cli.evaluation.runner import run_eval
+
+    model, message = resolve_default_model(model)
+    note(message, quiet, as_json)
+
+    model_args: dict[str, Any] = {"model": model, "policy": policy, "budget": budget, "ratio": ratio,
+                                  "layer_budgets": layer_budgets, "steps": steps, "seed": seed,
+                                  "device": device, "dtype": dtype, "mc_samples": mc_samples}
+    if block_length is not None:
+        model_args["block_length"] = block_length
+    run = run_eval(names, model_args, include_path=None if include_path is None else str(include_path),
+                   builtin_tasks=builtin_tasks, chat_template=chat_template, limit=limit, output=output)
+    if run.results is None:
+        return  # another rank prints
+    if as_json:
+        typer.echo(json.dumps({"results": run.results["results"], "maskkv": run.summary,
+                               "output": None if run.folder is None else str(run.folder)}, ensure_ascii=False))
+        return
+    typer.echo(run.table)
+    if run.folder is not None and not quiet:
+        sys.stderr.write(f"results, samples and maskkv statistics: {run.folder}\n")
+
+
+def _quiet_harness(quiet: bool) -> None:
+    """The harness logs at INFO through its own handler; keep warnings only when the user wants quiet output."""
+    import logging
+
+    logging.getLogger("lm_eval").setLevel(logging.WARNING if quiet else logging.INFO)

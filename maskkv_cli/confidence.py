@@ -1,0 +1,85 @@
+"""How sure the model was of an answer: the probability of each answer token at the step it was unmasked.
+
+The samplers record, for every response position, the probability the model gave the committed token at the
+step it was committed (``GenerationResult.token_probs``). An answer's confidence is the mean and the minimum
+of those probabilities over its own tokens (up to the first end-of-text token). When the minimum is below
+``LOW_CONFIDENCE`` the CLI marks the answer as a likely guess; the threshold and the evidence for it (the
+minimum separated right from wrong answers slightly better than the mean) are in ``docs/models.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# Lowest token probability under which an answer is shown as low-confidence. Chosen on one sample of needle
+# tasks with the embedded model and confirmed on a second sample fixed in advance (docs/models.md,
+# scripts/confidence_threshold.py).
+LOW_CONFIDENCE = 0.7
+
+PULL_HINT = "maskkv pull GSAI-ML/LLaDA-8B-Instruct"
+
+
+@dataclass(frozen=True)
+class Confidence:
+    mean: float
+    min: float
+    tokens: int
+
+    @property
+    def low(self) -> bool:
+        return self.min < LOW_CONFIDENCE
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"mean": round(self.mean, 4), "min": round(self.min, 4), "tokens": self.tokens, "low": self.low,
+                "threshold": LOW_CONFIDENCE}
+
+
+def answer_confidence(ids: Sequence[int], probs: Sequence[float], stops: set[int],
+                      mask_id: int) -> Confidence | None:
+    """Mean and minimum committed probability of the answer's tokens (those before the first stop token);
+    None when the answer has no tokens."""
+    kept: list[float] = []
+    for token, p in zip(ids, probs, strict=True):
+        if token in stops:
+            break
+        if token != mask_id and not math.isnan(p):
+            kept.append(float(p))
+    if not kept:
+        return None
+    return Confidence(sum(kept) / len(kept), min(kept), len(kept))
+
+
+def describe(conf: Confidence | None) -> str:
+    """One line for the display: the two numbers, and a warning when the minimum is under the threshold."""
+    if conf is None:
+        return "confidence: none (no answer tokens)"
+    numbers = f"mean {conf.mean:.2f}, min {conf.min:.2f} over {conf.tokens} tokens"
+    if conf.low:
+        return (f"LOW CONFIDENCE ({numbers}; a token below {LOW_CONFIDENCE:.2f}): the model is probably guessing, "
+                f"check the answer in the document")
+    return f"confidence: {numbers}"
+
+
+def empty_note(what: str, embedded: bool) -> str:
+    """What to say instead of printing a blank ``what`` ("answer" or "summary")."""
+    text = f"the model gave no {what} (it produced only end-of-text tokens)."
+    if embedded:
+        text += (" The embedded tiny model only looks up needle-style facts, e.g. \"What is the special magic "
+                 f"number for KEY?\" over text holding \"The special magic number for KEY is 4821.\". For real "
+                 f"answers download a real model: `{PULL_HINT}`, then pass --model GSAI-ML/LLaDA-8B-Instruct.")
+    else:
+        text += " Try a longer --gen-length, more --steps, or a larger --budget."
+    return text
+
+
+def is_embedded_model(path: str) -> bool:
+    """Whether ``path`` is the tiny model shipped in the package (what the empty-answer note talks about)."""
+    from pathlib import Path
+
+    from maskkv_cli.defaults import shipped_model
+
+    shipped = shipped_model()
+    return shipped is not None and Path(path).resolve() == shipped.resolve()

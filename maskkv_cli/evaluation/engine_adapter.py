@@ -1,0 +1,133 @@
+"""The one place the harness model touches maskkv's engine.
+
+Everything the evaluation package needs from maskkv (load a model, answer a prompt under a cache policy, score
+tokens with the bidirectional forward) goes through the functions here, written against today's public API
+(``Session.answer_ids``, the model's forward). When the core pipeline (``maskkv_cli.pipeline.ask``) lands, only
+``answer`` changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from maskkv_cli.defaults import DEFAULT_POLICY
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Cache policy and sampler settings of one evaluation run (the harness's model args)."""
+
+    policy: str = DEFAULT_POLICY
+    budget: int | None = None  # prompt K/V pairs per head per layer; None: the policy's default (256)
+    ratio: float | None = None  # budget as a share of the prompt, instead of ``budget``
+    layer_budgets: str = "auto"
+    steps: int | None = None  # denoising steps per answer; None: one token per step (the paper's LongBench setting)
+    block_length: int = 32
+    remasking: str = "low_confidence"
+    threshold: float | None = None
+    cfg_scale: float = 0.0
+    seed: int = 0
+
+
+@dataclass
+class Reply:
+    """An answer's text (up to its end-of-text token, stripped) and what running it cost."""
+
+    text: str
+    prompt_tokens: int  # after fitting the window
+    truncated: bool  # the prompt's middle was cut to fit the window
+    stats: dict[str, Any]
+
+
+class Engine:
+    """A loaded model and tokenizer with the few facts the harness model needs."""
+
+    def __init__(self, model: str | None, device: str = "auto", dtype: str | None = None) -> None:
+        from maskkv_cli.defaults import resolve_default_model
+        from maskkv_cli.session import Session
+
+        path, self.note = resolve_default_model(model)
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.session = Session(path, device=device, dtype=dtype)
+        cfg = self.session.model.config
+        self.path = path
+        self.tokenizer: Any = self.session.tokenizer
+        self.window: int = self.session.window
+        self.bos_id: int | None = cfg.bos_token_id
+        self.mask_id: int = cfg.mask_token_id
+        self.family: str = cfg.family
+        self.device: torch.device = self.session.device
+
+    def chat_text(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """Messages rendered with the model's chat template (LLaDA's when the tokenizer has none)."""
+        from maskkv_cli.prompting import llada_template
+
+        if getattr(self.tokenizer, "chat_template", None):
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                      tokenize=False)
+        return llada_template(messages, add_generation_prompt)
+
+    def logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """Bidirectional forward over ``ids`` (B, T): logits (B, T, V) predicting each position (Dream's shift
+        applied), no cache involved."""
+        with torch.no_grad():
+            return self.session.model(ids.to(self.device))
+
+
+def policy_names() -> list[str]:
+    from maskkv_cli.policies.base import policy_names as names
+
+    return names()
+
+
+def fit_window(ids: list[int], room: int) -> tuple[list[int], bool]:
+    """``ids`` unchanged when they fit in ``room``; else their first and last halves (LongBench's middle cut)."""
+    if len(ids) <= room:
+        return ids, False
+    head = room // 2
+    return ids[:head] + ids[len(ids) - (room - head):], True
+
+
+def answer(engine: Engine, ids: list[int], gen_length: int, settings: Settings,
+           temperature: float = 0.0) -> Reply:
+    """Generate up to ``gen_length`` tokens after the prompt ``ids`` under the settings' cache policy.
+
+    The answer length is ``gen_length``; blocks are ``settings.block_length`` tokens when that divides it, else
+    one block (as ``bench quality`` does for LongBench's answer lengths); steps default to one token per step.
+    """
+    from maskkv_cli.policies.base import PolicyOptions
+    from maskkv_cli.sampler import GenerationConfig
+    from maskkv_cli.session import CacheConfig
+
+    room = engine.window - gen_length
+    if room <= 0:
+        from maskkv_cli.errors import UsageError
+
+        raise UsageError(f"max_gen_toks {gen_length} leaves no room for a prompt in the model's "
+                         f"{engine.window}-token window")
+    ids, cut = fit_window(ids, room)
+    block = settings.block_length if gen_length % settings.block_length == 0 else gen_length
+    gen = GenerationConfig(gen_length=gen_length, steps=settings.steps or gen_length, block_length=block,
+                           temperature=temperature, cfg_scale=settings.cfg_scale, remasking=settings.remasking,
+                           threshold=settings.threshold, seed=settings.seed)
+    cache = CacheConfig(policy=settings.policy, budget=settings.budget, ratio=settings.ratio,
+                        options=PolicyOptions(seed=settings.seed), layer_budgets=settings.layer_budgets)
+    result = engine.session.answer_ids(ids, gen, cache)
+    run = result.result.stats
+    stats = {
+        "budget": result.budget,
+        "kv_entries": run.kv_entries,
+        "kv_bytes": run.kv_bytes,
+        "kv_full_bytes": run.kv_full_bytes,
+        "compression": round(run.compression, 4),
+        "prefill_s": round(run.prefill_s, 6),
+        "median_step_s": round(run.median_step_s, 6),
+        "steps": run.steps_run,
+        "total_s": round(run.total_s, 6),
+        "gen_tokens": run.gen_length,
+    }
+    return Reply(result.text, len(ids), cut, stats)

@@ -1,0 +1,216 @@
+"""``MaskKVLM``: maskkv as an lm-evaluation-harness model (``--model maskkv``).
+
+Model args (``--model_args key=value,...``): ``model`` (checkpoint folder; default the embedded tiny model),
+``policy``, ``budget`` or ``ratio``, ``layer_budgets``, ``steps`` (per answer; default one token per step),
+``block_length``, ``remasking``, ``threshold``, ``cfg``, ``seed``, ``device``, ``dtype``, ``max_gen_toks``
+(for requests that name none), ``mc_samples`` and ``mc_batch`` (log-likelihood estimate), ``stats_dir`` (where
+the per-request statistics go).
+
+Requests: ``generate_until`` runs the sampler under the cache policy with the request's ``max_gen_toks`` as the
+answer length and cuts the answer at the first of its ``until`` strings; greedy unless the request asks for
+``do_sample`` with a temperature. ``loglikelihood`` uses the Monte Carlo estimate of ``likelihood.py``;
+``loglikelihood_rolling`` (perplexity tasks) is refused with a one-line error.
+
+Data parallel: under ``accelerate launch`` each process is one rank with its own model on its own device; the
+harness gives each rank its share of the documents (``rank``, ``world_size``) and gathers the results.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from datetime import datetime
+from typing import Any
+
+import torch
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+
+from maskkv_cli.evaluation import engine_adapter
+from maskkv_cli.evaluation.likelihood import continuation_logprob
+from maskkv_cli.evaluation.request_stats import summarize, summary_line, unique_lines, write_stats
+
+log = logging.getLogger("maskkv.evaluation")
+
+DEFAULT_MAX_GEN_TOKS = 256
+UNSUPPORTED_ROLLING = ("maskkv supports generate_until and loglikelihood requests (generation and multiple-choice "
+                       "tasks), not loglikelihood_rolling (perplexity tasks)")
+
+
+def _optional_int(value: Any) -> int | None:
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
+        return None
+    return int(value)
+
+
+def _optional_float(value: Any) -> float | None:
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
+        return None
+    return float(value)
+
+
+def cut_at_stops(text: str, until: Any) -> str:
+    """``text`` up to the first occurrence of any stop string (``until``: a string or a list of them)."""
+    stops = [until] if isinstance(until, str) else list(until or [])
+    end = len(text)
+    for stop in stops:
+        if stop:
+            at = text.find(stop)
+            if at != -1:
+                end = min(end, at)
+    return text[:end]
+
+
+@register_model("maskkv")
+class MaskKVLM(LM):
+    """A diffusion LM (LLaDA or Dream) whose prompt K/V cache is kept by a maskkv policy."""
+
+    def __init__(self, model: str | None = None, policy: str | None = None, budget: Any = None, ratio: Any = None,
+                 layer_budgets: str = "auto", steps: Any = None, block_length: Any = 32,
+                 remasking: str = "low_confidence", threshold: Any = None, cfg: Any = 0.0, seed: Any = 0,
+                 device: str | None = None, dtype: str | None = None, max_gen_toks: Any = DEFAULT_MAX_GEN_TOKS,
+                 mc_samples: Any = 32, mc_batch: Any = 8, stats_dir: str | None = None,
+                 batch_size: Any = None, max_batch_size: Any = None, **unknown: Any) -> None:
+        super().__init__()
+        from maskkv_cli.errors import UsageError
+
+        if unknown:
+            raise UsageError(f"unknown maskkv model args: {', '.join(sorted(unknown))}")
+        names = engine_adapter.policy_names()
+        chosen = policy or engine_adapter.DEFAULT_POLICY
+        if chosen not in names:
+            raise UsageError(f"unknown policy {chosen!r}; choose one of: {', '.join(names)}")
+        self.settings = engine_adapter.Settings(
+            policy=chosen, budget=_optional_int(budget), ratio=_optional_float(ratio),
+            layer_budgets=str(layer_budgets), steps=_optional_int(steps), block_length=int(block_length),
+            remasking=str(remasking), threshold=_optional_float(threshold), cfg_scale=float(cfg), seed=int(seed))
+        if self.settings.budget is not None and self.settings.ratio is not None:
+            raise UsageError("give budget or ratio, not both")
+        self.max_gen_toks = int(max_gen_toks)
+        self.mc_samples = int(mc_samples)
+        self.mc_batch = max(1, int(mc_batch))
+        self.stats_dir = stats_dir
+        self.stats_stamp = datetime.now().isoformat(timespec="seconds").replace(":", "-")
+        self.last_summary: dict[str, dict[str, Any]] = {}
+        self.accelerator: Any = None
+        target = device or "auto"
+        if target.startswith("cuda") and not torch.cuda.is_available():  # the harness CLI's default is cuda:0
+            log.warning("maskkv: CUDA is not available; running on the CPU")
+            target = "cpu"
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            from accelerate import Accelerator
+
+            self.accelerator = Accelerator(cpu=target == "cpu" or not torch.cuda.is_available())
+            self._rank = self.accelerator.process_index
+            self._world_size = self.accelerator.num_processes
+            target = str(self.accelerator.device)  # one model per device: cuda:LOCAL_RANK, or the CPU
+        self.engine = engine_adapter.Engine(model, device=target,
+                                            dtype=None if dtype in (None, "auto") else str(dtype))
+        self._device = self.engine.device
+        if self.engine.note and self._rank == 0:
+            log.info(self.engine.note)
+
+    # ----- distributed protocol (used by the harness's evaluator) ------------------------------------------
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.accelerator is None:
+            return tensor
+        return self.accelerator.gather(tensor)
+
+    def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
+        if self.accelerator is None:
+            return [obj]
+        gathered: list[Any] | None = [None] * self._world_size if self._rank == dst else None
+        torch.distributed.gather_object(obj, gathered, dst=dst)
+        return gathered
+
+    def barrier(self) -> None:
+        if self.accelerator is not None:
+            self.accelerator.wait_for_everyone()
+
+    # ----- chat template -----------------------------------------------------------------------------------
+
+    @property
+    def tokenizer_name(self) -> str:
+        return str(self.engine.path).replace("/", "__")
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        return getattr(self.engine.tokenizer, "chat_template", None) or "llada"
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        return self.engine.chat_text(chat_history, add_generation_prompt)
+
+    # ----- requests ----------------------------------------------------------------------------------------
+
+    def _encode(self, text: str) -> list[int]:
+        """Token ids of a prompt, with the BOS token in front unless the text (a chat template) brought one."""
+        ids = list(self.engine.tokenizer.encode(text, add_special_tokens=False))
+        bos = self.engine.bos_id
+        if bos is not None and (not ids or ids[0] != bos):
+            ids = [bos] + ids
+        return ids
+
+    def _progress(self, total: int, what: str) -> Any:
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=f"maskkv {what}", disable=self._rank != 0, file=sys.stderr)
+
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        answers: list[str] = []
+        lines: list[dict[str, Any]] = []
+        bar = self._progress(len(requests), "generate_until")
+        for request in requests:
+            context, gen_kwargs = request.args
+            kwargs = dict(gen_kwargs or {})
+            length = int(kwargs.get("max_gen_toks") or self.max_gen_toks)
+            sample = bool(kwargs.get("do_sample")) and float(kwargs.get("temperature") or 0.0) > 0
+            temperature = float(kwargs["temperature"]) if sample else 0.0
+            reply = engine_adapter.answer(self.engine, self._encode(context), length, self.settings, temperature)
+            text = cut_at_stops(reply.text, kwargs.get("until"))
+            answers.append(text)
+            self.cache_hook.add_partial("generate_until", request.args, text)
+            lines.append({"task": request.task_name, "doc_id": request.doc_id, "idx": request.idx,
+                          "rank": self._rank, "policy": self.settings.policy, "prompt_tokens": reply.prompt_tokens,
+                          "truncated": reply.truncated, "answer_chars": len(text), **reply.stats})
+            bar.update(1)
+        bar.close()
+        self._report(lines)
+        return answers
+
+    def _report(self, lines: list[dict[str, Any]]) -> None:
+        """Gather every rank's lines on rank 0; write them and the per-task summary, and log a line per task."""
+        gathered = self.gather_object(lines, dst=0)
+        if self._rank != 0 or gathered is None:
+            return
+        merged = unique_lines([line for part in gathered for line in part])
+        self.last_summary = summarize(merged)
+        for task, row in self.last_summary.items():
+            message = summary_line(task, row)
+            log.info(message)
+            print(message, file=sys.stderr)
+        if self.stats_dir:
+            requests_path, _ = write_stats(self.stats_dir, self.stats_stamp, merged, self.last_summary)
+            log.info("maskkv per-request statistics: %s", requests_path)
+
+    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        results: list[tuple[float, bool]] = []
+        bar = self._progress(len(requests), "loglikelihood")
+        for request in requests:
+            context, continuation = request.args
+            moved = len(context) - len(context.rstrip())  # a context's trailing spaces belong to the continuation
+            if moved:
+                context, continuation = context[:-moved], context[-moved:] + continuation
+            ids = self._encode(context)
+            cont = list(self.engine.tokenizer.encode(continuation, add_special_tokens=False))
+            value = continuation_logprob(self.engine, ids, cont, self.mc_samples, self.mc_batch, self.settings.seed)
+            results.append(value)
+            self.cache_hook.add_partial("loglikelihood", request.args, value)
+            bar.update(1)
+        bar.close()
+        return results
+
+    def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+        from maskkv_cli.errors import UsageError
+
+        raise UsageError(UNSUPPORTED_ROLLING)

@@ -1,0 +1,141 @@
+"""Checkpoints on this machine: the embedded model, folders given to ``--model`` before, and the HF cache.
+
+Each entry says its family, parameter count, size on disk, dtype and whether it can be loaded (config, key
+table and tokenizer checked from the files' headers, no tensor is read), or why not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from safetensors import safe_open
+
+from maskkv_cli.errors import MaskKVError
+from maskkv_cli.models.loading import check_keys, hf_cache_dir, read_config, weight_files
+from maskkv_cli.paths import maskkv_home
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+REMEMBERED = "models.json"
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    name: str  # what to pass to --model
+    path: Path
+    source: str  # embedded, folder, hf-cache
+    family: str | None = None
+    params: int | None = None
+    size_bytes: int = 0
+    dtype: str | None = None
+    problem: str | None = None  # why it cannot be loaded; None when it can
+
+    @property
+    def loadable(self) -> bool:
+        return self.problem is None
+
+    def as_dict(self) -> dict[str, object]:
+        return {"name": self.name, "path": str(self.path), "source": self.source, "family": self.family,
+                "params": self.params, "size_bytes": self.size_bytes, "dtype": self.dtype,
+                "loadable": self.loadable, "problem": self.problem}
+
+
+def inspect(folder: Path, name: str, source: str) -> LocalModel:
+    """Family, size, dtype of a checkpoint folder and whether it loads, from its config and file headers."""
+    size = sum(p.stat().st_size for p in folder.glob("*.safetensors") if p.is_file())
+    dtype = None
+    try:
+        raw = json.loads((folder / "config.json").read_text())
+        dtype = raw.get("torch_dtype") or raw.get("dtype")
+    except (OSError, ValueError):
+        pass
+    try:
+        cfg = read_config(folder)
+    except MaskKVError as exc:
+        return LocalModel(name, folder, source, size_bytes=size, dtype=dtype, problem=str(exc))
+    try:
+        from maskkv_cli.models.families import parameter_shapes
+
+        found: dict[str, tuple[int, ...]] = {}
+        for file in sorted(set(weight_files(folder).values())):
+            with safe_open(str(file), framework="pt") as f:
+                for key in f.keys():
+                    found[key] = tuple(f.get_slice(key).get_shape())
+        params = 0
+        for shape in found.values():
+            n = 1
+            for d in shape:
+                n *= d
+            params += n
+        check_keys(parameter_shapes(cfg), found, str(folder))
+        if not any((folder / t).is_file() for t in TOKENIZER_FILES):
+            raise MaskKVError("no tokenizer files (tokenizer.json, tokenizer_config.json)")
+    except MaskKVError as exc:
+        return LocalModel(name, folder, source, cfg.family, None, size, dtype, problem=str(exc))
+    except (OSError, ValueError) as exc:  # safetensors raises these for damaged files
+        return LocalModel(name, folder, source, cfg.family, None, size, dtype, problem=f"unreadable weights: {exc}")
+    return LocalModel(name, folder, source, cfg.family, params, size, dtype)
+
+
+def remembered_folders() -> list[Path]:
+    try:
+        data = json.loads((maskkv_home() / REMEMBERED).read_text())
+    except (OSError, ValueError):
+        return []
+    return [Path(p) for p in data.get("folders", []) if isinstance(p, str)]
+
+
+def remember_folder(folder: Path) -> None:
+    """Add a checkpoint folder given to ``--model`` to the list ``maskkv models`` shows (atomic write)."""
+    folder = folder.resolve()
+    known = remembered_folders()
+    if folder in known:
+        return
+    target = maskkv_home() / REMEMBERED
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".models.", dir=target.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"folders": [str(p) for p in [*known, folder]]}, f, indent=2)
+    os.replace(tmp, target)
+
+
+def cached_repos(cache_dir: Path | None = None) -> list[tuple[str, Path]]:
+    """(ORG/NAME, snapshot folder) of each model in the HF cache: the snapshot ``refs/main`` names, else the
+    newest one that has a config."""
+    root = cache_dir or hf_cache_dir()
+    found: list[tuple[str, Path]] = []
+    if not root.is_dir():
+        return found
+    for repo in sorted(root.glob("models--*")):
+        repo_id = repo.name.removeprefix("models--").replace("--", "/", 1)
+        snapshots = repo / "snapshots"
+        if not snapshots.is_dir():
+            continue
+        ref = repo / "refs" / "main"
+        snap = snapshots / ref.read_text().strip() if ref.is_file() else None
+        if snap is None or not (snap / "config.json").is_file():
+            candidates = sorted((p for p in snapshots.iterdir() if (p / "config.json").is_file()),
+                                key=lambda p: p.stat().st_mtime)
+            if not candidates:
+                continue
+            snap = candidates[-1]
+        found.append((repo_id, snap))
+    return found
+
+
+def local_models() -> list[LocalModel]:
+    from maskkv_cli.defaults import shipped_model
+
+    models: list[LocalModel] = []
+    shipped = shipped_model()
+    if shipped is not None:
+        models.append(inspect(shipped, "(embedded tiny model)", "embedded"))
+    for folder in remembered_folders():
+        if folder.is_dir() and (folder / "config.json").is_file():
+            models.append(inspect(folder, str(folder), "folder"))
+    for repo_id, snap in cached_repos():
+        models.append(inspect(snap, repo_id, "hf-cache"))
+    return models

@@ -1,0 +1,75 @@
+"""What ask and summarize show of an answer's confidence, and of an empty answer (never a blank line)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import maskkv_cli.session as session_module
+from maskkv_cli.cli import app
+
+runner = CliRunner()
+NEEDLE_DOC = ("The river runs past the old mill and under the stone bridge. In the spring the water rises. "
+              "The special magic number for apple is 4821. People talk about the weather and the harvest. ")
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture
+def doc(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text(NEEDLE_DOC * 3)
+    return path
+
+
+def test_ask_shows_and_returns_the_confidence(doc):
+    shown = run("ask", doc, "What is the special magic number for apple?")
+    assert shown.exit_code == 0, shown.output
+    assert shown.stdout.strip() == "4821"
+    assert "confidence: mean" in shown.stderr
+    data = json.loads(run("ask", doc, "What is the special magic number for apple?", "--json").stdout)
+    conf = data["answers"][0]["confidence"]
+    assert set(conf) == {"mean", "min", "tokens", "low", "threshold"}
+    assert 0 < conf["min"] <= conf["mean"] <= 1 and conf["tokens"] >= 1 and conf["low"] is False
+    assert "note" not in data["answers"][0]
+
+
+def test_several_questions_carry_their_confidence_on_stdout(doc):
+    shown = run("ask", doc, "-q", "What is the special magic number for apple?", "-q", "Who is the licensor?")
+    assert shown.exit_code == 0, shown.output
+    blocks = shown.stdout.strip().split("\n\n")
+    assert len(blocks) == 2 and all(b.splitlines()[2].lstrip().startswith(("confidence:", "LOW CONFIDENCE"))
+                                    for b in blocks)
+
+
+def test_empty_answer_is_a_note_not_a_blank(doc, monkeypatch):
+    monkeypatch.setattr(session_module, "decode_answer", lambda *args: "")
+    shown = run("ask", doc, "What is the special magic number for apple?", "--quiet")
+    assert shown.exit_code == 0 and shown.stdout == ""
+    assert "the model gave no answer" in shown.stderr and "maskkv pull GSAI-ML/LLaDA-8B-Instruct" in shown.stderr
+    data = json.loads(run("ask", doc, "What is the special magic number for apple?", "--json").stdout)
+    assert data["answers"][0]["answer"] == "" and "needle-style facts" in data["answers"][0]["note"]
+
+
+def test_summary_confidence_per_part_and_empty_parts_skip_the_merge(tmp_path, monkeypatch):
+    long_doc = tmp_path / "long.txt"
+    long_doc.write_text("\n\n".join(f"Paragraph {i}. " + NEEDLE_DOC * 4 for i in range(20)))
+    data = json.loads(run("summarize", long_doc, "--length", "20", "--steps", "8", "--block-length", "32",
+                          "--json").stdout)
+    assert len(data["parts"]) > 1
+    assert all(p["confidence"] is None or 0 < p["confidence"]["min"] <= 1 for p in data["parts"])
+    assert "confidence" in data
+
+    calls = []
+    real = session_module.Session.answer_ids
+    monkeypatch.setattr(session_module, "decode_answer", lambda *args: "")
+    monkeypatch.setattr(session_module.Session, "answer_ids",
+                        lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    empty = run("summarize", long_doc, "--length", "20", "--steps", "8", "--block-length", "32")
+    assert empty.exit_code == 0 and empty.stdout == ""
+    assert "the model gave no summary" in empty.stderr
+    assert len(calls) == len(data["parts"])  # no merge run over nothing

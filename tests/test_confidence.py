@@ -1,0 +1,74 @@
+"""Answer confidence: the samplers record each token's probability at the step it is committed."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from prompts import random_ids
+
+from maskkv_cli.confidence import LOW_CONFIDENCE, Confidence, answer_confidence, describe, empty_note
+from maskkv_cli.engine.forward import plain_logits
+from maskkv_cli.models.config import named_config
+from maskkv_cli.models.dream import Dream
+from maskkv_cli.policies import get_policy
+from maskkv_cli.sampler import GenerationConfig, generate
+from maskkv_cli.sampler_dream import DreamGenerationConfig, generate_dream
+
+
+def test_first_commit_records_the_step0_probability(tiny_model):
+    """Greedy, low_confidence: the first token committed is the most probable (position, token) pair of step 0,
+    and its recorded probability is that softmax value."""
+    m, gen_len = 24, 8
+    prompt = random_ids(tiny_model, m)
+    mask_id = tiny_model.config.mask_token_id
+    x = torch.cat([prompt, torch.full((1, gen_len), mask_id)], 1)
+    with torch.no_grad():
+        logits = plain_logits(tiny_model, x, torch.arange(m, m + gen_len)).to(torch.float64)
+    logits[..., mask_id] = float("-inf")
+    best_p, best_tok = logits.softmax(-1).max(-1)  # (1, gen_len)
+    first = int(best_p[0].argmax())
+    gen = GenerationConfig(gen_length=gen_len, steps=gen_len, block_length=gen_len)
+    result = generate(tiny_model, prompt, gen, get_policy("none"))
+    assert result.token_probs is not None and result.token_probs.shape == (1, gen_len)
+    assert int(result.tokens[0, first]) == int(best_tok[0, first])
+    assert math.isclose(float(result.token_probs[0, first]), float(best_p[0, first]), rel_tol=1e-9)
+
+
+@pytest.mark.parametrize("kw", [{}, {"remasking": "random"}, {"temperature": 0.8}, {"threshold": 0.3}])
+def test_every_committed_token_has_a_probability(tiny_model, kw):
+    gen = GenerationConfig(gen_length=16, steps=16, block_length=8, seed=1, **kw)
+    result = generate(tiny_model, random_ids(tiny_model, 20), gen, get_policy("maskkv"), budget=8)
+    probs = result.token_probs[0]
+    assert not torch.isnan(probs).any()
+    assert bool(((probs > 0) & (probs <= 1)).all())
+
+
+@pytest.mark.parametrize("alg", ["origin", "maskgit_plus", "topk_margin", "entropy"])
+def test_dream_records_probabilities(tiny_tokenizer, alg):
+    cfg = named_config("dream-tiny").with_(vocab_size=len(tiny_tokenizer))
+    model = Dream(cfg).init_weights(seed=2, std=0.2).eval()
+    gen = DreamGenerationConfig(gen_length=8, steps=8, alg=alg, seed=0)
+    result = generate_dream(model, random_ids(model, 20), gen, get_policy("full"))
+    probs = result.token_probs[0]
+    assert not torch.isnan(probs).any()
+    assert bool(((probs > 0) & (probs <= 1)).all())
+
+
+def test_answer_confidence_covers_tokens_before_the_first_stop():
+    conf = answer_confidence([5, 6, 7, 1, 9], [0.9, 0.5, 0.7, 0.99, 0.01], stops={1}, mask_id=3)
+    assert conf == Confidence(mean=(0.9 + 0.5 + 0.7) / 3, min=0.5, tokens=3)
+    assert answer_confidence([1, 5], [0.8, 0.9], stops={1}, mask_id=3) is None  # empty answer
+
+
+def test_low_confidence_is_marked():
+    assert "LOW CONFIDENCE" in describe(Confidence(0.95, LOW_CONFIDENCE - 0.01, 3))
+    assert describe(Confidence(0.95, LOW_CONFIDENCE + 0.01, 3)).startswith("confidence: mean")
+    assert Confidence(0.2, 0.1, 2).as_dict()["low"] is True
+
+
+def test_empty_note_says_what_the_embedded_model_can_do():
+    text = empty_note("answer", embedded=True)
+    assert "no answer" in text and "maskkv pull GSAI-ML/LLaDA-8B-Instruct" in text and "magic number" in text
+    assert "maskkv pull" not in empty_note("summary", embedded=False)
