@@ -120,8 +120,9 @@ def test_batch_answers_equal_ask_and_a_broken_pdf_is_a_recorded_failure(tmp_path
                                     *[a for q in QUESTIONS for a in ("-q", q)]])
         assert asked.exit_code == 0, asked.output
         answers = json.loads(asked.stdout)["answers"]
-        want = {a["question"]: (a["answer"], a["budget"], a["prompt_tokens"]) for a in answers}
-        got = {r["question"]: (r["answer"], r["budget"], r["prompt_tokens"]) for r in rows if r["document"] == str(doc)}
+        fields = ("answer", "confidence", "note", "budget", "prompt_tokens", "dropped_tokens", "rope_factor")
+        want = {a["question"]: tuple(a.get(f) for f in fields) for a in answers}
+        got = {r["question"]: tuple(r[f] for f in fields) for r in rows if r["document"] == str(doc)}
         assert got == want
     config = json.loads((out / "config.json").read_text())
     assert config["dtype"] == "fp32" and config["device"] == "cpu" and "machine" in config

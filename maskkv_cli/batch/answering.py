@@ -61,6 +61,11 @@ def answer_job(session: Any, text: str, question: str, settings: AnswerSettings)
     ids = session.prompt_ids(document_question(fitted.text, question))
     answer = session.answer_ids(ids, gen, cache)
     notes = [m for m in (fitted.rule, *answer.notes) if m]
-    return {"answer": answer.text, "budget": answer.budget, "prompt_tokens": answer.prompt_len,
-            "dropped_tokens": fitted.dropped, "rope_factor": fitted.rope_factor,
-            "stats": answer.result.stats.as_dict(), "notes": notes}
+    fields = {"answer": answer.text, "confidence": answer.confidence.as_dict() if answer.confidence else None,
+              "budget": answer.budget, "prompt_tokens": answer.prompt_len, "dropped_tokens": fitted.dropped,
+              "rope_factor": fitted.rope_factor, "stats": answer.result.stats.as_dict(), "notes": notes}
+    if not answer.text.strip():  # as ask --json: an empty answer comes with a note saying so
+        from maskkv_cli.confidence import empty_note, is_embedded_model
+
+        fields["note"] = empty_note("answer", is_embedded_model(session.model_path))
+    return fields

@@ -84,7 +84,8 @@ def resolve_dtype(dtype: str, device_kind: str) -> str:
 
 def _row(job: Job, fields: dict[str, Any], attempts: int, gen_length: int | None) -> dict[str, Any]:
     return {"key": job.key, "id": job.id, "document": job.document, "document_sha": job.document_sha,
-            "question": job.question, "answer": fields.get("answer"), "policy": job.settings.policy,
+            "question": job.question, "answer": fields.get("answer"), "confidence": fields.get("confidence"),
+            "note": fields.get("note"), "policy": job.settings.policy,
             "budget": fields.get("budget", job.settings.budget), "gen_length": gen_length,
             "prompt_tokens": fields.get("prompt_tokens"), "dropped_tokens": fields.get("dropped_tokens"),
             "rope_factor": fields.get("rope_factor"), "stats": fields.get("stats"), "notes": fields.get("notes", []),
