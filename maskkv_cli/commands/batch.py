@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from maskkv_cli.commands.common import fail, guarded, live_display_on, note
+from maskkv_cli.commands.pull import YesOpt
 from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.errors import UsageError
 from maskkv_cli.options import (
@@ -141,6 +142,7 @@ def batch(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     seed: SeedOpt = 0,
+    yes: YesOpt = False,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -164,6 +166,7 @@ def batch(
     from maskkv_cli.batch.jobs import AnswerSettings, cross_product, read_jobs_file, read_questions
     from maskkv_cli.batch.run import Runner, run_batch
     from maskkv_cli.commands.common import cache_config
+    from maskkv_cli.commands.pull import ensure_model
     from maskkv_cli.defaults import resolve_default_model
     from maskkv_cli.longctx import LONG_MODES
 
@@ -185,6 +188,7 @@ def batch(
                                                                          read_questions(questions))  # type: ignore
     path, message = resolve_default_model(model)
     note(message, quiet, as_json)
+    ensure_model(path, yes, quiet, as_json)  # as ask: an ORG/NAME not on this machine is pulled or named
     settings = AnswerSettings(policy=policy, budget=budget, ratio=ratio, layer_budgets=layer_budgets,
                               gen_length=gen_length, steps=steps, block_length=block_length,
                               temperature=temperature, threshold=threshold, seed=seed, long=long, alg=alg,
