@@ -30,7 +30,15 @@ SETTINGS = AnswerSettings(policy="maskkv-plus", budget=16, gen_length=8, steps=8
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A local Ray cluster of 2 CPUs in its own temp folder; yields its address for other drivers."""
     temp = tmp_path_factory.mktemp("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=str(temp))
+    # On an overloaded machine Ray's agents can take minutes to start: wait longer for them, and try twice.
+    options = {"num_cpus": 2, "include_dashboard": False, "log_to_driver": False, "_temp_dir": str(temp),
+               "_system_config": {"agent_register_timeout_ms": 300_000}}
+    try:
+        ray.init(**options)
+    except Exception as exc:  # the node timed out during startup
+        print(f"Ray did not start ({exc}); trying once more")
+        ray.shutdown()
+        ray.init(**options)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 
