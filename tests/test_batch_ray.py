@@ -99,7 +99,8 @@ def test_driver_killed_mid_run_and_restarted_finishes_every_job_once(cluster: st
                             for s in _specs(docs[:2], questions)))
     out = tmp_path / "out"
     command = [sys.executable, "-m", "maskkv_cli", "batch", str(jobs), "--out", str(out), "--ray", cluster,
-               "--workers", "1", "--model", str(tiny_dir), "--budget", "16", "-n", "8", "--steps", "8",
+               "--workers", "1", "--model", str(tiny_dir), "--policy", SETTINGS.policy, "--budget", "16", "-n", "8",
+               "--steps", "8",
                "--block-length", "8", "--json"]  # one actor: the restart need not wait for the dead driver's to go
     driver = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     answers = out / "answers.jsonl"
