@@ -51,6 +51,18 @@ def read_generation_defaults(folder: Path) -> dict[str, int]:
     return {k: int(v) for k, v in section.items() if k in GENERATION_KEYS and isinstance(v, int) and v > 0}
 
 
+def resolve_generation(defaults: dict[str, int], gen_length: int | None, steps: int | None,
+                       block_length: int | None) -> tuple[int, int, int]:
+    """(gen_length, steps, block_length) from the options, filling gaps from the model's defaults
+    (``read_generation_defaults``), else 128 / gen length / 32: what every command and a batch job use."""
+    gen = gen_length or defaults.get("gen_length", 128)
+    block = block_length or defaults.get("block_length", min(32, gen))
+    if block_length is None and gen % block:
+        block = gen
+    n_steps = steps or (defaults.get("steps", gen) if gen_length is None else gen)
+    return gen, n_steps, block
+
+
 @dataclass
 class Answer:
     text: str

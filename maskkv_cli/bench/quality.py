@@ -37,7 +37,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -158,6 +158,41 @@ class QualityRun:
     paired: list[dict[str, Any]] = field(default_factory=list)  # the default policy against each other policy
 
 
+@dataclass(frozen=True)
+class CellAnswer:
+    """One task's answer with its timings (what a worker sends back; scoring happens where the rows are written)."""
+
+    text: str
+    seconds: float
+    prefill_s: float | None = None
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class QualityCell:
+    """One row's work, (task, length) x (policy, budget): its prompts, generation and cache settings."""
+
+    key: str
+    group: int
+    case: int
+    prompts: list[list[int]]
+    gen: Any
+    cache: Any
+
+
+CellRunner = Callable[[list[QualityCell]], Iterable[tuple[QualityCell, list[CellAnswer]]]]
+
+
+def answer_prompt(session: Any, ids: list[int], gen: Any, cache: Any) -> CellAnswer:
+    """Answer one prompt greedily, timed."""
+    t0 = time.perf_counter()
+    answer = session.answer_ids(ids, gen, cache)
+    seconds = time.perf_counter() - t0
+    stats = getattr(getattr(answer, "result", None), "stats", None)
+    return CellAnswer(answer.text, seconds, None if stats is None else float(stats.prefill_s),
+                      tuple(getattr(answer, "notes", None) or ()))
+
+
 def _case_row(group: TaskGroup, case: Case, key: str, scores: list[float], seconds: list[float],
               prefill: list[float], settings: dict[str, Any], gen: Any) -> dict[str, Any]:
     mean_prompt = group.mean_prompt_tokens
@@ -217,11 +252,14 @@ def run_quality(
     fresh: bool = False,
     layer_budgets: str = "auto",
     on_progress: Callable[[QualityProgress], None] | None = None,
+    cell_runner: CellRunner | None = None,
 ) -> QualityRun:
     """Run every case over every group, reusing the rows an earlier identical run left in the folder.
 
     ``out``: the results folder (default: the newest ``runs/bench-quality-*`` with identical settings, else a new
-    timestamped one); ``fresh``: a new folder, nothing reused.
+    timestamped one); ``fresh``: a new folder, nothing reused. ``cell_runner``: answer the rows' cells elsewhere
+    (worker processes, Ray actors: ``maskkv_cli.batch.cells``) and yield them as they finish; rows and keys are
+    the same as in this process.
     """
     from maskkv_cli.pipeline import CacheConfig
     from maskkv_cli.policies.base import PolicyOptions
@@ -268,60 +306,91 @@ def run_quality(
     total = sum(g.n for g in groups) * len(cases)
     done = 0
     ran = 0
-    for ci, case in enumerate(cases):
+
+    def cache_for(case: Case) -> Any:
+        return CacheConfig(policy=case.policy, budget=case.budget, options=PolicyOptions(seed=seed),
+                           layer_budgets=layer_budgets)
+
+    def record(gi: int, ci: int, answers: Sequence[CellAnswer]) -> dict[str, Any]:
+        """Score a cell's answers, save its predictions, then its row."""
+        group, case, key = groups[gi], cases[ci], keys[(gi, ci)]
+        scores: list[float] = []
+        lines: list[dict[str, Any]] = []
+        for task, answer in zip(group.tasks, answers, strict=True):
+            for message in answer.notes:
+                if message not in notes:
+                    notes.append(message)
+            value = score(task.dataset, answer.text, task.answers, all_classes=task.meta.get("all_classes"))
+            scores.append(value)
+            line = {"key": key, "id": task.meta.get("_id"), "task": group.task, "length": group.length,
+                    "policy": case.policy, "budget": case.budget, "prediction": answer.text,
+                    "gold": list(task.answers), "score": round(value, 6)}
+            others = distractor_values(task)
+            if others:
+                line["distractor"] = answer.text.strip() in others
+                line["wrong_digits"], line["distractor_digits"] = digit_mixing(answer.text, task.answers[0], others)
+            lines.append(line)
+        prefill = [a.prefill_s for a in answers if a.prefill_s is not None]
+        row = _case_row(group, case, key, scores, [a.seconds for a in answers], prefill, settings, group_gens[gi])
+        row["distractor_answers"] = _line_sum(lines, "distractor")
+        row["wrong_digits"] = _line_sum(lines, "wrong_digits")
+        row["distractor_digits"] = _line_sum(lines, "distractor_digits")
+        predictions[key] = lines
+        write_predictions()  # before the row: a row in results.jsonl always has its predictions
+        folder.put(row)
+        return row
+
+    def finished(gi: int, ci: int) -> bool:
+        key = keys[(gi, ci)]
+        return folder.get(key) is not None and key in predictions
+
+    if cell_runner is None:
+        for ci, case in enumerate(cases):
+            started = time.perf_counter()
+            cache = cache_for(case)
+            case_rows: list[dict[str, Any]] = []
+            all_reused = True
+            for gi, group in enumerate(groups):
+                if finished(gi, ci):
+                    case_rows.append(folder.get(keys[(gi, ci)]))  # type: ignore[arg-type]
+                    done += group.n
+                    continue
+                all_reused = False
+                answers: list[CellAnswer] = []
+                for ids in group.prompts:
+                    answers.append(answer_prompt(session, ids, group_gens[gi], cache))
+                    done += 1
+                    if on_progress:
+                        on_progress(QualityProgress(case, ci + 1, len(cases), done, total))
+                case_rows.append(record(gi, ci, answers))
+                ran += 1
+            if on_progress:
+                on_progress(QualityProgress(case, ci + 1, len(cases), done, total, finished=True,
+                                            rows=tuple(case_rows), reused=all_reused,
+                                            seconds=time.perf_counter() - started))
+    else:  # cells answered elsewhere (worker processes, Ray actors), recorded here as they arrive
         started = time.perf_counter()
-        cache = CacheConfig(policy=case.policy, budget=case.budget, options=PolicyOptions(seed=seed),
-                            layer_budgets=layer_budgets)
-        case_rows: list[dict[str, Any]] = []
-        all_reused = True
-        for gi, group in enumerate(groups):
-            key = keys[(gi, ci)]
-            existing = folder.get(key)
-            if existing is not None and key in predictions:
-                case_rows.append(existing)
-                done += group.n
-                continue
-            all_reused = False
-            scores: list[float] = []
-            seconds: list[float] = []
-            prefill: list[float] = []
-            lines: list[dict[str, Any]] = []
-            for task, ids in zip(group.tasks, group.prompts, strict=True):
-                t0 = time.perf_counter()
-                answer = session.answer_ids(ids, group_gens[gi], cache)
-                seconds.append(time.perf_counter() - t0)
-                stats = getattr(getattr(answer, "result", None), "stats", None)
-                if stats is not None:
-                    prefill.append(float(stats.prefill_s))
-                for message in getattr(answer, "notes", None) or []:
-                    if message not in notes:
-                        notes.append(message)
-                value = score(task.dataset, answer.text, task.answers, all_classes=task.meta.get("all_classes"))
-                scores.append(value)
-                line = {"key": key, "id": task.meta.get("_id"), "task": group.task, "length": group.length,
-                        "policy": case.policy, "budget": case.budget, "prediction": answer.text,
-                        "gold": list(task.answers), "score": round(value, 6)}
-                others = distractor_values(task)
-                if others:
-                    line["distractor"] = answer.text.strip() in others
-                    line["wrong_digits"], line["distractor_digits"] = digit_mixing(answer.text, task.answers[0],
-                                                                                   others)
-                lines.append(line)
-                done += 1
-                if on_progress:
-                    on_progress(QualityProgress(case, ci + 1, len(cases), done, total))
-            row = _case_row(group, case, key, scores, seconds, prefill, settings, group_gens[gi])
-            row["distractor_answers"] = _line_sum(lines, "distractor")
-            row["wrong_digits"] = _line_sum(lines, "wrong_digits")
-            row["distractor_digits"] = _line_sum(lines, "distractor_digits")
-            predictions[key] = lines
-            write_predictions()  # before the row: a row in results.jsonl always has its predictions
-            folder.put(row)
+        pending = [(gi, ci) for ci in range(len(cases)) for gi in range(len(groups)) if not finished(gi, ci)]
+        left = {ci: sum(1 for _, c in pending if c == ci) for ci in range(len(cases))}
+        done = total - sum(groups[gi].n for gi, _ in pending)
+        for ci, case in enumerate(cases):
+            if not left[ci] and on_progress:
+                rows = tuple(folder.get(keys[(gi, ci)]) for gi in range(len(groups)))
+                on_progress(QualityProgress(case, ci + 1, len(cases), done, total, finished=True,
+                                            rows=rows, reused=True))  # type: ignore[arg-type]
+        cells = [QualityCell(keys[(gi, ci)], gi, ci, groups[gi].prompts, group_gens[gi], cache_for(cases[ci]))
+                 for gi, ci in pending]
+        for cell, answers in cell_runner(cells):
+            record(cell.group, cell.case, answers)
             ran += 1
-            case_rows.append(row)
-        if on_progress:
-            on_progress(QualityProgress(case, ci + 1, len(cases), done, total, finished=True, rows=tuple(case_rows),
-                                        reused=all_reused, seconds=time.perf_counter() - started))
+            done += groups[cell.group].n
+            left[cell.case] -= 1
+            if on_progress:
+                case = cases[cell.case]
+                finished_case = left[cell.case] == 0
+                rows = tuple(folder.get(keys[(gi, cell.case)]) for gi in range(len(groups))) if finished_case else ()
+                on_progress(QualityProgress(case, cell.case + 1, len(cases), done, total, finished=finished_case,
+                                            rows=rows, seconds=time.perf_counter() - started))  # type: ignore[arg-type]
     # Per-task scores by position: every case answers a group's tasks in the same order.
     task_scores = {key: {str(i): float(line["score"]) for i, line in enumerate(lines)}
                    for key, lines in predictions.items()}

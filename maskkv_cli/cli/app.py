@@ -175,6 +175,9 @@ def _register() -> None:
 
     app.command()(pull)
     app.command()(models)
+    from maskkv_cli.cli.commands.batch import batch
+
+    app.command()(batch)
     from maskkv_cli.cli.commands.train import train_tiny
 
     app.command("train-tiny")(train_tiny)

@@ -54,6 +54,19 @@ TopKOpt = Annotated[int | None, typer.Option("--top-k", help="Dream only: top-k 
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Download a --model ORG/NAME that is not on this machine "
                                       "without asking (`maskkv pull`).")]
 
+
+# batch and bench quality: where the answers run
+DevicesOpt = Annotated[str | None, typer.Option(
+    "--devices", help="One worker process per device, e.g. cuda:0,cuda:1 (each loads the model once).",
+    show_default=False)]
+WorkersOpt = Annotated[int | None, typer.Option(
+    "--workers", help="N worker processes on the CPU (torch threads split between them); with --ray: N actors.",
+    show_default=False)]
+RayOpt = Annotated[str | None, typer.Option(
+    "--ray", help="Run on a Ray cluster: auto (this machine's cluster, else a local one) or its address "
+    "(host:6379). One actor per GPU (CPU actors when it has none). Needs pip install 'maskkv[ray]'.",
+    show_default=False)]
+
 # bench speed and bench memory
 ConfigOpt = Annotated[str | None, typer.Option(
     "--config", help="Named model shape with random weights (llada-8b, llada-small, tiny) [default: llada-8b on a "

@@ -127,3 +127,21 @@ def choose_focus(specs: Sequence[RunSpec], choice: str) -> int:
             continue
     labels = ", ".join(s.label for s in specs)
     raise UsageError(f"--heatmap {wanted} is not one of the runs ({labels}); write POLICY@BUDGET")
+
+
+def parse_devices(devices: str | None, workers: int | None, ray: str | None) -> tuple[str, ...]:
+    """``--devices``/``--workers`` as one device name per worker process (empty: run in this process)."""
+    if devices and workers:
+        raise UsageError("give --devices or --workers, not both")
+    if workers is not None and workers <= 0:
+        raise UsageError(f"--workers must be a positive number, got {workers}")
+    if ray:
+        if devices:
+            raise UsageError("--devices is for one machine; with --ray, Ray places one actor per GPU")
+        return ()
+    if devices:
+        names = tuple(d.strip() for d in devices.split(",") if d.strip())
+        if not names:
+            raise UsageError("--devices is empty; give e.g. cuda:0,cuda:1")
+        return names
+    return ("cpu",) * workers if workers else ()

@@ -25,6 +25,7 @@ from maskkv_cli.cli.commands.bench import FreshOpt, OutOpt, bench_app
 from maskkv_cli.cli.commands.common import generation_config, guarded, note, open_session
 from maskkv_cli.cli.options import (
     DeviceOpt,
+    DevicesOpt,
     DtypeOpt,
     HaystackOpt,
     JsonOpt,
@@ -40,9 +41,11 @@ from maskkv_cli.cli.options import (
     QualitySeedOpt,
     QualityStepsOpt,
     QuietOpt,
+    RayOpt,
     TasksOpt,
+    WorkersOpt,
 )
-from maskkv_cli.cli.parsing import parse_counts
+from maskkv_cli.cli.parsing import parse_counts, parse_devices
 from maskkv_cli.errors import UsageError
 
 _FALLBACK = "/".join(str(FALLBACK_GENERATION[k]) for k in ("gen_length", "steps", "block_length"))
@@ -164,6 +167,9 @@ def quality(
     dtype: DtypeOpt = "auto",
     out: OutOpt = None,
     fresh: FreshOpt = False,
+    devices: DevicesOpt = None,
+    workers: WorkersOpt = None,
+    ray: RayOpt = None,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -187,6 +193,10 @@ def quality(
         maskkv bench quality --tasks qasper.jsonl --prompts ~/LongBench/config/dataset2prompt.json
 
         maskkv bench quality --haystack report.pdf --tasks niah_single --lengths 1k
+
+        maskkv bench quality --model ~/models/LLaDA-8B-Instruct --devices cuda:0,cuda:1 --out runs/q8b
+
+        maskkv bench quality --model ~/models/LLaDA-8B-Instruct --ray auto --out runs/q8b
     """
     from maskkv_cli.bench.longbench import load_templates
     from maskkv_cli.bench.quality import run_quality
@@ -223,7 +233,22 @@ def quality(
             source = TaskSource("corpus", "", "")
         label = ",".join(kinds)
     templates = load_templates(prompts) if prompts is not None else None
-    session = open_session(model, device, dtype, quiet, as_json)
+    cell_runner = None
+    worker_devices = parse_devices(devices, workers, ray)
+    if worker_devices or ray:  # rows' cells run on worker processes or Ray actors; this process plans and writes
+        from maskkv_cli.batch.cells import PlanningSession, pooled_cells
+        from maskkv_cli.batch.run import Runner, make_pool
+        from maskkv_cli.batch.worker import WorkerSpec
+        from maskkv_cli.defaults import resolve_default_model
+
+        path, message = resolve_default_model(model)
+        note(message, quiet, as_json)
+        pool, device_kind = make_pool(Runner(devices=worker_devices, ray=ray, workers=workers if ray else None),
+                                      WorkerSpec(path, dtype=None if dtype == "auto" else dtype))
+        session = PlanningSession(path, None if dtype == "auto" else dtype, device_kind)
+        cell_runner = pooled_cells(pool)
+    else:
+        session = open_session(model, device, dtype, quiet, as_json)
     defaults = session.generation_defaults or FALLBACK_GENERATION
     gen = generation_config(defaults, gen_length, steps, block_length, temperature=0.0, seed=seed)
     cases = plan_cases(names, budget_list)
@@ -232,7 +257,8 @@ def quality(
                               gen_length=gen.gen_length, haystack=paragraphs, file_groups=file_groups,
                               templates=templates, task_lengths=gen_length is None)
         run = run_quality(session, groups, cases, gen, source=source, tasks_label=label, samples=samples, seed=seed,
-                          out=out, fresh=fresh, layer_budgets=layer_budgets, on_progress=display)
+                          out=out, fresh=fresh, layer_budgets=layer_budgets, on_progress=display,
+                          cell_runner=cell_runner)
     for message in run.notes:
         note(message, quiet, as_json)
     if as_json:

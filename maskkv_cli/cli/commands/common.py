@@ -71,12 +71,9 @@ def generation_config(defaults: dict[str, int], gen_length: int | None, steps: i
                       block_length: int | None, **kwargs: Any) -> Any:
     """A ``GenerationConfig`` from the options, filling gaps from the model's defaults, else 128/128/32."""
     from maskkv_cli.sampling import GenerationConfig
+    from maskkv_cli.session import resolve_generation
 
-    gen = gen_length or defaults.get("gen_length", 128)
-    block = block_length or defaults.get("block_length", min(32, gen))
-    if block_length is None and gen % block:
-        block = gen
-    n_steps = steps or (defaults.get("steps", gen) if gen_length is None else gen)
+    gen, n_steps, block = resolve_generation(defaults, gen_length, steps, block_length)
     return GenerationConfig(gen_length=gen, steps=n_steps, block_length=block, **kwargs)
 
 

@@ -1,0 +1,124 @@
+"""A batch run's results folder: ``answers.jsonl`` (a row per job), ``config.json`` and ``summary.md``.
+
+``answers.jsonl`` only ever grows by whole lines: each row is one ``write`` of a complete line followed by
+``fsync``, so a killed driver leaves at most one torn last line, which the next run drops before it appends.
+On opening, rows are reduced to one per key (the last successful one; failed rows of planned jobs are dropped
+so the jobs run again) and the file is rewritten atomically if that changed anything. ``config.json`` and
+``summary.md`` are written whole (temp file + rename). A lock file keeps two drivers from writing one folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from maskkv_cli.bench.results import atomic_write_text
+from maskkv_cli.errors import UsageError
+
+ANSWERS_FILE = "answers.jsonl"
+CONFIG_FILE = "config.json"
+SUMMARY_FILE = "summary.md"
+LOCK_FILE = ".lock"
+
+
+def read_rows(path: Path) -> tuple[list[dict[str, Any]], bool]:
+    """The rows of a JSONL file and whether any line was broken (torn by a crash, or not an object)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return [], False
+    rows: list[dict[str, Any]] = []
+    broken = bool(data) and not data.endswith(b"\n")
+    for line in data.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            broken = True
+            continue
+        if isinstance(row, dict) and isinstance(row.get("key"), str):
+            rows.append(row)
+        else:
+            broken = True
+    return rows, broken
+
+
+class AnswersFolder:
+    """Open with ``open(planned)``; ``finished`` then maps keys to the rows a rerun can skip."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.answers = path / ANSWERS_FILE
+        self.finished: dict[str, dict[str, Any]] = {}
+        self.rows: dict[str, dict[str, Any]] = {}  # every row on disk, one per key (also other runs' keys)
+        self._fd: int | None = None
+        self._lock: int | None = None
+
+    def open(self, planned: Iterable[str]) -> AnswersFolder:
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._take_lock()
+        wanted = set(planned)
+        on_disk, broken = read_rows(self.answers)
+        kept: dict[str, dict[str, Any]] = {}
+        for row in on_disk:
+            key = row["key"]
+            if row.get("error") and key in wanted:
+                continue  # a planned job that failed runs again
+            if key in kept and not kept[key].get("error") and row.get("error"):
+                continue
+            kept[key] = row
+        if broken or len(kept) != len(on_disk):
+            atomic_write_text(self.answers, "".join(_line(row) for row in kept.values()))
+        self.rows = kept
+        self.finished = {k: r for k, r in kept.items() if k in wanted and not r.get("error")}
+        self._fd = os.open(self.answers, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        return self
+
+    def _take_lock(self) -> None:
+        import fcntl
+
+        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise UsageError(f"another maskkv batch is writing {self.path}; wait for it or choose another "
+                             "--out") from None
+        self._lock = fd
+
+    def append(self, row: dict[str, Any]) -> None:
+        """Add one row as a whole line, on disk before this returns."""
+        if self._fd is None:
+            raise RuntimeError("the results folder is not open")
+        data = _line(row).encode("utf-8")
+        view = memoryview(data)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+        os.fsync(self._fd)
+        self.rows[row["key"]] = row
+
+    def write_text(self, name: str, text: str) -> Path:
+        target = self.path / name
+        atomic_write_text(target, text)
+        return target
+
+    def close(self) -> None:
+        for fd in (self._fd, self._lock):
+            if fd is not None:
+                os.close(fd)
+        self._fd = self._lock = None
+
+    def __enter__(self) -> AnswersFolder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _line(row: dict[str, Any]) -> str:
+    return json.dumps(row, ensure_ascii=False, sort_keys=True, default=str) + "\n"

@@ -1,0 +1,206 @@
+"""What a batch run does: jobs (a document and a question, with optional per-job settings) and their keys.
+
+Jobs come from a JSONL or CSV file of rows with ``document`` and ``question`` (optional ``id``, ``policy``,
+``budget``, ``gen_length``), or from the cross product of a glob of documents and a file of questions. A job's
+key hashes the document's content, the question, the model and every setting that changes the answer, so a
+rerun into the same results folder can skip what is finished whatever the order or the file names.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from maskkv_cli.errors import UsageError
+
+JOB_FIELDS = ("id", "document", "question", "policy", "budget", "gen_length")
+
+
+@dataclass(frozen=True)
+class AnswerSettings:
+    """Everything besides the document, the question and the model that decides an answer."""
+
+    policy: str
+    budget: int | None = None
+    ratio: float | None = None
+    layer_budgets: str = "auto"
+    gen_length: int | None = None  # None: the model's default (resolved before keys are made)
+    steps: int | None = None
+    block_length: int | None = None
+    temperature: float = 0.0
+    threshold: float | None = None
+    seed: int = 0
+    long: str = "truncate"
+    alg: str = "entropy"  # Dream only
+    top_p: float | None = None  # Dream only
+    top_k: int | None = None  # Dream only
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One row of the input: a document path and a question, with optional per-job overrides."""
+
+    id: str
+    document: str
+    question: str
+    policy: str | None = None
+    budget: int | None = None
+    gen_length: int | None = None
+
+
+@dataclass(frozen=True)
+class Job:
+    """A planned job: its spec resolved against the run's settings and the document's content hash."""
+
+    key: str
+    id: str
+    document: str  # the path as given
+    document_sha: str  # "" when the document could not be read
+    question: str
+    settings: AnswerSettings
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def message(self) -> dict[str, Any]:
+        """What a worker needs (plain data, picklable, no paths it would have to read)."""
+        return {"key": self.key, "id": self.id, "question": self.question, "settings": self.settings.as_dict()}
+
+
+def _positive_int(value: Any, name: str, where: str) -> int | None:
+    if value is None or value == "":
+        return None
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise UsageError(f"{where}: {name} must be a whole number, got {value!r}") from None
+    if number <= 0:
+        raise UsageError(f"{where}: {name} must be positive, got {number}")
+    return number
+
+
+def _spec(row: dict[str, Any], where: str, default_id: str, base: Path) -> JobSpec:
+    unknown = sorted(set(row) - set(JOB_FIELDS))
+    if unknown:
+        raise UsageError(f"{where}: unknown column(s) {', '.join(unknown)}; allowed: {', '.join(JOB_FIELDS)}")
+    document = str(row.get("document") or "").strip()
+    question = str(row.get("question") or "").strip()
+    if not document or not question:
+        raise UsageError(f"{where}: every job needs a document and a question")
+    path = Path(document).expanduser()
+    if not path.is_absolute():
+        path = base / path  # relative to the jobs file, like paths in a playlist
+    policy = str(row.get("policy") or "").strip() or None
+    return JobSpec(id=str(row.get("id") or "").strip() or default_id, document=str(path), question=question,
+                   policy=policy, budget=_positive_int(row.get("budget"), "budget", where),
+                   gen_length=_positive_int(row.get("gen_length"), "gen_length", where))
+
+
+def read_jobs_file(path: Path) -> list[JobSpec]:
+    """Jobs from a ``.jsonl`` (one object per line) or ``.csv`` (a header row) file."""
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read the jobs file {path}: {exc}") from None
+    base = path.resolve().parent
+    specs: list[JobSpec] = []
+    if path.suffix.lower() == ".csv":
+        reader = csv.DictReader(text.splitlines())
+        if not reader.fieldnames or not {"document", "question"} <= {f.strip() for f in reader.fieldnames}:
+            raise UsageError(f"{path}: the CSV header must name at least the columns document and question")
+        for n, row in enumerate(reader, 2):
+            clean = {str(k).strip(): v for k, v in row.items() if k is not None}
+            specs.append(_spec(clean, f"{path}:{n}", str(n - 1), base))
+    else:
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UsageError(f"{path}:{n}: not a JSON object ({exc.msg}); one job per line") from None
+            if not isinstance(row, dict):
+                raise UsageError(f"{path}:{n}: not a JSON object; one job per line")
+            specs.append(_spec(row, f"{path}:{n}", str(n), base))
+    if not specs:
+        raise UsageError(f"{path} holds no jobs")
+    return specs
+
+
+def read_questions(path: Path) -> list[str]:
+    """One question per line; blank lines and lines starting with # are skipped."""
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read the questions file {path}: {exc}") from None
+    questions = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    if not questions:
+        raise UsageError(f"{path} holds no questions (one per line)")
+    return questions
+
+
+def cross_product(patterns: list[str], questions: list[str]) -> list[JobSpec]:
+    """Every document matching the patterns (globs, files or folders, found as ``maskkv ingest`` finds them:
+    folders recursively, .pdf/.txt/.md) with every question; each document once, in sorted order per pattern."""
+    from maskkv_cli.documents.ingest import discover
+
+    matches: list[str] = []
+    for pattern in patterns:
+        expanded = str(Path(pattern).expanduser())
+        found = sorted(glob.glob(expanded, recursive=True)) if glob.has_magic(expanded) else [expanded]
+        if not found:
+            raise UsageError(f"--docs {pattern!r} matches no file")
+        matches += found
+    documents = list(dict.fromkeys(str(p.resolve()) for p in discover(matches).files))
+    if not documents:
+        raise UsageError("--docs finds no .pdf, .txt or .md file")
+    return [JobSpec(id=f"{Path(d).name}#q{i}", document=d, question=q)
+            for d in documents for i, q in enumerate(questions, 1)]
+
+
+def job_key(document_sha: str, question: str, model_id: str, dtype: str, device_kind: str,
+            settings: AnswerSettings) -> str:
+    """A stable hash of everything that decides the answer (24 hex characters)."""
+    payload = {"document": document_sha, "question": question, "model": model_id, "dtype": dtype,
+               "device": device_kind, "settings": settings.as_dict()}
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def plan_jobs(specs: list[JobSpec], shas: dict[str, str], settings_for: Callable[[JobSpec], AnswerSettings],
+              model_id: str, dtype: str, device_kind: str) -> tuple[list[Job], int]:
+    """Resolve each spec's settings (``settings_for``); ``shas`` maps a document path to its content hash ("" when
+    unreadable, then the path stands in for it). Returns the jobs, each key once, and how many duplicates were
+    dropped (the same document content, question and settings twice)."""
+    jobs: list[Job] = []
+    seen: set[str] = set()
+    duplicates = 0
+    for spec in specs:
+        settings = settings_for(spec)
+        sha = shas.get(spec.document, "")
+        key = job_key(sha or f"unreadable:{spec.document}", spec.question, model_id, dtype, device_kind, settings)
+        if key in seen:
+            duplicates += 1
+            continue
+        seen.add(key)
+        jobs.append(Job(key=key, id=spec.id, document=spec.document, document_sha=sha, question=spec.question,
+                        settings=settings))
+    return jobs, duplicates
+
+
+def job_settings(spec: JobSpec, base: AnswerSettings, generation: Callable[[int | None], tuple[int, int, int]]
+                 ) -> AnswerSettings:
+    """The run's settings with the job's overrides; ``generation(gen_length)`` resolves the (gen_length, steps,
+    block_length) triple the answer will use, so that the key holds the values and not the defaults."""
+    gen_length, steps, block = generation(spec.gen_length if spec.gen_length is not None else base.gen_length)
+    return replace(base, policy=spec.policy or base.policy,
+                   budget=spec.budget if spec.budget is not None else base.budget,
+                   ratio=None if spec.budget is not None else base.ratio,
+                   gen_length=gen_length, steps=steps, block_length=block)

@@ -1,0 +1,274 @@
+"""``run_batch``: plan the jobs, skip the finished ones, run the rest on a pool, write each row as it arrives.
+
+No Rich or Typer here: progress goes to a callback, the command renders it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from maskkv_cli.batch.dispatch import Pool, dispatch
+from maskkv_cli.batch.documents import LoadedDocument, load_documents
+from maskkv_cli.batch.folder import CONFIG_FILE, SUMMARY_FILE, AnswersFolder
+from maskkv_cli.batch.jobs import AnswerSettings, Job, JobSpec, job_settings, plan_jobs
+from maskkv_cli.batch.worker import WorkerSpec
+from maskkv_cli.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Runner:
+    """Where the jobs run: this process (default), local processes (``devices``) or Ray (``ray`` address)."""
+
+    devices: tuple[str, ...] = ()  # one worker process per entry ("cuda:0", or "cpu" repeated for --workers)
+    ray: str | None = None  # "auto" or a cluster address
+    workers: int | None = None  # with ray: how many actors (default: one per GPU, else per CPU)
+    device: str = "auto"  # this process's device when neither of the above
+
+    @property
+    def label(self) -> str:
+        if self.ray:
+            return f"ray {self.ray}"
+        if self.devices:
+            return f"{len(self.devices)} worker process(es): {','.join(self.devices)}"
+        return f"this process ({self.device})"
+
+
+@dataclass(frozen=True)
+class BatchProgress:
+    done: int  # finished now or earlier (including failures)
+    failed: int
+    left: int
+    total: int
+    reused: int
+    jobs_per_minute: float  # jobs finished by this run per minute since the first job was sent
+    eta_s: float | None
+    phase: str = "run"  # "parse" while documents are read, then "run"
+    row: dict[str, Any] | None = None  # the row just written
+
+
+@dataclass
+class BatchResult:
+    folder: Path
+    total: int
+    ok: int
+    failed: int
+    reused: int
+    ran: int
+    duplicates: int
+    seconds: float
+    jobs_per_minute: float
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    runner: str = ""
+    answered: int = 0  # jobs run by a worker now (``ran`` also counts documents that failed to parse)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"out": str(self.folder), "jobs": self.total, "ok": self.ok, "failed": self.failed,
+                "reused": self.reused, "ran": self.ran, "answered": self.answered, "duplicates": self.duplicates,
+                "seconds": round(self.seconds, 3), "jobs_per_minute": round(self.jobs_per_minute, 2),
+                "runner": self.runner,
+                "failures": [{"id": r["id"], "document": r["document"], "error": r["error"]} for r in self.failures]}
+
+
+def resolve_dtype(dtype: str, device_kind: str) -> str:
+    """The precision a worker loads in: ``auto`` is bf16 on a GPU and fp32 on the CPU (as ``Session``)."""
+    if dtype != "auto":
+        return dtype
+    return "bf16" if device_kind == "cuda" else "fp32"
+
+
+def _row(job: Job, fields: dict[str, Any], attempts: int, gen_length: int | None) -> dict[str, Any]:
+    return {"key": job.key, "id": job.id, "document": job.document, "document_sha": job.document_sha,
+            "question": job.question, "answer": fields.get("answer"), "confidence": fields.get("confidence"),
+            "note": fields.get("note"), "policy": job.settings.policy,
+            "budget": fields.get("budget", job.settings.budget), "gen_length": gen_length,
+            "prompt_tokens": fields.get("prompt_tokens"), "dropped_tokens": fields.get("dropped_tokens"),
+            "rope_factor": fields.get("rope_factor"), "stats": fields.get("stats"), "notes": fields.get("notes", []),
+            "error": fields.get("error"), "worker": fields.get("worker"), "seconds": fields.get("seconds"),
+            "attempts": attempts}
+
+
+def worker_threads(workers: int) -> int:
+    """Torch threads per local worker: the cores shared out (N workers never ask for more threads than there are
+    cores), and no more than ``OMP_NUM_THREADS`` when it is set (on a machine shared with other work, one
+    thread per worker is much faster than two that wait for each other: docs/scale.md)."""
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    cap = os.environ.get("OMP_NUM_THREADS", "")
+    return min(threads, int(cap)) if cap.isdigit() and int(cap) > 0 else threads
+
+
+def make_pool(runner: Runner, spec: WorkerSpec) -> tuple[Pool, str]:
+    """The pool and the device kind its workers use ("cuda" or "cpu"), which enters the job keys."""
+    if runner.ray:
+        from maskkv_cli.batch.ray_pool import RayPool, connect
+
+        connect(runner.ray)  # joins the cluster unless this process already has
+        pool = RayPool(spec, runner.workers)
+        return pool, "cuda" if pool.gpus else "cpu"
+    if runner.devices:
+        from maskkv_cli.batch.local import ProcessPool
+
+        kinds = {d.split(":")[0] for d in runner.devices}
+        if len(kinds) > 1:
+            raise UsageError("--devices mixes CPU and GPU workers; their answers can differ, run them separately")
+        return ProcessPool(spec, list(runner.devices), threads=worker_threads(len(runner.devices))), kinds.pop()
+    from maskkv_cli.batch.local import InProcessPool
+
+    device = runner.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    from dataclasses import replace
+
+    return InProcessPool(replace(spec, device=device)), device.split(":")[0]
+
+
+def run_batch(
+    specs: Sequence[JobSpec],
+    settings: AnswerSettings,
+    model_path: str,
+    out: Path,
+    *,
+    runner: Runner = Runner(),
+    dtype: str = "auto",
+    password: str | None = None,
+    on_progress: Callable[[BatchProgress], None] | None = None,
+    on_submit: Callable[[Pool, int, Job], None] | None = None,
+) -> BatchResult:
+    """Answer every job not already finished in ``out``; returns the counts (failures are rows, not errors)."""
+    from maskkv_cli.bench.quality import model_fingerprint
+    from maskkv_cli.bench.results import machine_info
+    from maskkv_cli.models.loading import resolve_model_path
+    from maskkv_cli.policies.base import policy_names
+    from maskkv_cli.sampling.llada import GenerationConfig
+    from maskkv_cli.session import read_generation_defaults, resolve_generation
+
+    known = policy_names()
+    for policy in {s.policy or settings.policy for s in specs}:
+        if policy not in known:
+            raise UsageError(f"unknown policy {policy!r}; choose from: {', '.join(known)}")
+    folder_path = resolve_model_path(model_path)
+    model_id = model_fingerprint(model_path)
+    defaults = read_generation_defaults(folder_path)
+    tell = on_progress or (lambda event: None)
+    total = len(specs)
+
+    def parsed(doc: LoadedDocument) -> None:
+        tell(BatchProgress(0, 0, total, total, 0, 0.0, None, phase="parse"))
+
+    documents = load_documents([s.document for s in specs], password, parsed)
+    shas = {path: doc.sha256 for path, doc in documents.items()}
+    texts = {doc.sha256: doc.text for doc in documents.values() if not doc.error}
+    spec = WorkerSpec(model_path=model_path, dtype=None if dtype == "auto" else dtype)
+    pool, device_kind = make_pool(runner, spec)
+
+    def generation(gen_length: int | None) -> tuple[int, int, int]:
+        triple = resolve_generation(defaults, gen_length, settings.steps, settings.block_length)
+        GenerationConfig(*triple)  # an impossible combination is a usage error now, not a failure of every job
+        return triple
+
+    jobs, duplicates = plan_jobs(list(specs), shas, lambda s: job_settings(s, settings, generation), model_id,
+                                 resolve_dtype(dtype, device_kind), device_kind)
+    started = time.perf_counter()
+    folder = AnswersFolder(out).open(job.key for job in jobs)
+    counts = {"ok": 0, "failed": 0, "ran": 0, "answered": 0}
+    failures: list[dict[str, Any]] = []
+    first_sent: list[float] = []
+    try:
+        config = {"model": model_path, "model_id": model_id, "dtype": resolve_dtype(dtype, device_kind),
+                  "device": device_kind, "settings": settings.as_dict(), "generation_defaults": defaults,
+                  "runner": pool_label(pool, runner), "jobs": len(jobs), "machine": machine_info(),
+                  "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        folder.write_text(CONFIG_FILE, json.dumps(config, indent=2, default=str) + "\n")
+        reused = sum(1 for job in jobs if job.key in folder.finished)
+        counts["ok"] = reused
+
+        def report(job: Job, fields: dict[str, Any], attempts: int) -> None:
+            row = _row(job, fields, attempts, job.settings.gen_length)
+            folder.append(row)
+            counts["ran"] += 1
+            counts["answered"] += attempts > 0  # run by a worker (not a document that failed to parse)
+            if row["error"]:
+                counts["failed"] += 1
+                failures.append(row)
+            else:
+                counts["ok"] += 1
+            done = counts["ok"] + counts["failed"]
+            elapsed = time.perf_counter() - (first_sent[0] if first_sent else started)
+            rate = counts["answered"] / elapsed * 60 if elapsed > 0 and first_sent else 0.0
+            left = len(jobs) - done
+            tell(BatchProgress(done, counts["failed"], left, len(jobs), reused, rate,
+                               left / rate * 60 if rate > 0 else None, row=row))
+
+        todo = [job for job in jobs if job.key not in folder.finished]
+        for job in todo:
+            error = documents[job.document].error
+            if error:
+                report(job, {"answer": None, "error": error}, 0)
+        runnable = [job for job in todo if not documents[job.document].error]
+        runnable.sort(key=lambda job: job.document_sha)  # stable: a worker keeps one document at a time
+        tell(BatchProgress(reused + counts["failed"], counts["failed"], len(runnable), len(jobs), reused, 0.0, None))
+        if runnable:
+            def submitted(worker: int, job: Job) -> None:
+                if not first_sent:
+                    first_sent.append(time.perf_counter())
+                if on_submit is not None:
+                    on_submit(pool, worker, job)
+
+            try:
+                dispatch(runnable, pool, texts, report, on_submit=submitted)
+            finally:
+                pool.close()
+    finally:
+        seconds = time.perf_counter() - (first_sent[0] if first_sent else started)
+        result = BatchResult(folder=out, total=len(jobs), ok=counts["ok"], failed=counts["failed"],
+                             reused=sum(1 for job in jobs if job.key in folder.finished), ran=counts["ran"],
+                             duplicates=duplicates, seconds=seconds,
+                             jobs_per_minute=counts["answered"] / seconds * 60 if first_sent and seconds > 0 else 0.0,
+                             failures=failures, runner=pool_label(pool, runner), answered=counts["answered"])
+        folder.write_text(SUMMARY_FILE, summary_markdown(result, config_of(model_path, settings),
+                                                         [folder.rows[j.key] for j in jobs if j.key in folder.rows]))
+        folder.close()
+    return result
+
+
+def pool_label(pool: Any, runner: Runner) -> str:
+    return getattr(pool, "kind", "") or runner.label
+
+
+def config_of(model_path: str, settings: AnswerSettings) -> dict[str, Any]:
+    return {"model": model_path, **settings.as_dict()}
+
+
+def summary_markdown(result: BatchResult, config: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """Counts, the failures with their errors, and every answer (questions and answers cut to 120 characters)."""
+    def cell(text: Any) -> str:
+        value = "" if text is None else str(text).replace("\n", " ").replace("|", "\\|")
+        return value if len(value) <= 120 else value[:117] + "..."
+
+    lines = ["# maskkv batch", "",
+             f"- model: `{config['model']}`; policy {config['policy']}, budget {config['budget'] or 'default'}, "
+             f"seed {config['seed']}",
+             f"- runner: {result.runner}",
+             f"- jobs: {result.total}; answered: {result.ok} ({result.reused} from earlier runs); failed: "
+             f"{result.failed}; not run yet: {result.total - result.ok - result.failed}",
+             f"- this run: {result.answered} jobs answered in {result.seconds:.1f} s from the first one sent "
+             f"({result.jobs_per_minute:.1f} jobs per minute)",
+             ""]
+    if result.duplicates:
+        lines += [f"- {result.duplicates} duplicate job(s) in the input were run once", ""]
+    failed = [r for r in rows if r.get("error")]
+    if failed:
+        lines += ["## Failed", "", "| id | document | error |", "|---|---|---|"]
+        lines += [f"| {cell(r['id'])} | {cell(Path(r['document']).name)} | {cell(r['error'])} |" for r in failed]
+        lines.append("")
+    lines += ["## Answers", "", "| id | document | question | answer |", "|---|---|---|---|"]
+    lines += [f"| {cell(r['id'])} | {cell(Path(r['document']).name)} | {cell(r['question'])} | {cell(r['answer'])} |"
+              for r in rows if not r.get("error")]
+    return "\n".join(lines) + "\n"

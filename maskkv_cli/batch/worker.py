@@ -1,0 +1,77 @@
+"""A worker: one loaded model answering job messages; any failure of a job becomes a one-line error in its row."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from maskkv_cli.batch.answering import answer_job, open_session
+from maskkv_cli.batch.jobs import AnswerSettings
+from maskkv_cli.errors import MaskKVError
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """How to start a worker: the model, where and in which precision, and how many CPU threads it may use."""
+
+    model_path: str
+    device: str = "cpu"
+    dtype: str | None = None
+    threads: int | None = None  # torch intra-op threads; None leaves torch's default
+
+
+def one_line_error(exc: BaseException) -> str:
+    """The first line of an error, with out-of-memory errors named as such."""
+    if type(exc).__name__ == "OutOfMemoryError":
+        return "the device ran out of memory (try a smaller budget, a shorter document or a bigger device)"
+    if isinstance(exc, MaskKVError):
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+class Worker:
+    """Loads the model once (at construction) and answers job messages from any runner."""
+
+    def __init__(self, spec: WorkerSpec, name: str = "main") -> None:
+        if spec.threads:
+            import torch
+
+            torch.set_num_threads(spec.threads)
+        self.session = open_session(spec.model_path, spec.device, spec.dtype)
+        self.name = name
+
+    def run(self, message: dict[str, Any], text: str) -> dict[str, Any]:
+        """The answering part of a job's row; ``error`` holds a one-line reason when it failed.
+
+        A message of kind "cell" is a ``bench quality`` row's prompts; its answers come back under "answers".
+        """
+        started = time.perf_counter()
+        try:
+            if message.get("kind") == "cell":
+                from maskkv_cli.bench.quality import answer_prompt
+
+                fields = {"answers": [answer_prompt(self.session, ids, message["gen"], message["cache"])
+                                      for ids in message["prompts"]]}
+            else:
+                fields = answer_job(self.session, text, message["question"], AnswerSettings(**message["settings"]))
+            fields["error"] = None
+        except Exception as exc:  # one job's failure (OOM, a bad setting) must not stop the run
+            fields = {"answer": None, "error": one_line_error(exc)}
+            if type(exc).__name__ == "OutOfMemoryError":
+                _free_cuda()
+        fields.update(key=message["key"], worker=f"{self.name}@{os.uname().nodename}",
+                      seconds=round(time.perf_counter() - started, 4))
+        return fields
+
+
+def _free_cuda() -> None:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except Exception:  # freeing memory is best effort
+        pass

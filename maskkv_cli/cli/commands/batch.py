@@ -1,0 +1,185 @@
+"""``maskkv batch``: many documents and questions, resumable, on this process, local workers or Ray."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from maskkv_cli.cli.commands.common import fail, guarded, live_display_on, note
+from maskkv_cli.cli.options import (
+    AlgOpt,
+    BlockOpt,
+    BudgetOpt,
+    DeviceOpt,
+    DevicesOpt,
+    DtypeOpt,
+    GenLengthOpt,
+    JsonOpt,
+    LayerBudgetsOpt,
+    LongOpt,
+    ModelOpt,
+    PasswordOpt,
+    PolicyOpt,
+    QuietOpt,
+    RatioOpt,
+    RayOpt,
+    SeedOpt,
+    StepsOpt,
+    TemperatureOpt,
+    ThresholdOpt,
+    TopKOpt,
+    TopPOpt,
+    WorkersOpt,
+    YesOpt,
+)
+from maskkv_cli.cli.parsing import parse_devices
+from maskkv_cli.defaults import DEFAULT_POLICY
+
+
+class _Progress:
+    """A Rich bar on stderr when both streams are terminals (done / failed / left, jobs per minute, ETA)."""
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+        self.bar: Any = None
+        self.task: Any = None
+
+    def __enter__(self) -> _Progress:
+        if self.on:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), TextColumn("{task.fields[rate]}"),
+                                console=Console(stderr=True), transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("reading documents", total=None, rate="")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+    def __call__(self, event: Any) -> None:
+        if self.bar is None:
+            return
+        if event.phase == "parse":
+            self.bar.update(self.task, description="reading documents", advance=0)
+            return
+        eta = "" if event.eta_s is None else f", ETA {_duration(event.eta_s)}"
+        rate = f"{event.jobs_per_minute:.1f} jobs/min{eta}" if event.jobs_per_minute else ""
+        self.bar.update(self.task, total=event.total, completed=event.done, rate=rate,
+                        description=f"done {event.done - event.failed} / failed {event.failed} / left {event.left}")
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+@guarded
+def batch(
+    jobs: Annotated[Path | None, typer.Argument(help="A .jsonl or .csv file of jobs: document, question (optional "
+                                                "id, policy, budget, gen_length).", show_default=False)] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Results folder (answers.jsonl, config.json, "
+                                             "summary.md); a rerun into it skips finished jobs.",
+                                             show_default=False)] = None,
+    docs: Annotated[list[str] | None, typer.Option("--docs", help="Documents (a glob like 'reports/*.pdf'; "
+                                                   "repeatable); every one gets every --questions line.",
+                                                   show_default=False)] = None,
+    questions: Annotated[Path | None, typer.Option("--questions", help="With --docs: a file with one question per "
+                                                   "line.", show_default=False)] = None,
+    devices: DevicesOpt = None,
+    workers: WorkersOpt = None,
+    ray: RayOpt = None,
+    model: ModelOpt = None,
+    policy: PolicyOpt = DEFAULT_POLICY,
+    layer_budgets: LayerBudgetsOpt = "auto",
+    budget: BudgetOpt = None,
+    ratio: RatioOpt = None,
+    gen_length: GenLengthOpt = None,
+    steps: StepsOpt = None,
+    block_length: BlockOpt = None,
+    temperature: TemperatureOpt = 0.0,
+    threshold: ThresholdOpt = None,
+    alg: AlgOpt = "entropy",
+    top_p: TopPOpt = None,
+    top_k: TopKOpt = None,
+    long: LongOpt = "truncate",
+    password: PasswordOpt = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    seed: SeedOpt = 0,
+    yes: YesOpt = False,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Answer many questions about many documents; resumable, on several devices or a Ray cluster.
+
+    Each job's answer is what `maskkv ask` gives for the same document, question and settings. Rows are
+    appended to DIR/answers.jsonl as they finish; a rerun with the same --out skips finished jobs (a job's key
+    hashes the document's content, the question, the model and every setting that changes the answer) and runs
+    failed ones again. Exit code 1 when any job failed (its row holds the one-line error), else 0.
+
+    Examples:
+
+        maskkv batch jobs.jsonl --out runs/reports
+
+        maskkv batch --docs 'reports/*.pdf' --questions questions.txt --out runs/reports --budget 128
+
+        maskkv batch jobs.csv --out runs/r1 --devices cuda:0,cuda:1 --model ~/models/LLaDA-8B-Instruct
+
+        maskkv batch jobs.jsonl --out runs/r1 --ray auto --json
+    """
+    from maskkv_cli.batch.jobs import AnswerSettings, cross_product, read_jobs_file, read_questions
+    from maskkv_cli.batch.run import Runner, run_batch
+    from maskkv_cli.cli.commands.common import cache_config
+    from maskkv_cli.cli.commands.pull import ensure_model
+    from maskkv_cli.defaults import resolve_default_model
+    from maskkv_cli.prompting.fit import LONG_MODES
+
+    if out is None:
+        raise fail("give a results folder with --out DIR (a rerun into it skips finished jobs)", 2)
+    if (jobs is None) == (docs is None):
+        raise fail("give a jobs file (.jsonl or .csv) or --docs PATTERN with --questions FILE, not both", 2)
+    if docs is not None and questions is None:
+        raise fail("--docs needs --questions FILE (one question per line)", 2)
+    if long not in LONG_MODES:
+        raise fail(f"--long must be one of {', '.join(LONG_MODES)}, got {long!r}", 2)
+    cache_config(policy, budget, ratio, seed, layer_budgets)  # the same checks as ask
+    names = parse_devices(devices, workers, ray)
+    if ray:
+        from maskkv_cli.batch.ray_pool import import_ray
+
+        import_ray()  # without the extra: say so before reading any document
+    specs = read_jobs_file(jobs) if jobs is not None else cross_product(list(docs or []),
+                                                                         read_questions(questions))  # type: ignore
+    path, message = resolve_default_model(model)
+    note(message, quiet, as_json)
+    ensure_model(path, yes, quiet, as_json)  # as ask: an ORG/NAME not on this machine is pulled or named
+    settings = AnswerSettings(policy=policy, budget=budget, ratio=ratio, layer_budgets=layer_budgets,
+                              gen_length=gen_length, steps=steps, block_length=block_length,
+                              temperature=temperature, threshold=threshold, seed=seed, long=long, alg=alg,
+                              top_p=top_p, top_k=top_k)
+    runner = Runner(devices=names, ray=ray, workers=workers if ray else None, device=device)
+    with _Progress(live_display_on(quiet, as_json)) as progress:
+        result = run_batch(specs, settings, path, out, runner=runner, dtype=dtype, password=password,
+                           on_progress=progress)
+    if as_json:
+        typer.echo(json.dumps(result.as_dict()))
+    elif not quiet:
+        rate = f" at {result.jobs_per_minute:.1f} jobs/min" if result.answered else ""
+        sys.stderr.write(f"{result.ok} answered ({result.reused} from earlier runs), {result.failed} failed, "
+                         f"{result.answered} run now{rate}; results: {out}\n")
+        for row in result.failures[:10]:
+            sys.stderr.write(f"  failed {row['id']}: {row['error']}\n")
+        if len(result.failures) > 10:
+            sys.stderr.write(f"  ... {len(result.failures) - 10} more in {out / 'summary.md'}\n")
+    if result.failed:
+        raise typer.Exit(1)

@@ -1,0 +1,110 @@
+"""Throughput of ``maskkv batch``: local worker processes (1 and 2) and Ray actors (1 and 2) on the same jobs.
+
+Every configuration answers the same 200 jobs (10 short documents: two sentences of the packaged corpus around a
+hidden number, 20 questions each; short so that all runs fit in minutes on 2 shared cores) with the embedded tiny
+model, into a fresh results folder, in alternating order over ``--rounds`` rounds. Reported per run: jobs per
+minute from the first job sent to the last row written (the steady state, model loading excluded) and the wall
+time including starting the workers. The Ray cluster (2 CPUs) is started once, before the first round, and its
+start-up is reported on its own.
+
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_batch.py --out runs/bench-batch
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from maskkv_cli.batch.jobs import AnswerSettings, JobSpec
+from maskkv_cli.batch.run import Runner, run_batch
+from maskkv_cli.bench.tasks import load_corpus
+from maskkv_cli.defaults import resolve_default_model
+
+WORDS = ["apple", "river", "violin", "harbor", "lantern", "meadow", "copper", "falcon", "orchid", "glacier"]
+
+
+def make_jobs(folder: Path, documents: int, questions: int, seed: int) -> list[JobSpec]:
+    rng = random.Random(seed)
+    corpus = load_corpus()
+    specs: list[JobSpec] = []
+    for d in range(documents):
+        sentences = [p.split(". ")[0].rstrip(".") + "." for p in rng.sample(corpus, 2)]
+        word = WORDS[d % len(WORDS)]
+        sentences.insert(1, f"The special magic number for {word} is {rng.randrange(10000, 99999)}.")
+        path = folder / f"doc{d:02d}.txt"
+        path.write_text(" ".join(sentences) + "\n")
+        for q in range(questions):
+            asked = WORDS[(d + q) % len(WORDS)]
+            specs.append(JobSpec(f"d{d}-q{q}", str(path), f"What is the special magic number for {asked}? ({q})"))
+    return specs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("runs/bench-batch"))
+    parser.add_argument("--jobs", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--configs", default="local 1,local 2,ray 1,ray 2",
+                        help="comma-separated, from: local 1, local 2, ray 1, ray 2")
+    args = parser.parse_args()
+    import ray
+
+    work = Path(tempfile.mkdtemp(prefix="bench-batch-"))
+    specs = make_jobs(work, 10, args.jobs // 10, seed=0)
+    model, _ = resolve_default_model(None)
+    settings = AnswerSettings(policy="maskkv-plus")
+    started = time.perf_counter()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=str(work / "ray"))
+    ray_start = time.perf_counter() - started
+    configs = {"local 1": Runner(devices=("cpu",)), "local 2": Runner(devices=("cpu", "cpu")),
+               "ray 1": Runner(ray="auto", workers=1), "ray 2": Runner(ray="auto", workers=2)}
+    order = [name.strip() for name in args.configs.split(",")]
+    runs: list[dict[str, object]] = []
+    answers: dict[str, dict[str, str]] = {}
+    for r in range(args.rounds):
+        for name in order if r % 2 == 0 else order[::-1]:
+            out = work / f"{name.replace(' ', '-')}-{r}"
+            t0 = time.perf_counter()
+            result = run_batch(specs, settings, model, out, runner=configs[name])
+            wall = time.perf_counter() - t0
+            rows = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
+            answers.setdefault(name, {}).update({row["key"]: row["answer"] for row in rows})
+            runs.append({"config": name, "round": r, "ok": result.ok, "failed": result.failed,
+                         "jobs_per_minute": round(result.jobs_per_minute, 1), "steady_s": round(result.seconds, 2),
+                         "wall_s": round(wall, 2), "runner": result.runner})
+            runs[-1]["load_average"] = round(os.getloadavg()[0], 1)
+            print(json.dumps(runs[-1]), flush=True)
+    ray.shutdown()
+    reference = answers[order[0]]
+    same = {name: got == reference for name, got in answers.items()}
+    summary: dict[str, dict[str, float]] = {}
+    for name in order:  # pooled over the rounds: all jobs / all steady seconds
+        mine = [run for run in runs if run["config"] == name]
+        jobs = sum(int(run["ok"]) + int(run["failed"]) for run in mine)  # type: ignore[call-overload]
+        steady = sum(float(run["steady_s"]) for run in mine)  # type: ignore[arg-type]
+        summary[name] = {"jobs": jobs, "jobs_per_minute": round(jobs / steady * 60, 1),
+                         "per_round": [run["jobs_per_minute"] for run in mine],  # type: ignore[dict-item]
+                         "wall_s_median": statistics.median(float(run["wall_s"]) for run in mine)}  # type: ignore
+    base = summary[order[0]]["jobs_per_minute"]
+    for name in order:
+        summary[name][f"rate_vs_{order[0].replace(' ', '_')}"] = round(summary[name]["jobs_per_minute"] / base, 3)
+    for n in ("1", "2"):
+        if f"ray {n}" in summary and f"local {n}" in summary:
+            summary[f"ray {n}"]["rate_vs_local_same_n"] = round(
+                summary[f"ray {n}"]["jobs_per_minute"] / summary[f"local {n}"]["jobs_per_minute"], 3)
+    report = {"jobs_per_run": len(specs), "rounds": args.rounds, "load_average_after": os.getloadavg(),
+              "ray_cluster_start_s": round(ray_start, 2),
+              "answers_equal_local_1": same, "summary": summary, "runs": runs, "model": model}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench-batch.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in report.items() if k != "runs"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""``maskkv batch`` without Ray: job files, keys, answers equal to ``ask``, resuming, failures as rows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pdfs import BODY, make_pdf
+from typer.testing import CliRunner
+
+from maskkv_cli.batch.folder import AnswersFolder, read_rows
+from maskkv_cli.batch.jobs import AnswerSettings, JobSpec, cross_product, job_key, read_jobs_file
+from maskkv_cli.batch.run import Runner, run_batch
+from maskkv_cli.cli import app
+from maskkv_cli.errors import UsageError
+from maskkv_cli.sampling.llada import GenerationConfig
+from maskkv_cli.session import resolve_generation
+
+runner = CliRunner()
+FAST = ["-n", "8", "--steps", "8", "--block-length", "8"]
+QUESTIONS = ["What does the keeper write?", "Who comes at night?"]
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> dict[str, Path]:
+    story = tmp_path / "story.pdf"
+    story.write_bytes(make_pdf(BODY))
+    notes = tmp_path / "notes.txt"
+    notes.write_text("The river runs past the old mill. The special magic number for apple is 48213.\n")
+    broken = tmp_path / "broken.pdf"
+    broken.write_bytes(make_pdf(BODY)[:300])  # cut short: no page can be recovered
+    return {"story": story, "notes": notes, "broken": broken}
+
+
+def _jobs_file(path: Path, docs: list[Path], questions: list[str]) -> Path:
+    rows = [{"id": f"{d.stem}-{i}", "document": str(d), "question": q} for d in docs for i, q in enumerate(questions)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_jobs_from_jsonl_csv_and_cross_product(tmp_path: Path, corpus: dict[str, Path]) -> None:
+    (tmp_path / "jobs.jsonl").write_text('{"document": "story.pdf", "question": "Who?", "budget": 16}\n\n'
+                                         '{"id": "x", "document": "notes.txt", "question": "What?", '
+                                         '"policy": "snapkv", "gen_length": "8"}\n')
+    specs = read_jobs_file(tmp_path / "jobs.jsonl")
+    assert [(s.id, Path(s.document).name, s.budget, s.policy, s.gen_length) for s in specs] == [
+        ("1", "story.pdf", 16, None, None), ("x", "notes.txt", None, "snapkv", 8)]
+    (tmp_path / "jobs.csv").write_text("document,question,budget\nstory.pdf,\"Who, then?\",\nnotes.txt,When?,32\n")
+    specs = read_jobs_file(tmp_path / "jobs.csv")
+    assert [(s.question, s.budget) for s in specs] == [("Who, then?", None), ("When?", 32)]
+    assert Path(specs[0].document) == corpus["story"]  # relative to the jobs file
+    (tmp_path / "bad.jsonl").write_text('{"document": "a.txt", "question": "Q", "colour": "red"}\n')
+    with pytest.raises(UsageError, match="unknown column"):
+        read_jobs_file(tmp_path / "bad.jsonl")
+    (tmp_path / "bad.csv").write_text("document,question,budget\na.txt,Q,-3\n")
+    with pytest.raises(UsageError, match="budget must be positive"):
+        read_jobs_file(tmp_path / "bad.csv")
+    specs = cross_product([str(tmp_path / "*.pdf"), str(corpus["notes"])], ["Q1", "Q2"])
+    assert [(Path(s.document).name, s.question) for s in specs] == [
+        ("broken.pdf", "Q1"), ("broken.pdf", "Q2"), ("story.pdf", "Q1"), ("story.pdf", "Q2"), ("notes.txt", "Q1"),
+        ("notes.txt", "Q2")]
+    folder = cross_product([str(tmp_path)], ["Q"])  # a folder: its .pdf/.txt/.md files, as ingest finds them
+    assert sorted(Path(s.document).name for s in folder) == ["broken.pdf", "notes.txt", "story.pdf"]
+    with pytest.raises(UsageError, match="matches no file"):
+        cross_product([str(tmp_path / "*.docx")], ["Q"])
+
+
+def test_generation_resolution_matches_ask() -> None:
+    from maskkv_cli.cli.commands.common import generation_config
+
+    for defaults in ({}, {"gen_length": 16, "steps": 8, "block_length": 16}, {"gen_length": 48}):
+        for gen_length in (None, 8, 24, 40):
+            for steps in (None, 4):
+                for block in (None, 8):
+                    got = resolve_generation(defaults, gen_length, steps, block)
+                    try:
+                        want = generation_config(defaults, gen_length, steps, block)
+                    except UsageError:  # an invalid combination: ask refuses it, and so does batch's planning
+                        with pytest.raises(UsageError):
+                            GenerationConfig(*got)
+                        continue
+                    assert got == (want.gen_length, want.steps, want.block_length)
+                    assert resolve_generation(defaults, *got) == got  # resolved values are a fixed point
+
+
+def test_key_changes_with_every_setting_that_changes_the_answer() -> None:
+    base = AnswerSettings(policy="maskkv", budget=16, gen_length=8, steps=8, block_length=8)
+    key = job_key("a" * 64, "Q", "model", "fp32", "cpu", base)
+    assert key == job_key("a" * 64, "Q", "model", "fp32", "cpu", AnswerSettings(**base.as_dict()))
+    others = [job_key("b" * 64, "Q", "model", "fp32", "cpu", base),
+              job_key("a" * 64, "Q2", "model", "fp32", "cpu", base),
+              job_key("a" * 64, "Q", "model2", "fp32", "cpu", base),
+              job_key("a" * 64, "Q", "model", "bf16", "cpu", base),
+              job_key("a" * 64, "Q", "model", "fp32", "cuda", base)]
+    for change in ({"policy": "snapkv"}, {"budget": 32}, {"gen_length": 16}, {"steps": 4}, {"block_length": 4},
+                   {"temperature": 0.5}, {"seed": 1}, {"long": "rope-scale"}, {"layer_budgets": "uniform"},
+                   {"threshold": 0.9}, {"alg": "origin"}):
+        others.append(job_key("a" * 64, "Q", "model", "fp32", "cpu", AnswerSettings(**{**base.as_dict(), **change})))
+    assert len({key, *others}) == len(others) + 1
+
+
+def test_batch_answers_equal_ask_and_a_broken_pdf_is_a_recorded_failure(tmp_path: Path, corpus: dict[str, Path],
+                                                                         tiny_dir: Path) -> None:
+    jobs = _jobs_file(tmp_path / "jobs.jsonl", [corpus["story"], corpus["broken"], corpus["notes"]], QUESTIONS)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["batch", str(jobs), "--out", str(out), "--model", str(tiny_dir), "--budget", "16",
+                                 "--json", *FAST])
+    assert result.exit_code == 1, result.output  # some job failed
+    summary = json.loads(result.stdout)
+    assert (summary["jobs"], summary["ok"], summary["failed"]) == (6, 4, 2)
+    rows, broken = read_rows(out / "answers.jsonl")
+    assert not broken and len(rows) == 6
+    failed = [r for r in rows if r["error"]]
+    assert {r["id"] for r in failed} == {"broken-0", "broken-1"}
+    assert all("\n" not in r["error"] and "broken.pdf" in r["error"] for r in failed)
+    for doc in (corpus["story"], corpus["notes"]):
+        asked = runner.invoke(app, ["ask", str(doc), "--model", str(tiny_dir), "--budget", "16", "--json", *FAST,
+                                    *[a for q in QUESTIONS for a in ("-q", q)]])
+        assert asked.exit_code == 0, asked.output
+        answers = json.loads(asked.stdout)["answers"]
+        fields = ("answer", "confidence", "note", "budget", "prompt_tokens", "dropped_tokens", "rope_factor")
+        want = {a["question"]: tuple(a.get(f) for f in fields) for a in answers}
+        got = {r["question"]: tuple(r[f] for f in fields) for r in rows if r["document"] == str(doc)}
+        assert got == want
+    config = json.loads((out / "config.json").read_text())
+    assert config["dtype"] == "fp32" and config["device"] == "cpu" and "machine" in config
+    assert "## Failed" in (out / "summary.md").read_text()
+
+
+def test_rerun_skips_finished_repairs_a_torn_line_and_retries_failures(tmp_path: Path, corpus: dict[str, Path],
+                                                                      tiny_dir: Path) -> None:
+    specs = [JobSpec(f"j{i}", str(corpus["notes"]), q) for i, q in enumerate(["A?", "B?", "C?", "D?"])]
+    settings = AnswerSettings(policy="maskkv", budget=8, gen_length=8, steps=8, block_length=8)
+    first = run_batch(specs[:3], settings, str(tiny_dir), tmp_path / "out")
+    assert (first.ran, first.ok, first.failed) == (3, 3, 0)
+    answers = tmp_path / "out" / "answers.jsonl"
+    rows, _ = read_rows(answers)
+    failed = {**rows[2], "answer": None, "error": "the device ran out of memory"}
+    torn = json.dumps(rows[1])[:40]  # a driver killed mid-write
+    answers.write_text("".join(json.dumps(r) + "\n" for r in rows[:2]) + json.dumps(failed) + "\n" + torn)
+    second = run_batch(specs, settings, str(tiny_dir), tmp_path / "out")
+    assert (second.reused, second.ran, second.ok) == (2, 2, 4)  # j2 failed before and runs again; j3 is new
+    final, broken = read_rows(answers)
+    assert not broken
+    assert sorted(r["id"] for r in final) == ["j0", "j1", "j2", "j3"]
+    assert {r["answer"] for r in final if r["id"] == "j2"} == {rows[2]["answer"]}
+    again = run_batch(specs, settings, str(tiny_dir), tmp_path / "out")
+    assert (again.reused, again.ran) == (4, 0)
+
+
+def test_one_driver_per_folder(tmp_path: Path) -> None:
+    with AnswersFolder(tmp_path).open([]), pytest.raises(UsageError, match="another maskkv batch"):
+        AnswersFolder(tmp_path).open([])
+
+
+def test_two_worker_processes_give_the_same_answers_and_retry_a_killed_workers_job(
+        tmp_path: Path, corpus: dict[str, Path], tiny_dir: Path) -> None:
+    specs = [JobSpec(f"j{i}", str(doc), q) for i, (doc, q) in
+             enumerate((d, q) for d in (corpus["story"], corpus["notes"]) for q in QUESTIONS)]
+    settings = AnswerSettings(policy="maskkv-plus", budget=16, gen_length=8, steps=8, block_length=8)
+    run_batch(specs, settings, str(tiny_dir), tmp_path / "one")
+    killed: list[str] = []
+
+    def kill_first(pool: Any, worker: int, job: Any) -> None:
+        if not killed:  # its worker process dies with the job in flight: the job runs again on another worker
+            killed.append(job.key)
+            pool.procs[worker].kill()
+
+    two = run_batch(specs, settings, str(tiny_dir), tmp_path / "two", runner=Runner(devices=("cpu", "cpu")),
+                    on_submit=kill_first)
+    assert "2 worker process" in two.runner and (two.ok, two.failed) == (4, 0)
+    one_rows = {r["key"]: r["answer"] for r in read_rows(tmp_path / "one" / "answers.jsonl")[0]}
+    two_rows = {r["key"]: r for r in read_rows(tmp_path / "two" / "answers.jsonl")[0]}
+    assert one_rows == {k: r["answer"] for k, r in two_rows.items()} and len(one_rows) == 4
+    assert two_rows[killed[0]]["attempts"] == 2
+
+
+def test_cli_errors_are_one_line(tmp_path: Path, corpus: dict[str, Path]) -> None:
+    result = runner.invoke(app, ["batch", "--docs", str(corpus["notes"]), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "--docs needs --questions" in result.stderr
+    result = runner.invoke(app, ["batch", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "give a jobs file" in result.stderr
+    result = runner.invoke(app, ["batch", str(tmp_path / "none.jsonl")])
+    assert result.exit_code == 2 and "--out" in result.stderr
+    result = runner.invoke(app, ["batch", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "o"), "--workers",
+                                 "2", "--devices", "cuda:0"])
+    assert result.exit_code == 2 and "not both" in result.stderr
+
+
+def test_ray_missing_names_the_extra(tmp_path: Path, corpus: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray now raises ImportError
+    jobs = _jobs_file(tmp_path / "jobs.jsonl", [corpus["notes"]], ["Q?"])
+    result = runner.invoke(app, ["batch", str(jobs), "--out", str(tmp_path / "o"), "--ray", "auto"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "error: Ray is not installed: pip install 'maskkv[ray]'"
+
+
+def test_bench_quality_sharded_over_worker_processes_gives_the_same_rows(tmp_path: Path, tiny_dir: Path) -> None:
+    args = ["bench", "quality", "--tasks", "niah_single", "--lengths", "128", "-n", "2", "--policies",
+            "full,maskkv", "--budgets", "8,16", "--model", str(tiny_dir), "--json"]
+    one = runner.invoke(app, [*args, "--out", str(tmp_path / "one")])
+    two = runner.invoke(app, [*args, "--out", str(tmp_path / "two"), "--workers", "2"])
+    assert one.exit_code == 0 and two.exit_code == 0, (one.output, two.output)
+
+    def rows(result: object) -> list[dict[str, object]]:
+        timing = ("seconds", "seconds_per_sample", "prefill_s")
+        return [{k: v for k, v in r.items() if k not in timing} for r in json.loads(result.stdout)["results"]]
+
+    assert rows(two) == rows(one) and len(rows(one)) == 3
+    assert (tmp_path / "two" / "predictions.jsonl").read_text() == (tmp_path / "one" / "predictions.jsonl").read_text()
+    again = runner.invoke(app, [*args, "--out", str(tmp_path / "two"), "--workers", "2"])
+    assert again.exit_code == 0 and rows(again) == rows(one)  # every row reused: no worker is started
+
+
+def test_a_job_that_fails_while_answering_is_a_row_and_the_run_goes_on(
+        tmp_path: Path, corpus: dict[str, Path], tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from maskkv_cli.session import Session
+
+    class OutOfMemoryError(RuntimeError):  # the name torch.cuda.OutOfMemoryError has
+        pass
+
+    real = Session.answer_ids
+
+    def answer_ids(self: Session, ids: list[int], gen: object, cache: object, on_event: object = None) -> object:
+        if "Who?" in self.tokenizer.decode(ids):
+            raise OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB\nmore detail")
+        return real(self, ids, gen, cache)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Session, "answer_ids", answer_ids)
+    specs = [JobSpec("long", str(corpus["story"]), "Who?"), JobSpec("short", str(corpus["notes"]), "What?")]
+    settings = AnswerSettings(policy="maskkv", budget=8, gen_length=8, steps=8, block_length=8)
+    result = run_batch(specs, settings, str(tiny_dir), tmp_path / "out")
+    assert (result.ok, result.failed) == (1, 1)
+    rows = {r["id"]: r for r in read_rows(tmp_path / "out" / "answers.jsonl")[0]}
+    assert rows["long"]["error"].startswith("the device ran out of memory") and rows["long"]["answer"] is None
+    assert rows["short"]["error"] is None and rows["short"]["answer"] is not None
