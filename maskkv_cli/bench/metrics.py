@@ -275,7 +275,8 @@ DATASET_METRIC: dict[str, Metric] = {
     "passage_retrieval_zh": retrieval_zh_score,
     "lcc": code_sim_score,
     "repobench-p": code_sim_score,
-    **{kind: exact_match for kind in KINDS},
+    **{kind: exact_match for kind in KINDS if kind != "lead_summary"},
+    "lead_summary": rouge_l,
 }
 
 FIRST_LINE_DATASETS: frozenset[str] = frozenset({"trec", "triviaqa", "samsum", "lsht"})
