@@ -48,6 +48,8 @@ def split_parts(doc: Document, count: Callable[[str], int], max_tokens: int) -> 
 # A lead summary (what the embedded model is trained to write for ``part_instruction``): the first sentences of
 # the text, as the LEAD baseline of news summarization.
 LEAD_SENTENCES = 3
+# Tokens of a lead summary for a model whose generation_config.json does not say (``summary_length``).
+SUMMARY_TOKENS = 64
 # Word counts the embedded model saw in ``part_instruction`` during training (``summarize --length``).
 SUMMARY_WORDS: tuple[int, ...] = (30, 50, 75, 100, 150, 200, 300)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[`])")

@@ -53,8 +53,10 @@ QBlockOpt = Annotated[int | None, typer.Option(
     "--block-length", help=f"Tokens per block [default: the model's, else {FALLBACK_GENERATION['block_length']}].",
     show_default=False)]
 HaystackOpt = Annotated[Path | None, typer.Option(
-    "--haystack", help="Hide the needles in this document (PDF, text, Markdown; split into paragraphs) instead of "
-    "the built-in corpus.", show_default=False)]
+    "--haystack", help="Hide the needles in this document (PDF, text, Markdown; split into paragraphs) or in a "
+    "named source of text every Python has: corpus (the default), pydoc-topics, stdlib-train, stdlib-heldout (the "
+    "embedded model never saw it), pdf-train, pdf-heldout (the same typeset as a PDF), docs, license.",
+    show_default=False)]
 
 
 def parse_lengths(lengths: str | None) -> tuple[int, ...]:
@@ -196,6 +198,8 @@ def quality(
         maskkv bench quality --tasks qasper.jsonl --prompts ~/LongBench/config/dataset2prompt.json
 
         maskkv bench quality --haystack report.pdf --tasks niah_single --lengths 1k
+
+        maskkv bench quality --haystack stdlib-heldout --tasks niah_single,niah_none --lengths 512,1k
     """
     from maskkv_cli.bench.longbench import load_templates
     from maskkv_cli.bench.quality import (

@@ -75,8 +75,8 @@ def train_tiny(
 
         OMP_NUM_THREADS=1 nohup maskkv train-tiny --out runs/tiny --json > train.log &
     """
-    from maskkv_cli.bench.tasks import max_distractors
     from maskkv_cli.bench.sources import SOURCES
+    from maskkv_cli.bench.tasks import max_distractors
     from maskkv_cli.training import (
         TrainConfig,
         TrainEvent,
