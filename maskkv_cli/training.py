@@ -218,8 +218,6 @@ class Batcher:
             low, high = self.cfg.distractors
             # A fixed count draws nothing, so runs from before the option see the same random stream.
             distractors = low if low == high else rng.randint(low, high)
-            if kind == "niah_none":
-                distractors = max(1, distractors)
             haystack = self._haystack(rng)
             task = generate_tasks(kind, 1, length, seed=rng.randrange(1 << 31), count_tokens=self.count,
                                   distractors=distractors, haystack=haystack)[0]
