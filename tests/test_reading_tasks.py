@@ -41,7 +41,13 @@ def test_held_out_text_is_from_held_out_modules_only():
 
 @pytest.mark.parametrize("name", sources.SOURCES)
 def test_every_source_has_text_without_the_needle_phrase(name):
-    paragraphs = sources.load_source(name)
+    try:
+        paragraphs = sources.load_source(name)
+    except ValueError as exc:
+        # docs/ exists only in a source checkout, LICENSE.txt not in every Python build (Debian drops it)
+        if name in ("docs", "license") and "has no text" in str(exc):
+            pytest.skip(str(exc))
+        raise
     assert len(paragraphs) > 5
     assert not any("special magic number" in p.lower() for p in paragraphs)
 
