@@ -51,6 +51,18 @@ def read_generation_defaults(folder: Path) -> dict[str, int]:
     return {k: int(v) for k, v in section.items() if k in GENERATION_KEYS and isinstance(v, int) and v > 0}
 
 
+def read_summary_length(folder: Path) -> int | None:
+    """Tokens of the lead summary a model was trained to write (``maskkv.summary_length`` in its
+    ``generation_config.json``, the embedded model's), or None for a model without that format."""
+    try:
+        data = json.loads((folder / "generation_config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    section = data.get("maskkv") if isinstance(data, dict) else None
+    value = section.get("summary_length") if isinstance(section, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 @dataclass
 class Answer:
     text: str
@@ -82,6 +94,7 @@ class Session:
         # Dream's sampler settings (its demo uses entropy); LLaDA ignores them.
         self.dream_options: dict[str, Any] = {"alg": "entropy", "top_p": None, "top_k": None}
         self.generation_defaults = read_generation_defaults(resolve_model_path(model_path))
+        self.summary_length = read_summary_length(resolve_model_path(model_path))
 
     @property
     def window(self) -> int:

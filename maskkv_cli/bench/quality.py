@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from maskkv_cli.bench.metrics import aggregate, metric_for, score
+from maskkv_cli.bench.metrics import aggregate, is_no_answer, metric_for, score
 from maskkv_cli.bench.paired import add_intervals, paired_comparisons, paired_markdown
 from maskkv_cli.bench.results import ResultsFolder, atomic_write_bytes, atomic_write_text, read_jsonl, settings_key
 from maskkv_cli.bench.tasks import (
@@ -177,10 +177,22 @@ class TaskSource:
         return {"kind": self.kind, "name": self.name, "digest": self.digest}
 
 
-def read_haystack(path: str | Path) -> tuple[list[str], TaskSource]:
-    """The paragraphs of a user's document (PDF, text or Markdown) to hide needles in."""
+def read_haystack(path: str | Path) -> tuple[list[str] | None, TaskSource]:
+    """The paragraphs to hide needles in: a named source (``bench/sources.py``: corpus, pydoc-topics,
+    stdlib-train, stdlib-heldout, ...) unless a file of that name exists, else a user's document (PDF, text or
+    Markdown). ``corpus`` gives None (the default haystack, so its rows are the default run's)."""
+    from maskkv_cli.bench.sources import SOURCES, load_source, source_digest
     from maskkv_cli.documents import load_document
 
+    name = str(path)
+    if name in SOURCES and not Path(name).exists():
+        if name == "corpus":
+            return None, TaskSource("corpus", "", "")
+        try:
+            paragraphs = load_source(name)
+        except ValueError as exc:
+            raise UsageError(f"--haystack: {exc}") from None
+        return paragraphs, TaskSource("source", name, source_digest(paragraphs))
     doc = load_document(path)
     paragraphs = split_paragraphs(doc.text)
     if not paragraphs:
@@ -269,9 +281,19 @@ def build_groups(session: Any, *, kinds: Sequence[str] = DEFAULT_KINDS, lengths:
                                     gen_length=length if task_lengths else None, prompt_format=spec.fingerprint))
         return groups
     for kind, length, tasks in generate_cells(kinds, lengths, samples, seed, haystack, session.count_tokens):
-        prompts, cut = encode_tasks(session, tasks, gen_length)
-        groups.append(TaskGroup(kind, length, tasks, prompts, cut))
+        # a lead summary is longer than a needle's answer: the length summarize generates for this model
+        own = summary_length(session) if kind == "lead_summary" else None
+        prompts, cut = encode_tasks(session, tasks, own or gen_length)
+        groups.append(TaskGroup(kind, length, tasks, prompts, cut, gen_length=own))
     return groups
+
+
+def summary_length(session: Any) -> int:
+    """Tokens of one lead summary: the model's ``summary_length`` (``generation_config.json``), else
+    ``SUMMARY_TOKENS``."""
+    from maskkv_cli.summarize import SUMMARY_TOKENS
+
+    return int(getattr(session, "summary_length", None) or SUMMARY_TOKENS)
 
 
 def generate_cells(kinds: Sequence[str], lengths: Sequence[int], samples: int, seed: int,
@@ -722,6 +744,7 @@ def run_quality(
                     "policy": case.policy, "budget": case.budget, "prediction": answer.text,
                     "gold": list(task.answers), "score": round(value, 6)}
             others = distractor_values(task)
+            line["no_answer"] = is_no_answer(answer.text)
             if others:
                 line["distractor"] = answer.text.strip() in others
                 line["wrong_digits"], line["distractor_digits"] = digit_mixing(answer.text, task.answers[0], others)
@@ -729,6 +752,7 @@ def run_quality(
         prefill = [a.prefill_s for a in answers if a.prefill_s is not None]
         row = _case_row(group, case, key, scores, [a.seconds for a in answers], prefill, settings, group_gens[gi])
         row["distractor_answers"] = _line_sum(lines, "distractor")
+        row["no_answers"] = _line_sum(lines, "no_answer")  # answers that say the fact is not there
         row["wrong_digits"] = _line_sum(lines, "wrong_digits")
         row["distractor_digits"] = _line_sum(lines, "distractor_digits")
         predictions[key] = lines

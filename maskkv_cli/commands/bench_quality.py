@@ -54,8 +54,10 @@ QBlockOpt = Annotated[int | None, typer.Option(
     "--block-length", help=f"Tokens per block [default: the model's, else {FALLBACK_GENERATION['block_length']}].",
     show_default=False)]
 HaystackOpt = Annotated[Path | None, typer.Option(
-    "--haystack", help="Hide the needles in this document (PDF, text, Markdown; split into paragraphs) instead of "
-    "the built-in corpus.", show_default=False)]
+    "--haystack", help="Hide the needles in this document (PDF, text, Markdown; split into paragraphs) or in a "
+    "named source of text every Python has: corpus (the default), pydoc-topics, stdlib-train, stdlib-heldout (the "
+    "embedded model never saw it), pdf-train, pdf-heldout (the same typeset as a PDF), docs, license.",
+    show_default=False)]
 
 
 def parse_lengths(lengths: str | None) -> tuple[int, ...]:
@@ -204,6 +206,8 @@ def quality(
         maskkv bench quality --model ~/models/LLaDA-8B-Instruct --devices cuda:0,cuda:1 --out runs/q8b
 
         maskkv bench quality --model ~/models/LLaDA-8B-Instruct --ray auto --out runs/q8b
+
+        maskkv bench quality --haystack stdlib-heldout --tasks niah_single,niah_none --lengths 512,1k
     """
     from maskkv_cli.bench.longbench import load_templates
     from maskkv_cli.bench.quality import (
