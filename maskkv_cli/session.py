@@ -63,6 +63,18 @@ def resolve_generation(defaults: dict[str, int], gen_length: int | None, steps: 
     return gen, n_steps, block
 
 
+def read_summary_length(folder: Path) -> int | None:
+    """Tokens of the lead summary a model was trained to write (``maskkv.summary_length`` in its
+    ``generation_config.json``, the embedded model's), or None for a model without that format."""
+    try:
+        data = json.loads((folder / "generation_config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    section = data.get("maskkv") if isinstance(data, dict) else None
+    value = section.get("summary_length") if isinstance(section, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 @dataclass
 class Answer:
     text: str
@@ -94,6 +106,7 @@ class Session:
         self.base_theta = self.model.config.rope_theta
         self.dream = dream or DreamOptions()  # Dream's own sampler settings; LLaDA's loop has none
         self.generation_defaults = read_generation_defaults(resolve_model_path(model_path))
+        self.summary_length = read_summary_length(resolve_model_path(model_path))
 
     @property
     def window(self) -> int:

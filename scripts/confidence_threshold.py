@@ -26,12 +26,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from maskkv_cli import pipeline  # noqa: E402
 from maskkv_cli.bench.metrics import score  # noqa: E402
-from maskkv_cli.bench.tasks import generate_tasks, split_paragraphs  # noqa: E402
+from maskkv_cli.bench.tasks import generate_tasks  # noqa: E402
 from maskkv_cli.cli.commands.common import cache_config, generation_config  # noqa: E402
 from maskkv_cli.defaults import DEFAULT_POLICY, shipped_model  # noqa: E402
-from maskkv_cli.prompting import document_question  # noqa: E402
-from maskkv_cli.prompting.fit import fit_context  # noqa: E402
+from maskkv_cli.documents.corpus import split_paragraphs  # noqa: E402
 from maskkv_cli.session import Session  # noqa: E402
 
 LENGTHS = (512, 1024, 2048)
@@ -50,11 +50,7 @@ def docs_haystack() -> list[str]:
 
 
 def ask(session: Session, context: str, question: str, gen, cache) -> tuple[str, object]:
-    cfg = session.model.config
-    room = session.window - session.prompt_overhead(question) - gen.gen_length
-    fitted = fit_context(session.tokenizer, context, room, "truncate", cfg.head_dim, session.base_theta,
-                         session.window)
-    a = session.answer_ids(session.prompt_ids(document_question(fitted.text, question)), gen, cache)
+    a = pipeline.ask(session, context, question, gen, cache)
     return a.text, a.confidence
 
 

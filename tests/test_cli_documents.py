@@ -93,6 +93,41 @@ def test_summarize_parts(pdf, tiny_dir):
     assert data["pages"] == 5 and len(data["parts"]) >= 1 and isinstance(data["summary"], str)
 
 
+def test_summarize_uses_a_lead_summary_models_trained_format(pdf, tiny_dir, tmp_path, monkeypatch):
+    """A model whose generation_config.json declares ``summary_length`` (the embedded one) gets exactly the prompt
+    it was trained on: ``part_instruction`` for every part and for the merge, ``summary_length`` tokens in one
+    block; another model keeps the length from --length and the merge instruction."""
+    import shutil
+
+    import maskkv_cli.pipeline as pipeline
+    from maskkv_cli.prompting.parts import merge_instruction, part_instruction
+
+    lead = tmp_path / "lead-model"
+    shutil.copytree(tiny_dir, lead)
+    gen_file = lead / "generation_config.json"
+    gen = json.loads(gen_file.read_text()) if gen_file.is_file() else {}
+    gen["maskkv"] = {"gen_length": 8, "steps": 8, "block_length": 8, "summary_length": 16}
+    gen_file.write_text(json.dumps(gen))
+    seen = []
+    real = pipeline.ask
+
+    def spy(session, context, question, gen, cache, **hooks):
+        seen.append((question, gen.gen_length, gen.block_length))
+        return real(session, context, question, gen, cache, **hooks)
+
+    monkeypatch.setattr(pipeline, "ask", spy)
+    long_doc = tmp_path / "long.txt"
+    long_doc.write_text("\n\n".join(f"Paragraph {i} says something about the harbour. " * 40 for i in range(30)))
+    result = run("summarize", long_doc, "--model", lead, "--length", "50", "--json")
+    assert result.exit_code == 0, result.output
+    assert len(seen) >= 3  # several parts, then the merge
+    assert all(s == (part_instruction(50), 16, 16) for s in seen)
+    seen.clear()
+    result = run("summarize", long_doc, "--model", tiny_dir, "--length", "50", "--json", "--steps", "3")
+    assert result.exit_code == 0, result.output
+    assert seen[0] == (part_instruction(50), 96, 32) and seen[-1][0] == merge_instruction(50)
+
+
 def test_encrypted_pdf(tmp_path, tiny_dir):
     path = tmp_path / "secret.pdf"
     path.write_bytes(make_pdf(BODY[:2], password="s3cret"))

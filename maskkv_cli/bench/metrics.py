@@ -230,6 +230,13 @@ def _em_normalize(text: str) -> str:
     return " ".join(text.casefold().split())
 
 
+def is_no_answer(prediction: str) -> bool:
+    """Whether a prediction says the fact is not in the document (``NO_ANSWER``, normalised as exact match)."""
+    from maskkv_cli.prompting import NO_ANSWER
+
+    return _em_normalize(first_line(prediction)) == _em_normalize(NO_ANSWER)
+
+
 def exact_match(prediction: str, ground_truth: str, **_: object) -> float:
     """1.0 if the gold equals the prediction's first line or occurs in it as a whole token sequence.
 
@@ -275,7 +282,8 @@ DATASET_METRIC: dict[str, Metric] = {
     "passage_retrieval_zh": retrieval_zh_score,
     "lcc": code_sim_score,
     "repobench-p": code_sim_score,
-    **{kind: exact_match for kind in KINDS},
+    **{kind: exact_match for kind in KINDS if kind != "lead_summary"},
+    "lead_summary": rouge_l,
 }
 
 FIRST_LINE_DATASETS: frozenset[str] = frozenset({"trec", "triviaqa", "samsum", "lsht"})

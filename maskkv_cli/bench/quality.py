@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from maskkv_cli.bench.metrics import aggregate, metric_for, score
+from maskkv_cli.bench.metrics import aggregate, is_no_answer, metric_for, score
 from maskkv_cli.bench.paired import add_intervals, paired_comparisons
 from maskkv_cli.bench.quality_plan import BENCH_KIND, Case
 from maskkv_cli.bench.quality_report import add_retention, plot_quality, summary_markdown
@@ -326,6 +326,7 @@ def run_quality(
                     "policy": case.policy, "budget": case.budget, "prediction": answer.text,
                     "gold": list(task.answers), "score": round(value, 6)}
             others = distractor_values(task)
+            line["no_answer"] = is_no_answer(answer.text)
             if others:
                 line["distractor"] = answer.text.strip() in others
                 line["wrong_digits"], line["distractor_digits"] = digit_mixing(answer.text, task.answers[0], others)
@@ -333,6 +334,7 @@ def run_quality(
         prefill = [a.prefill_s for a in answers if a.prefill_s is not None]
         row = _case_row(group, case, key, scores, [a.seconds for a in answers], prefill, settings, group_gens[gi])
         row["distractor_answers"] = _line_sum(lines, "distractor")
+        row["no_answers"] = _line_sum(lines, "no_answer")  # answers that say the fact is not there
         row["wrong_digits"] = _line_sum(lines, "wrong_digits")
         row["distractor_digits"] = _line_sum(lines, "distractor_digits")
         predictions[key] = lines

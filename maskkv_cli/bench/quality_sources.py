@@ -54,10 +54,22 @@ class TaskSource:
         return {"kind": self.kind, "name": self.name, "digest": self.digest}
 
 
-def read_haystack(path: str | Path) -> tuple[list[str], TaskSource]:
-    """The paragraphs of a user's document (PDF, text or Markdown) to hide needles in."""
+def read_haystack(path: str | Path) -> tuple[list[str] | None, TaskSource]:
+    """The paragraphs to hide needles in: a named source (``bench/sources.py``: corpus, pydoc-topics,
+    stdlib-train, stdlib-heldout, ...) unless a file of that name exists, else a user's document (PDF, text or
+    Markdown). ``corpus`` gives None (the default haystack, so its rows are the default run's)."""
+    from maskkv_cli.bench.sources import SOURCES, load_source, source_digest
     from maskkv_cli.documents import load_document
 
+    name = str(path)
+    if name in SOURCES and not Path(name).exists():
+        if name == "corpus":
+            return None, TaskSource("corpus", "", "")
+        try:
+            paragraphs = load_source(name)
+        except ValueError as exc:
+            raise UsageError(f"--haystack: {exc}") from None
+        return paragraphs, TaskSource("source", name, source_digest(paragraphs))
     doc = load_document(path)
     paragraphs = split_paragraphs(doc.text)
     if not paragraphs:
@@ -135,9 +147,19 @@ def build_groups(session: Any, *, kinds: Sequence[str] = DEFAULT_KINDS, lengths:
                                     gen_length=length if task_lengths else None, prompt_format=spec.fingerprint))
         return groups
     for kind, length, tasks in generate_cells(kinds, lengths, samples, seed, haystack, session.count_tokens):
-        prompts, cut = encode_tasks(session, tasks, gen_length)
-        groups.append(TaskGroup(kind, length, tasks, prompts, cut))
+        # a lead summary is longer than a needle's answer: the length summarize generates for this model
+        own = summary_length(session) if kind == "lead_summary" else None
+        prompts, cut = encode_tasks(session, tasks, own or gen_length)
+        groups.append(TaskGroup(kind, length, tasks, prompts, cut, gen_length=own))
     return groups
+
+
+def summary_length(session: Any) -> int:
+    """Tokens of one lead summary: the model's ``summary_length`` (``generation_config.json``), else
+    ``SUMMARY_TOKENS``."""
+    from maskkv_cli.prompting.parts import SUMMARY_TOKENS
+
+    return int(getattr(session, "summary_length", None) or SUMMARY_TOKENS)
 
 
 def generate_cells(kinds: Sequence[str], lengths: Sequence[int], samples: int, seed: int,

@@ -7,6 +7,10 @@ Task families (``KINDS``):
 - ``niah_multikey``: the real needle plus ``NUM_DISTRACTORS`` needles of the same form for other keys.
 - ``niah_multivalue``: ``NUM_VALUES`` needles for the same key with different numbers; the answer is
   every number, joined by ", " in order of appearance.
+- ``niah_none``: needles for other keys only (``NUM_DISTRACTORS``); the asked key has none, so the answer is
+  ``NO_ANSWER`` (an unanswerable question, as in SQuAD 2.0).
+- ``lead_summary``: plain haystack text and the instruction ``summarize`` sends for each part; the reference is
+  the text's first ``LEAD_SENTENCES`` sentences (the LEAD baseline of news summarization), scored with ROUGE-L.
 - ``vt`` (variable tracking): "VAR ABCDE = 12345." followed by a chain "VAR FGHIJ = ABCDE." ... spread
   across the haystack, plus one distractor chain with another value; the answer is the names of the real
   chain joined by ", " in order of appearance.
@@ -36,11 +40,14 @@ import re
 import string
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from maskkv_cli.documents.corpus import load_corpus
+from maskkv_cli.prompting import NO_ANSWER
+from maskkv_cli.prompting.parts import LEAD_SENTENCES, SUMMARY_WORDS, lead_sentences, part_instruction
 
-KINDS: tuple[str, ...] = ("niah_single", "niah_multikey", "niah_multivalue", "vt")
+KINDS: tuple[str, ...] = ("niah_single", "niah_multikey", "niah_multivalue", "vt", "niah_none", "lead_summary")
 
 # Simple lowercase English words used as needle keys.
 KEY_WORDS: tuple[str, ...] = (
@@ -182,6 +189,21 @@ def _needle(key: str, value: str) -> str:
 
 def _plan(kind: str, rng: random.Random, taken: set[str], distractors: int = NUM_DISTRACTORS) -> _Plan:
     digits = NUMBER_DIGITS
+    if kind == "lead_summary":
+        # No needles; the instruction asks for a length in words that summarize's --length may take.
+        return _Plan(question=part_instruction(rng.choice(SUMMARY_WORDS)), needles=[], depths=[], roles=[],
+                     payloads=[], facts={})
+    if kind == "niah_none":
+        keys = rng.sample(KEY_WORDS, distractors + 1)
+        values = [_new_number(rng, digits, taken) for _ in keys[1:]]
+        return _Plan(
+            question=QUESTION_SINGLE.format(key=keys[0]),
+            needles=[_needle(k, v) for k, v in zip(keys[1:], values, strict=True)],
+            depths=[rng.random() for _ in values],
+            roles=["distractor"] * distractors,
+            payloads=values,
+            facts={"key": keys[0], "distractor_keys": keys[1:]},
+        )
     if kind == "niah_single":
         key = rng.choice(KEY_WORDS)
         value = _new_number(rng, digits, taken)
@@ -351,6 +373,10 @@ def _generate_one(
         (starts[j], plan.payloads[j]) for j in range(len(plan.needles)) if plan.roles[j] == "answer"
     )
     answer = ANSWER_SEPARATOR.join(payload for _, payload in answer_needles)
+    if kind == "niah_none":
+        answer = NO_ANSWER
+    elif kind == "lead_summary":
+        answer = " ".join(lead_sentences(context, LEAD_SENTENCES))
     needles_meta = [
         {"text": plan.needles[j], "start": starts[j], "depth": realised[j], "role": plan.roles[j],
          "value": plan.payloads[j]}
@@ -378,6 +404,14 @@ def _generate_one(
     )
 
 
+@lru_cache(maxsize=16)
+def _prepared(haystack: tuple[str, ...]) -> tuple[list[str], set[str]]:
+    """Cleaned paragraphs and the words that a generated number or name must not collide with (cached: training
+    draws one task at a time from the same large sources)."""
+    paragraphs = [cleaned for cleaned in (" ".join(p.split()) for p in haystack) if cleaned]
+    return paragraphs, set(re.findall(r"\w+", "\n".join(paragraphs)))
+
+
 def generate_tasks(
     kind: str,
     n: int,
@@ -401,16 +435,10 @@ def generate_tasks(
         raise ValueError(f"the target length must be >= 1, got {length}")
     if not 0 <= distractors <= max_distractors():
         raise ValueError(f"the number of distractor needles must be 0 to {max_distractors()}, got {distractors}")
-    if haystack is None:
-        paragraphs = load_corpus()
-        source = "corpus"
-    else:
-        paragraphs = [cleaned for cleaned in (" ".join(p.split()) for p in haystack) if cleaned]
-        source = "user"
+    paragraphs, forbidden = _prepared(tuple(load_corpus() if haystack is None else haystack))
+    source = "corpus" if haystack is None else "user"
     if not paragraphs:
         raise ValueError("the haystack has no text")
-    # Words of the haystack that a generated number or name must not collide with.
-    forbidden = set(re.findall(r"\w+", "\n".join(paragraphs)))
     counter = _Counter(count_tokens or count_words)
     return [
         _generate_one(kind, length, seed, index, paragraphs, counter, forbidden, source, distractors)

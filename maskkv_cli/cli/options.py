@@ -110,8 +110,10 @@ QualityBlockOpt = Annotated[int | None, typer.Option(
     "--block-length", help=f"Tokens per block [default: the model's, else {FALLBACK_GENERATION['block_length']}].",
     show_default=False)]
 HaystackOpt = Annotated[Path | None, typer.Option(
-    "--haystack", help="Hide the needles in this document (PDF, text, Markdown; split into paragraphs) instead of "
-    "the built-in corpus.", show_default=False)]
+    "--haystack", help="Hide the needles in this document (PDF, text, Markdown; split into paragraphs) or in a "
+    "named source of text every Python has: corpus (the default), pydoc-topics, stdlib-train, stdlib-heldout (the "
+    "embedded model never saw it), pdf-train, pdf-heldout (the same typeset as a PDF), docs, license.",
+    show_default=False)]
 
 # calibrate
 CalibrationSamplesOpt = Annotated[int, typer.Option("--samples", help="Calibration inputs (document windows) at most.")]

@@ -1,6 +1,7 @@
 """From a document and a question to prompt ids: tokenizer, chat template, fitting to the window, summary parts."""
 
 from maskkv_cli.prompting.chat import (
+    NO_ANSWER,
     chat_prompt_ids,
     decode_answer,
     document_question,
@@ -9,4 +10,5 @@ from maskkv_cli.prompting.chat import (
     stop_ids,
 )
 
-__all__ = ["chat_prompt_ids", "decode_answer", "document_question", "llada_template", "load_tokenizer", "stop_ids"]
+__all__ = ["NO_ANSWER", "chat_prompt_ids", "decode_answer", "document_question", "llada_template", "load_tokenizer",
+           "stop_ids"]

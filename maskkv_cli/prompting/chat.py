@@ -9,6 +9,10 @@ from typing import Any
 from maskkv_cli.errors import ModelLoadError
 from maskkv_cli.models.config import ModelConfig
 
+# What the embedded model answers when the asked fact is not in the document (it is trained to, as SQuAD 2.0's
+# unanswerable questions teach); other code compares answers with it, so it is written in one place only.
+NO_ANSWER = "not in the document"
+
 
 def load_tokenizer(path: str | os.PathLike[str]) -> Any:
     """``AutoTokenizer`` from a local model folder (or a locally cached HF id); never downloads."""

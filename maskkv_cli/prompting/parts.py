@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -42,6 +43,25 @@ def split_parts(doc: Document, count: Callable[[str], int], max_tokens: int) -> 
     if cur:
         parts.append(Part(first, last, "\n\n".join(cur), cur_tokens))
     return parts
+
+
+# A lead summary (what the embedded model is trained to write for ``part_instruction``): the first sentences of
+# the text, as the LEAD baseline of news summarization.
+LEAD_SENTENCES = 3
+# Tokens of a lead summary for a model whose generation_config.json does not say (``summary_length``).
+SUMMARY_TOKENS = 64
+# Word counts the embedded model saw in ``part_instruction`` during training (``summarize --length``).
+SUMMARY_WORDS: tuple[int, ...] = (30, 50, 75, 100, 150, 200, 300)
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[`])")
+
+
+def lead_sentences(text: str, n: int = LEAD_SENTENCES) -> list[str]:
+    """The first ``n`` sentences of ``text`` (whitespace collapsed; a sentence ends at . ! or ? before a capital
+    letter, digit, quote or bracket)."""
+    flat = " ".join(text.split())
+    if not flat:
+        return []
+    return [s for s in _SENTENCE_END.split(flat, maxsplit=n)[:n] if s]
 
 
 def part_instruction(words: int) -> str:

@@ -25,13 +25,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from maskkv_cli.bench.tasks import KINDS, NUM_DISTRACTORS, Task, generate_tasks, load_corpus
+from maskkv_cli.bench.sources import SOURCES, load_source
+from maskkv_cli.bench.tasks import KINDS, NUM_DISTRACTORS, Task, generate_tasks
+from maskkv_cli.documents.corpus import load_corpus
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.config import ModelConfig, named_config
 from maskkv_cli.models.llada import LLaDA
 from maskkv_cli.models.loading import load_model, save_model
 from maskkv_cli.models.tokenizer_build import build_bpe_tokenizer
 from maskkv_cli.prompting import chat_prompt_ids, document_question, load_tokenizer
+from maskkv_cli.prompting.parts import LEAD_SENTENCES, lead_sentences
 from maskkv_cli.training.growth import grow_depth
 
 
@@ -63,6 +66,11 @@ class TrainConfig:
     # niah_multikey training examples draw their number of distractor needles from this range (the evaluation
     # keeps the benchmark's NUM_DISTRACTORS)
     distractors: tuple[int, int] = (NUM_DISTRACTORS, NUM_DISTRACTORS)
+    # haystack sources (``bench/sources.py``) and their weights; the default, the package corpus alone, draws no
+    # source at all, so earlier recipes replay the same random stream
+    sources: dict[str, float] = field(default_factory=lambda: {"corpus": 1.0})
+    summary_len: int = 64  # answer region of lead_summary examples (a lead summary is longer than a number)
+    eval_source: str = "corpus"  # haystack of the in-training evaluation
     ckpt_every: int = 100
     eval_every: int = 250
     eval_n: int = 32
@@ -104,6 +112,27 @@ def parse_mix(spec: str) -> dict[str, float]:
     return mix
 
 
+def parse_sources(spec: str) -> dict[str, float]:
+    """``"stdlib-train:2,corpus"`` -> ``{"stdlib-train": 2.0, "corpus": 1.0}`` (names from ``bench/sources.py``)."""
+    out: dict[str, float] = {}
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        name, _, weight = part.partition(":")
+        if name not in SOURCES:
+            raise UsageError(f"--sources: unknown source {name!r}; choose from {', '.join(SOURCES)}")
+        try:
+            w = float(weight) if weight else 1.0
+        except ValueError:
+            w = -1.0
+        if not w > 0:
+            raise UsageError(f"--sources: weight of {name} must be a positive number, got {weight!r}")
+        out[name] = out.get(name, 0.0) + w
+    if not out:
+        raise UsageError(f"--sources: empty list; choose from {', '.join(SOURCES)}")
+    return out
+
+
 def parse_range(spec: str, option: str) -> tuple[int, int]:
     """``"3-7"`` -> ``(3, 7)``, ``"3"`` -> ``(3, 3)``; counts >= 0, low <= high."""
     low_text, dash, high_text = spec.strip().partition("-")
@@ -139,10 +168,26 @@ def tokenizer_texts(seed: int) -> list[str]:
     return texts
 
 
+def summary_target(tok: Any, context: str, room: int) -> list[int]:
+    """Ids of the lead summary that fits in ``room`` tokens: as many of the first ``LEAD_SENTENCES`` sentences as
+    fit whole, or the first sentence cut to ``room`` when even it does not."""
+    sentences = lead_sentences(context, LEAD_SENTENCES)
+    best: list[int] = []
+    for i in range(1, len(sentences) + 1):
+        ids = list(tok.encode(" ".join(sentences[:i]), add_special_tokens=False))
+        if len(ids) > room:
+            return best or ids[:room]
+        best = ids
+    return best
+
+
 def encode_example(tok: Any, cfg: ModelConfig, task: Task, answer_len: int) -> tuple[list[int], list[int]] | None:
     """(prompt ids, answer region ids) or None when the answer does not fit."""
     prompt = chat_prompt_ids(tok, document_question(task.context, task.input))
-    answer = list(tok.encode(task.answers[0], add_special_tokens=False))
+    if task.dataset == "lead_summary":
+        answer = summary_target(tok, task.context, answer_len - 1)
+    else:
+        answer = list(tok.encode(task.answers[0], add_special_tokens=False))
     if len(answer) + 1 > answer_len:
         return None
     region = answer + [cfg.eot_token_id] + [cfg.eos_token_id] * (answer_len - len(answer) - 1)
@@ -152,20 +197,33 @@ def encode_example(tok: Any, cfg: ModelConfig, task: Task, answer_len: int) -> t
 class Batcher:
     def __init__(self, cfg: TrainConfig, tok: Any, mcfg: ModelConfig) -> None:
         self.cfg, self.tok, self.mcfg = cfg, tok, mcfg
-        self.kinds = list(cfg.mix)
+        # lead_summary examples have a longer answer region, so they come in batches of their own
+        self.summary_share = cfg.mix.get("lead_summary", 0.0) / sum(cfg.mix.values())
+        self.kinds = [k for k in cfg.mix if k != "lead_summary"]
         self.weights = [cfg.mix[k] for k in self.kinds]
         self.count = lambda text: len(tok.encode(text, add_special_tokens=False))
+        self.source_names = list(cfg.sources)
+        self.source_weights = [cfg.sources[k] for k in self.source_names]
+        self.haystacks = {name: None if name == "corpus" else load_source(name) for name in self.source_names}
 
-    def examples(self, step: int, n: int, length: int, rng: random.Random) -> list[tuple[list[int], list[int]]]:
+    def _haystack(self, rng: random.Random) -> list[str] | None:
+        if len(self.source_names) == 1:
+            return self.haystacks[self.source_names[0]]
+        return self.haystacks[rng.choices(self.source_names, self.source_weights)[0]]
+
+    def examples(self, step: int, n: int, length: int, rng: random.Random,
+                 summary: bool = False) -> list[tuple[list[int], list[int]]]:
         out: list[tuple[list[int], list[int]]] = []
         while len(out) < n:
-            kind = rng.choices(self.kinds, self.weights)[0]
+            kind = "lead_summary" if summary else rng.choices(self.kinds, self.weights)[0]
             low, high = self.cfg.distractors
             # A fixed count draws nothing, so runs from before the option see the same random stream.
             distractors = low if low == high else rng.randint(low, high)
+            haystack = self._haystack(rng)
             task = generate_tasks(kind, 1, length, seed=rng.randrange(1 << 31), count_tokens=self.count,
-                                  distractors=distractors)[0]
-            ex = encode_example(self.tok, self.mcfg, task, self.cfg.answer_len)
+                                  distractors=distractors, haystack=haystack)[0]
+            region = self.cfg.summary_len if summary else self.cfg.answer_len
+            ex = encode_example(self.tok, self.mcfg, task, region)
             if ex is not None:
                 out.append(ex)
         return out
@@ -173,8 +231,9 @@ class Batcher:
     def batch(self, step: int, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         """ids (B, T) left-padded, key mask (B, T), answer rows (B, R), context length used."""
         length = rng.randint(self.cfg.min_len, _max_len_at(self.cfg, step))
-        exs = self.examples(step, self.cfg.batch_size, length, rng)
-        r = self.cfg.answer_len
+        summary = self.summary_share > 0 and (not self.kinds or rng.random() < self.summary_share)
+        exs = self.examples(step, self.cfg.batch_size, length, rng, summary)
+        r = self.cfg.summary_len if summary else self.cfg.answer_len
         t = max(len(p) for p, _ in exs) + r
         ids = torch.full((len(exs), t), self.mcfg.pad_token_id, dtype=torch.long)
         keep = torch.zeros((len(exs), t), dtype=torch.bool)
@@ -317,8 +376,10 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
         elapsed0 = state["elapsed_s"]
     batcher = Batcher(cfg, tok, mcfg)
     eval_rng = random.Random(cfg.seed + 1)
+    eval_haystack = None if cfg.eval_source == "corpus" else load_source(cfg.eval_source)
+    eval_kinds = ["niah_single", "niah_multikey"] + (["niah_none"] if "niah_none" in cfg.mix else [])
     eval_sets = {kind: generate_tasks(kind, cfg.eval_n, cfg.max_len, seed=eval_rng.randrange(1 << 30),
-                                      count_tokens=batcher.count) for kind in ("niah_single", "niah_multikey")}
+                                      count_tokens=batcher.count, haystack=eval_haystack) for kind in eval_kinds}
     t0 = time.perf_counter()
     losses: list[float] = []
     for step in range(start, cfg.steps):
@@ -359,10 +420,12 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
     return final
 
 
-def install_model(folder: Path, gen_length: int | None = None, window: int | None = None) -> Path:
+def install_model(folder: Path, gen_length: int | None = None, window: int | None = None,
+                  summary_length: int | None = None) -> Path:
     """Copy a trained model into the package as the embedded default, with its generation defaults
     (``gen_length`` defaults to the answer region the model was trained with) and its window
-    (``max_sequence_length``; default twice the longest training context)."""
+    (``max_sequence_length``; default twice the longest training context). ``summary_length``: the answer region
+    of its lead summaries, which ``summarize`` then generates (recorded as ``summary_length``)."""
     target = Path(__file__).parent.parent / "assets" / "tiny-llada"
     model = load_model(folder)
     if window:
@@ -380,5 +443,7 @@ def install_model(folder: Path, gen_length: int | None = None, window: int | Non
     save_model(model, target, tok, extra_files=extra)
     gen_cfg = json.loads((target / "generation_config.json").read_text())
     gen_cfg["maskkv"] = {"gen_length": gen_length, "steps": gen_length, "block_length": gen_length}
+    if summary_length:
+        gen_cfg["maskkv"]["summary_length"] = summary_length
     (target / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2))
     return target

@@ -197,6 +197,8 @@ def quality(
         maskkv bench quality --model ~/models/LLaDA-8B-Instruct --devices cuda:0,cuda:1 --out runs/q8b
 
         maskkv bench quality --model ~/models/LLaDA-8B-Instruct --ray auto --out runs/q8b
+
+        maskkv bench quality --haystack stdlib-heldout --tasks niah_single,niah_none --lengths 512,1k
     """
     from maskkv_cli.bench.longbench import load_templates
     from maskkv_cli.bench.quality import run_quality

@@ -265,8 +265,13 @@ def summarize(
         live.phase("load model")
         session = open_session(model, device, dtype, quiet, as_json, device_map, yes,
                                dream=dream_options(alg, top_p, top_k))
-        block = block_length or 32
-        gen_tokens = max(block, -(-int(length * 1.6) // block) * block)
+        if session.summary_length:
+            # a model trained on lead summaries (the embedded one) writes them at the length it was trained on
+            gen_tokens = session.summary_length
+            block = block_length or gen_tokens
+        else:
+            block = block_length or 32
+            gen_tokens = max(block, -(-int(length * 1.6) // block) * block)
         gen = generation_config({}, gen_tokens, steps, block, temperature=temperature, threshold=threshold,
                                 seed=seed)
         room = session.window - session.prompt_overhead(part_instruction(length)) - gen.gen_length
@@ -286,7 +291,10 @@ def summarize(
         written = [s["summary"] for s in summaries if s["summary"].strip()]
         if len(summaries) > 1 and written:  # parts that gave no summary add nothing to the merge
             live.phase("merge", f"{len(written)} summaries")
-            final = _ask(session, "\n\n".join(written), merge_instruction(length), gen, cache, "truncate", live)
+            # a lead-summary model is asked for the lead of the joined summaries (the document's first sentences),
+            # the one summary format it was trained on
+            merge = part_instruction(length) if session.summary_length else merge_instruction(length)
+            final = _ask(session, "\n\n".join(written), merge, gen, cache, "truncate", live)
         elif len(summaries) > 1:
             final = replace(parts_answer, text="", confidence=None)
     from maskkv_cli.sampling.confidence import is_embedded_model

@@ -29,6 +29,13 @@ def train_tiny(
                                              "example: N or LOW-HIGH, drawn per example (the in-run evaluation "
                                              "keeps the benchmark's 3).")] = "3",
     answer_len: Annotated[int, typer.Option("--answer-len", help="Answer region in tokens.")] = 8,
+    sources: Annotated[str, typer.Option("--sources", help="Haystack sources, equally mixed; NAME:W weights one "
+                                         "(stdlib-train:2,pdf-train,corpus). Names: see `maskkv bench quality "
+                                         "--help` (--haystack).")] = "corpus",
+    summary_len: Annotated[int, typer.Option("--summary-len", help="Answer region of lead_summary examples in "
+                                             "tokens.")] = 64,
+    eval_source: Annotated[str, typer.Option("--eval-source", help="Haystack source of the in-run evaluation.")
+                           ] = "corpus",
     eval_n: Annotated[int, typer.Option("--eval-n", help="Tasks per kind in the in-run evaluation (at --max-len); "
                                         "one task of 32 is 3 points, so compare runs with more.")] = 32,
     eval_every: Annotated[int, typer.Option("--eval-every", help="Steps between in-run evaluations.")] = 250,
@@ -68,10 +75,24 @@ def train_tiny(
 
         OMP_NUM_THREADS=1 nohup maskkv train-tiny --out runs/tiny --json > train.log &
     """
+    from maskkv_cli.bench.sources import SOURCES
     from maskkv_cli.bench.tasks import max_distractors
-    from maskkv_cli.training.train import TrainConfig, TrainEvent, install_model, parse_mix, parse_range, train
+    from maskkv_cli.training.train import (
+        TrainConfig,
+        TrainEvent,
+        install_model,
+        parse_mix,
+        parse_range,
+        parse_sources,
+        train,
+    )
 
     mix = parse_mix(kinds)
+    source_mix = parse_sources(sources)
+    if eval_source not in SOURCES:
+        raise UsageError(f"--eval-source: unknown source {eval_source!r}; choose from {', '.join(SOURCES)}")
+    if summary_len < 2:
+        raise UsageError(f"--summary-len must be at least 2 tokens, got {summary_len}")
     distractor_range = parse_range(distractors, "--distractors")
     if distractor_range[1] > max_distractors():  # checked here, before any training starts
         raise UsageError(f"--distractors: at most {max_distractors()} (one key word each), got {distractors!r}")
@@ -89,7 +110,8 @@ def train_tiny(
                       curriculum_steps=curriculum_steps, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
                       mlp_hidden_size=3 * d_model, threads=threads, seed=seed, answer_len=answer_len,
                       full_mask=full_mask, position_window=position_window, distractors=distractor_range,
-                      eval_n=eval_n, eval_every=eval_every,
+                      eval_n=eval_n, eval_every=eval_every, sources=source_mix, summary_len=summary_len,
+                      eval_source=eval_source,
                       mix=mix, init_from=str(init_from) if init_from else None,
                       grow_layers=grow_layers, rope_theta=rope_theta, stop_after=stop_after)
 
@@ -106,5 +128,6 @@ def train_tiny(
     final = train(cfg, show)
     note(f"final model saved to {final}", False, as_json)
     if install:
-        target = install_model(final, window=window)
+        target = install_model(final, window=window,
+                               summary_length=summary_len if "lead_summary" in mix else None)
         note(f"installed as the embedded default: {target}", False, as_json)
