@@ -16,7 +16,8 @@ from maskkv_cli.bench.tasks import KEY_WORDS, NUM_DISTRACTORS, generate_tasks
 from maskkv_cli.errors import UsageError
 from maskkv_cli.prompting import NO_ANSWER
 from maskkv_cli.prompting.parts import LEAD_SENTENCES, SUMMARY_WORDS, lead_sentences, part_instruction
-from maskkv_cli.training.train import Batcher, TrainConfig, encode_example, parse_sources, summary_target
+from maskkv_cli.training.config import TrainConfig, parse_sources
+from maskkv_cli.training.examples import Batcher, encode_example, summary_target
 
 EMBEDDED = Path(sources.__file__).parents[1] / "assets" / "tiny-llada"
 

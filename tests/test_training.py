@@ -8,15 +8,9 @@ import torch
 
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.loading import load_model
-from maskkv_cli.training.train import (
-    Batcher,
-    TrainConfig,
-    diffusion_loss,
-    parse_mix,
-    parse_range,
-    skipped_positions,
-    train,
-)
+from maskkv_cli.training.config import TrainConfig, parse_mix, parse_range
+from maskkv_cli.training.examples import Batcher, skipped_positions
+from maskkv_cli.training.train import diffusion_loss, train
 
 
 def small(tmp_path, steps):
@@ -148,7 +142,7 @@ def test_parse_range():
 
 
 def test_batches_draw_distractor_counts_from_the_range(tiny_tokenizer, tiny_config, monkeypatch):
-    import maskkv_cli.training.train as training
+    import maskkv_cli.training.examples as training
 
     seen: list[int] = []
     real = training.generate_tasks

@@ -77,15 +77,8 @@ def train_tiny(
     """
     from maskkv_cli.bench.sources import SOURCES
     from maskkv_cli.bench.tasks import max_distractors
-    from maskkv_cli.training.train import (
-        TrainConfig,
-        TrainEvent,
-        install_model,
-        parse_mix,
-        parse_range,
-        parse_sources,
-        train,
-    )
+    from maskkv_cli.training.config import TrainConfig, TrainEvent, parse_mix, parse_range, parse_sources
+    from maskkv_cli.training.train import install_model, train
 
     mix = parse_mix(kinds)
     source_mix = parse_sources(sources)
