@@ -35,7 +35,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from difflib import SequenceMatcher
 
-from maskkv_cli.bench.tasks import KINDS
+from maskkv_cli.bench.tasks import KINDS, Task
 
 Metric = Callable[..., float]
 
@@ -334,3 +334,30 @@ def length_bin(length: int) -> str:
     if length < 8000:
         return "4-8k"
     return "8k+"
+
+
+# ----- wrong answers of tasks with distractor needles -----------------------------------------------------------
+
+
+def distractor_values(task: Task) -> set[str]:
+    """The numbers of a task's distractor needles (generated niah_multikey tasks; empty for other tasks and for
+    records written before needles carried their value), so a wrong answer can be told apart: another needle's
+    whole number (the wrong key matched) or something else (digits mixed from several needles, cut short)."""
+    needles = task.meta.get("needles")
+    if not isinstance(needles, list):
+        return set()
+    return {str(n["value"]) for n in needles
+            if isinstance(n, dict) and n.get("role") == "distractor" and n.get("value") is not None}
+
+
+def digit_mixing(prediction: str, answer: str, distractors: Iterable[str]) -> tuple[int, int]:
+    """(places where the prediction's character differs from the answer's, of those the places where some
+    distractor number has the predicted character at the same place), over the answer's length: how much of a
+    wrong number was copied from the wrong needles."""
+    others = list(distractors)
+    wrong = borrowed = 0
+    for place, (got, want) in enumerate(zip(prediction.strip(), answer, strict=False)):
+        if got != want:
+            wrong += 1
+            borrowed += any(len(other) > place and other[place] == got for other in others)
+    return wrong, borrowed

@@ -42,13 +42,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from maskkv_cli.bench.metrics import aggregate, is_no_answer, metric_for, score
+from maskkv_cli.bench.metrics import aggregate, digit_mixing, distractor_values, is_no_answer, metric_for, score
 from maskkv_cli.bench.paired import add_intervals, paired_comparisons
 from maskkv_cli.bench.quality_plan import BENCH_KIND, Case
 from maskkv_cli.bench.quality_report import add_retention, plot_quality, summary_markdown
 from maskkv_cli.bench.quality_sources import DOCUMENT_QUESTION, TaskGroup, TaskSource
 from maskkv_cli.bench.results import ResultsFolder, atomic_write_text, read_jsonl, settings_key
-from maskkv_cli.bench.tasks import digit_mixing, distractor_values
 from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.errors import UsageError
 

@@ -1,19 +1,47 @@
-"""Tasks as LongBench JSONL records (``context``, ``input``, ``answers``, ``length``, ``dataset``, ``_id``; our
-own fields under ``meta``): what ``bench tasks`` writes and ``bench quality --tasks FILE`` reads."""
+"""The task record (one question over one context) and tasks as LongBench JSONL records (``context``, ``input``,
+``answers``, ``length``, ``dataset``, ``_id``; our own fields under ``meta``): what ``bench tasks`` writes and
+``bench quality --tasks FILE`` reads."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import tempfile
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from maskkv_cli.bench.tasks import _TOP_LEVEL_META, Task, _task_id, count_words
+__all__ = ["Task", "count_words", "load_jsonl", "record_to_task", "save_jsonl", "task_to_record"]
 
-__all__ = ["load_jsonl", "record_to_task", "save_jsonl", "task_to_record"]
+_ID_CHARS = 48
+_TOP_LEVEL_META = ("_id", "language", "all_classes")
+
+
+@dataclass(frozen=True)
+class Task:
+    """One question over one context, in the shape of a LongBench record."""
+
+    context: str
+    input: str
+    answers: tuple[str, ...]
+    dataset: str
+    length: int  # whitespace words in ``context`` (LongBench's convention)
+    meta: dict[str, Any] = field(default_factory=dict, hash=False)
+
+
+def count_words(text: str) -> int:
+    """Default length measure: whitespace-separated words."""
+    return len(text.split())
+
+
+def _task_id(dataset: str, question: str, context: str) -> str:
+    digest = hashlib.sha256(f"{dataset}\x00{question}\x00{context}".encode()).hexdigest()
+    return digest[:_ID_CHARS]
+
+
 
 
 

@@ -34,15 +34,15 @@ source text (so some paragraphs occur twice).
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 import string
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from maskkv_cli.bench.taskio import Task, _task_id, count_words
 from maskkv_cli.documents.corpus import load_corpus
 from maskkv_cli.prompting import NO_ANSWER
 from maskkv_cli.prompting.parts import LEAD_SENTENCES, SUMMARY_WORDS, lead_sentences, part_instruction
@@ -82,54 +82,11 @@ VT_NAME_LETTERS = 5
 VT_VALUE_DIGITS = 5
 
 _FIT_ATTEMPTS = 4
-_ID_CHARS = 48
-_TOP_LEVEL_META = ("_id", "language", "all_classes")
-
-
-@dataclass(frozen=True)
-class Task:
-    """One question over one context, in the shape of a LongBench record."""
-
-    context: str
-    input: str
-    answers: tuple[str, ...]
-    dataset: str
-    length: int  # whitespace words in ``context`` (LongBench's convention)
-    meta: dict[str, Any] = field(default_factory=dict, hash=False)
 
 
 def max_distractors() -> int:
     """The most distractor needles a niah_multikey task can have: one other key word each."""
     return len(KEY_WORDS) - 1
-
-
-def distractor_values(task: Task) -> set[str]:
-    """The numbers of a task's distractor needles (generated niah_multikey tasks; empty for other tasks and for
-    records written before needles carried their value), so a wrong answer can be told apart: another needle's
-    whole number (the wrong key matched) or something else (digits mixed from several needles, cut short)."""
-    needles = task.meta.get("needles")
-    if not isinstance(needles, list):
-        return set()
-    return {str(n["value"]) for n in needles
-            if isinstance(n, dict) and n.get("role") == "distractor" and n.get("value") is not None}
-
-
-def digit_mixing(prediction: str, answer: str, distractors: Iterable[str]) -> tuple[int, int]:
-    """(places where the prediction's character differs from the answer's, of those the places where some
-    distractor number has the predicted character at the same place), over the answer's length: how much of a
-    wrong number was copied from the wrong needles."""
-    others = list(distractors)
-    wrong = borrowed = 0
-    for place, (got, want) in enumerate(zip(prediction.strip(), answer, strict=False)):
-        if got != want:
-            wrong += 1
-            borrowed += any(len(other) > place and other[place] == got for other in others)
-    return wrong, borrowed
-
-
-def count_words(text: str) -> int:
-    """Default length measure: whitespace-separated words."""
-    return len(text.split())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -332,11 +289,6 @@ def _place(
         position += len(text)
     realised = [gap / count if count else 0.0 for gap in gaps]
     return "".join(parts), starts, realised
-
-
-def _task_id(dataset: str, question: str, context: str) -> str:
-    digest = hashlib.sha256(f"{dataset}\x00{question}\x00{context}".encode()).hexdigest()
-    return digest[:_ID_CHARS]
 
 
 def _generate_one(
