@@ -4,6 +4,7 @@ option parsing, and the learning-rate and context-length schedules."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from maskkv_cli.bench.sources import SOURCES
@@ -64,46 +65,35 @@ class TrainEvent:
     eval: dict[str, float] | None = None
 
 
-def parse_mix(spec: str) -> dict[str, float]:
-    """``"niah_multikey:3,niah_single"`` -> ``{"niah_multikey": 3.0, "niah_single": 1.0}``."""
-    mix: dict[str, float] = {}
-    for part in (p.strip() for p in spec.split(",")):
-        if not part:
-            continue
-        name, _, weight = part.partition(":")
-        if name not in KINDS:
-            raise UsageError(f"--kinds: unknown task kind {name!r}; choose from {', '.join(KINDS)}")
-        try:
-            w = float(weight) if weight else 1.0
-        except ValueError:
-            w = -1.0
-        if not w > 0:
-            raise UsageError(f"--kinds: weight of {name} must be a positive number, got {weight!r}")
-        mix[name] = mix.get(name, 0.0) + w
-    if not mix:
-        raise UsageError(f"--kinds: empty list; choose from {', '.join(KINDS)}")
-    return mix
-
-
-def parse_sources(spec: str) -> dict[str, float]:
-    """``"stdlib-train:2,corpus"`` -> ``{"stdlib-train": 2.0, "corpus": 1.0}`` (names from ``bench/sources.py``)."""
+def parse_weights(spec: str, option: str, known: Sequence[str], what: str) -> dict[str, float]:
+    """``"a:3,b"`` -> ``{"a": 3.0, "b": 1.0}`` for names in ``known`` (a repeated name adds up)."""
     out: dict[str, float] = {}
     for part in (p.strip() for p in spec.split(",")):
         if not part:
             continue
         name, _, weight = part.partition(":")
-        if name not in SOURCES:
-            raise UsageError(f"--sources: unknown source {name!r}; choose from {', '.join(SOURCES)}")
+        if name not in known:
+            raise UsageError(f"{option}: unknown {what} {name!r}; choose from {', '.join(known)}")
         try:
             w = float(weight) if weight else 1.0
         except ValueError:
             w = -1.0
         if not w > 0:
-            raise UsageError(f"--sources: weight of {name} must be a positive number, got {weight!r}")
+            raise UsageError(f"{option}: weight of {name} must be a positive number, got {weight!r}")
         out[name] = out.get(name, 0.0) + w
     if not out:
-        raise UsageError(f"--sources: empty list; choose from {', '.join(SOURCES)}")
+        raise UsageError(f"{option}: empty list; choose from {', '.join(known)}")
     return out
+
+
+def parse_mix(spec: str) -> dict[str, float]:
+    """``"niah_multikey:3,niah_single"`` -> ``{"niah_multikey": 3.0, "niah_single": 1.0}``."""
+    return parse_weights(spec, "--kinds", KINDS, "task kind")
+
+
+def parse_sources(spec: str) -> dict[str, float]:
+    """``"stdlib-train:2,corpus"`` -> ``{"stdlib-train": 2.0, "corpus": 1.0}`` (names from ``bench/sources.py``)."""
+    return parse_weights(spec, "--sources", list(SOURCES), "source")
 
 
 def parse_range(spec: str, option: str) -> tuple[int, int]:
