@@ -193,7 +193,9 @@ def test_memory_case_and_target():
     mk = run_memory_case(MemoryCase("maskkv", 8, 64, 16, 8, "tiny"))
     for row in (full, mk):
         assert row["peak_mem_bytes"] > 0 and row["phases"] and row["peak_phase"].startswith("layer")
-        assert {p["phase"] for p in row["phases"]} >= {"attention (SDPA)", "MLP", "LM head"}
+        assert {p["phase"] for p in row["phases"]} >= {"k projection + RoPE", "v projection", "q projection + RoPE",
+                                                      "attention (SDPA)", "MLP", "LM head"}
+        assert {p["layer"] for p in row["phases"]} == {-1, 0, 1, 2}  # start, two layers, the head
     assert "scoring (policy votes)" in {p["phase"] for p in mk["phases"]}
     assert mk["kv_bytes"] < full["kv_bytes"] == full["kv_full_bytes"]
     assert F.scaled_dot_product_attention.__module__ != "maskkv_cli.bench.memory"  # patches undone

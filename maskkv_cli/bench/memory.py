@@ -131,11 +131,11 @@ class PhaseProfile:
         reg = module.register_forward_pre_hook if pre else module.register_forward_hook
         self._handles.append(reg(fn))
 
-    def _wrap(self, owner: Any, name: str, before: str, after: str) -> None:
+    def _wrap(self, owner: Any, name: str, before: str, after: str, layer: int | None = None) -> None:
         real = getattr(owner, name)
 
         def wrapped(*args: Any, **kwargs: Any) -> Any:
-            self.mark(before)
+            self.mark(before, layer)
             out = real(*args, **kwargs)
             self.mark(after)
             return out
@@ -148,9 +148,11 @@ class PhaseProfile:
 
         import maskkv_cli.engine.forward as fwd
 
-        for i, block in enumerate(self.model.blocks):
-            self._hook(block.attn_norm, "q/k/v projections + RoPE", i)
-            self._hook(block.attn_out, "attention output projection")
+        for i, block in enumerate(self.model.blocks):  # the prefill's order: k, scores, v, select, attention
+            self._wrap(block, "keys", "k projection + RoPE", "k projection + RoPE", i)
+            self._wrap(block, "values", "v projection", "v projection")
+            self._wrap(block, "queries", "q projection + RoPE", "after q")
+            self._hook(block.attn_out, "attention output projection + residual")
             self._hook(block.ff_norm, "MLP")
         self._hook(self.model.transformer["ln_f"], "LM head", len(self.model.blocks))
         self._wrap(F, "scaled_dot_product_attention", "attention (SDPA)", "after attention")
