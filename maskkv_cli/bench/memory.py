@@ -169,6 +169,8 @@ class PhaseProfile:
         if self._thread is not None:
             self._thread.join()
         self.mark("end")
+        if self.live is not None:  # the "end" phase has no later mark: close its window here
+            self.live_peaks[(self.layer, "end")] = self.live.take_window_peak()
         for h in self._handles:
             h.remove()
         for owner, name, real in reversed(self._patched):
