@@ -85,7 +85,8 @@ def main() -> None:
             runs[allocator].append(r)
             label = "fixed threshold" if allocator else "MASKKV_MALLOC=default"
             print(f"run {i + 1} {label:22s} prompt {r['prompt_tokens']} tokens  peak RSS {r['peak_rss_mib']:8.1f} "
-                  f"MiB  prefill {r['prefill_s']:7.1f} s  wall {r['wall_s']:7.1f} s  CPU {r['cpu_s']:7.1f} s", flush=True)
+                  f"MiB  prefill {r['prefill_s']:7.1f} s  wall {r['wall_s']:7.1f} s  CPU {r['cpu_s']:7.1f} s",
+                  flush=True)
     keys = ("peak_rss_mib", "prefill_s", "wall_s", "cpu_s")
     med = {a: {k: statistics.median(r[k] for r in runs[a]) for k in keys} for a in runs}
     on, off = med[True], med[False]
