@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from maskkv_cli.allocator import configure_once
+
 __version__ = "0.1.0"
+
+# Importing the package fixes glibc's mmap threshold (``allocator.py``; ``MASKKV_MALLOC=default`` turns it off),
+# before torch allocates anything, so freed activations go back to the kernel.
+configure_once()
 
 _LAZY = {
     "load_model": "maskkv_cli.models.loading",

@@ -41,11 +41,14 @@ def peak_rss_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
-def memory_now(device: torch.device | str) -> tuple[int, int, str]:
-    """(current, peak, what) bytes: CUDA allocator figures on a GPU, process RSS otherwise."""
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        return torch.cuda.memory_allocated(dev), torch.cuda.max_memory_allocated(dev), "cuda"
+def memory_now(device: torch.device | str | list[torch.device]) -> tuple[int, int, str]:
+    """(current, peak, what) bytes: CUDA allocator figures on a GPU (summed over the CUDA devices of a list, e.g.
+    a model's ``layer_devices``), process RSS otherwise."""
+    devices = [torch.device(d) for d in (device if isinstance(device, list) else [device])]
+    cuda = list(dict.fromkeys(d for d in devices if d.type == "cuda"))
+    if cuda:
+        return (sum(torch.cuda.memory_allocated(d) for d in cuda),
+                sum(torch.cuda.max_memory_allocated(d) for d in cuda), "cuda")
     return rss_bytes(), peak_rss_bytes(), "rss"
 
 
@@ -74,6 +77,19 @@ def read_current(device: torch.device | str) -> int:
 def read_peak(device: torch.device | str) -> int:
     """Peak bytes since the last ``reset_peak`` (``memory_now``'s second figure)."""
     return int(memory_now(device)[1])
+
+
+def reset_cuda_peaks(devices: list[torch.device]) -> None:
+    """Start the CUDA peak over again on these devices (a generation reports its own peak, not the process's);
+    nothing for other devices (the CPU figure is the process's peak resident set)."""
+    for d in dict.fromkeys(torch.device(d) for d in devices):
+        if d.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(d)
+
+
+def model_devices(model: Any) -> list[torch.device]:
+    """Every device the model's layers sit on (``layer_devices`` under a device map), else its one device."""
+    return list(getattr(model, "layer_devices", None) or [model.device])
 
 
 @dataclass

@@ -193,13 +193,47 @@ def test_memory_case_and_target():
     mk = run_memory_case(MemoryCase("maskkv", 8, 64, 16, 8, "tiny"))
     for row in (full, mk):
         assert row["peak_mem_bytes"] > 0 and row["phases"] and row["peak_phase"].startswith("layer")
-        assert {p["phase"] for p in row["phases"]} >= {"attention (SDPA)", "MLP", "LM head"}
+        assert {p["phase"] for p in row["phases"]} >= {"k projection + RoPE", "v projection", "q projection + RoPE",
+                                                      "attention (SDPA)", "MLP", "LM head"}
+        assert {p["layer"] for p in row["phases"]} == {-1, 0, 1, 2}  # start, two layers, the head
     assert "scoring (policy votes)" in {p["phase"] for p in mk["phases"]}
     assert mk["kv_bytes"] < full["kv_bytes"] == full["kv_full_bytes"]
     assert F.scaled_dot_product_attention.__module__ != "maskkv_cli.bench.memory"  # patches undone
-    rows = compare([{**full, "peak_above_weights_bytes": 900}, {**mk, "peak_above_weights_bytes": 300}])
-    assert rows[0]["target_met"] is None and rows[1]["share_of_full"] == pytest.approx(1 / 3)
-    assert rows[1]["target_met"] is True
+    for row in (full, mk):  # the live reading: at least the kept cache, and every phase within the peak
+        assert row["live_peak_above_weights_bytes"] >= row["kv_resident_bytes"] > 0
+        assert max(p["live_above_weights_bytes"] for p in row["phases"]) == row["live_peak_above_weights_bytes"]
+        assert row["live_after_prefill_bytes"] >= row["kv_resident_bytes"]
+    # the share and the target use the live figure; the RSS ratio is reported beside it
+    rows = compare([{**full, "live_peak_above_weights_bytes": 1000, "peak_above_weights_bytes": 900},
+                    {**mk, "live_peak_above_weights_bytes": 200, "peak_above_weights_bytes": 300}])
+    assert rows[0]["target_met"] is None and rows[1]["share_of_full"] == pytest.approx(0.2)
+    assert rows[1]["rss_share_of_full"] == pytest.approx(1 / 3) and rows[1]["target_met"] is True
+    rows = compare([{**full, "live_peak_above_weights_bytes": 1000}, {**mk, "live_peak_above_weights_bytes": 201}])
+    assert rows[1]["target_met"] is False
+
+
+def test_memory_live_reading_repeats_exactly():
+    """The live figure counts tensors, not pages: the same case measured twice gives the same bytes."""
+    case = MemoryCase("maskkv", 8, 64, 16, 8, "tiny", profile=False)
+    first, second = run_memory_case(case), run_memory_case(case)
+    assert first["live_peak_above_weights_bytes"] == second["live_peak_above_weights_bytes"] > 0
+
+
+def test_memory_rows_without_the_live_reading_are_measured_again(tmp_path):
+    from maskkv_cli.bench.memory import MemorySettings, run_memory
+    from maskkv_cli.bench.results import ResultsFolder
+
+    settings = MemorySettings(prompt_len=32, budget=8, gen_length=8, block_length=8, policies=("full", "maskkv"),
+                              config="tiny", profile=False)
+    cases = settings.cases()
+    old = ResultsFolder(tmp_path, "memory", settings.as_dict(), [c.key() for c in cases])
+    old.put({"key": cases[0].key(), "method": "full", "policy": "full", "peak_above_weights_bytes": 5})
+    _, rows = run_memory(settings, tmp_path, isolate=False)
+    assert [r["method"] for r in rows] == ["full", "maskkv@8"]
+    assert all(r["live_peak_above_weights_bytes"] > 0 for r in rows)  # the old row was measured again
+    seen = []
+    run_memory(settings, tmp_path, isolate=False, on_case=lambda i, n, case, row: seen.append(row))
+    assert [r["reused"] for r in seen if r is not None] == [True, True]  # rows with the live reading are reused
 
 
 def test_parse_counts():

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from maskkv_cli import __version__
+from maskkv_cli.allocator import configure_once
 from maskkv_cli.cli.commands.calibrate import calibrate
 from maskkv_cli.cli.commands.common import (
     State,
@@ -196,6 +197,7 @@ _register()
 
 
 def main() -> None:
+    configure_once()  # already done by ``import maskkv_cli``; repeated here so the entry point states it
     app()
 
 

@@ -12,6 +12,7 @@ The LM head runs only on the rows the sampler asks for (masked positions of the 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +25,8 @@ from maskkv_cli.kv.residual import attention_spread, diffuse_heads, kept_mask, r
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import LayerView, Policy
 
-MLP_CHUNK = 2048  # rows of the MLP computed at once in the prefill
+MLP_CHUNK = 2048  # rows of the MLP (and of the k/v projections) computed at once in the prefill
+QUERY_CHUNK = 512  # query rows of the prefill's attention, output projection and residual computed at once
 SHIFT_ROWS = 4096  # tokens per slice when measuring the attention shift (bounds the fp32 temporaries)
 
 
@@ -106,23 +108,51 @@ def plain_logits(model: DiffusionLM, ids: Tensor, rows: Tensor) -> Tensor:
     return model.head(x[:, rows.to(x.device)])
 
 
-def chunked_qkv(block: torch.nn.Module, x: Tensor, cos: Tensor, sin: Tensor, chunk: int) -> tuple[Tensor, ...]:
-    """``block.qkv`` over row chunks of x, written into preallocated (B, heads, T, D) buffers, so the norm,
-    projections and RoPE temporaries exist for one chunk at a time."""
-    t = x.shape[1]
+def chunked_rows(fn: Callable[[int, int], Tensor], t: int, chunk: int) -> Tensor:
+    """``fn(start, stop)`` -> (B, heads, stop - start, D) over row chunks of [0, t), written into one preallocated
+    (B, heads, t, D) buffer, so the temporaries behind each chunk exist one chunk at a time."""
     if t <= chunk:
-        return block.qkv(x, cos, sin)
-    first = block.qkv(x[:, :chunk], cos[:chunk], sin[:chunk])
-    out = [a.new_empty(a.shape[0], a.shape[1], t, a.shape[3]) for a in first]
-    for buf, a in zip(out, first, strict=True):
-        buf[:, :, :chunk] = a
+        return fn(0, t)
+    first = fn(0, chunk)
+    out = first.new_empty(first.shape[0], first.shape[1], t, first.shape[3])
+    out[:, :, :chunk] = first
     del first
     for start in range(chunk, t, chunk):
-        parts = block.qkv(x[:, start : start + chunk], cos[start : start + chunk], sin[start : start + chunk])
-        for buf, a in zip(out, parts, strict=True):
-            buf[:, :, start : start + chunk] = a
-        del parts
-    return tuple(out)
+        out[:, :, start : start + chunk] = fn(start, min(t, start + chunk))
+    return out
+
+
+def row_fn(fn: Callable[..., Tensor], x: Tensor, cos: Tensor | None = None,
+           sin: Tensor | None = None) -> Callable[[int, int], Tensor]:
+    """``(start, stop) -> fn(x[:, start:stop], cos[start:stop], sin[start:stop])`` (without the tables when
+    ``cos`` is None): a block's ``queries``, ``keys`` or ``values`` of any run of positions."""
+    if cos is None or sin is None:
+        return lambda start, stop: fn(x[:, start:stop])
+    return lambda start, stop: fn(x[:, start:stop], cos[start:stop], sin[start:stop])
+
+
+def attend_in_chunks(block: torch.nn.Module, x: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor,
+                     chunk: int, gqa: bool, shift: bool) -> Tensor | None:
+    """``x += attn_proj(SDPA(q, k, v))`` in place, ``chunk`` query rows at a time.
+
+    Each chunk's queries are computed from x's rows before those rows are updated (k and v were computed from the
+    whole x before this call), so the result equals one whole-length attention; only k, v and x are whole-length.
+    With ``shift`` the attention shift of every row (``attention_shift``) is summed and returned.
+    """
+    t = x.shape[1]
+    total = torch.zeros((), dtype=torch.float64, device=x.device) if shift else None
+    for start in range(0, t, chunk):
+        stop = min(t, start + chunk)
+        q = block.queries(x[:, start:stop], cos[start:stop], sin[start:stop])
+        o = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+        del q
+        attn = block.attn_proj(o)
+        del o
+        if total is not None:
+            total += attention_shift(x[:, start:stop], attn)
+        x[:, start:stop] += attn
+        del attn
+    return total
 
 
 def _online_budget(layer_budgets: list[int], n_layers: int) -> int:
@@ -170,6 +200,7 @@ def prefill(
     rows: Tensor,
     mlp_chunk: int = MLP_CHUNK,
     online_importance: bool = False,
+    query_chunk: int = QUERY_CHUNK,
 ) -> tuple[Tensor, PromptCache, list[LayerRecord]]:
     """Step 0 with eviction. ``layer_budgets`` None keeps every prompt entry (the full prefix cache).
 
@@ -212,34 +243,35 @@ def prefill(
     pending: list[tuple[StoredView, Tensor | None, Tensor, Tensor, Tensor]] = []  # view, mask q, scores, k, v
     for i, block in enumerate(model.blocks):
         x, cos, sin = on_layer_device(model, i, x, cos, sin)
-        q, k, v = chunked_qkv(block, x, cos, sin, mlp_chunk)  # q (B, H, T, D); k, v (B, H_kv, T, D)
-        # Select first: the votes need q and k, and the kept K/V are copied out before attention runs.
+        # Only x, k, v (and the votes' fp32 keys) are whole-length in a layer: k first, then the policy's scores
+        # (they need k and some queries, computed on demand), then v, the selection, and attention, the output
+        # projection and the residual in query chunks.
+        rows_q = row_fn(block.queries, x, cos, sin)
+        k = chunked_rows(row_fn(block.keys, x, cos, sin), t, mlp_chunk)  # (B, H_kv, T, D)
+        shape = (x.shape[0], model.config.n_heads, t, model.config.head_dim)
+        view = LayerView(i, n_layers, torch.empty(shape, device="meta"), k, prompt_len, scale, compute_q=rows_q)
+        scores = None if layer_budgets is None else policy.scores(view, layer_budgets[i])  # (B, H_kv, M)
+        v = chunked_rows(row_fn(block.values, x), t, mlp_chunk)
+        q_mask = rows_q(prompt_len, t) if scores is not None and policy.residual_spread > 0 else None
+        # Select first: the kept K/V are copied out before attention runs.
         if layer_budgets is None:
             layer = dense_layer(k, v, prompt_len, response_len)
             records.append(LayerRecord(i, prompt_len, layer.lengths.cpu(), None, None))
             cache.layers.append(layer)
         elif online:
-            view = LayerView(i, n_layers, q, k, prompt_len, scale)
-            scores = policy.scores(view, layer_budgets[i])  # (B, H_kv, M)
-            q_mask = q[:, :, prompt_len:].clone() if policy.residual_spread > 0 else None
+            assert scores is not None
             pending.append((_stored_view(view), q_mask, scores, k, v))
-            del view, scores
         else:
-            view = LayerView(i, n_layers, q, k, prompt_len, scale)
+            assert scores is not None
             lb = layer_budgets[i]
-            scores = policy.scores(view, lb)  # (B, H_kv, M)
-            layer = _select(policy, view, q[:, :, prompt_len:], k, v, scores, lb, response_len, group)
+            layer = _select(policy, view, q_mask, k, v, scores, lb, response_len, group)
             records.append(_record(i, lb, layer, policy.preference(view), None))
             cache.layers.append(layer)
-            del view, scores
-        o = F.scaled_dot_product_attention(q, k, v, enable_gqa=group > 1)
-        del q, k, v
-        attn = block.attn_proj(o)
-        del o
-        if online_importance:
-            shifts.append(attention_shift(x, attn))
-        x += attn  # in place: no second (B, T, d) hidden state
-        del attn
+        del view, scores, q_mask
+        shift = attend_in_chunks(block, x, k, v, cos, sin, query_chunk, group > 1, online_importance)
+        if shift is not None:
+            shifts.append(shift)
+        del k, v, rows_q
         for start in range(0, t, mlp_chunk):  # the MLP in row chunks, added in place
             x[:, start : start + mlp_chunk] += block.mlp(x[:, start : start + mlp_chunk])
     logits = model.head(x[:, rows.to(x.device)])

@@ -67,6 +67,21 @@ class DreamBlock(nn.Module):
         v = a.v_proj(n).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
         return rotate(q, cos, sin), rotate(k, cos, sin), v
 
+    # Separate q, k and v for the prefill (see LLaDA's ``Block.queries``): the same per-row computation as ``qkv``.
+    def queries(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        q = self.self_attn.q_proj(self.input_layernorm(x)).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        return apply_rope(q, cos, sin)
+
+    def keys(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        k = self.self_attn.k_proj(self.input_layernorm(x)).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        return apply_rope(k, cos, sin)
+
+    def values(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        return self.self_attn.v_proj(self.input_layernorm(x)).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+
     def attn_proj(self, o: Tensor) -> Tensor:
         b, _, t, _ = o.shape
         return self.self_attn.o_proj(o.transpose(1, 2).reshape(b, t, -1))

@@ -70,6 +70,25 @@ class Block(nn.Module):
         v = self.v_proj(n).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
+    # The prefill computes q, k and v separately (and q a chunk of rows at a time) to bound its memory; each is
+    # the same per-row computation as in ``qkv``.
+    def queries(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """Rotated q (B, H, T, D) of x (B, T, d)."""
+        b, t, _ = x.shape
+        return apply_rope(self.q_proj(self.attn_norm(x)).view(b, t, self.n_heads, self.head_dim).transpose(1, 2),
+                          cos, sin)
+
+    def keys(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """Rotated k (B, H, T, D) of x (B, T, d)."""
+        b, t, _ = x.shape
+        return apply_rope(self.k_proj(self.attn_norm(x)).view(b, t, self.n_heads, self.head_dim).transpose(1, 2),
+                          cos, sin)
+
+    def values(self, x: Tensor) -> Tensor:
+        """v (B, H, T, D) of x (B, T, d)."""
+        b, t, _ = x.shape
+        return self.v_proj(self.attn_norm(x)).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+
     def attn_proj(self, o: Tensor) -> Tensor:
         """Output projection of attention o (B, H, T, D) -> (B, T, d)."""
         b, _, t, _ = o.shape

@@ -8,6 +8,7 @@ padding) is shared and lives in ``maskkv_cli.kv.cache``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -35,31 +36,52 @@ class PolicyOptions:
     residual_spread: float | None = None  # residual entries for heads at least this diffuse (None: the policy's)
 
 
+QUERY_BLOCK = 2048  # query rows computed at once when the queries come from ``LayerView.compute_q``
+
+
 @dataclass
 class LayerView:
-    """One layer of the prefill as a policy sees it: rotated q and k over ``[prompt ; masks]``."""
+    """One layer of the prefill as a policy sees it: rotated q and k over ``[prompt ; masks]``.
+
+    The prefill does not keep the whole q: it passes ``compute_q(start, stop)``, which returns the queries of
+    positions [start, stop), and ``q`` is then a meta tensor that only carries the shape.
+    """
 
     layer: int
     n_layers: int
-    q: Tensor  # (B, H, T, D)
+    q: Tensor  # (B, H, T, D); shape only (device "meta") when ``compute_q`` is set
     k: Tensor  # (B, H, T, D)
     prompt_len: int
     scale: float
     _mask_mass: Tensor | None = field(default=None, repr=False)
+    compute_q: Callable[[int, int], Tensor] | None = field(default=None, repr=False)
 
     @property
     def response_len(self) -> int:
         return self.q.shape[2] - self.prompt_len
 
+    def queries(self, start: int, stop: int) -> Tensor:
+        """(B, H, stop - start, D): the rotated queries at positions [start, stop)."""
+        if self.compute_q is None:
+            return self.q[:, :, start:stop]
+        return self.compute_q(start, stop)
+
     def mask_mass(self) -> Tensor:
         """(B, H, T): attention each key receives from the mask (response) queries, softmax over all keys."""
         if self._mask_mass is None:
-            self._mask_mass = attention_mass(self.q[:, :, self.prompt_len :], self.k, self.scale)
+            self._mask_mass = self.query_mass(self.prompt_len, self.q.shape[2])
         return self._mask_mass
 
     def query_mass(self, start: int, stop: int) -> Tensor:
-        """(B, H, T): attention each key receives from the queries at positions [start, stop)."""
-        return attention_mass(self.q[:, :, start:stop], self.k, self.scale)
+        """(B, H, T): attention each key receives from the queries at positions [start, stop).
+
+        Computed queries come ``QUERY_BLOCK`` rows at a time (the masses of disjoint query sets add up)."""
+        if self.compute_q is None or stop - start <= QUERY_BLOCK:
+            return attention_mass(self.queries(start, stop), self.k, self.scale)
+        total = attention_mass(self.queries(start, start + QUERY_BLOCK), self.k, self.scale)
+        for first in range(start + QUERY_BLOCK, stop, QUERY_BLOCK):
+            total += attention_mass(self.queries(first, min(stop, first + QUERY_BLOCK)), self.k, self.scale)
+        return total
 
     def prompt_preference(self) -> Tensor:
         """(B, H) P_h: share of the mask queries' attention mass that lands on the prompt."""

@@ -21,7 +21,7 @@ from maskkv_cli.errors import UsageError
 from maskkv_cli.kv.cache import PromptCache
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import Policy
-from maskkv_cli.stats import RunStats, memory_now, now
+from maskkv_cli.stats import RunStats, memory_now, model_devices, now, reset_cuda_peaks
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,7 @@ class StepMeter:
         self.emit = on_event or (lambda e: None)
         self.device = model.device
         self.steps = 0
+        reset_cuda_peaks(model_devices(model))
         self.start = now(self.device)
         stats.step_mode = forward.step_options.label
 
@@ -152,7 +153,7 @@ class StepMeter:
         stats.setup_s = forward.setup_s
         stats.total_s = now(self.device) - self.start - forward.setup_s
         stats.steps_run = self.steps
-        _, stats.peak_mem_bytes, stats.mem_kind = memory_now(self.device)
+        _, stats.peak_mem_bytes, stats.mem_kind = memory_now(model_devices(self.model))
         if forward.cache is not None:
             stats.kv_entries = forward.cache.logical_entries()
             stats.kv_bytes = forward.cache.prompt_nbytes()

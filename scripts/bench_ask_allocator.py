@@ -1,0 +1,104 @@
+"""Peak RSS and wall time of ``maskkv ask`` with and without the start-up allocator setting (issue #26).
+
+Builds (once) a checkpoint of the llada-small shape with random weights in the upstream layout, using the bundled
+tiny model's tokenizer and special ids (the embedding keeps llada-small's 126,464 rows, so the weights are the
+real 1.40 GB), and a text document of about ``--tokens`` tokens made from the bundled corpus. Then runs
+``maskkv ask`` in fresh processes, alternating the default (fixed mmap threshold) and ``MASKKV_MALLOC=default``,
+``--repeats`` times each, and prints every run and the medians. The peak RSS and the CPU time (user + system) of
+each child come from ``os.wait4`` (the kernel's figures for that process alone); on a shared machine the CPU time
+is the steadier of the two clocks.
+
+    python scripts/bench_ask_allocator.py --work /tmp/ask-alloc --tokens 16384 --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ASSETS = Path(__file__).resolve().parent.parent / "maskkv_cli" / "assets"
+
+
+def build(work: Path, tokens: int) -> tuple[Path, Path]:
+    from maskkv_cli.models.config import ModelConfig, named_config
+    from maskkv_cli.models.llada import LLaDA
+    from maskkv_cli.models.loading import save_model
+    from maskkv_cli.prompting import load_tokenizer
+
+    ckpt, doc = work / "llada-small-random", work / f"doc-{tokens}.txt"
+    tok = load_tokenizer(ASSETS / "tiny-llada")
+    if not ckpt.is_dir():
+        tiny = ModelConfig.from_hf_dict(json.loads((ASSETS / "tiny-llada" / "config.json").read_text()))
+        cfg = named_config("llada-small").with_(
+            vocab_size=tiny.vocab_size, embedding_size=126464, max_sequence_length=tokens + 1024,
+            mask_token_id=tiny.mask_token_id, eos_token_id=tiny.eos_token_id, pad_token_id=tiny.pad_token_id,
+            bos_token_id=tiny.bos_token_id, eot_token_id=tiny.eot_token_id)
+        save_model(LLaDA(cfg).init_weights(seed=0), ckpt, tok)
+    if not doc.is_file():
+        corpus = "\n\n".join(p.read_text() for p in sorted((ASSETS / "corpus").glob("*.txt")))
+        per_copy = len(tok(corpus)["input_ids"])
+        text = "\n\n".join([corpus] * (tokens // per_copy + 1))
+        ids = tok(text)["input_ids"][:tokens]
+        doc.write_text(tok.decode(ids))
+    return ckpt, doc
+
+
+def run_once(ckpt: Path, doc: Path, allocator: bool, extra: list[str]) -> dict[str, float]:
+    env = {k: v for k, v in os.environ.items() if k != "MASKKV_MALLOC" and not k.startswith("MALLOC_")}
+    env["OMP_NUM_THREADS"] = "1"
+    if not allocator:
+        env["MASKKV_MALLOC"] = "default"
+    cmd = [sys.executable, "-m", "maskkv_cli", "ask", str(doc), "What is the special magic number?", "--model",
+           str(ckpt), "--device", "cpu", "--json", "--quiet", *extra]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    out, err = proc.stdout.read(), proc.stderr.read()  # type: ignore[union-attr]
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"maskkv ask failed:\n{err[-2000:]}")
+    answer = json.loads(out)["answers"][0]
+    return {"peak_rss_mib": usage.ru_maxrss / 1024, "wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
+            "prefill_s": answer["stats"]["prefill_s"],
+            "prompt_tokens": answer["prompt_tokens"], "answer": answer["answer"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/ask-alloc"))
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("extra", nargs="*", help="more arguments for maskkv ask (after --)")
+    args = ap.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    ckpt, doc = build(args.work, args.tokens)
+    runs: dict[bool, list[dict[str, float]]] = {True: [], False: []}
+    for i in range(args.repeats):
+        for allocator in (True, False) if i % 2 == 0 else (False, True):
+            r = run_once(ckpt, doc, allocator, args.extra)
+            runs[allocator].append(r)
+            label = "fixed threshold" if allocator else "MASKKV_MALLOC=default"
+            print(f"run {i + 1} {label:22s} prompt {r['prompt_tokens']} tokens  peak RSS {r['peak_rss_mib']:8.1f} "
+                  f"MiB  prefill {r['prefill_s']:7.1f} s  wall {r['wall_s']:7.1f} s  CPU {r['cpu_s']:7.1f} s",
+                  flush=True)
+    keys = ("peak_rss_mib", "prefill_s", "wall_s", "cpu_s")
+    med = {a: {k: statistics.median(r[k] for r in runs[a]) for k in keys} for a in runs}
+    on, off = med[True], med[False]
+    for name, m in (("fixed threshold", on), ("MASKKV_MALLOC=default", off)):
+        print(f"median {name:22s} peak RSS {m['peak_rss_mib']:.1f} MiB, prefill {m['prefill_s']:.1f} s, "
+              f"wall {m['wall_s']:.1f} s, CPU {m['cpu_s']:.1f} s")
+    print(f"peak RSS drop {off['peak_rss_mib'] - on['peak_rss_mib']:.1f} MiB; ratios (fixed / default): prefill "
+          f"{on['prefill_s'] / off['prefill_s']:.3f}, wall {on['wall_s'] / off['wall_s']:.3f}, CPU (user + sys) "
+          f"{on['cpu_s'] / off['cpu_s']:.3f}")
+    same = {r["answer"] for a in runs for r in runs[a]}
+    print(f"identical answers in every run: {len(same) == 1}")
+
+
+if __name__ == "__main__":
+    main()

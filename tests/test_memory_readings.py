@@ -1,0 +1,65 @@
+"""Memory readings: live tensor bytes (``live_bytes.py``) and the per-generation CUDA peak (``stats.py``)."""
+
+from __future__ import annotations
+
+import torch
+
+from maskkv_cli import stats
+from maskkv_cli.bench.live_bytes import LiveBytes
+
+MIB = 1 << 20
+
+
+def test_live_bytes_counts_new_storages_once_and_frees_them():
+    weights = torch.randn(256, 256)  # created before the mode: never counted
+    with torch.no_grad(), LiveBytes() as live:
+        a = torch.empty(MIB // 4)  # 1 MiB
+        assert live.live == MIB
+        views = (a.view(2, -1), a[:10], weights.t(), weights[:3])  # views share storages: nothing new
+        assert live.live == MIB
+        b = a * 2  # a new 1 MiB
+        b.add_(1)  # in place: nothing new
+        assert live.live == 2 * MIB and live.count == 2
+        del a, views
+        assert live.live == MIB  # a's storage is gone once its last view is
+        del b
+        c = torch.nn.functional.linear(torch.randn(64, 256), weights)  # input (64 KiB) freed, output kept
+        assert live.live == c.numel() * 4
+    assert live.peak == 2 * MIB
+
+
+def test_live_bytes_window_peaks():
+    with torch.no_grad(), LiveBytes() as live:
+        a = torch.empty(MIB // 4)
+        del a
+        assert live.take_window_peak() == MIB
+        keep = torch.empty(MIB // 8)
+        assert live.take_window_peak() == MIB // 2  # the new window starts at the level then (0), rises to 512 KiB
+        assert live.take_window_peak() == MIB // 2 and keep.numel()
+
+
+def test_cuda_peak_is_reset_and_summed_over_devices(monkeypatch):
+    reset, allocated = [], {"cuda:0": (10, 30), "cuda:1": (5, 7)}
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d: reset.append(str(d)))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d: allocated[str(d)][0])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d: allocated[str(d)][1])
+    devices = [torch.device("cuda:0"), torch.device("cuda:0"), torch.device("cuda:1")]
+    stats.reset_cuda_peaks(devices + [torch.device("cpu")])
+    assert reset == ["cuda:0", "cuda:1"]
+    assert stats.memory_now(devices) == (15, 37, "cuda")
+    assert stats.memory_now("cpu")[2] == "rss"
+
+
+def test_generation_resets_the_cuda_peak(tiny_model, monkeypatch):
+    from prompts import random_ids
+
+    from maskkv_cli.policies import get_policy
+    from maskkv_cli.sampling.llada import GenerationConfig, generate
+
+    seen = []
+    monkeypatch.setattr("maskkv_cli.sampling.common.reset_cuda_peaks", lambda devices: seen.append(list(devices)))
+    generate(tiny_model, random_ids(tiny_model, 16), GenerationConfig(gen_length=8, steps=4, block_length=8),
+             get_policy("full"))
+    generate(tiny_model, random_ids(tiny_model, 16), GenerationConfig(gen_length=8, steps=4, block_length=8),
+             get_policy("full"))
+    assert seen == [[tiny_model.device], [tiny_model.device]]  # once at the start of every generation
