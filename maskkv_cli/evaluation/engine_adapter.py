@@ -1,9 +1,10 @@
 """The one place the harness model touches maskkv's engine.
 
 Everything the evaluation package needs from maskkv (load a model, answer a prompt under a cache policy, score
-tokens with the bidirectional forward) goes through the functions here, written against today's public API
-(``Session.answer_ids``, the model's forward). When the core pipeline (``maskkv_cli.pipeline.ask``) lands, only
-``answer`` changes.
+tokens with the bidirectional forward) goes through the functions here. The harness builds each prompt itself
+(its task templates, its chat-template switch), so ``answer`` starts from prompt ids: it calls
+``Session.answer_ids``, the sampling half of ``maskkv_cli.pipeline.ask`` (which fits a document and builds
+maskkv's own prompt first), as ``bench quality`` does for prompts it has already built.
 """
 
 from __future__ import annotations
