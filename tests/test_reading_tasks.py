@@ -17,7 +17,7 @@ from maskkv_cli.errors import UsageError
 from maskkv_cli.prompting import NO_ANSWER
 from maskkv_cli.prompting.parts import LEAD_SENTENCES, SUMMARY_WORDS, lead_sentences, part_instruction
 from maskkv_cli.training.config import TrainConfig, parse_sources
-from maskkv_cli.training.examples import Batcher, encode_example, summary_target
+from maskkv_cli.training.examples import Batcher, encode_example, summary_target, tokenizer_texts
 
 EMBEDDED = Path(sources.__file__).parents[1] / "assets" / "tiny-llada"
 
@@ -87,6 +87,25 @@ def test_no_answer_tasks_ask_for_a_key_that_is_not_there():
         assert all(n["role"] == "distractor" and n["text"] in task.context for n in task.meta["needles"])
         assert score("niah_none", NO_ANSWER, task.answers) == 1.0
         assert score("niah_none", task.meta["needles"][0]["value"], task.answers) == 0.0
+
+
+def test_open_questions_have_no_answer_in_the_text():
+    tasks = generate_tasks("open_question", 40, 200, seed=4, haystack=sources.load_source("stdlib-train"))
+    assert len({t.input for t in tasks}) > 30  # varied wording, not one question
+    for task in tasks:
+        assert "special magic number" not in task.input and task.input.strip()
+        assert task.answers == (NO_ANSWER,)
+        assert len(task.meta["needles"]) <= NUM_DISTRACTORS
+        assert all(n["role"] == "distractor" and n["text"] in task.context for n in task.meta["needles"])
+        assert score("open_question", NO_ANSWER, task.answers) == 1.0
+    assert {len(t.meta["needles"]) for t in tasks} >= {0, NUM_DISTRACTORS}  # with and without needles
+    again = generate_tasks("open_question", 40, 200, seed=4, haystack=sources.load_source("stdlib-train"))
+    assert [t.input for t in again] == [t.input for t in tasks]
+
+
+def test_tokenizer_texts_come_from_the_first_task_kinds_only():
+    texts = tokenizer_texts(0)
+    assert not any(NO_ANSWER in t or "Summarize the text" in t for t in texts)
 
 
 def test_is_no_answer():

@@ -9,6 +9,9 @@ Task families (``KINDS``):
   every number, joined by ", " in order of appearance.
 - ``niah_none``: needles for other keys only (``NUM_DISTRACTORS``); the asked key has none, so the answer is
   ``NO_ANSWER`` (an unanswerable question, as in SQuAD 2.0).
+- ``open_question``: a question of another form than the needle's (``open_questions.py``: what the text is
+  about, who wrote it, a name, a date, the password for a key word), with 0 to ``NUM_DISTRACTORS`` needles in
+  the text; nothing generated answers it, so the answer is ``NO_ANSWER``.
 - ``lead_summary``: plain haystack text and the instruction ``summarize`` sends for each part; the reference is
   the text's first ``LEAD_SENTENCES`` sentences (the LEAD baseline of news summarization), scored with ROUGE-L.
 - ``vt`` (variable tracking): "VAR ABCDE = 12345." followed by a chain "VAR FGHIJ = ABCDE." ... spread
@@ -42,12 +45,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from maskkv_cli.bench.open_questions import open_question
 from maskkv_cli.bench.taskio import Task, _task_id, count_words
 from maskkv_cli.documents.corpus import load_corpus
 from maskkv_cli.prompting import NO_ANSWER
 from maskkv_cli.prompting.parts import LEAD_SENTENCES, SUMMARY_WORDS, lead_sentences, part_instruction
 
-KINDS: tuple[str, ...] = ("niah_single", "niah_multikey", "niah_multivalue", "vt", "niah_none", "lead_summary")
+KINDS: tuple[str, ...] = ("niah_single", "niah_multikey", "niah_multivalue", "vt", "niah_none", "lead_summary",
+                          "open_question")
 
 # Simple lowercase English words used as needle keys.
 KEY_WORDS: tuple[str, ...] = (
@@ -160,6 +165,18 @@ def _plan(kind: str, rng: random.Random, taken: set[str], distractors: int = NUM
             roles=["distractor"] * distractors,
             payloads=values,
             facts={"key": keys[0], "distractor_keys": keys[1:]},
+        )
+    if kind == "open_question":
+        keys = rng.sample(KEY_WORDS, distractors + 1)
+        count = rng.randint(0, distractors)
+        values = [_new_number(rng, digits, taken) for _ in range(count)]
+        return _Plan(
+            question=open_question(rng, rng.choice(keys)),
+            needles=[_needle(k, v) for k, v in zip(keys[1:], values, strict=False)],
+            depths=[rng.random() for _ in values],
+            roles=["distractor"] * count,
+            payloads=values,
+            facts={"distractor_keys": keys[1:count + 1]},
         )
     if kind == "niah_single":
         key = rng.choice(KEY_WORDS)
@@ -325,7 +342,7 @@ def _generate_one(
         (starts[j], plan.payloads[j]) for j in range(len(plan.needles)) if plan.roles[j] == "answer"
     )
     answer = ANSWER_SEPARATOR.join(payload for _, payload in answer_needles)
-    if kind == "niah_none":
+    if kind in ("niah_none", "open_question"):
         answer = NO_ANSWER
     elif kind == "lead_summary":
         answer = " ".join(lead_sentences(context, LEAD_SENTENCES))

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from maskkv_cli.bench.quality_plan import DEFAULT_LENGTHS, FALLBACK_GENERATION
+from maskkv_cli.bench.tasks import KINDS
 
 ModelOpt = Annotated[str | None, typer.Option(
     "--model", "-m", help="Checkpoint folder or a Hugging Face id (ORG/NAME) in the local HF cache; an id not there "
@@ -84,7 +85,7 @@ FreshOpt = Annotated[bool, typer.Option("--fresh", help="Measure every case agai
 
 # bench quality and bench tasks
 TasksOpt = Annotated[str, typer.Option(
-    "--tasks", help="Comma-separated task kinds (niah_single, niah_multikey, niah_multivalue, vt), or a .jsonl file "
+    "--tasks", help=f"Comma-separated task kinds ({', '.join(KINDS)}), or a .jsonl file "
     "(LongBench format or `maskkv` export; scored with the metric of each record's dataset, exact match if "
     "unknown).")]
 LengthsOpt = Annotated[str | None, typer.Option(

@@ -21,6 +21,7 @@ from maskkv_cli.bench.quality_plan import (
     DEFAULT_SAMPLES,
     FALLBACK_GENERATION,
 )
+from maskkv_cli.bench.tasks import KINDS
 from maskkv_cli.cli.commands.bench import FreshOpt, OutOpt, bench_app
 from maskkv_cli.cli.commands.common import generation_config, guarded, note, open_session
 from maskkv_cli.cli.options import (
@@ -278,8 +279,8 @@ def quality(
 @guarded
 def export_tasks(
     out: Annotated[Path, typer.Argument(help="The JSONL file to write (LongBench format).", show_default=False)],
-    tasks: Annotated[str, typer.Option("--tasks", help="Comma-separated task kinds (niah_single, niah_multikey, "
-                                       "niah_multivalue, vt).")] = ",".join(DEFAULT_KINDS),
+    tasks: Annotated[str, typer.Option("--tasks", help=f"Comma-separated task kinds ({', '.join(KINDS)}).")] = (
+        ",".join(DEFAULT_KINDS)),
     lengths: LengthsOpt = None,
     samples: Annotated[int, typer.Option("--samples", "-n", help="Tasks per (kind, length).")] = DEFAULT_SAMPLES,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the tasks (the same seed, lengths and model give "
