@@ -148,6 +148,7 @@ def test_batches_mix_sources_and_give_summaries_their_own_region(tiny_tokenizer,
     for step in range(12):
         ids, keep, rows, _ = batcher.batch(step, rng)
         regions.add(rows.shape[1])
+        assert batcher.last_was_summary == (rows.shape[1] == 24)  # picks --summary-full-mask for the batch
     assert regions == {8, 24}
 
 

@@ -195,10 +195,13 @@ def test_cli_passes_training_options_and_refuses_bad_ones(tmp_path, monkeypatch)
 
     monkeypatch.setattr(training, "train", fake_train)
     base = ["train-tiny", "--out", str(tmp_path / "run")]
-    result = CliRunner().invoke(app, [*base, "--distractors", "3-7", "--eval-n", "80", "--eval-every", "100"])
+    result = CliRunner().invoke(app, [*base, "--distractors", "3-7", "--eval-n", "80", "--eval-every", "100",
+                                      "--full-mask", "0.5", "--summary-full-mask", "0"])
     assert result.exit_code == 0, result.output
     assert (seen[0].distractors, seen[0].eval_n, seen[0].eval_every) == ((3, 7), 80, 100)
+    assert (seen[0].full_mask, seen[0].summary_full_mask) == (0.5, 0.0)
     for bad, message in ((["--eval-n", "0"], "--eval-n"), (["--distractors", "2-200"], "at most"),
+                         (["--summary-full-mask", "2"], "--summary-full-mask"),
                          (["--distractors", "x"], "--distractors")):
         result = CliRunner().invoke(app, [*base, *bad])
         assert result.exit_code != 0 and message in result.output and "Traceback" not in result.output

@@ -67,6 +67,7 @@ class Batcher:
         self.count = lambda text: len(tok.encode(text, add_special_tokens=False))
         self.source_names = list(cfg.sources)
         self.source_weights = [cfg.sources[k] for k in self.source_names]
+        self.last_was_summary = False  # whether the last batch() was one of lead summaries
         self.haystacks = {name: None if name == "corpus" else load_source(name) for name in self.source_names}
 
     def _haystack(self, rng: random.Random) -> list[str] | None:
@@ -95,6 +96,7 @@ class Batcher:
         """ids (B, T) left-padded, key mask (B, T), answer rows (B, R), context length used."""
         length = rng.randint(self.cfg.min_len, _max_len_at(self.cfg, step))
         summary = self.summary_share > 0 and (not self.kinds or rng.random() < self.summary_share)
+        self.last_was_summary = summary
         exs = self.examples(step, self.cfg.batch_size, length, rng, summary)
         r = self.cfg.summary_len if summary else self.cfg.answer_len
         t = max(len(p) for p, _ in exs) + r

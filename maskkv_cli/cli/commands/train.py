@@ -41,6 +41,9 @@ def train_tiny(
     eval_every: Annotated[int, typer.Option("--eval-every", help="Steps between in-run evaluations.")] = 250,
     full_mask: Annotated[float, typer.Option("--full-mask", help="Probability of masking an example's whole "
                                              "answer region (else k ~ U{1..R} tokens).")] = 0.0,
+    summary_full_mask: Annotated[float | None, typer.Option(
+        "--summary-full-mask", help="--full-mask for lead_summary batches [default: --full-mask].",
+        show_default=False)] = None,
     position_window: Annotated[int | None, typer.Option(
         "--position-window", help="Spread RoPE positions over this many tokens with random skips (PoSE), so the "
         "model meets longer distances than its contexts.", show_default=False)] = None,
@@ -99,12 +102,14 @@ def train_tiny(
         raise UsageError(f"--eval-n and --eval-every must be positive, got {eval_n} and {eval_every}")
     if not 0.0 <= full_mask <= 1.0:
         raise UsageError(f"--full-mask must be a probability between 0 and 1, got {full_mask}")
+    if summary_full_mask is not None and not 0.0 <= summary_full_mask <= 1.0:
+        raise UsageError(f"--summary-full-mask must be a probability between 0 and 1, got {summary_full_mask}")
     cfg = TrainConfig(out=str(out), steps=steps, batch_size=batch_size, lr=lr, min_len=min_len, max_len=max_len,
                       curriculum_steps=curriculum_steps, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
                       mlp_hidden_size=3 * d_model, threads=threads, seed=seed, answer_len=answer_len,
                       full_mask=full_mask, position_window=position_window, distractors=distractor_range,
                       eval_n=eval_n, eval_every=eval_every, sources=source_mix, summary_len=summary_len,
-                      eval_source=eval_source,
+                      eval_source=eval_source, summary_full_mask=summary_full_mask,
                       mix=mix, init_from=str(init_from) if init_from else None,
                       grow_layers=grow_layers, rope_theta=rope_theta, stop_after=stop_after)
 
