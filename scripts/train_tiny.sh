@@ -72,3 +72,43 @@ $M train-tiny --out $R/tiny-read2 --init-from $R/tiny-read/final --steps 900 --s
   --sources corpus:1,pydoc-topics:1,stdlib-train:2,pdf-train:2,docs:0.5,license:0.5 \
   --min-len 128 --max-len 1024 --curriculum-steps 1 --lr 2e-4 --full-mask 0.5 --position-window 2048 \
   --distractors 0-7 --summary-len 64 --eval-n 12 --eval-every 150 --eval-source stdlib-train --seed 14 --json
+# Stage 15 (three runs) was not shipped either: the lead summaries never started (docs/tiny-model.md).
+# 15. (issues #21, #25; 2026-12-02, two threads) from stage 14 at step 700 (runs/tiny-read2/checkpoint):
+#  15a. short contexts (64-384), no-answer 2, summaries 3 (a third of the batches): run for 500 steps of a
+#       3000-step schedule, when the summaries had not started
+$M train-tiny --out $R/s15 --init-from $R/tiny-read2/checkpoint --steps 3000 --stop-after 500 --batch-size 16 \
+  --kinds niah_multikey:3,niah_single:1,niah_none:2,lead_summary:3 \
+  --sources corpus:1,pydoc-topics:1,stdlib-train:2,pdf-train:2,docs:0.5,license:0.5 \
+  --min-len 64 --max-len 384 --curriculum-steps 1 --lr 5e-4 --full-mask 0.5 --position-window 2048 \
+  --distractors 0-7 --summary-len 64 --eval-n 16 --eval-every 250 --eval-source stdlib-train --seed 15 --threads 2 --json
+#  15b. two layers added (6 -> 8, block expansion), half the batches lead summaries, none of them fully masked
+#       (a summary is copied token by token, learnt from the tokens around a masked one), questions of other forms
+#       (open_question) answered NO_ANSWER, contexts 48-256; stopped at step 600 (checkpoint)
+$M train-tiny --out $R/s15g --init-from $R/s15/checkpoint --grow-layers 2 --steps 2200 --stop-after 600 --batch-size 16 \
+  --kinds niah_multikey:3,niah_single:1,niah_none:2,open_question:1,lead_summary:7 \
+  --sources corpus:1,pydoc-topics:1,stdlib-train:2,pdf-train:2,docs:0.5,license:0.5 \
+  --min-len 48 --max-len 256 --curriculum-steps 1 --lr 5e-4 --full-mask 0.5 --summary-full-mask 0 \
+  --position-window 2048 --distractors 0-7 --summary-len 64 --eval-n 16 --eval-every 250 --eval-source stdlib-train \
+  --seed 15 --threads 2 --json
+#  15c. lead summaries only, short texts (24-128 tokens), batch 32, lr 1e-3: loss flat at 3.6-4.1 for 360 steps,
+#       stopped (the last checkpoint is step 300)
+$M train-tiny --out $R/s15c --init-from $R/s15g/checkpoint --steps 1500 --stop-after 300 --batch-size 32 \
+  --kinds lead_summary --sources corpus:1,pydoc-topics:1,stdlib-train:2,pdf-train:2,docs:0.5,license:0.5 \
+  --min-len 24 --max-len 128 --curriculum-steps 1 --lr 1e-3 --summary-full-mask 0 --summary-len 64 --eval-n 8 \
+  --eval-every 500 --eval-source stdlib-train --seed 16 --threads 2 --json
+# 16. (not shipped) no-answer without the summaries, on a deeper copy of the shipped stage-12 model: two layers
+#     added (6 -> 8), multikey 4 : single 1 : no answer 2 : open questions 1, contexts 128-1024, lr 2e-4; stopped
+#     at step 820 of 1200 (checkpoint 800): no-answer rose while multikey fell, as in stage 14. Stages 16 and 17
+#     started from stage 12 as installed (maskkv_cli/assets/tiny-llada before this round: window 2128).
+$M train-tiny --out $R/s16 --init-from $R/tiny-l1k/final --grow-layers 2 --steps 1200 --stop-after 800 --batch-size 16 \
+  --kinds niah_multikey:4,niah_single:1,niah_none:2,open_question:1 \
+  --sources corpus:1,pydoc-topics:1,stdlib-train:2,pdf-train:2,docs:0.5,license:0.5 \
+  --min-len 128 --max-len 1024 --curriculum-steps 1 --lr 2e-4 --full-mask 0.5 --position-window 2048 \
+  --distractors 0-7 --eval-n 16 --eval-every 200 --eval-source stdlib-train --seed 16 --threads 2 --json
+# 17. the stage-16 start without niah_none: questions of other forms (open_question) answered NO_ANSWER beside
+#     both needle kinds (multikey 4 : single 1 : open 1), 3-7 needles for other keys as in stage 12, lr 1.5e-4
+$M train-tiny --out $R/s17 --init-from $R/tiny-l1k/final --grow-layers 2 --steps 450 --batch-size 16 \
+  --kinds niah_multikey:4,niah_single:1,open_question:1 \
+  --sources corpus:1,pydoc-topics:1,stdlib-train:2,pdf-train:2,docs:0.5,license:0.5 \
+  --min-len 128 --max-len 1024 --curriculum-steps 1 --lr 1.5e-4 --full-mask 0.5 --position-window 2048 \
+  --distractors 3-7 --eval-n 16 --eval-every 150 --eval-source stdlib-train --seed 17 --threads 2 --json
