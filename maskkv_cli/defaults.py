@@ -92,6 +92,6 @@ def resolve_default_model(model: str | None) -> tuple[str, str | None]:
     shipped = shipped_model()
     if shipped is not None:
         return str(shipped), ("no --model given: using the embedded tiny LLaDA (trained here to find needle facts "
-                              "in text; it cannot chat). Point --model at a LLaDA-8B-Instruct folder for real "
-                              "answers.")
+                              "in text; it cannot chat). For real answers: `maskkv pull GSAI-ML/LLaDA-8B-Instruct`, "
+                              "then --model GSAI-ML/LLaDA-8B-Instruct.")
     return str(tiny_random_model()), TINY_RANDOM_NOTE
