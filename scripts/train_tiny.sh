@@ -106,7 +106,8 @@ $M train-tiny --out $R/s16 --init-from $R/tiny-l1k/final --grow-layers 2 --steps
   --min-len 128 --max-len 1024 --curriculum-steps 1 --lr 2e-4 --full-mask 0.5 --position-window 2048 \
   --distractors 0-7 --eval-n 16 --eval-every 200 --eval-source stdlib-train --seed 16 --threads 2 --json
 # 17. (shipped: the embedded model since 2026-12-02) the stage-16 start without niah_none: questions of other
-#     forms (open_question) answered NO_ANSWER beside both needle kinds (multikey 4 : single 1 : open 1), 3-7 needles for other keys as in stage 12, lr 1.5e-4
+#     forms (open_question) answered NO_ANSWER beside both needle kinds (multikey 4 : single 1 : open 1), 3-7
+#     needles for other keys as in stage 12, lr 1.5e-4
 $M train-tiny --out $R/s17 --init-from $R/tiny-l1k/final --grow-layers 2 --steps 450 --batch-size 16 \
   --kinds niah_multikey:4,niah_single:1,open_question:1 \
   --sources corpus:1,pydoc-topics:1,stdlib-train:2,pdf-train:2,docs:0.5,license:0.5 \
