@@ -74,7 +74,8 @@ def test_key_words_are_simple_and_unique() -> None:
 
 
 def test_kinds() -> None:
-    assert KINDS == ("niah_single", "niah_multikey", "niah_multivalue", "vt", "niah_none", "lead_summary")
+    assert KINDS == ("niah_single", "niah_multikey", "niah_multivalue", "vt", "niah_none", "lead_summary",
+                     "open_question")
 
 
 @pytest.mark.parametrize("kind", KINDS)
