@@ -9,7 +9,8 @@ steps and block; greedy):
   policy at budget 256 (ask's default) and at 16 entries per head (more wrong answers);
 - unanswerable questions: niah_single tasks whose needle sentence was removed (the key asked for is absent),
   and general questions ("What is this document about?") over the same texts: the one right answer to them is
-  ``NO_ANSWER`` ("not in the document", which the embedded model learnt in stage 16), anything else is wrong.
+  ``NO_ANSWER`` ("not in the document", which the embedded model gives to some questions since stage 17),
+  anything else is wrong.
 
 Sample A (seed 11) chooses the threshold: for the mean and for the minimum token probability, the cut in steps
 of 0.05 that maximises Youden's J (share of wrong answers flagged minus share of correct answers flagged).

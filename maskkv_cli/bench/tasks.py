@@ -53,6 +53,8 @@ from maskkv_cli.prompting.parts import LEAD_SENTENCES, SUMMARY_WORDS, lead_sente
 
 KINDS: tuple[str, ...] = ("niah_single", "niah_multikey", "niah_multivalue", "vt", "niah_none", "lead_summary",
                           "open_question")
+# The kinds no generated text answers: their answer is NO_ANSWER.
+UNANSWERABLE_KINDS: tuple[str, ...] = ("niah_none", "open_question")
 
 # Simple lowercase English words used as needle keys.
 KEY_WORDS: tuple[str, ...] = (
@@ -168,15 +170,15 @@ def _plan(kind: str, rng: random.Random, taken: set[str], distractors: int = NUM
         )
     if kind == "open_question":
         keys = rng.sample(KEY_WORDS, distractors + 1)
-        count = rng.randint(0, distractors)
-        values = [_new_number(rng, digits, taken) for _ in range(count)]
+        needle_keys = keys[1 : rng.randint(0, distractors) + 1]
+        values = [_new_number(rng, digits, taken) for _ in needle_keys]
         return _Plan(
             question=open_question(rng, rng.choice(keys)),
-            needles=[_needle(k, v) for k, v in zip(keys[1:], values, strict=False)],
+            needles=[_needle(k, v) for k, v in zip(needle_keys, values, strict=True)],
             depths=[rng.random() for _ in values],
-            roles=["distractor"] * count,
+            roles=["distractor"] * len(values),
             payloads=values,
-            facts={"distractor_keys": keys[1:count + 1]},
+            facts={"distractor_keys": needle_keys},
         )
     if kind == "niah_single":
         key = rng.choice(KEY_WORDS)
@@ -342,7 +344,7 @@ def _generate_one(
         (starts[j], plan.payloads[j]) for j in range(len(plan.needles)) if plan.roles[j] == "answer"
     )
     answer = ANSWER_SEPARATOR.join(payload for _, payload in answer_needles)
-    if kind in ("niah_none", "open_question"):
+    if kind in UNANSWERABLE_KINDS:
         answer = NO_ANSWER
     elif kind == "lead_summary":
         answer = " ".join(lead_sentences(context, LEAD_SENTENCES))

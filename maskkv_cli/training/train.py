@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from maskkv_cli.bench.sources import load_source
-from maskkv_cli.bench.tasks import Task, generate_tasks
+from maskkv_cli.bench.tasks import UNANSWERABLE_KINDS, Task, generate_tasks
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.config import named_config
 from maskkv_cli.models.llada import LLaDA
@@ -156,7 +156,7 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
     batcher = Batcher(cfg, tok, mcfg)
     eval_rng = random.Random(cfg.seed + 1)
     eval_haystack = None if cfg.eval_source == "corpus" else load_source(cfg.eval_source)
-    eval_kinds = ["niah_single", "niah_multikey"] + [k for k in ("niah_none", "open_question") if k in cfg.mix]
+    eval_kinds = ["niah_single", "niah_multikey"] + [k for k in UNANSWERABLE_KINDS if k in cfg.mix]
     eval_sets = {kind: generate_tasks(kind, cfg.eval_n, cfg.max_len, seed=eval_rng.randrange(1 << 30),
                                       count_tokens=batcher.count, haystack=eval_haystack) for kind in eval_kinds}
     t0 = time.perf_counter()
