@@ -73,3 +73,5 @@ def test_summary_confidence_per_part_and_empty_parts_skip_the_merge(tmp_path, mo
     assert empty.exit_code == 0 and empty.stdout == ""
     assert "the model gave no summary" in empty.stderr
     assert len(calls) == len(data["parts"])  # no merge run over nothing
+    quiet = run("summarize", long_doc, "--length", "20", "--steps", "8", "--block-length", "32", "--quiet")
+    assert quiet.exit_code == 0 and quiet.stdout == "" and "the model gave no summary" in quiet.stderr
