@@ -146,9 +146,9 @@ def test_batches_mix_sources_and_give_summaries_their_own_region(tiny_tokenizer,
     regions = set()
     rng = random.Random(0)
     for step in range(12):
-        ids, keep, rows, _ = batcher.batch(step, rng)
-        regions.add(rows.shape[1])
-        assert batcher.last_was_summary == (rows.shape[1] == 24)  # picks --summary-full-mask for the batch
+        got = batcher.batch(step, rng)
+        regions.add(got.rows.shape[1])
+        assert got.summary == (got.rows.shape[1] == 24)  # picks --summary-full-mask for the batch
     assert regions == {8, 24}
 
 

@@ -21,7 +21,7 @@ def small(tmp_path, steps):
 
 def test_batches_keep_prompt_and_pad_left(tiny_tokenizer, tiny_config):
     cfg = TrainConfig(batch_size=3, min_len=30, max_len=40, answer_len=16)
-    ids, keep, rows, _ = Batcher(cfg, tiny_tokenizer, tiny_config).batch(0, random.Random(0))
+    ids, keep, rows, _, _ = Batcher(cfg, tiny_tokenizer, tiny_config).batch(0, random.Random(0))
     assert rows.shape == (3, 16) and bool((rows[:, -1] == ids.shape[1] - 1).all())
     assert bool(keep[:, -16:].all())
     for i in range(3):  # padding only on the left

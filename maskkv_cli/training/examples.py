@@ -4,7 +4,7 @@ examples padded into one tensor, and PoSE-style position skips."""
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -57,6 +57,17 @@ def encode_example(tok: Any, cfg: ModelConfig, task: Task, answer_len: int) -> t
     return prompt, region
 
 
+class TrainBatch(NamedTuple):
+    """ids (B, T) left-padded, key mask (B, T), answer rows (B, R), the context length drawn, and whether the
+    batch holds lead summaries (their own masking rate, ``--summary-full-mask``)."""
+
+    ids: torch.Tensor
+    keep: torch.Tensor
+    rows: torch.Tensor
+    length: int
+    summary: bool
+
+
 class Batcher:
     def __init__(self, cfg: TrainConfig, tok: Any, mcfg: ModelConfig) -> None:
         self.cfg, self.tok, self.mcfg = cfg, tok, mcfg
@@ -67,7 +78,6 @@ class Batcher:
         self.count = lambda text: len(tok.encode(text, add_special_tokens=False))
         self.source_names = list(cfg.sources)
         self.source_weights = [cfg.sources[k] for k in self.source_names]
-        self.last_was_summary = False  # whether the last batch() was one of lead summaries
         self.haystacks = {name: None if name == "corpus" else load_source(name) for name in self.source_names}
 
     def _haystack(self, rng: random.Random) -> list[str] | None:
@@ -92,11 +102,10 @@ class Batcher:
                 out.append(ex)
         return out
 
-    def batch(self, step: int, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-        """ids (B, T) left-padded, key mask (B, T), answer rows (B, R), context length used."""
+    def batch(self, step: int, rng: random.Random) -> TrainBatch:
+        """One batch of examples of one context length (and one answer region: needles or lead summaries)."""
         length = rng.randint(self.cfg.min_len, _max_len_at(self.cfg, step))
         summary = self.summary_share > 0 and (not self.kinds or rng.random() < self.summary_share)
-        self.last_was_summary = summary
         exs = self.examples(step, self.cfg.batch_size, length, rng, summary)
         r = self.cfg.summary_len if summary else self.cfg.answer_len
         t = max(len(p) for p, _ in exs) + r
@@ -107,7 +116,7 @@ class Batcher:
             ids[i, t - len(seq):] = torch.tensor(seq)
             keep[i, t - len(seq):] = True
         rows = torch.arange(t - r, t).expand(len(exs), r)
-        return ids, keep, rows, length
+        return TrainBatch(ids, keep, rows, length, summary)
 
 
 def skipped_positions(length: int, window: int | None, rng: random.Random) -> torch.Tensor | None:

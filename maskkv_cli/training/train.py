@@ -164,10 +164,10 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
     for step in range(start, cfg.steps):
         for group in opt.param_groups:
             group["lr"] = _lr(cfg, step)
-        ids, keep, rows, length = batcher.batch(step, rng)
+        ids, keep, rows, length, summary = batcher.batch(step, rng)
         positions = skipped_positions(ids.shape[1], cfg.position_window, rng)
         full_mask = cfg.full_mask
-        if batcher.last_was_summary and cfg.summary_full_mask is not None:
+        if summary and cfg.summary_full_mask is not None:
             full_mask = cfg.summary_full_mask
         loss = diffusion_loss(model, ids, keep, rows, gen, full_mask, positions)
         opt.zero_grad(set_to_none=True)
