@@ -105,12 +105,26 @@ $M train-tiny --out $R/s16 --init-from $R/tiny-l1k/final --grow-layers 2 --steps
   --sources corpus:1,pydoc-topics:1,stdlib-train:2,pdf-train:2,docs:0.5,license:0.5 \
   --min-len 128 --max-len 1024 --curriculum-steps 1 --lr 2e-4 --full-mask 0.5 --position-window 2048 \
   --distractors 0-7 --eval-n 16 --eval-every 200 --eval-source stdlib-train --seed 16 --threads 2 --json
-# 17. (shipped: the embedded model since 2026-12-02) the stage-16 start without niah_none: questions of other
+# 17. (shipped 2026-12-02 until stage 18) the stage-16 start without niah_none: questions of other
 #     forms (open_question) answered NO_ANSWER beside both needle kinds (multikey 4 : single 1 : open 1), 3-7
-#     needles for other keys as in stage 12, lr 1.5e-4
+#     needles for other keys as in stage 12, lr 1.5e-4 (it was installed with --install --window 2128)
 $M train-tiny --out $R/s17 --init-from $R/tiny-l1k/final --grow-layers 2 --steps 450 --batch-size 16 \
   --kinds niah_multikey:4,niah_single:1,open_question:1 \
   --sources corpus:1,pydoc-topics:1,stdlib-train:2,pdf-train:2,docs:0.5,license:0.5 \
   --min-len 128 --max-len 1024 --curriculum-steps 1 --lr 1.5e-4 --full-mask 0.5 --position-window 2048 \
-  --distractors 3-7 --eval-n 16 --eval-every 150 --eval-source stdlib-train --seed 17 --threads 2 --json \
+  --distractors 3-7 --eval-n 16 --eval-every 150 --eval-source stdlib-train --seed 17 --threads 2 --json
+# 18. (shipped: the embedded model since 2026-12-02) stage 17's recipe continued for 500 steps at lr 1e-4 with the
+#     package corpus weighted 2 instead of 1 (issue #21 asked for no loss on it)
+$M train-tiny --out $R/s18 --init-from $R/s17/final --steps 500 --batch-size 16 \
+  --kinds niah_multikey:4,niah_single:1,open_question:1 \
+  --sources corpus:2,pydoc-topics:1,stdlib-train:2,pdf-train:2,docs:0.5,license:0.5 \
+  --min-len 128 --max-len 1024 --curriculum-steps 1 --lr 1e-4 --full-mask 0.5 --position-window 2048 \
+  --distractors 3-7 --eval-n 16 --eval-every 250 --eval-source stdlib-train --seed 18 --threads 2 --json \
   --install --window 2128
+# 19. (not shipped) stage 18 for 200 more steps at lr 5e-5 with the corpus as half the haystacks: the corpus
+#     did not come back (selection rule in docs/tiny-model.md, stage 18)
+$M train-tiny --out $R/s19 --init-from $R/s18/final --steps 200 --batch-size 16 \
+  --kinds niah_multikey:4,niah_single:1,open_question:1 \
+  --sources corpus:6,pydoc-topics:1,stdlib-train:2,pdf-train:2,docs:0.5,license:0.5 \
+  --min-len 128 --max-len 1024 --curriculum-steps 1 --lr 5e-5 --full-mask 0.5 --position-window 2048 \
+  --distractors 3-7 --eval-n 16 --eval-every 200 --eval-source stdlib-train --seed 19 --threads 2 --json
