@@ -90,9 +90,9 @@ $M train-tiny --out $R/s15g --init-from $R/s15/checkpoint --grow-layers 2 --step
   --min-len 48 --max-len 256 --curriculum-steps 1 --lr 5e-4 --full-mask 0.5 --summary-full-mask 0 \
   --position-window 2048 --distractors 0-7 --summary-len 64 --eval-n 16 --eval-every 250 --eval-source stdlib-train \
   --seed 15 --threads 2 --json
-#  15c. lead summaries only, short texts (24-128 tokens), batch 32, lr 1e-3: loss flat at 3.6-4.1 for 360 steps,
-#       stopped (the last checkpoint is step 300)
-$M train-tiny --out $R/s15c --init-from $R/s15g/checkpoint --steps 1500 --stop-after 300 --batch-size 32 \
+#  15c. lead summaries only, short texts (24-128 tokens), batch 32, lr 1e-3: first stopped at step 300 (loss flat at
+#       3.6-4.1), then resumed to the end of its schedule on 2026-12-02: loss 3.3 at step 1500, no copying
+$M train-tiny --out $R/s15c --init-from $R/s15g/checkpoint --steps 1500 --batch-size 32 \
   --kinds lead_summary --sources corpus:1,pydoc-topics:1,stdlib-train:2,pdf-train:2,docs:0.5,license:0.5 \
   --min-len 24 --max-len 128 --curriculum-steps 1 --lr 1e-3 --summary-full-mask 0 --summary-len 64 --eval-n 8 \
   --eval-every 500 --eval-source stdlib-train --seed 16 --threads 2 --json
