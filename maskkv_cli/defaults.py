@@ -31,6 +31,11 @@ _FALLBACK_TEXT = (
 )
 
 
+# The real checkpoint every hint names, and the command that fetches it.
+REAL_MODEL = "GSAI-ML/LLaDA-8B-Instruct"
+PULL_HINT = f"maskkv pull {REAL_MODEL}"
+
+
 def configured_model() -> str | None:
     """``MASKKV_MODEL``, else ``model = ...`` in the config file, else None."""
     if os.environ.get("MASKKV_MODEL"):
@@ -92,6 +97,5 @@ def resolve_default_model(model: str | None) -> tuple[str, str | None]:
     shipped = shipped_model()
     if shipped is not None:
         return str(shipped), ("no --model given: using the embedded tiny LLaDA (trained here to find needle facts "
-                              "in text; it cannot chat). For real answers: `maskkv pull GSAI-ML/LLaDA-8B-Instruct`, "
-                              "then --model GSAI-ML/LLaDA-8B-Instruct.")
+                              f"in text; it cannot chat). For real answers: `{PULL_HINT}`, then --model {REAL_MODEL}.")
     return str(tiny_random_model()), TINY_RANDOM_NOTE

@@ -12,14 +12,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from maskkv_cli.defaults import PULL_HINT, REAL_MODEL, shipped_model
 
 # Lowest token probability under which an answer is shown as low-confidence. Chosen on one sample of needle
 # tasks with the embedded model and confirmed on a second sample fixed in advance (docs/models.md,
 # scripts/confidence_threshold.py); re-chosen by the same rule when the embedded model changes.
 LOW_CONFIDENCE = 0.85
 
-PULL_HINT = "maskkv pull GSAI-ML/LLaDA-8B-Instruct"
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ def empty_note(what: str, embedded: bool) -> str:
     if embedded:
         text += (" The embedded tiny model only looks up needle-style facts, e.g. \"What is the special magic "
                  f"number for KEY?\" over text holding \"The special magic number for KEY is 4821.\". For real "
-                 f"answers download a real model: `{PULL_HINT}`, then pass --model GSAI-ML/LLaDA-8B-Instruct.")
+                 f"answers download a real model: `{PULL_HINT}`, then pass --model {REAL_MODEL}.")
     else:
         text += " Try a longer --gen-length, more --steps, or a larger --budget."
     return text
@@ -77,9 +79,5 @@ def empty_note(what: str, embedded: bool) -> str:
 
 def is_embedded_model(path: str) -> bool:
     """Whether ``path`` is the tiny model shipped in the package (what the empty-answer note talks about)."""
-    from pathlib import Path
-
-    from maskkv_cli.defaults import shipped_model
-
     shipped = shipped_model()
     return shipped is not None and Path(path).resolve() == shipped.resolve()

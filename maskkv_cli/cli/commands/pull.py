@@ -149,8 +149,9 @@ def models(as_json: JsonOpt = False) -> None:
                       "yes" if m.loadable else f"no: {m.problem}")
     Console(width=max(100, Console().width)).print(table)
     if not any(m.source == "hf-cache" for m in found):
-        typer.echo("no model in the Hugging Face cache yet: `maskkv pull GSAI-ML/LLaDA-8B-Instruct` fetches one",
-                   err=True)
+        from maskkv_cli.defaults import PULL_HINT
+
+        typer.echo(f"no model in the Hugging Face cache yet: `{PULL_HINT}` fetches one", err=True)
 
 
 def ensure_model(model: str, yes: bool, quiet: bool, as_json: bool) -> None:
