@@ -7,7 +7,7 @@ import torch
 
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.loading import load_model
-from maskkv_cli.training.growth import grow_depth, growth_points
+from maskkv_cli.training.growth import grow_depth, growth_points, new_block_indices
 from maskkv_cli.training.train import train
 from tests.test_training import small
 
@@ -62,3 +62,39 @@ def test_cli_grow_layers_needs_a_model_to_grow(tmp_path):
     assert result.exit_code != 0
     assert "--init-from" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "run").exists()
+
+
+def test_new_block_indices_are_the_zeroed_blocks(tiny_model):
+    grown = grow_depth(tiny_model, 2)
+    zeroed = [i for i, b in enumerate(grown.blocks) if not b.attn_out.weight.any()]
+    assert new_block_indices(tiny_model.config.n_layers, 2) == zeroed
+
+
+def test_freeze_old_trains_only_the_new_blocks_and_the_head(tmp_path):
+    first = train(small(tmp_path / "a", 2))
+    before = load_model(first)
+    final = train(replace(small(tmp_path / "b", 4), init_from=str(first), grow_layers=1, freeze_old=True, warmup=1))
+    after = load_model(final)
+    new = new_block_indices(before.config.n_layers, 1)
+    old_blocks = [b for i, b in enumerate(after.blocks) if i not in new]
+    for was, now in zip(before.blocks, old_blocks, strict=True):
+        for (name, p), q in zip(was.named_parameters(), now.parameters(), strict=True):
+            assert torch.equal(p, q), name  # the trained blocks are unchanged
+    assert torch.equal(before.transformer["wte"].weight, after.transformer["wte"].weight)
+    assert not torch.equal(before.transformer["ff_out"].weight, after.transformer["ff_out"].weight)
+    assert after.blocks[new[0]].attn_out.weight.any()  # the new block learnt
+    # resumed from its checkpoint, the run keeps the same blocks frozen
+    final = train(replace(small(tmp_path / "b", 6), init_from=str(first), grow_layers=1, freeze_old=True, warmup=1))
+    resumed = load_model(final)
+    for was, now in zip(before.blocks, [b for i, b in enumerate(resumed.blocks) if i not in new], strict=True):
+        assert all(torch.equal(p, q) for p, q in zip(was.parameters(), now.parameters(), strict=True))
+
+
+def test_cli_freeze_old_needs_grow_layers(tmp_path):
+    from typer.testing import CliRunner
+
+    from maskkv_cli.cli import app
+
+    result = CliRunner().invoke(app, ["train-tiny", "--out", str(tmp_path / "run"), "--freeze-old"])
+    assert result.exit_code != 0
+    assert "--grow-layers" in result.output and "Traceback" not in result.output

@@ -47,6 +47,8 @@ class TrainConfig:
     # full_mask for lead_summary batches (None: the same as full_mask). A summary is copied token by token from
     # the text, which the model learns from the tokens around a masked one, not from a fully masked region.
     summary_full_mask: float | None = None
+    # weight of the auxiliary loss that asks every visible token for itself (0: the plain masked objective)
+    identity_loss: float = 0.0
     eval_source: str = "corpus"  # haystack of the in-training evaluation
     ckpt_every: int = 100
     eval_every: int = 250
@@ -54,6 +56,7 @@ class TrainConfig:
     threads: int = 1
     init_from: str | None = None  # start from these weights (and tokenizer) instead of random ones
     grow_layers: int = 0  # with init_from: add this many blocks that start as identities (see growth.py)
+    freeze_old: bool = False  # with grow_layers: train only the new blocks, the final norm and the head
     stop_after: int | None = None  # end the run after this many steps (the schedule still spans ``steps``)
 
 

@@ -28,6 +28,29 @@ def growth_points(n_layers: int, extra: int) -> list[int]:
     return [n_layers - 1 - round(i * n_layers / extra) for i in reversed(range(extra))] if extra else []
 
 
+def new_block_indices(n_layers: int, extra: int) -> list[int]:
+    """Where the ``extra`` new blocks sit (0-based) in the model grown from ``n_layers`` blocks.
+
+    >>> new_block_indices(4, 2)
+    [2, 5]
+    """
+    return [point + 1 + i for i, point in enumerate(growth_points(n_layers, extra))]
+
+
+def freeze_all_but_new(model: LLaDA, extra: int) -> list[str]:
+    """Train only the ``extra`` new blocks of a grown model, its final norm and its output head (LLaMA Pro trains
+    the new blocks alone; the head also learns here, since a new skill may need tokens read back that the old
+    head never produced). Returns the names of the parameters left trainable."""
+    new = new_block_indices(model.config.n_layers - extra, extra)
+    keep = tuple(f"transformer.blocks.{i}." for i in new) + ("transformer.ln_f.", "transformer.ff_out.")
+    trainable = []
+    for name, p in model.named_parameters():
+        p.requires_grad_(name.startswith(keep))
+        if p.requires_grad:
+            trainable.append(name)
+    return trainable
+
+
 def grow_depth(model: LLaDA, extra: int) -> LLaDA:
     """A new model with ``extra`` more blocks (see the module note); the input model is left unchanged."""
     after = set(growth_points(model.config.n_layers, extra))

@@ -34,15 +34,22 @@ from maskkv_cli.models.tokenizer_build import build_bpe_tokenizer
 from maskkv_cli.prompting import chat_prompt_ids, document_question, load_tokenizer
 from maskkv_cli.training.config import TrainConfig, TrainEvent, _lr  # noqa: E402
 from maskkv_cli.training.examples import Batcher, skipped_positions, tokenizer_texts  # noqa: E402
-from maskkv_cli.training.growth import grow_depth
+from maskkv_cli.training.growth import freeze_all_but_new, grow_depth
 
 
 def diffusion_loss(model: LLaDA, ids: torch.Tensor, keep: torch.Tensor, rows: torch.Tensor,
-                   gen: torch.Generator, full_mask: float = 0.0, positions: torch.Tensor | None = None) -> torch.Tensor:
+                   gen: torch.Generator, full_mask: float = 0.0, positions: torch.Tensor | None = None,
+                   identity: float = 0.0) -> torch.Tensor:
     """Mask k ~ U{1..R} answer tokens per example; mean cross-entropy over the masked ones.
 
     ``full_mask`` is the probability that an example has its whole answer region masked instead (t = 1: the
     state every answer starts from at inference, where nothing but the prompt says which value to copy).
+
+    ``identity`` > 0 adds that weight times the mean cross-entropy of predicting every visible token (prompt and
+    unmasked answer tokens) as itself. The head is not tied to the embedding, and the masked objective never
+    asks a position for its own token, so the map from a token's embedding back to its logit exists only for
+    the tokens answers are made of (digits). Copying text, as a lead summary does, needs that map for every
+    token; without it the model settles on frequent words ("the the the"). See docs/tiny-model.md, stage 20.
     """
     b, r = rows.shape
     k = torch.randint(1, r + 1, (b, 1), generator=gen)
@@ -53,9 +60,16 @@ def diffusion_loss(model: LLaDA, ids: torch.Tensor, keep: torch.Tensor, rows: to
     target = torch.gather(ids, 1, rows)
     noisy = ids.clone()
     noisy.scatter_(1, rows, torch.where(masked, model.config.mask_token_id, target))
-    logits = model(noisy, key_mask=keep, rows=rows, positions=positions)  # (B, R, V)
-    ce = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")  # (B, R)
-    return ((ce * masked).sum(1) / masked.sum(1)).mean()
+    if identity <= 0:
+        logits = model(noisy, key_mask=keep, rows=rows, positions=positions)  # (B, R, V)
+        ce = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")  # (B, R)
+        return ((ce * masked).sum(1) / masked.sum(1)).mean()
+    every = model(noisy, key_mask=keep, positions=positions)  # (B, T, V)
+    logits = torch.gather(every, 1, rows[..., None].expand(-1, -1, every.shape[-1]))
+    ce = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")
+    loss = ((ce * masked).sum(1) / masked.sum(1)).mean()
+    visible = keep & (noisy != model.config.mask_token_id)
+    return loss + identity * F.cross_entropy(every[visible], ids[visible])
 
 
 @torch.no_grad()
@@ -139,8 +153,10 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
         state = None
         start = 0
     mcfg = model.config
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    if cfg.freeze_old:
+        freeze_all_but_new(model, cfg.grow_layers)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and p.requires_grad]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2 and p.requires_grad]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=cfg.betas)
     rng = random.Random(cfg.seed)
@@ -156,7 +172,7 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
     batcher = Batcher(cfg, tok, mcfg)
     eval_rng = random.Random(cfg.seed + 1)
     eval_haystack = None if cfg.eval_source == "corpus" else load_source(cfg.eval_source)
-    eval_kinds = ["niah_single", "niah_multikey"] + [k for k in UNANSWERABLE_KINDS if k in cfg.mix]
+    eval_kinds = ["niah_single", "niah_multikey"] + [k for k in (*UNANSWERABLE_KINDS, "lead_summary") if k in cfg.mix]
     eval_sets = {kind: generate_tasks(kind, cfg.eval_n, cfg.max_len, seed=eval_rng.randrange(1 << 30),
                                       count_tokens=batcher.count, haystack=eval_haystack) for kind in eval_kinds}
     t0 = time.perf_counter()
@@ -169,16 +185,17 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
         full_mask = cfg.full_mask
         if summary and cfg.summary_full_mask is not None:
             full_mask = cfg.summary_full_mask
-        loss = diffusion_loss(model, ids, keep, rows, gen, full_mask, positions)
+        loss = diffusion_loss(model, ids, keep, rows, gen, full_mask, positions, cfg.identity_loss)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], cfg.clip)
         opt.step()
         losses.append(float(loss.detach()))
         done = step + 1
         ev = None
         if done % cfg.eval_every == 0 or done == cfg.steps:
-            ev = {kind: evaluate(model, tok, tasks, cfg.answer_len) for kind, tasks in eval_sets.items()}
+            ev = {kind: evaluate(model, tok, tasks, cfg.summary_len if kind == "lead_summary" else cfg.answer_len)
+                  for kind, tasks in eval_sets.items()}
         elapsed = elapsed0 + time.perf_counter() - t0
         if ev is not None or done % 10 == 0:
             row = {"step": done, "loss": sum(losses) / len(losses), "lr": _lr(cfg, step), "length": length,

@@ -44,6 +44,10 @@ def train_tiny(
     summary_full_mask: Annotated[float | None, typer.Option(
         "--summary-full-mask", help="--full-mask for lead_summary batches [default: --full-mask].",
         show_default=False)] = None,
+    identity_loss: Annotated[float, typer.Option(
+        "--identity-loss", help="Weight of an auxiliary loss that predicts every visible token as itself, which "
+        "teaches the head to read back any token it is given (what copying text, e.g. a lead summary, needs) "
+        "[default: 0, the plain masked objective].")] = 0.0,
     position_window: Annotated[int | None, typer.Option(
         "--position-window", help="Spread RoPE positions over this many tokens with random skips (PoSE), so the "
         "model meets longer distances than its contexts.", show_default=False)] = None,
@@ -53,6 +57,9 @@ def train_tiny(
     grow_layers: Annotated[int, typer.Option("--grow-layers", help="With --init-from: add this many blocks, "
                                              "each a copy of the one before with zeroed output projections, so "
                                              "training starts from the same function (block expansion).")] = 0,
+    freeze_old: Annotated[bool, typer.Option("--freeze-old", help="With --grow-layers: train only the new blocks, "
+                                             "the final norm and the output head; the trained blocks keep what "
+                                             "they know (LLaMA Pro).")] = False,
     rope_theta: Annotated[float | None, typer.Option(
         "--rope-theta", help="RoPE base [default: 10000 for a new model; with --init-from, the model's own]. A larger "
         "base on a trained model (then trained on) helps it match text far away.", show_default=False)] = None,
@@ -96,12 +103,16 @@ def train_tiny(
         raise UsageError(f"--rope-theta must be greater than 1, got {rope_theta}")
     if grow_layers and init_from is None:
         raise UsageError("--grow-layers adds blocks to a trained model: give it with --init-from")
+    if freeze_old and not grow_layers:
+        raise UsageError("--freeze-old keeps the trained blocks fixed while new ones learn: give --grow-layers too")
     if not 0 <= grow_layers:
         raise UsageError(f"--grow-layers must be >= 0, got {grow_layers}")
     if eval_n < 1 or eval_every < 1:
         raise UsageError(f"--eval-n and --eval-every must be positive, got {eval_n} and {eval_every}")
     if not 0.0 <= full_mask <= 1.0:
         raise UsageError(f"--full-mask must be a probability between 0 and 1, got {full_mask}")
+    if identity_loss < 0:
+        raise UsageError(f"--identity-loss must be >= 0, got {identity_loss}")
     if summary_full_mask is not None and not 0.0 <= summary_full_mask <= 1.0:
         raise UsageError(f"--summary-full-mask must be a probability between 0 and 1, got {summary_full_mask}")
     cfg = TrainConfig(out=str(out), steps=steps, batch_size=batch_size, lr=lr, min_len=min_len, max_len=max_len,
@@ -109,9 +120,10 @@ def train_tiny(
                       mlp_hidden_size=3 * d_model, threads=threads, seed=seed, answer_len=answer_len,
                       full_mask=full_mask, position_window=position_window, distractors=distractor_range,
                       eval_n=eval_n, eval_every=eval_every, sources=source_mix, summary_len=summary_len,
-                      eval_source=eval_source, summary_full_mask=summary_full_mask,
+                      eval_source=eval_source, summary_full_mask=summary_full_mask, identity_loss=identity_loss,
                       mix=mix, init_from=str(init_from) if init_from else None,
-                      grow_layers=grow_layers, rope_theta=rope_theta, stop_after=stop_after)
+                      grow_layers=grow_layers, freeze_old=freeze_old, rope_theta=rope_theta,
+                      stop_after=stop_after)
 
     def show(e: TrainEvent) -> None:
         row = {"step": e.step, "loss": round(e.loss, 4), "lr": e.lr, "len": e.length, "t": round(e.elapsed_s)}
