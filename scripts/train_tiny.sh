@@ -128,3 +128,45 @@ $M train-tiny --out $R/s19 --init-from $R/s18/final --steps 200 --batch-size 16 
   --sources corpus:6,pydoc-topics:1,stdlib-train:2,pdf-train:2,docs:0.5,license:0.5 \
   --min-len 128 --max-len 1024 --curriculum-steps 1 --lr 5e-5 --full-mask 0.5 --position-window 2048 \
   --distractors 3-7 --eval-n 16 --eval-every 200 --eval-source stdlib-train --seed 19 --threads 2 --json
+# 20. (issue #25, not shipped; docs/tiny-model.md "Stage 20") copying for lead summaries, all from stage 18 as
+#     installed, with the identity loss (every visible token predicted as itself), one thread per run.
+#  20a. lead summaries only, lr 1e-3: stopped after step 240 for 20b (its last checkpoint: step 200)
+$M train-tiny --out $R/s20a --init-from maskkv_cli/assets/tiny-llada --steps 800 --stop-after 200 --batch-size 32 \
+  --kinds lead_summary --sources corpus:1,pydoc-topics:1,stdlib-train:2,pdf-train:2,docs:0.5,license:0.5 \
+  --min-len 48 --max-len 256 --curriculum-steps 1 --lr 1e-3 --summary-full-mask 0.1 --summary-len 64 \
+  --identity-loss 1.0 --eval-n 8 --eval-every 200 --eval-source stdlib-train --seed 20 --threads 1 --json
+#  20b. random-token copy first (1000 steps), then lead summaries only: copies, badly; the needles are erased
+.venv/bin/python scripts/copy_warmup.py --model maskkv_cli/assets/tiny-llada --identity 1.0 --steps 1000 \
+  --save $R/copy18
+$M train-tiny --out $R/s20b --init-from $R/copy18 --steps 800 --batch-size 32 \
+  --kinds lead_summary --sources corpus:1,pydoc-topics:1,stdlib-train:2,pdf-train:2,docs:0.5,license:0.5 \
+  --min-len 48 --max-len 256 --curriculum-steps 1 --lr 1e-3 --summary-full-mask 0.1 --summary-len 64 \
+  --identity-loss 1.0 --eval-n 8 --eval-every 200 --eval-source stdlib-train --seed 20 --threads 1 --json
+#  20c. one phase, the needle mix plus summaries at lr 3e-4: no copying at step 300 (stopped at 390)
+$M train-tiny --out $R/s20c --init-from maskkv_cli/assets/tiny-llada --steps 600 --stop-after 300 --batch-size 16 \
+  --kinds niah_multikey:4,niah_single:1,open_question:1,lead_summary:2 \
+  --sources corpus:2,pydoc-topics:1,stdlib-train:2,pdf-train:2,docs:0.5,license:0.5 \
+  --min-len 128 --max-len 768 --curriculum-steps 1 --lr 3e-4 --full-mask 0.5 --summary-full-mask 0.1 \
+  --position-window 2048 --distractors 3-7 --summary-len 64 --identity-loss 1.0 --eval-n 8 --eval-every 100 \
+  --eval-source stdlib-train --seed 21 --threads 1 --json
+#  20d. from 20b at step 400 (its checkpoint then), the needle mix back: the needles did not return in 200 steps
+$M train-tiny --out $R/s20b-400 --init-from $R/copy18 --steps 800 --stop-after 400 --batch-size 32 \
+  --kinds lead_summary --sources corpus:1,pydoc-topics:1,stdlib-train:2,pdf-train:2,docs:0.5,license:0.5 \
+  --min-len 48 --max-len 256 --curriculum-steps 1 --lr 1e-3 --summary-full-mask 0.1 --summary-len 64 \
+  --identity-loss 1.0 --eval-n 8 --eval-every 200 --eval-source stdlib-train --seed 20 --threads 1 --json
+$M train-tiny --out $R/s20d --init-from $R/s20b-400/checkpoint --steps 600 --stop-after 200 --batch-size 16 \
+  --kinds niah_multikey:4,niah_single:1,open_question:1,lead_summary:3 \
+  --sources corpus:2,pydoc-topics:1,stdlib-train:2,pdf-train:2,docs:0.5,license:0.5 \
+  --min-len 128 --max-len 768 --curriculum-steps 1 --lr 5e-4 --full-mask 0.5 --summary-full-mask 0.1 \
+  --position-window 2048 --distractors 3-7 --summary-len 64 --identity-loss 1.0 --eval-n 8 --eval-every 100 \
+  --eval-source stdlib-train --seed 22 --threads 1 --json
+#  20f, 20g. two new blocks trained alone with the head (the old blocks fixed); 20g adds absent-key questions
+for run in "s20f niah_multikey:4,niah_single:1,open_question:1,lead_summary:4 23" \
+           "s20g niah_multikey:4,niah_single:1,open_question:1,niah_none:2,lead_summary:4 24"; do
+  set -- $run
+  $M train-tiny --out $R/$1 --init-from maskkv_cli/assets/tiny-llada --grow-layers 2 --freeze-old --steps 500 \
+    --batch-size 16 --kinds $2 --sources corpus:2,pydoc-topics:1,stdlib-train:2,pdf-train:2,docs:0.5,license:0.5 \
+    --min-len 128 --max-len 768 --curriculum-steps 1 --lr 1e-3 --full-mask 0.5 --summary-full-mask 0.1 \
+    --position-window 2048 --distractors 3-7 --summary-len 64 --identity-loss 1.0 --eval-n 8 --eval-every 100 \
+    --eval-source stdlib-train --seed $3 --threads 1 --json
+done
