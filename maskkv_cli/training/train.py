@@ -60,14 +60,16 @@ def diffusion_loss(model: LLaDA, ids: torch.Tensor, keep: torch.Tensor, rows: to
     target = torch.gather(ids, 1, rows)
     noisy = ids.clone()
     noisy.scatter_(1, rows, torch.where(masked, model.config.mask_token_id, target))
+    every = None
     if identity <= 0:
         logits = model(noisy, key_mask=keep, rows=rows, positions=positions)  # (B, R, V)
-        ce = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")  # (B, R)
-        return ((ce * masked).sum(1) / masked.sum(1)).mean()
-    every = model(noisy, key_mask=keep, positions=positions)  # (B, T, V)
-    logits = torch.gather(every, 1, rows[..., None].expand(-1, -1, every.shape[-1]))
-    ce = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")
+    else:
+        every = model(noisy, key_mask=keep, positions=positions)  # (B, T, V): the identity term needs them all
+        logits = torch.gather(every, 1, rows[..., None].expand(-1, -1, every.shape[-1]))
+    ce = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")  # (B, R)
     loss = ((ce * masked).sum(1) / masked.sum(1)).mean()
+    if every is None:
+        return loss
     visible = keep & (noisy != model.config.mask_token_id)
     return loss + identity * F.cross_entropy(every[visible], ids[visible])
 
