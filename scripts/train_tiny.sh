@@ -170,3 +170,7 @@ for run in "s20f niah_multikey:4,niah_single:1,open_question:1,lead_summary:4 23
     --position-window 2048 --distractors 3-7 --summary-len 64 --identity-loss 1.0 --eval-n 8 --eval-every 100 \
     --eval-source stdlib-train --seed $3 --threads 1 --json
 done
+#  20h. the copy warm-up with a needle batch (stage 18's mix, 128-512 tokens) before every copy batch, two threads:
+#       copy 36% at step 800 and rising; the needles kept in part (not trained further)
+.venv/bin/python scripts/copy_warmup.py --model maskkv_cli/assets/tiny-llada --identity 1.0 --steps 800 --needles \
+  --threads 2 --save $R/copy18n
