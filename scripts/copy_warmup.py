@@ -64,7 +64,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--save", type=Path)
     parser.add_argument("--needles", action="store_true",
-                        help="every other step a batch of stage 18's needle mix (multikey 4 : single 1 : open "
+                        help="before every copy batch, a batch of stage 18's needle mix (multikey 4 : single 1 : open "
                              "question 1, 128-512 tokens, 16 examples) with the same identity loss, so the "
                              "needle skills are trained while copying is learnt")
     parser.add_argument("--threads", type=int, default=1)
