@@ -174,3 +174,10 @@ done
 #       copy 36% at step 800 and rising; the needles kept in part (not trained further)
 .venv/bin/python scripts/copy_warmup.py --model maskkv_cli/assets/tiny-llada --identity 1.0 --steps 800 --needles \
   --threads 2 --save $R/copy18n
+#  20i. then the needle mix with lead summaries: the needles came back fully in 300 steps, the summaries did not start
+$M train-tiny --out $R/s20i --init-from $R/copy18n --steps 300 --batch-size 16 \
+  --kinds niah_multikey:4,niah_single:1,open_question:1,lead_summary:3 \
+  --sources corpus:2,pydoc-topics:1,stdlib-train:2,pdf-train:2,docs:0.5,license:0.5 \
+  --min-len 128 --max-len 768 --curriculum-steps 1 --lr 5e-4 --full-mask 0.5 --summary-full-mask 0.1 \
+  --position-window 2048 --distractors 3-7 --summary-len 64 --identity-loss 1.0 --eval-n 8 --eval-every 100 \
+  --eval-source stdlib-train --seed 25 --threads 2 --json
