@@ -37,18 +37,14 @@ def new_block_indices(n_layers: int, extra: int) -> list[int]:
     return [point + 1 + i for i, point in enumerate(growth_points(n_layers, extra))]
 
 
-def freeze_all_but_new(model: LLaDA, extra: int) -> list[str]:
+def freeze_all_but_new(model: LLaDA, extra: int) -> None:
     """Train only the ``extra`` new blocks of a grown model, its final norm and its output head (LLaMA Pro trains
     the new blocks alone; the head also learns here, since a new skill may need tokens read back that the old
-    head never produced). Returns the names of the parameters left trainable."""
+    head never produced)."""
     new = new_block_indices(model.config.n_layers - extra, extra)
     keep = tuple(f"transformer.blocks.{i}." for i in new) + ("transformer.ln_f.", "transformer.ff_out.")
-    trainable = []
     for name, p in model.named_parameters():
         p.requires_grad_(name.startswith(keep))
-        if p.requires_grad:
-            trainable.append(name)
-    return trainable
 
 
 def grow_depth(model: LLaDA, extra: int) -> LLaDA:

@@ -190,7 +190,7 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
         loss = diffusion_loss(model, ids, keep, rows, gen, full_mask, positions, cfg.identity_loss)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], cfg.clip)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)  # frozen parameters have no grad: skipped
         opt.step()
         losses.append(float(loss.detach()))
         done = step + 1
