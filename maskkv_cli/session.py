@@ -63,16 +63,27 @@ def resolve_generation(defaults: dict[str, int], gen_length: int | None, steps: 
     return gen, n_steps, block
 
 
-def read_summary_length(folder: Path) -> int | None:
-    """Tokens of the lead summary a model was trained to write (``maskkv.summary_length`` in its
-    ``generation_config.json``, the embedded model's), or None for a model without that format."""
+def _maskkv_count(folder: Path, key: str) -> int | None:
+    """A positive integer ``key`` of the ``maskkv`` section of a model's ``generation_config.json``, else None."""
     try:
         data = json.loads((folder / "generation_config.json").read_text())
     except (OSError, json.JSONDecodeError):
         return None
     section = data.get("maskkv") if isinstance(data, dict) else None
-    value = section.get("summary_length") if isinstance(section, dict) else None
+    value = section.get(key) if isinstance(section, dict) else None
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def read_summary_length(folder: Path) -> int | None:
+    """Tokens of the lead summary a model was trained to write (``maskkv.summary_length`` in its
+    ``generation_config.json``, the embedded model's), or None for a model without that format."""
+    return _maskkv_count(folder, "summary_length")
+
+
+def read_summary_block(folder: Path) -> int | None:
+    """The block length a model's lead summaries were trained to be decoded in (``maskkv.summary_block_length``;
+    ``train-tiny --summary-block``), or None: the whole summary is one block."""
+    return _maskkv_count(folder, "summary_block_length")
 
 
 @dataclass
@@ -107,6 +118,7 @@ class Session:
         self.dream = dream or DreamOptions()  # Dream's own sampler settings; LLaDA's loop has none
         self.generation_defaults = read_generation_defaults(resolve_model_path(model_path))
         self.summary_length = read_summary_length(resolve_model_path(model_path))
+        self.summary_block = read_summary_block(resolve_model_path(model_path))
 
     @property
     def window(self) -> int:

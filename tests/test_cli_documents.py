@@ -123,6 +123,12 @@ def test_summarize_uses_a_lead_summary_models_trained_format(pdf, tiny_dir, tmp_
     assert len(seen) >= 3  # several parts, then the merge
     assert all(s == (part_instruction(50), 16, 16) for s in seen)
     seen.clear()
+    gen["maskkv"]["summary_block_length"] = 4  # trained for block decoding (train-tiny --summary-block 4)
+    gen_file.write_text(json.dumps(gen))
+    result = run("summarize", long_doc, "--model", lead, "--length", "50", "--json")
+    assert result.exit_code == 0, result.output
+    assert seen and all(s == (part_instruction(50), 16, 4) for s in seen)
+    seen.clear()
     result = run("summarize", long_doc, "--model", tiny_dir, "--length", "50", "--json", "--steps", "3")
     assert result.exit_code == 0, result.output
     assert seen[0] == (part_instruction(50), 96, 32) and seen[-1][0] == merge_instruction(50)

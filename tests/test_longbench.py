@@ -104,6 +104,9 @@ def test_group_generation_one_token_per_step_and_a_dividing_block():
     assert (lambda g: (g.gen_length, g.steps, g.block_length))(group_generation(gen, group(32))) == (32, 32, 8)
     odd = GenerationConfig(gen_length=12, steps=12, block_length=12)
     assert (lambda g: (g.gen_length, g.steps, g.block_length))(group_generation(odd, group(32))) == (32, 32, 32)
+    # a group the model was trained to decode in its own blocks (lead summaries) gets them
+    own = TaskGroup("lead_summary", 512, [], [], gen_length=32, block_length=4)
+    assert (lambda g: (g.gen_length, g.steps, g.block_length))(group_generation(gen, own)) == (32, 32, 4)
 
 
 def test_load_templates_errors(tmp_path: Path):

@@ -71,6 +71,46 @@ def test_identity_loss_adds_the_cross_entropy_of_visible_tokens(tiny_model):
     assert int(visible.sum()) == 3 * 20 - 4 - int(masked.sum())
 
 
+def test_block_loss_masks_one_block_and_hides_the_rest(tiny_model, monkeypatch):
+    """``block``: per example one block of the answer region holds every masked token of the loss (1..block of
+    them), the blocks before it are visible and every token after it is masked in the input; the loss is the
+    cross-entropy of the block's masked tokens alone."""
+    seen = {}
+    real = type(tiny_model).forward
+
+    def spy(self, ids, key_mask=None, rows=None, positions=None):
+        seen["ids"] = ids.clone()
+        return real(self, ids, key_mask, rows, positions)
+
+    monkeypatch.setattr(type(tiny_model), "forward", spy)
+    torch.manual_seed(0)
+    ids = torch.randint(6, 100, (64, 30))
+    keep = torch.ones(64, 30, dtype=torch.bool)
+    rows = torch.arange(14, 30).expand(64, 16)
+    loss = diffusion_loss(tiny_model, ids, keep, rows, torch.Generator().manual_seed(3), block=4)
+    noisy, mask = seen["ids"], tiny_model.config.mask_token_id
+    assert torch.equal(noisy[:, :14], ids[:, :14])
+    starts = set()
+    expected = []
+    with torch.no_grad():
+        logits = real(tiny_model, noisy, keep, rows, None)
+    for i in range(64):
+        hidden = (noisy[i, 14:] == mask).nonzero().flatten()
+        first = int(hidden[0])
+        start = first - first % 4
+        starts.add(start)
+        inside = hidden[hidden < start + 4]
+        assert 1 <= len(inside) <= 4
+        assert torch.equal(hidden[len(inside):], torch.arange(start + 4, 16))  # everything after the block
+        assert torch.equal(noisy[i, 14:14 + start], ids[i, 14:14 + start])  # blocks before it visible
+        ce = torch.nn.functional.cross_entropy(logits[i, inside], ids[i, 14 + inside])
+        expected.append(float(ce))
+    assert starts == {0, 4, 8, 12}
+    assert float(loss.detach()) == pytest.approx(sum(expected) / 64, rel=1e-4)
+    with pytest.raises(ValueError, match="blocks of 5"):
+        diffusion_loss(tiny_model, ids, keep, rows, torch.Generator().manual_seed(3), block=5)
+
+
 def test_train_resumes_from_checkpoint(tmp_path):
     final = train(small(tmp_path, 2))
     state = torch.load(tmp_path / "run" / "trainer_state.pt", weights_only=False)
@@ -218,12 +258,13 @@ def test_cli_passes_training_options_and_refuses_bad_ones(tmp_path, monkeypatch)
     monkeypatch.setattr(training, "train", fake_train)
     base = ["train-tiny", "--out", str(tmp_path / "run")]
     result = CliRunner().invoke(app, [*base, "--distractors", "3-7", "--eval-n", "80", "--eval-every", "100",
-                                      "--full-mask", "0.5", "--summary-full-mask", "0"])
+                                      "--full-mask", "0.5", "--summary-full-mask", "0", "--summary-block", "4"])
     assert result.exit_code == 0, result.output
     assert (seen[0].distractors, seen[0].eval_n, seen[0].eval_every) == ((3, 7), 80, 100)
-    assert (seen[0].full_mask, seen[0].summary_full_mask) == (0.5, 0.0)
+    assert (seen[0].full_mask, seen[0].summary_full_mask, seen[0].summary_block) == (0.5, 0.0, 4)
     for bad, message in ((["--eval-n", "0"], "--eval-n"), (["--distractors", "2-200"], "at most"),
                          (["--summary-full-mask", "2"], "--summary-full-mask"),
+                         (["--summary-block", "5"], "divisor of --summary-len"),
                          (["--distractors", "x"], "--distractors")):
         result = CliRunner().invoke(app, [*base, *bad])
         assert result.exit_code != 0 and message in result.output and "Traceback" not in result.output

@@ -92,11 +92,14 @@ def model_fingerprint(path: str | Path) -> str:
 
 def group_generation(gen: Any, group: TaskGroup) -> Any:
     """The run's generation settings, or for a group with its own answer length: that length, one token per
-    step (the MaskKV paper's LongBench setting) and the run's block length when it divides the length."""
+    step (the MaskKV paper's LongBench setting) and the run's block length when it divides the length; a group
+    the model was trained to decode in its own blocks (lead summaries, ``summary_block_length``) gets those."""
     length = group.gen_length
     if length is None or length == gen.gen_length:
         return gen
     block = gen.block_length if length % gen.block_length == 0 else length
+    if group.block_length and length % group.block_length == 0:
+        block = group.block_length
     return replace(gen, gen_length=length, steps=length, block_length=block)
 
 

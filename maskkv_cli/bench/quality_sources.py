@@ -32,6 +32,7 @@ class TaskGroup:
     truncated: int = 0  # prompts whose context was cut in its middle to fit the window
     gen_length: int | None = None  # the task's own answer length (LongBench), else the run's
     prompt_format: str = DOCUMENT_QUESTION  # how the prompts were built (see ``longbench.PromptSpec``)
+    block_length: int | None = None  # the block length the model was trained to decode these answers in
 
     @property
     def n(self) -> int:
@@ -149,8 +150,9 @@ def build_groups(session: Any, *, kinds: Sequence[str] = DEFAULT_KINDS, lengths:
     for kind, length, tasks in generate_cells(kinds, lengths, samples, seed, haystack, session.count_tokens):
         # a lead summary is longer than a needle's answer: the length summarize generates for this model
         own = summary_length(session) if kind == "lead_summary" else None
+        block = getattr(session, "summary_block", None) if kind == "lead_summary" else None
         prompts, cut = encode_tasks(session, tasks, own or gen_length)
-        groups.append(TaskGroup(kind, length, tasks, prompts, cut, gen_length=own))
+        groups.append(TaskGroup(kind, length, tasks, prompts, cut, gen_length=own, block_length=block))
     return groups
 
 

@@ -47,6 +47,9 @@ class TrainConfig:
     # full_mask for lead_summary batches (None: the same as full_mask). A summary is copied token by token from
     # the text, which the model learns from the tokens around a masked one, not from a fully masked region.
     summary_full_mask: float | None = None
+    # lead_summary batches trained for decoding in blocks of this many tokens (block diffusion: the blocks before
+    # one visible, those after it masked); None: the whole region is one block, as for answers
+    summary_block: int | None = None
     # weight of the auxiliary loss that asks every visible token for itself (0: the plain masked objective)
     identity_loss: float = 0.0
     eval_source: str = "corpus"  # haystack of the in-training evaluation

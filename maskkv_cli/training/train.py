@@ -39,7 +39,7 @@ from maskkv_cli.training.growth import freeze_all_but_new, grow_depth
 
 def diffusion_loss(model: LLaDA, ids: torch.Tensor, keep: torch.Tensor, rows: torch.Tensor,
                    gen: torch.Generator, full_mask: float = 0.0, positions: torch.Tensor | None = None,
-                   identity: float = 0.0) -> torch.Tensor:
+                   identity: float = 0.0, block: int | None = None) -> torch.Tensor:
     """Mask k ~ U{1..R} answer tokens per example; mean cross-entropy over the masked ones.
 
     ``full_mask`` is the probability that an example has its whole answer region masked instead (t = 1: the
@@ -52,14 +52,43 @@ def diffusion_loss(model: LLaDA, ids: torch.Tensor, keep: torch.Tensor, rows: to
     token; without it the model settles on frequent words ("the the the"). See docs/tiny-model.md, stage 20.
     """
     b, r = rows.shape
+    if block:
+        return _block_loss(model, ids, keep, rows, gen, full_mask, positions, identity, block)
     k = torch.randint(1, r + 1, (b, 1), generator=gen)
     if full_mask > 0:
         k = torch.where(torch.rand((b, 1), generator=gen) < full_mask, r, k)
     order = torch.rand((b, r), generator=gen).argsort(1)
     masked = order < k  # (B, R) exactly k True per row
+    return _masked_loss(model, ids, keep, rows, masked, masked, positions, identity)
+
+
+def _block_loss(model: LLaDA, ids: torch.Tensor, keep: torch.Tensor, rows: torch.Tensor, gen: torch.Generator,
+                full_mask: float, positions: torch.Tensor | None, identity: float, block: int) -> torch.Tensor:
+    """The states semi-autoregressive decoding meets with blocks of ``block`` tokens (block diffusion, Arriola et
+    al. 2025): one block per example, drawn uniformly; the blocks before it visible, k ~ U{1..block} of its
+    tokens masked (all of them with probability ``full_mask``), every token after it masked. The loss is over
+    the masked tokens of the block: those after it are masked in the input only, as they are at inference."""
+    b, r = rows.shape
+    if r % block:
+        raise ValueError(f"an answer region of {r} tokens does not split into blocks of {block}")
+    start = torch.randint(0, r // block, (b, 1), generator=gen) * block
+    k = torch.randint(1, block + 1, (b, 1), generator=gen)
+    if full_mask > 0:
+        k = torch.where(torch.rand((b, 1), generator=gen) < full_mask, block, k)
+    pos = torch.arange(r)[None]
+    inside = (pos >= start) & (pos < start + block)
+    order = torch.where(inside, torch.rand((b, r), generator=gen), 2.0).argsort(1).argsort(1)
+    masked = order < k  # (B, R) exactly k True per row, all inside the block
+    return _masked_loss(model, ids, keep, rows, masked, masked | (pos >= start + block), positions, identity)
+
+
+def _masked_loss(model: LLaDA, ids: torch.Tensor, keep: torch.Tensor, rows: torch.Tensor, masked: torch.Tensor,
+                 hidden: torch.Tensor, positions: torch.Tensor | None, identity: float) -> torch.Tensor:
+    """Mean cross-entropy over the ``masked`` answer tokens with every ``hidden`` one (a superset) replaced by the
+    mask token; plus ``identity`` times the identity term (see ``diffusion_loss``)."""
     target = torch.gather(ids, 1, rows)
     noisy = ids.clone()
-    noisy.scatter_(1, rows, torch.where(masked, model.config.mask_token_id, target))
+    noisy.scatter_(1, rows, torch.where(hidden, model.config.mask_token_id, target))
     every = None
     if identity <= 0:
         logits = model(noisy, key_mask=keep, rows=rows, positions=positions)  # (B, R, V)
@@ -75,15 +104,16 @@ def diffusion_loss(model: LLaDA, ids: torch.Tensor, keep: torch.Tensor, rows: to
 
 
 @torch.no_grad()
-def evaluate(model: LLaDA, tok: Any, tasks: list[Task], answer_len: int) -> float:
-    """Exact match of greedy answers with the full cache (the quality reference)."""
+def evaluate(model: LLaDA, tok: Any, tasks: list[Task], answer_len: int, block: int | None = None) -> float:
+    """Exact match (ROUGE-L for lead summaries) of greedy answers with the full cache (the quality reference),
+    decoded one token per step in blocks of ``block`` tokens (default: the whole answer as one block)."""
     from maskkv_cli.bench.metrics import score
     from maskkv_cli.policies.base import get_policy
     from maskkv_cli.prompting import decode_answer, stop_ids
     from maskkv_cli.sampling import GenerationConfig, sample
 
     model.eval()
-    gen = GenerationConfig(gen_length=answer_len, steps=answer_len, block_length=answer_len)
+    gen = GenerationConfig(gen_length=answer_len, steps=answer_len, block_length=block or answer_len)
     stops = stop_ids(tok, model.config)
     total = 0.0
     for t in tasks:
@@ -187,7 +217,8 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
         full_mask = cfg.full_mask
         if summary and cfg.summary_full_mask is not None:
             full_mask = cfg.summary_full_mask
-        loss = diffusion_loss(model, ids, keep, rows, gen, full_mask, positions, cfg.identity_loss)
+        loss = diffusion_loss(model, ids, keep, rows, gen, full_mask, positions, cfg.identity_loss,
+                              cfg.summary_block if summary else None)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)  # frozen parameters have no grad: skipped
@@ -196,8 +227,8 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
         done = step + 1
         ev = None
         if done % cfg.eval_every == 0 or done == cfg.steps:
-            ev = {kind: evaluate(model, tok, tasks, cfg.summary_len if kind == "lead_summary" else cfg.answer_len)
-                  for kind, tasks in eval_sets.items()}
+            ev = {kind: evaluate(model, tok, tasks, cfg.summary_len, cfg.summary_block) if kind == "lead_summary"
+                  else evaluate(model, tok, tasks, cfg.answer_len) for kind, tasks in eval_sets.items()}
         elapsed = elapsed0 + time.perf_counter() - t0
         if ev is not None or done % 10 == 0:
             row = {"step": done, "loss": sum(losses) / len(losses), "lr": _lr(cfg, step), "length": length,
@@ -222,11 +253,12 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
 
 
 def install_model(folder: Path, gen_length: int | None = None, window: int | None = None,
-                  summary_length: int | None = None) -> Path:
+                  summary_length: int | None = None, summary_block: int | None = None) -> Path:
     """Copy a trained model into the package as the embedded default, with its generation defaults
     (``gen_length`` defaults to the answer region the model was trained with) and its window
     (``max_sequence_length``; default twice the longest training context). ``summary_length``: the answer region
-    of its lead summaries, which ``summarize`` then generates (recorded as ``summary_length``)."""
+    of its lead summaries, which ``summarize`` then generates (recorded as ``summary_length``), decoded in blocks
+    of ``summary_block`` tokens when it was trained so (``summary_block_length``)."""
     target = Path(__file__).parent.parent / "assets" / "tiny-llada"
     model = load_model(folder)
     if window:
@@ -246,5 +278,7 @@ def install_model(folder: Path, gen_length: int | None = None, window: int | Non
     gen_cfg["maskkv"] = {"gen_length": gen_length, "steps": gen_length, "block_length": gen_length}
     if summary_length:
         gen_cfg["maskkv"]["summary_length"] = summary_length
+        if summary_block:
+            gen_cfg["maskkv"]["summary_block_length"] = summary_block
     (target / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2))
     return target

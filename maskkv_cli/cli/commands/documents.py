@@ -268,7 +268,7 @@ def summarize(
         if session.summary_length:
             # a model trained on lead summaries (the embedded one) writes them at the length it was trained on
             gen_tokens = session.summary_length
-            block = block_length or gen_tokens
+            block = block_length or session.summary_block or gen_tokens
         else:
             block = block_length or 32
             gen_tokens = max(block, -(-int(length * 1.6) // block) * block)

@@ -44,6 +44,11 @@ def train_tiny(
     summary_full_mask: Annotated[float | None, typer.Option(
         "--summary-full-mask", help="--full-mask for lead_summary batches [default: --full-mask].",
         show_default=False)] = None,
+    summary_block: Annotated[int | None, typer.Option(
+        "--summary-block", help="Train lead summaries for decoding in blocks of this many tokens (block diffusion: "
+        "earlier blocks visible, later ones masked), which lets the model copy the text token after token; "
+        "summarize then decodes in such blocks [default: the whole summary is one block].",
+        show_default=False)] = None,
     identity_loss: Annotated[float, typer.Option(
         "--identity-loss", help="Weight of an auxiliary loss that predicts every visible token as itself, which "
         "teaches the head to read back any token it is given (what copying text, e.g. a lead summary, needs) "
@@ -113,6 +118,9 @@ def train_tiny(
         raise UsageError(f"--full-mask must be a probability between 0 and 1, got {full_mask}")
     if identity_loss < 0:
         raise UsageError(f"--identity-loss must be >= 0, got {identity_loss}")
+    if summary_block is not None and (summary_block < 1 or summary_len % summary_block):
+        raise UsageError(f"--summary-block must be a positive divisor of --summary-len ({summary_len}), "
+                         f"got {summary_block}")
     if summary_full_mask is not None and not 0.0 <= summary_full_mask <= 1.0:
         raise UsageError(f"--summary-full-mask must be a probability between 0 and 1, got {summary_full_mask}")
     cfg = TrainConfig(out=str(out), steps=steps, batch_size=batch_size, lr=lr, min_len=min_len, max_len=max_len,
@@ -121,7 +129,7 @@ def train_tiny(
                       full_mask=full_mask, position_window=position_window, distractors=distractor_range,
                       eval_n=eval_n, eval_every=eval_every, sources=source_mix, summary_len=summary_len,
                       eval_source=eval_source, summary_full_mask=summary_full_mask, identity_loss=identity_loss,
-                      mix=mix, init_from=str(init_from) if init_from else None,
+                      summary_block=summary_block, mix=mix, init_from=str(init_from) if init_from else None,
                       grow_layers=grow_layers, freeze_old=freeze_old, rope_theta=rope_theta,
                       stop_after=stop_after)
 
@@ -139,5 +147,6 @@ def train_tiny(
     note(f"final model saved to {final}", False, as_json)
     if install:
         target = install_model(final, window=window,
-                               summary_length=summary_len if "lead_summary" in mix else None)
+                               summary_length=summary_len if "lead_summary" in mix else None,
+                               summary_block=summary_block if "lead_summary" in mix else None)
         note(f"installed as the embedded default: {target}", False, as_json)
