@@ -124,6 +124,25 @@ def test_train_resumes_from_checkpoint(tmp_path):
     assert info["seed"] == 0 and info["recipe"]["steps"] == 4
 
 
+def test_block_trained_summaries_are_recorded_for_summarize(tmp_path):
+    """A run with lead summaries in blocks (``summary_block``) evaluates them decoded in those blocks, and a model
+    laid out as embedded records the summary length and block that summarize then reads."""
+    from dataclasses import replace
+
+    from maskkv_cli.session import read_generation_defaults, read_summary_block, read_summary_length
+    from maskkv_cli.training.train import install_model
+
+    cfg = replace(small(tmp_path, 2), mix={"niah_single": 1.0, "lead_summary": 1.0}, summary_len=8, summary_block=4)
+    final = train(cfg)
+    state = torch.load(tmp_path / "run" / "trainer_state.pt", weights_only=False)
+    assert "lead_summary" in state["history"][-1]["eval"]
+    target = install_model(final, summary_length=8, summary_block=4, target=tmp_path / "embedded")
+    assert target == tmp_path / "embedded"
+    assert (read_summary_length(target), read_summary_block(target)) == (8, 4)
+    assert read_generation_defaults(target) == {"gen_length": 8, "steps": 8, "block_length": 8}
+    assert load_model(target).config.max_sequence_length == 2 * cfg.max_len
+
+
 def test_stop_after_ends_early_with_the_full_schedule(tmp_path):
     from dataclasses import replace
 

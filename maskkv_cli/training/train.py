@@ -253,13 +253,15 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
 
 
 def install_model(folder: Path, gen_length: int | None = None, window: int | None = None,
-                  summary_length: int | None = None, summary_block: int | None = None) -> Path:
+                  summary_length: int | None = None, summary_block: int | None = None,
+                  target: Path | None = None) -> Path:
     """Copy a trained model into the package as the embedded default, with its generation defaults
     (``gen_length`` defaults to the answer region the model was trained with) and its window
     (``max_sequence_length``; default twice the longest training context). ``summary_length``: the answer region
     of its lead summaries, which ``summarize`` then generates (recorded as ``summary_length``), decoded in blocks
-    of ``summary_block`` tokens when it was trained so (``summary_block_length``)."""
-    target = Path(__file__).parent.parent / "assets" / "tiny-llada"
+    of ``summary_block`` tokens when it was trained so (``summary_block_length``). ``target``: another folder
+    to lay the model out in, exactly as it would be embedded (to evaluate a candidate before installing it)."""
+    target = target or Path(__file__).parent.parent / "assets" / "tiny-llada"
     model = load_model(folder)
     if window:
         model.config = model.config.with_(max_sequence_length=window)
