@@ -111,6 +111,21 @@ def test_block_loss_masks_one_block_and_hides_the_rest(tiny_model, monkeypatch):
         diffusion_loss(tiny_model, ids, keep, rows, torch.Generator().manual_seed(3), block=5)
 
 
+def test_summary_batches_draw_their_own_context_lengths(tiny_tokenizer, tiny_config):
+    """``summary_lengths``: lead_summary batches take their context length from that range, the others keep
+    min_len..max_len."""
+    cfg = TrainConfig(batch_size=1, min_len=300, max_len=400, curriculum_steps=1, summary_len=16,
+                      mix={"niah_single": 1.0, "lead_summary": 1.0}, summary_lengths=(24, 40))
+    batcher = Batcher(cfg, tiny_tokenizer, tiny_config)
+    rng = random.Random(0)
+    seen = {True: [], False: []}
+    for step in range(24):
+        b = batcher.batch(step, rng)
+        seen[b.summary].append(b.length)
+    assert seen[True] and seen[False]
+    assert all(24 <= n <= 40 for n in seen[True]) and all(300 <= n <= 400 for n in seen[False])
+
+
 def test_train_resumes_from_checkpoint(tmp_path):
     final = train(small(tmp_path, 2))
     state = torch.load(tmp_path / "run" / "trainer_state.pt", weights_only=False)
@@ -277,13 +292,16 @@ def test_cli_passes_training_options_and_refuses_bad_ones(tmp_path, monkeypatch)
     monkeypatch.setattr(training, "train", fake_train)
     base = ["train-tiny", "--out", str(tmp_path / "run")]
     result = CliRunner().invoke(app, [*base, "--distractors", "3-7", "--eval-n", "80", "--eval-every", "100",
-                                      "--full-mask", "0.5", "--summary-full-mask", "0", "--summary-block", "4"])
+                                      "--full-mask", "0.5", "--summary-full-mask", "0", "--summary-block", "4",
+                                      "--summary-lengths", "24-128"])
     assert result.exit_code == 0, result.output
     assert (seen[0].distractors, seen[0].eval_n, seen[0].eval_every) == ((3, 7), 80, 100)
     assert (seen[0].full_mask, seen[0].summary_full_mask, seen[0].summary_block) == (0.5, 0.0, 4)
+    assert seen[0].summary_lengths == (24, 128)
     for bad, message in ((["--eval-n", "0"], "--eval-n"), (["--distractors", "2-200"], "at most"),
                          (["--summary-full-mask", "2"], "--summary-full-mask"),
                          (["--summary-block", "5"], "divisor of --summary-len"),
+                         (["--summary-lengths", "0-9"], "--summary-lengths"),
                          (["--distractors", "x"], "--distractors")):
         result = CliRunner().invoke(app, [*base, *bad])
         assert result.exit_code != 0 and message in result.output and "Traceback" not in result.output

@@ -44,6 +44,9 @@ class TrainConfig:
     # source at all, so earlier recipes replay the same random stream
     sources: dict[str, float] = field(default_factory=lambda: {"corpus": 1.0})
     summary_len: int = 64  # answer region of lead_summary examples (a lead summary is longer than a number)
+    # context tokens of lead_summary batches (None: min_len..max_len, as the others); copying is learnt where the
+    # text to copy is near (short contexts), while needle batches keep their long ones
+    summary_lengths: tuple[int, int] | None = None
     # full_mask for lead_summary batches (None: the same as full_mask). A summary is copied token by token from
     # the text, which the model learns from the tokens around a masked one, not from a fully masked region.
     summary_full_mask: float | None = None

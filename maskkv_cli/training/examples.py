@@ -106,6 +106,8 @@ class Batcher:
         """One batch of examples of one context length (and one answer region: needles or lead summaries)."""
         length = rng.randint(self.cfg.min_len, _max_len_at(self.cfg, step))
         summary = self.summary_share > 0 and (not self.kinds or rng.random() < self.summary_share)
+        if summary and self.cfg.summary_lengths:
+            length = rng.randint(*self.cfg.summary_lengths)
         exs = self.examples(step, self.cfg.batch_size, length, rng, summary)
         r = self.cfg.summary_len if summary else self.cfg.answer_len
         t = max(len(p) for p, _ in exs) + r

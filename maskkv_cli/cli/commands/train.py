@@ -44,6 +44,10 @@ def train_tiny(
     summary_full_mask: Annotated[float | None, typer.Option(
         "--summary-full-mask", help="--full-mask for lead_summary batches [default: --full-mask].",
         show_default=False)] = None,
+    summary_lengths: Annotated[str | None, typer.Option(
+        "--summary-lengths", help="Context tokens of lead_summary batches, LOW-HIGH (e.g. 24-128: the model learns "
+        "to copy where the text is near) [default: --min-len to --max-len, as the other batches].",
+        show_default=False)] = None,
     summary_block: Annotated[int | None, typer.Option(
         "--summary-block", help="Train lead summaries for decoding in blocks of this many tokens (block diffusion: "
         "earlier blocks visible, later ones masked), which lets the model copy the text token after token; "
@@ -102,6 +106,9 @@ def train_tiny(
     if summary_len < 2:
         raise UsageError(f"--summary-len must be at least 2 tokens, got {summary_len}")
     distractor_range = parse_range(distractors, "--distractors")
+    summary_range = parse_range(summary_lengths, "--summary-lengths") if summary_lengths else None
+    if summary_range is not None and summary_range[0] < 1:
+        raise UsageError(f"--summary-lengths: contexts must be at least 1 token, got {summary_lengths!r}")
     if distractor_range[1] > max_distractors():  # checked here, before any training starts
         raise UsageError(f"--distractors: at most {max_distractors()} (one key word each), got {distractors!r}")
     if rope_theta is not None and rope_theta <= 1:
@@ -129,7 +136,8 @@ def train_tiny(
                       full_mask=full_mask, position_window=position_window, distractors=distractor_range,
                       eval_n=eval_n, eval_every=eval_every, sources=source_mix, summary_len=summary_len,
                       eval_source=eval_source, summary_full_mask=summary_full_mask, identity_loss=identity_loss,
-                      summary_block=summary_block, mix=mix, init_from=str(init_from) if init_from else None,
+                      summary_block=summary_block, summary_lengths=summary_range, mix=mix,
+                      init_from=str(init_from) if init_from else None,
                       grow_layers=grow_layers, freeze_old=freeze_old, rope_theta=rope_theta,
                       stop_after=stop_after)
 
