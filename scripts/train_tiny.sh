@@ -181,3 +181,40 @@ $M train-tiny --out $R/s20i --init-from $R/copy18n --steps 300 --batch-size 16 \
   --min-len 128 --max-len 768 --curriculum-steps 1 --lr 5e-4 --full-mask 0.5 --summary-full-mask 0.1 \
   --position-window 2048 --distractors 3-7 --summary-len 64 --identity-loss 1.0 --eval-n 8 --eval-every 100 \
   --eval-source stdlib-train --seed 25 --threads 2 --json
+# 21. (issue #25; docs/tiny-model.md "Stage 21") copying text for lead summaries, then the needles back.
+#  21p, 21q, 21m (block-diffusion masking, --summary-block 4): no copying in 200-400 steps; stopped (not replayed)
+#  21r. from 20i (which had lost 20h's random-token copy): lead summaries only on short texts, random masking:
+#       copies from step ~400 (in-run ROUGE-L 0.15 at 400, 0.28 at 500); stopped at ~650 (checkpoint 600)
+$M train-tiny --out $R/s21r --init-from $R/s20i/final --steps 1500 --stop-after 600 --batch-size 32 \
+  --kinds lead_summary --sources corpus:1,pydoc-topics:1,stdlib-train:2,pdf-train:2,docs:0.5,license:0.5 \
+  --min-len 24 --max-len 96 --curriculum-steps 1 --lr 1e-3 --summary-full-mask 0.1 --summary-len 64 \
+  --identity-loss 1.0 --eval-n 8 --eval-every 100 --eval-source stdlib-train --seed 28 --threads 1 --json
+#  21w. longer texts (24 -> 384 over 400 steps) with PoSE skips to 2048: the copy reaches 256 tokens; 400 steps used
+$M train-tiny --out $R/s21w --init-from $R/s21r/checkpoint --steps 1000 --stop-after 400 --batch-size 32 \
+  --kinds lead_summary --sources corpus:1,pydoc-topics:1,stdlib-train:2,pdf-train:2,docs:0.5,license:0.5 \
+  --min-len 24 --max-len 384 --curriculum-steps 400 --position-window 2048 --lr 5e-4 --summary-full-mask 0.1 \
+  --summary-len 64 --identity-loss 1.0 --eval-n 8 --eval-every 200 --eval-source stdlib-train --seed 30 --threads 1 \
+  --json
+#  21x. the needle mix back (128-1024 tokens) with lead summaries as half of the batches (24-512 tokens), two threads
+#       (one from step 300): the needles did not come back in 450 steps; stopped
+$M train-tiny --out $R/s21x --init-from $R/s21w/checkpoint --steps 800 --stop-after 400 --batch-size 16 \
+  --kinds niah_multikey:4,niah_single:1,open_question:1,lead_summary:6 \
+  --sources corpus:2,pydoc-topics:1,stdlib-train:2,pdf-train:2,docs:0.5,license:0.5 \
+  --min-len 128 --max-len 1024 --curriculum-steps 1 --summary-lengths 24-512 --lr 5e-4 --full-mask 0.5 \
+  --summary-full-mask 0.1 --position-window 2048 --distractors 3-7 --summary-len 64 --identity-loss 1.0 --eval-n 8 \
+  --eval-every 100 --eval-source stdlib-train --seed 31 --threads 2 --json
+#  21z. the text-copy warm-up with needles interleaved: summaries as 80% of the batches (24-96 tokens), the needle mix
+#       as 20% (128-1024), lr 1e-3, no PoSE: needles held, copying formed from step ~600
+$M train-tiny --out $R/s21z --init-from $R/s20i/final --steps 1000 --batch-size 16 \
+  --kinds niah_multikey:4,niah_single:1,open_question:1,lead_summary:24 \
+  --sources corpus:2,pydoc-topics:1,stdlib-train:2,pdf-train:2,docs:0.5,license:0.5 \
+  --min-len 128 --max-len 1024 --curriculum-steps 1 --summary-lengths 24-96 --lr 1e-3 --full-mask 0.5 \
+  --summary-full-mask 0.1 --distractors 3-7 --summary-len 64 --identity-loss 1.0 --eval-n 8 --eval-every 200 \
+  --eval-source stdlib-train --seed 33 --threads 2 --json
+#  21z2. then summaries to 512 tokens with PoSE, two thirds of the batches, lr 7e-4 (the stage-21 candidate)
+$M train-tiny --out $R/s21z2 --init-from $R/s21z/final --steps 500 --batch-size 16 \
+  --kinds niah_multikey:4,niah_single:1,open_question:1,lead_summary:12 \
+  --sources corpus:2,pydoc-topics:1,stdlib-train:2,pdf-train:2,docs:0.5,license:0.5 \
+  --min-len 128 --max-len 1024 --curriculum-steps 1 --summary-lengths 24-512 --lr 7e-4 --full-mask 0.5 \
+  --summary-full-mask 0.1 --position-window 2048 --distractors 3-7 --summary-len 64 --identity-loss 1.0 --eval-n 8 \
+  --eval-every 100 --eval-source stdlib-train --seed 34 --threads 2 --json

@@ -50,8 +50,9 @@ def train_tiny(
         show_default=False)] = None,
     summary_block: Annotated[int | None, typer.Option(
         "--summary-block", help="Train lead summaries for decoding in blocks of this many tokens (block diffusion: "
-        "earlier blocks visible, later ones masked), which lets the model copy the text token after token; "
-        "summarize then decodes in such blocks [default: the whole summary is one block].",
+        "earlier blocks visible, later ones masked; one block's tokens in the loss per example, so less signal per "
+        "step: on the tiny model it did not copy sooner, docs/tiny-model.md stage 21); summarize then decodes in "
+        "such blocks [default: the whole summary is one block].",
         show_default=False)] = None,
     identity_loss: Annotated[float, typer.Option(
         "--identity-loss", help="Weight of an auxiliary loss that predicts every visible token as itself, which "
