@@ -29,15 +29,22 @@ def test_batches_keep_prompt_and_pad_left(tiny_tokenizer, tiny_config):
         assert bool(keep[i, first:].all()) and not bool(keep[i, :first].any())
 
 
-def test_loss_masks_only_answer_tokens(tiny_model, monkeypatch):
+def _spy_inputs(model, monkeypatch):
+    """Record the ids of every forward call of ``model``'s class in ``seen["ids"]``; returns (seen, the real
+    forward)."""
     seen = {}
-    real = type(tiny_model).forward
+    real = type(model).forward
 
     def spy(self, ids, key_mask=None, rows=None, positions=None):
         seen["ids"] = ids.clone()
         return real(self, ids, key_mask, rows, positions)
 
-    monkeypatch.setattr(type(tiny_model), "forward", spy)
+    monkeypatch.setattr(type(model), "forward", spy)
+    return seen, real
+
+
+def test_loss_masks_only_answer_tokens(tiny_model, monkeypatch):
+    seen, _ = _spy_inputs(tiny_model, monkeypatch)
     ids = torch.randint(6, 100, (4, 20))
     rows = torch.arange(12, 20).expand(4, 8)
     loss = diffusion_loss(tiny_model, ids, torch.ones(4, 20, dtype=torch.bool), rows, torch.Generator().manual_seed(0))
@@ -75,14 +82,7 @@ def test_block_loss_masks_one_block_and_hides_the_rest(tiny_model, monkeypatch):
     """``block``: per example one block of the answer region holds every masked token of the loss (1..block of
     them), the blocks before it are visible and every token after it is masked in the input; the loss is the
     cross-entropy of the block's masked tokens alone."""
-    seen = {}
-    real = type(tiny_model).forward
-
-    def spy(self, ids, key_mask=None, rows=None, positions=None):
-        seen["ids"] = ids.clone()
-        return real(self, ids, key_mask, rows, positions)
-
-    monkeypatch.setattr(type(tiny_model), "forward", spy)
+    seen, real = _spy_inputs(tiny_model, monkeypatch)
     torch.manual_seed(0)
     ids = torch.randint(6, 100, (64, 30))
     keep = torch.ones(64, 30, dtype=torch.bool)
