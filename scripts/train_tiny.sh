@@ -211,18 +211,15 @@ $M train-tiny --out $R/s21z --init-from $R/s20i/final --steps 1000 --batch-size 
   --min-len 128 --max-len 1024 --curriculum-steps 1 --summary-lengths 24-96 --lr 1e-3 --full-mask 0.5 \
   --summary-full-mask 0.1 --distractors 3-7 --summary-len 64 --identity-loss 1.0 --eval-n 8 --eval-every 200 \
   --eval-source stdlib-train --seed 33 --threads 2 --json
-#  21z2. then summaries to 512 tokens with PoSE, two thirds of the batches, lr 7e-4 (the stage-21 candidate)
-$M train-tiny --out $R/s21z2 --init-from $R/s21z/final --steps 500 --batch-size 16 \
-  --kinds niah_multikey:4,niah_single:1,open_question:1,lead_summary:12 \
-  --sources corpus:2,pydoc-topics:1,stdlib-train:2,pdf-train:2,docs:0.5,license:0.5 \
-  --min-len 128 --max-len 1024 --curriculum-steps 1 --summary-lengths 24-512 --lr 7e-4 --full-mask 0.5 \
-  --summary-full-mask 0.1 --position-window 2048 --distractors 3-7 --summary-len 64 --identity-loss 1.0 --eval-n 8 \
-  --eval-every 100 --eval-source stdlib-train --seed 34 --threads 2 --json
+#  21z2. then summaries to 512 tokens with PoSE, two thirds of the batches, lr 7e-4 (the stage-21 candidate);
 #  21z3. (diagnostic, not shipped) then summaries at 128-1024 tokens, lr 3e-4, 300 steps: passes the selection
 #        sample's conditions (docs/tiny-model.md, stage 21); its held-out report is still to be made
-$M train-tiny --out $R/s21z3 --init-from $R/s21z2/final --steps 300 --batch-size 16 \
-  --kinds niah_multikey:4,niah_single:1,open_question:1,lead_summary:12 \
-  --sources corpus:2,pydoc-topics:1,stdlib-train:2,pdf-train:2,docs:0.5,license:0.5 \
-  --min-len 128 --max-len 1024 --curriculum-steps 1 --summary-lengths 128-1024 --lr 3e-4 --full-mask 0.5 \
-  --summary-full-mask 0.1 --position-window 2048 --distractors 3-7 --summary-len 64 --identity-loss 1.0 --eval-n 8 \
-  --eval-every 100 --eval-source stdlib-train --seed 35 --threads 2 --json
+for run in "s21z2 s21z 500 24-512 7e-4 34" "s21z3 s21z2 300 128-1024 3e-4 35"; do
+  set -- $run
+  $M train-tiny --out $R/$1 --init-from $R/$2/final --steps $3 --batch-size 16 \
+    --kinds niah_multikey:4,niah_single:1,open_question:1,lead_summary:12 \
+    --sources corpus:2,pydoc-topics:1,stdlib-train:2,pdf-train:2,docs:0.5,license:0.5 \
+    --min-len 128 --max-len 1024 --curriculum-steps 1 --summary-lengths $4 --lr $5 --full-mask 0.5 \
+    --summary-full-mask 0.1 --position-window 2048 --distractors 3-7 --summary-len 64 --identity-loss 1.0 --eval-n 8 \
+    --eval-every 100 --eval-source stdlib-train --seed $6 --threads 2 --json
+done
