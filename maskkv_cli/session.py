@@ -39,15 +39,19 @@ class CacheConfig:
 GENERATION_KEYS = ("gen_length", "steps", "block_length")
 
 
-def read_generation_defaults(folder: Path) -> dict[str, int]:
-    """``maskkv`` defaults stored in a model's ``generation_config.json`` (e.g. the tiny model's short answers)."""
+def _maskkv_section(folder: Path) -> dict[str, Any]:
+    """The ``maskkv`` section of a model's ``generation_config.json``; empty when there is none or it is unreadable."""
     try:
         data = json.loads((folder / "generation_config.json").read_text())
     except (OSError, json.JSONDecodeError):
         return {}
     section = data.get("maskkv") if isinstance(data, dict) else None
-    if not isinstance(section, dict):
-        return {}
+    return section if isinstance(section, dict) else {}
+
+
+def read_generation_defaults(folder: Path) -> dict[str, int]:
+    """``maskkv`` defaults stored in a model's ``generation_config.json`` (e.g. the tiny model's short answers)."""
+    section = _maskkv_section(folder)
     return {k: int(v) for k, v in section.items() if k in GENERATION_KEYS and isinstance(v, int) and v > 0}
 
 
@@ -65,12 +69,7 @@ def resolve_generation(defaults: dict[str, int], gen_length: int | None, steps: 
 
 def _maskkv_count(folder: Path, key: str) -> int | None:
     """A positive integer ``key`` of the ``maskkv`` section of a model's ``generation_config.json``, else None."""
-    try:
-        data = json.loads((folder / "generation_config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    section = data.get("maskkv") if isinstance(data, dict) else None
-    value = section.get(key) if isinstance(section, dict) else None
+    value = _maskkv_section(folder).get(key)
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
@@ -106,7 +105,8 @@ class Session:
         from maskkv_cli.models.placement import parse_device_map, place_model
 
         self.model_path = model_path
-        layer_devices = parse_device_map(device_map, read_config(resolve_model_path(model_path)).n_layers)
+        folder = resolve_model_path(model_path)
+        layer_devices = parse_device_map(device_map, read_config(folder).n_layers)
         self.device = layer_devices[0] if layer_devices else torch.device(device)
         load_on = "cpu" if layer_devices else self.device
         self.model: DiffusionLM = load_model(model_path, device=load_on, dtype=dtype or
@@ -116,9 +116,9 @@ class Session:
         self.tokenizer: Any = load_tokenizer(model_path)
         self.base_theta = self.model.config.rope_theta
         self.dream = dream or DreamOptions()  # Dream's own sampler settings; LLaDA's loop has none
-        self.generation_defaults = read_generation_defaults(resolve_model_path(model_path))
-        self.summary_length = read_summary_length(resolve_model_path(model_path))
-        self.summary_block = read_summary_block(resolve_model_path(model_path))
+        self.generation_defaults = read_generation_defaults(folder)
+        self.summary_length = read_summary_length(folder)
+        self.summary_block = read_summary_block(folder)
 
     @property
     def window(self) -> int:

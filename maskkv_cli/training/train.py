@@ -51,9 +51,9 @@ def diffusion_loss(model: LLaDA, ids: torch.Tensor, keep: torch.Tensor, rows: to
     the tokens answers are made of (digits). Copying text, as a lead summary does, needs that map for every
     token; without it the model settles on frequent words ("the the the"). See docs/tiny-model.md, stage 20.
     """
-    b, r = rows.shape
     if block:
         return _block_loss(model, ids, keep, rows, gen, full_mask, positions, identity, block)
+    b, r = rows.shape
     k = torch.randint(1, r + 1, (b, 1), generator=gen)
     if full_mask > 0:
         k = torch.where(torch.rand((b, 1), generator=gen) < full_mask, r, k)
