@@ -35,6 +35,7 @@ from maskkv_cli.models.loading import load_model, save_model  # noqa: E402
 from maskkv_cli.prompting import load_tokenizer  # noqa: E402
 from maskkv_cli.training.config import TrainConfig  # noqa: E402
 from maskkv_cli.training.examples import Batcher  # noqa: E402
+from maskkv_cli.training.heap import keep_freed_memory  # noqa: E402
 from maskkv_cli.training.train import diffusion_loss  # noqa: E402
 
 FIRST_CONTENT = 100  # ids below are special tokens, bytes and the first merges
@@ -70,6 +71,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    keep_freed_memory()
     model = load_model(args.model).train()
     for p in model.parameters():
         p.requires_grad_(True)

@@ -35,6 +35,7 @@ from maskkv_cli.prompting import chat_prompt_ids, document_question, load_tokeni
 from maskkv_cli.training.config import TrainConfig, TrainEvent, _lr  # noqa: E402
 from maskkv_cli.training.examples import Batcher, skipped_positions, tokenizer_texts  # noqa: E402
 from maskkv_cli.training.growth import freeze_all_but_new, grow_depth
+from maskkv_cli.training.heap import keep_freed_memory
 
 
 def diffusion_loss(model: LLaDA, ids: torch.Tensor, keep: torch.Tensor, rows: torch.Tensor,
@@ -147,6 +148,7 @@ def _atomic_torch_save(obj: Any, path: Path) -> None:
 def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None) -> Path:
     """Run (or resume) training; returns the folder of the final model."""
     torch.set_num_threads(cfg.threads)
+    keep_freed_memory()
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     ckpt, state_file = out / "checkpoint", out / "trainer_state.pt"
