@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from maskkv_cli.bench.quality_plan import plan_cases
-from maskkv_cli.bench.quality_report import add_retention, display_order, summary_markdown
+from maskkv_cli.bench.quality_report import add_retention, display_order, no_answer_markdown, summary_markdown
 from maskkv_cli.cli import app
 from maskkv_cli.session import Session
 
@@ -137,6 +137,24 @@ def test_retention_from_rows() -> None:
                                                                             ("niah_single", 256, "maskkv")]
     text = summary_markdown(out, {"model": "m", "generation": {}})
     assert "| niah_single | 256 | maskkv | 8 | 10 | 40.0 | - | 0.50 |" in text  # no scores, no interval
+
+
+def test_summary_counts_false_no_answers_per_cell_and_in_all() -> None:
+    def row(task: str, policy: str, budget: int | None, said: int | None) -> dict[str, Any]:
+        return {"task": task, "length": 512, "policy": policy, "budget": budget, "n": 20, "accuracy": 50.0,
+                "no_answers": said}
+
+    rows = [row("niah_single", "full", None, 1), row("niah_multikey", "full", None, 2),
+            row("niah_multikey", "maskkv", 16, 0), row("niah_none", "full", None, 15)]
+    text = summary_markdown(rows, {"model": "m", "generation": {}})
+    assert "| niah_multikey | 512 | full | - | 20 | 2 |" in text
+    assert "| niah_multikey | 512 | maskkv | 16 | 20 | 0 |" in text
+    assert "niah_none | 512 | full | - | 20 | 15 |" not in text  # there "not in the document" is right
+    assert "In all: full 3 of 40; maskkv@16 0 of 20." in text
+    # without unanswerable tasks the section appears only when an answerable question got that answer
+    assert no_answer_markdown([row("niah_single", "full", None, 0)]) == ""
+    assert "| niah_single | 512 | full | - | 20 | 1 |" in no_answer_markdown([row("niah_single", "full", None, 1)])
+    assert no_answer_markdown([row("hotpotqa", "full", None, None), row("niah_none", "full", None, 3)]) == ""
 
 
 def test_plan_cases_budgets_only_for_evicting_policies() -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 from maskkv_cli.bench.paired import paired_markdown
 from maskkv_cli.bench.results import atomic_write_bytes
+from maskkv_cli.bench.tasks import UNANSWERABLE_KINDS
 
 TABLE_HEADERS: tuple[str, ...] = ("task", "length", "policy", "budget", "n", "accuracy", "95% interval",
                                   "retention", "share", "prompt", "s/sample")
@@ -98,7 +99,8 @@ def summary_markdown(rows: Sequence[dict[str, Any]], settings: dict[str, Any],
     ]
     for row in display_order(rows):
         lines.append("| " + " | ".join(table_cells(row)) + " |")
-    sections = [text for text in (paired_markdown(paired), distractor_markdown(rows)) if text]
+    sections = [text for text in (paired_markdown(paired), distractor_markdown(rows), no_answer_markdown(rows))
+                if text]
     return "\n".join(lines) + "\n" + "".join("\n" + text for text in sections)
 
 
@@ -122,6 +124,32 @@ def distractor_markdown(rows: Sequence[dict[str, Any]]) -> str:
         digits = [row.get("wrong_digits"), row.get("distractor_digits")]
         lines.append(f"| {row['task']} | {row['length']} | {row['policy']} | {budget} | {wrong} | {other} | "
                      f"{wrong - other} | " + " | ".join("-" if d is None else str(d) for d in digits) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def no_answer_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    """How often each cell answered "not in the document" to a question whose answer is in the context (a false
+    no-answer), with the total per policy and budget. Shown when the run asked unanswerable questions too, or when
+    some answerable question got that answer; empty otherwise."""
+    counted = [row for row in display_order(rows)
+               if row.get("no_answers") is not None and row["task"] not in UNANSWERABLE_KINDS]
+    asked_none = any(row["task"] in UNANSWERABLE_KINDS for row in rows)
+    if not counted or not (asked_none or any(row["no_answers"] for row in counted)):
+        return ""
+    lines = ['## "Not in the document" on answerable questions', "",
+             "Answers that said the fact is not in the document although it is (the false no-answers of SQuAD 2.0).",
+             "", "| task | length | policy | budget | n | not in the document |", "|---|---:|---|---:|---:|---:|"]
+    totals: dict[tuple[str, str], list[int]] = {}
+    for row in counted:
+        budget = "-" if row.get("budget") is None else str(row["budget"])
+        lines.append(f"| {row['task']} | {row['length']} | {row['policy']} | {budget} | {row['n']} | "
+                     f"{row['no_answers']} |")
+        total = totals.setdefault((row["policy"], budget), [0, 0])
+        total[0] += int(row["no_answers"])
+        total[1] += int(row["n"])
+    lines.append("")
+    lines.append("In all: " + "; ".join(f"{policy}{'' if budget == '-' else '@' + budget} {said} of {n}"
+                                        for (policy, budget), (said, n) in totals.items()) + ".")
     return "\n".join(lines) + "\n"
 
 
