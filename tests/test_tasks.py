@@ -364,3 +364,18 @@ def test_bad_line_names_its_number(tmp_path: Path, bad_line: str, message: str) 
     path.write_text(f"{good}\n\n{bad_line}\n{good}\n", encoding="utf-8")
     with pytest.raises(ValueError, match=rf"line 3\b.*{message}"):
         load_jsonl(path)
+
+
+def test_absent_key_twin_asks_the_same_text_about_a_key_with_no_needle():
+    import random
+
+    from maskkv_cli.bench.tasks import absent_key_twin
+    from maskkv_cli.prompting import NO_ANSWER
+
+    for task in generate_tasks("niah_multikey", 10, 200, seed=4) + generate_tasks("niah_single", 5, 200, seed=4):
+        twin = absent_key_twin(task, random.Random(task.meta["index"]))
+        assert twin.context == task.context and twin.answers == (NO_ANSWER,) and twin.dataset == "niah_none"
+        assert twin.meta["key"] not in {n["text"].split(" for ")[1].split(" is ")[0] for n in task.meta["needles"]}
+        assert twin.input == task.input.replace(task.meta["key"], twin.meta["key"])
+        assert {n["role"] for n in twin.meta["needles"]} == {"distractor"}
+        assert task.meta["key"] in twin.meta["distractor_keys"]

@@ -306,3 +306,38 @@ def test_cli_passes_training_options_and_refuses_bad_ones(tmp_path, monkeypatch)
         result = CliRunner().invoke(app, [*base, *bad])
         assert result.exit_code != 0 and message in result.output and "Traceback" not in result.output
     assert len(seen) == 1
+
+
+def test_absent_pairs_put_a_multikey_example_beside_its_unanswerable_twin(tiny_tokenizer, tiny_config):
+    from maskkv_cli.prompting import NO_ANSWER
+
+    cfg = TrainConfig(batch_size=5, min_len=60, max_len=60, mix=parse_mix("absent_pair"), answer_len=32,
+                      distractors=(0, 3))
+    ids, keep, _, _, _ = Batcher(cfg, tiny_tokenizer, tiny_config).batch(0, random.Random(0))
+    texts = [tiny_tokenizer.decode(row[k].tolist()) for row, k in zip(ids, keep, strict=True)]
+    no_answer = tiny_tokenizer.decode(tiny_tokenizer.encode(NO_ANSWER, add_special_tokens=False))
+    for first, second in zip(texts[0:4:2], texts[1:4:2], strict=True):
+        head, _, asked = first.rpartition("special magic number for ")
+        twin_head, _, twin_asked = second.rpartition("special magic number for ")
+        assert head == twin_head  # the same document and template up to the question's key
+        key, twin_key = asked.split("?")[0], twin_asked.split("?")[0]
+        assert f"number for {key} is" in head and f"number for {twin_key} is" not in head
+        assert no_answer not in asked and no_answer in twin_asked
+    assert no_answer not in texts[4].rpartition("?")[2]  # an odd batch ends with the first of a pair
+
+
+def test_absent_pairs_are_evaluated_as_absent_keys(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    import maskkv_cli.training.train as training
+
+    kinds: list[str] = []
+    real = training.generate_tasks
+
+    def spy(kind, *args, **kwargs):
+        kinds.append(kind)
+        return real(kind, *args, **kwargs)
+
+    monkeypatch.setattr(training, "generate_tasks", spy)
+    train(replace(small(tmp_path, 1), mix=parse_mix("niah_single,absent_pair")))
+    assert kinds == ["niah_single", "niah_multikey", "niah_none"]

@@ -375,6 +375,21 @@ def _generate_one(
     )
 
 
+def absent_key_twin(task: Task, rng: random.Random) -> Task:
+    """The same context asked about a key that has no needle in it: the unanswerable twin of a ``niah_single`` or
+    ``niah_multikey`` task (answer ``NO_ANSWER``; the asked key's needle becomes one more distractor). Trained
+    side by side, the two differ only in the question's key, so the one thing that tells them apart is whether
+    that key's needle is in the text."""
+    asked = task.meta["key"]
+    present = [asked, *task.meta.get("distractor_keys", [])]
+    key = rng.choice([word for word in KEY_WORDS if word not in present])
+    question = QUESTION_SINGLE.format(key=key)
+    meta = {**task.meta, "_id": _task_id("niah_none", question, task.context), "kind": "niah_none", "key": key,
+            "distractor_keys": present, "needles": [{**n, "role": "distractor"} for n in task.meta["needles"]]}
+    return Task(context=task.context, input=question, answers=(NO_ANSWER,), dataset="niah_none", length=task.length,
+                meta=meta)
+
+
 @lru_cache(maxsize=16)
 def _prepared(haystack: tuple[str, ...]) -> tuple[list[str], set[str]]:
     """Cleaned paragraphs and the words that a generated number or name must not collide with (cached: training

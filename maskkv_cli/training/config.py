@@ -98,9 +98,14 @@ def parse_weights(spec: str, option: str, known: Sequence[str], what: str) -> di
     return out
 
 
+# A training-only kind: a niah_multikey example and its absent-key twin (the same text asked about a key with no
+# needle, answered NO_ANSWER) side by side in one batch (``bench.tasks.absent_key_twin``).
+ABSENT_PAIR = "absent_pair"
+
+
 def parse_mix(spec: str) -> dict[str, float]:
     """``"niah_multikey:3,niah_single"`` -> ``{"niah_multikey": 3.0, "niah_single": 1.0}``."""
-    return parse_weights(spec, "--kinds", KINDS, "task kind")
+    return parse_weights(spec, "--kinds", (*KINDS, ABSENT_PAIR), "task kind")
 
 
 def parse_sources(spec: str) -> dict[str, float]:

@@ -9,12 +9,12 @@ from typing import Any, NamedTuple
 import torch
 
 from maskkv_cli.bench.sources import load_source
-from maskkv_cli.bench.tasks import Task, generate_tasks
+from maskkv_cli.bench.tasks import Task, absent_key_twin, generate_tasks
 from maskkv_cli.documents.corpus import load_corpus
 from maskkv_cli.models.config import ModelConfig
 from maskkv_cli.prompting import chat_prompt_ids, document_question
 from maskkv_cli.prompting.parts import LEAD_SENTENCES, lead_sentences
-from maskkv_cli.training.config import TrainConfig, _max_len_at
+from maskkv_cli.training.config import ABSENT_PAIR, TrainConfig, _max_len_at
 
 # The task kinds whose texts the tokenizer was trained on (stage 1 of the shipped model); kinds added later are
 # left out so that replaying the recipe builds the same tokenizer.
@@ -94,12 +94,15 @@ class Batcher:
             # A fixed count draws nothing, so runs from before the option see the same random stream.
             distractors = low if low == high else rng.randint(low, high)
             haystack = self._haystack(rng)
-            task = generate_tasks(kind, 1, length, seed=rng.randrange(1 << 31), count_tokens=self.count,
-                                  distractors=distractors, haystack=haystack)[0]
+            task = generate_tasks("niah_multikey" if kind == ABSENT_PAIR else kind, 1, length,
+                                  seed=rng.randrange(1 << 31), count_tokens=self.count, distractors=distractors,
+                                  haystack=haystack)[0]
+            tasks = [task, absent_key_twin(task, rng)] if kind == ABSENT_PAIR else [task]
             region = self.cfg.summary_len if summary else self.cfg.answer_len
-            ex = encode_example(self.tok, self.mcfg, task, region)
-            if ex is not None:
-                out.append(ex)
+            for task in tasks[: n - len(out)]:
+                ex = encode_example(self.tok, self.mcfg, task, region)
+                if ex is not None:
+                    out.append(ex)
         return out
 
     def batch(self, step: int, rng: random.Random) -> TrainBatch:

@@ -32,7 +32,7 @@ from maskkv_cli.models.llada import LLaDA
 from maskkv_cli.models.loading import load_model, save_model
 from maskkv_cli.models.tokenizer_build import build_bpe_tokenizer
 from maskkv_cli.prompting import chat_prompt_ids, document_question, load_tokenizer
-from maskkv_cli.training.config import TrainConfig, TrainEvent, _lr  # noqa: E402
+from maskkv_cli.training.config import ABSENT_PAIR, TrainConfig, TrainEvent, _lr  # noqa: E402
 from maskkv_cli.training.examples import Batcher, skipped_positions, tokenizer_texts  # noqa: E402
 from maskkv_cli.training.growth import freeze_all_but_new, grow_depth
 from maskkv_cli.training.heap import keep_freed_memory
@@ -206,7 +206,8 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
     batcher = Batcher(cfg, tok, mcfg)
     eval_rng = random.Random(cfg.seed + 1)
     eval_haystack = None if cfg.eval_source == "corpus" else load_source(cfg.eval_source)
-    eval_kinds = ["niah_single", "niah_multikey"] + [k for k in (*UNANSWERABLE_KINDS, "lead_summary") if k in cfg.mix]
+    asked = {*cfg.mix, *(["niah_none"] if ABSENT_PAIR in cfg.mix else [])}
+    eval_kinds = ["niah_single", "niah_multikey"] + [k for k in (*UNANSWERABLE_KINDS, "lead_summary") if k in asked]
     eval_sets = {kind: generate_tasks(kind, cfg.eval_n, cfg.max_len, seed=eval_rng.randrange(1 << 30),
                                       count_tokens=batcher.count, haystack=eval_haystack) for kind in eval_kinds}
     t0 = time.perf_counter()

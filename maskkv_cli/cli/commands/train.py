@@ -24,7 +24,9 @@ def train_tiny(
     max_len: Annotated[int, typer.Option("--max-len", help="Longest context in tokens (curriculum end).")] = 512,
     curriculum_steps: Annotated[int, typer.Option("--curriculum-steps", help="Steps to reach --max-len.")] = 1500,
     kinds: Annotated[str, typer.Option("--kinds", help="Task kinds, equally mixed; KIND:W weights one "
-                                       "(niah_multikey:3,niah_single:1).")] = "niah_single,niah_multikey",
+                                       "(niah_multikey:3,niah_single:1). absent_pair: a niah_multikey example and "
+                                       "its absent-key twin (the same text asked about a key with no needle) side "
+                                       "by side.")] = "niah_single,niah_multikey",
     distractors: Annotated[str, typer.Option("--distractors", help="Distractor needles per niah_multikey training "
                                              "example: N or LOW-HIGH, drawn per example (the in-run evaluation "
                                              "keeps the benchmark's 3).")] = "3",
