@@ -223,3 +223,12 @@ for run in "s21z2 s21z 500 24-512 7e-4 34" "s21z3 s21z2 300 128-1024 3e-4 35"; d
     --summary-full-mask 0.1 --position-window 2048 --distractors 3-7 --summary-len 64 --identity-loss 1.0 --eval-n 8 \
     --eval-every 100 --eval-source stdlib-train --seed $6 --threads 2 --json
 done
+# 22. (issue #25, not shipped; docs/tiny-model.md "Stage 22") absent-key twins: a multikey example and the same
+#     text asked about a key with no needle, side by side (--kinds absent_pair), from stage 18 as installed, one
+#     thread beside a rebuild of stage 21. Absent keys 2 / 4% and multikey 84 / 68% on the selection sample.
+#     (Replays of these recipes with two threads give other weights: 20h's copy formed at step 600, not after 800.)
+$M train-tiny --out $R/s21n --init-from maskkv_cli/assets/tiny-llada --steps 300 --batch-size 16 \
+  --kinds niah_multikey:4,niah_single:1,open_question:1,absent_pair:1 \
+  --sources corpus:2,pydoc-topics:1,stdlib-train:2,pdf-train:2,docs:0.5,license:0.5 \
+  --min-len 128 --max-len 1024 --curriculum-steps 1 --lr 3e-4 --full-mask 0.5 --position-window 2048 \
+  --distractors 3-7 --eval-n 16 --eval-every 100 --eval-source stdlib-train --seed 40 --threads 1 --json
