@@ -1,6 +1,6 @@
 """One row per policy and budget, one column per task and length: a ``bench quality`` folder as the wide tables of
-docs/tiny-model.md, with the false no-answers ("not in the document" to a single or multikey question) counted
-from predictions.jsonl.
+docs/tiny-model.md, with the false no-answers ("not in the document" to a single or multikey question) summed
+from the rows.
 
     .venv/bin/python scripts/quality_table.py runs/heldout
 """
@@ -30,10 +30,10 @@ def main(folder: Path) -> None:
     for r in rows:
         table[case(r)][(r["task"], r["length"])] = r["accuracy"]
     false_no: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for p in jsonl(folder / "predictions.jsonl"):
-        if p["task"] in ANSWERABLE:
-            false_no[case(p)][0] += bool(p.get("no_answer"))
-            false_no[case(p)][1] += 1
+    for r in rows:
+        if r["task"] in ANSWERABLE:
+            false_no[case(r)][0] += int(r.get("no_answers") or 0)
+            false_no[case(r)][1] += int(r["n"])
     order = sorted(table, key=lambda c: (c != "full", int(c.split("@")[1]) if "@" in c else 0, c))
     print("| case | " + " | ".join(f"{task} {length}" for task, length in columns) + " | false NO_ANSWER |")
     print("|---" * (len(columns) + 2) + "|")

@@ -1,10 +1,11 @@
 """Keep freed memory inside the process during CPU training.
 
-PyTorch's CPU tensors come from ``malloc``. glibc serves large requests (above 128 KiB to 32 MiB) with ``mmap``
-and unmaps them when they are freed, so every training step gets its activations as fresh pages and the kernel
-zero-fills each one again on first touch. On the 2-core machines this project trains on, that kernel work was a
-third of a step (docs/tiny-model.md, "Training speed"). Serving every request from the heap and never trimming it
-keeps those pages mapped from one step to the next; the process then holds its peak footprint until it exits.
+PyTorch's CPU tensors come from ``malloc``. glibc serves requests above its mmap threshold (128 KiB, rising to at
+most 32 MiB) with ``mmap`` and unmaps them when they are freed, so every training step gets its activations as fresh
+pages and the kernel zero-fills each one again on first touch. On the 2-core machines this project trains on, that
+kernel work was a third of a step (docs/tiny-model.md, "Training speed"). Serving every request from the heap and
+never trimming it keeps those pages mapped from one step to the next; the process then holds its peak footprint
+until it exits.
 """
 
 from __future__ import annotations
