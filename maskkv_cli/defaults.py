@@ -97,5 +97,6 @@ def resolve_default_model(model: str | None) -> tuple[str, str | None]:
     shipped = shipped_model()
     if shipped is not None:
         return str(shipped), ("no --model given: using the embedded tiny LLaDA (trained here to find needle facts "
-                              f"in text; it cannot chat). For real answers: `{PULL_HINT}`, then --model {REAL_MODEL}.")
+                              "in text and copy lead summaries; it cannot chat). For real answers: "
+                              f"`{PULL_HINT}`, then --model {REAL_MODEL}.")
     return str(tiny_random_model()), TINY_RANDOM_NOTE

@@ -212,8 +212,8 @@ $M train-tiny --out $R/s21z --init-from $R/s20i/final --steps 1000 --batch-size 
   --summary-full-mask 0.1 --distractors 3-7 --summary-len 64 --identity-loss 1.0 --eval-n 8 --eval-every 200 \
   --eval-source stdlib-train --seed 33 --threads 2 --json
 #  21z2. then summaries to 512 tokens with PoSE, two thirds of the batches, lr 7e-4 (the stage-21 candidate);
-#  21z3. (diagnostic, not shipped) then summaries at 128-1024 tokens, lr 3e-4, 300 steps: passes the selection
-#        sample's conditions (docs/tiny-model.md, stage 21); its held-out report is still to be made
+#  21z3. then summaries at 128-1024 tokens, lr 3e-4, 300 steps. Its rebuild (stage 22's 20h, 20i and 21z, then
+#        this loop with RUNS=carry-runs) passed the rule and is the shipped model, stage 23 (docs/tiny-model.md)
 for run in "s21z2 s21z 500 24-512 7e-4 34" "s21z3 s21z2 300 128-1024 3e-4 35"; do
   set -- $run
   $M train-tiny --out $R/$1 --init-from $R/$2/final --steps $3 --batch-size 16 \
