@@ -33,7 +33,7 @@ def test_ask_shows_and_returns_the_confidence(doc):
     assert "confidence: mean" in shown.stderr
     data = json.loads(run("ask", doc, "What is the special magic number for apple?", "--json").stdout)
     conf = data["answers"][0]["confidence"]
-    assert set(conf) == {"mean", "min", "tokens", "low", "threshold"}
+    assert set(conf) == {"mean", "min", "tokens", "low", "threshold", "statistic"}
     assert 0 < conf["min"] <= conf["mean"] <= 1 and conf["tokens"] >= 1 and conf["low"] is False
     assert "note" not in data["answers"][0]
 

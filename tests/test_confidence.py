@@ -13,7 +13,14 @@ from maskkv_cli.models.config import named_config
 from maskkv_cli.models.dream import Dream
 from maskkv_cli.policies import get_policy
 from maskkv_cli.sampler_dream import DreamGenerationConfig, generate_dream
-from maskkv_cli.sampling.confidence import LOW_CONFIDENCE, Confidence, answer_confidence, describe, empty_note
+from maskkv_cli.sampling.confidence import (
+    LOW_CONFIDENCE,
+    LOW_CONFIDENCE_STATISTIC,
+    Confidence,
+    answer_confidence,
+    describe,
+    empty_note,
+)
 from maskkv_cli.sampling.llada import GenerationConfig, generate
 
 
@@ -62,9 +69,15 @@ def test_answer_confidence_covers_tokens_before_the_first_stop():
     assert answer_confidence([1, 5], [0.8, 0.9], stops={1}, mask_id=3) is None  # empty answer
 
 
-def test_low_confidence_is_marked():
-    assert "LOW CONFIDENCE" in describe(Confidence(0.95, LOW_CONFIDENCE - 0.01, 3))
-    assert describe(Confidence(0.95, LOW_CONFIDENCE + 0.01, 3)).startswith("confidence: mean")
+def test_low_confidence_is_marked_by_the_chosen_statistic():
+    below, above = LOW_CONFIDENCE - 0.01, LOW_CONFIDENCE + 0.01
+    on_mean = LOW_CONFIDENCE_STATISTIC == "mean"
+    # the other statistic on the far side of the cut: only the chosen one decides
+    low = Confidence(below, 0.99, 3) if on_mean else Confidence(0.99, below, 3)
+    sure = Confidence(above, 0.01, 3) if on_mean else Confidence(0.99, above, 3)
+    assert "LOW CONFIDENCE" in describe(low) and low.as_dict()["low"] is True
+    assert describe(sure).startswith("confidence: mean") and sure.as_dict()["low"] is False
+    assert low.as_dict()["statistic"] == LOW_CONFIDENCE_STATISTIC in ("mean", "min")
     assert Confidence(0.2, 0.1, 2).as_dict()["low"] is True
 
 

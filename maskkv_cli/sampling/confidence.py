@@ -2,9 +2,9 @@
 
 The samplers record, for every response position, the probability the model gave the committed token at the
 step it was committed (``GenerationResult.token_probs``). An answer's confidence is the mean and the minimum
-of those probabilities over its own tokens (up to the first end-of-text token). When the minimum is below
-``LOW_CONFIDENCE`` the CLI marks the answer as a likely guess; the threshold and the evidence for it (the
-minimum separated right from wrong answers slightly better than the mean) are in ``docs/models.md``.
+of those probabilities over its own tokens (up to the first end-of-text token). When the statistic
+``LOW_CONFIDENCE_STATISTIC`` (the mean or the minimum) is below ``LOW_CONFIDENCE`` the CLI marks the answer as a
+likely guess; the rule that chose both, and its evidence, are in ``docs/models.md``.
 """
 
 from __future__ import annotations
@@ -17,10 +17,12 @@ from typing import Any
 
 from maskkv_cli.defaults import PULL_HINT, REAL_MODEL, shipped_model
 
-# Lowest token probability under which an answer is shown as low-confidence. Chosen on one sample of needle
-# tasks with the embedded model and confirmed on a second sample fixed in advance (docs/models.md,
-# scripts/confidence_threshold.py); re-chosen by the same rule when the embedded model changes.
-LOW_CONFIDENCE = 0.85
+# The statistic ("mean" or "min" token probability) and the cut under which an answer is shown as
+# low-confidence. Chosen on one sample of needle tasks with the embedded model and confirmed on a second sample
+# fixed in advance (docs/models.md, scripts/confidence_threshold.py); re-chosen by the same rule whenever the
+# embedded model changes (stage 23: the mean, 0.90).
+LOW_CONFIDENCE_STATISTIC = "mean"
+LOW_CONFIDENCE = 0.90
 
 
 
@@ -32,11 +34,11 @@ class Confidence:
 
     @property
     def low(self) -> bool:
-        return self.min < LOW_CONFIDENCE
+        return (self.mean if LOW_CONFIDENCE_STATISTIC == "mean" else self.min) < LOW_CONFIDENCE
 
     def as_dict(self) -> dict[str, Any]:
         return {"mean": round(self.mean, 4), "min": round(self.min, 4), "tokens": self.tokens, "low": self.low,
-                "threshold": LOW_CONFIDENCE}
+                "threshold": LOW_CONFIDENCE, "statistic": LOW_CONFIDENCE_STATISTIC}
 
 
 def answer_confidence(ids: Sequence[int], probs: Sequence[float], stops: set[int],
@@ -55,12 +57,13 @@ def answer_confidence(ids: Sequence[int], probs: Sequence[float], stops: set[int
 
 
 def describe(conf: Confidence | None) -> str:
-    """One line for the display: the two numbers, and a warning when the minimum is under the threshold."""
+    """One line for the display: the two numbers, and a warning when the chosen statistic is under the cut."""
     if conf is None:
         return "confidence: none (no answer tokens)"
     numbers = f"mean {conf.mean:.2f}, min {conf.min:.2f} over {conf.tokens} tokens"
     if conf.low:
-        return (f"LOW CONFIDENCE ({numbers}; a token below {LOW_CONFIDENCE:.2f}): the model is probably guessing, "
+        why = "the mean" if LOW_CONFIDENCE_STATISTIC == "mean" else "a token"
+        return (f"LOW CONFIDENCE ({numbers}; {why} below {LOW_CONFIDENCE:.2f}): the model is probably guessing, "
                 f"check the answer in the document")
     return f"confidence: {numbers}"
 
@@ -69,8 +72,9 @@ def empty_note(what: str, embedded: bool) -> str:
     """What to say instead of printing a blank ``what`` ("answer" or "summary")."""
     text = f"the model gave no {what} (it produced only end-of-text tokens)."
     if embedded:
-        text += (" The embedded tiny model only looks up needle-style facts, e.g. \"What is the special magic "
-                 f"number for KEY?\" over text holding \"The special magic number for KEY is 4821.\". For real "
+        text += (" The embedded tiny model looks up needle-style facts, e.g. \"What is the special magic "
+                 "number for KEY?\" over text holding \"The special magic number for KEY is 4821.\", and writes "
+                 "lead summaries (a part's first sentences, often garbled after the first). For real "
                  f"answers download a real model: `{PULL_HINT}`, then pass --model {REAL_MODEL}.")
     else:
         text += " Try a longer --gen-length, more --steps, or a larger --budget."
