@@ -12,6 +12,11 @@ TEXTS = [
     "Trains come twice a day. People talk about the weather, the harvest and the market. ",
     "Bees fly from flower to flower; the library opens at nine and closes at five. ",
 ] * 8  # the tiny BPE tokenizer of the test models (conftest.py, golden_cases.py) is trained on these
+# A short document for the embedded model's ``ask`` (three copies of one needle among filler): what a user's
+# first try looks like, and an answer it gives with high confidence.
+NEEDLE_PARAGRAPH = ("The river runs past the old mill and under the stone bridge. In the spring the water rises. "
+                    "The special magic number for apple is 4821. People talk about the weather and the harvest. ")
+NEEDLE_DOC = NEEDLE_PARAGRAPH * 3
 EVICTING = [p for p in policy_names() if p not in ("none", "full")]  # every policy with a budget
 
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from prompts import NEEDLE_DOC, NEEDLE_PARAGRAPH
 from typer.testing import CliRunner
 
 import maskkv_cli.session as session_module
 from maskkv_cli.cli import app
 
 runner = CliRunner()
-NEEDLE_DOC = ("The river runs past the old mill and under the stone bridge. In the spring the water rises. "
-              "The special magic number for apple is 4821. People talk about the weather and the harvest. ")
 
 
 def run(*args):
@@ -22,7 +21,7 @@ def run(*args):
 @pytest.fixture
 def doc(tmp_path):
     path = tmp_path / "notes.txt"
-    path.write_text(NEEDLE_DOC * 3)
+    path.write_text(NEEDLE_DOC)
     return path
 
 
@@ -57,7 +56,7 @@ def test_empty_answer_is_a_note_not_a_blank(doc, monkeypatch):
 
 def test_summary_confidence_per_part_and_empty_parts_skip_the_merge(tmp_path, monkeypatch):
     long_doc = tmp_path / "long.txt"
-    long_doc.write_text("\n\n".join(f"Paragraph {i}. " + NEEDLE_DOC * 4 for i in range(20)))
+    long_doc.write_text("\n\n".join(f"Paragraph {i}. " + NEEDLE_PARAGRAPH * 4 for i in range(20)))
     data = json.loads(run("summarize", long_doc, "--length", "20", "--steps", "8", "--block-length", "32",
                           "--json").stdout)
     assert len(data["parts"]) > 1

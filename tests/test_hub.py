@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from hubserver import COMMIT, FakeHub
+from prompts import NEEDLE_DOC
 from typer.testing import CliRunner
 
 from maskkv_cli.cli import app
@@ -175,7 +176,7 @@ def test_cli_pull_then_model_id_works(server, tmp_path):
     data = json.loads(out.stdout)
     assert data["downloaded_bytes"] == 0 and data["commit"] == COMMIT
     doc = tmp_path / "doc.txt"
-    doc.write_text("The river runs past the mill. The special magic number for apple is 4821. The end.")
+    doc.write_text(NEEDLE_DOC)
     asked = runner.invoke(app, ["ask", str(doc), "What is the special magic number for apple?", "--model", REPO,
                                 "--json"])
     assert asked.exit_code == 0, asked.output
