@@ -4,12 +4,12 @@
 #   scripts/evaluate_tiny.sh runs/s21z3/final runs/eval-s21z3 selection  # or one of them (layout: only that)
 # The model is first laid out exactly as it would be embedded (window 2128, summaries of 64 tokens, its summary
 # block if it was trained with one) in OUT/model.
-#   selection: the selection sample (stdlib-train, seed 5, full cache): single, multikey and open questions, 50 per
-#              cell; lead summaries, 20 per cell; 512 and 1024 tokens
+#   selection: the selection sample (stdlib-train, seed 5, full cache): single, multikey, open questions and absent
+#              keys (niah_none), 50 per cell; lead summaries, 20 per cell; 512 and 1024 tokens
 #   heldout:   the report on the held-out family (stdlib-heldout, seed 21, 20 per cell): five kinds, every default
 #              policy at 16 and 64 entries
-#   decision:  the held-out family again (seed 22), 100 single and multikey tasks per length, full and maskkv at 16
-#              and 64, for this model and the embedded one side by side
+#   decision:  the held-out family again (seed 22), 100 single, multikey and absent-key tasks per length, full and
+#              maskkv at 16 and 64, for this model and the embedded one side by side
 # Tables: scripts/quality_table.py OUT/<part>.
 set -euo pipefail
 # one thread per worker; freed memory kept in the process (docs/tiny-model.md, "Training speed")
@@ -35,8 +35,8 @@ fi
 q() { $M bench quality --workers 2 --quiet "$@"; }
 L="--lengths 512,1k"
 if [ "$what" = all ] || [ "$what" = selection ]; then
-  q --model "$out/model" --haystack stdlib-train --seed 5 -n 50 $L --tasks niah_single,niah_multikey,open_question \
-    --policies full --out "$out/selection"
+  q --model "$out/model" --haystack stdlib-train --seed 5 -n 50 $L \
+    --tasks niah_single,niah_multikey,open_question,niah_none --policies full --out "$out/selection"
   q --model "$out/model" --haystack stdlib-train --seed 5 -n 20 $L --tasks lead_summary --policies full \
     --out "$out/selection-summaries"
 fi
@@ -47,7 +47,7 @@ fi
 if [ "$what" = all ] || [ "$what" = decision ]; then
   for model in "$out/model" maskkv_cli/assets/tiny-llada; do
     name=$([ "$model" = "$out/model" ] && echo candidate || echo embedded)
-    q --model "$model" --haystack stdlib-heldout --seed 22 -n 100 $L --tasks niah_single,niah_multikey \
+    q --model "$model" --haystack stdlib-heldout --seed 22 -n 100 $L --tasks niah_single,niah_multikey,niah_none \
       --policies full,maskkv --budgets 16,64 --out "$out/decision-$name"
   done
 fi
