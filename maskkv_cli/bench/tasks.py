@@ -375,14 +375,21 @@ def _generate_one(
     )
 
 
-def absent_key_twin(task: Task, rng: random.Random) -> Task:
+def present_keys(task: Task) -> list[str]:
+    """The keys that have a needle in a ``niah_single`` or ``niah_multikey`` task's text."""
+    return [task.meta["key"], *task.meta.get("distractor_keys", [])]
+
+
+def absent_key_twin(task: Task, rng: random.Random, key: str | None = None) -> Task:
     """The same context asked about a key that has no needle in it: the unanswerable twin of a ``niah_single`` or
     ``niah_multikey`` task (answer ``NO_ANSWER``; the asked key's needle becomes one more distractor). Trained
     side by side, the two differ only in the question's key, so the one thing that tells them apart is whether
-    that key's needle is in the text."""
-    asked = task.meta["key"]
-    present = [asked, *task.meta.get("distractor_keys", [])]
-    key = rng.choice([word for word in KEY_WORDS if word not in present])
+    that key's needle is in the text. ``key``: the absent key to ask about (default: one drawn uniformly)."""
+    present = present_keys(task)
+    if key is None:
+        key = rng.choice([word for word in KEY_WORDS if word not in present])
+    elif key in present:
+        raise ValueError(f"the key {key!r} has a needle in the text; an absent-key twin asks about one that has none")
     question = QUESTION_SINGLE.format(key=key)
     meta = {**task.meta, "_id": _task_id("niah_none", question, task.context), "kind": "niah_none", "key": key,
             "distractor_keys": present, "needles": [{**n, "role": "distractor"} for n in task.meta["needles"]]}

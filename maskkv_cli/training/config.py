@@ -55,6 +55,9 @@ class TrainConfig:
     summary_block: int | None = None
     # weight of the auxiliary loss that asks every visible token for itself (0: the plain masked objective)
     identity_loss: float = 0.0
+    # every this many steps, measure which absent keys the model mistakes for present ones and draw the absent_pair
+    # twins' keys in proportion (``hard_keys.py``); 0: uniformly
+    hard_absent_every: int = 0
     eval_source: str = "corpus"  # haystack of the in-training evaluation
     ckpt_every: int = 100
     eval_every: int = 250
@@ -75,6 +78,7 @@ class TrainEvent:
     length: int
     elapsed_s: float
     eval: dict[str, float] | None = None
+    absent_confusion: float | None = None  # off-diagonal mean of the hard-negative probe, when it ran
 
 
 def parse_weights(spec: str, option: str, known: Sequence[str], what: str) -> dict[str, float]:

@@ -9,12 +9,13 @@ from typing import Any, NamedTuple
 import torch
 
 from maskkv_cli.bench.sources import load_source
-from maskkv_cli.bench.tasks import Task, absent_key_twin, generate_tasks
+from maskkv_cli.bench.tasks import Task, absent_key_twin, generate_tasks, present_keys
 from maskkv_cli.documents.corpus import load_corpus
 from maskkv_cli.models.config import ModelConfig
 from maskkv_cli.prompting import chat_prompt_ids, document_question
 from maskkv_cli.prompting.parts import LEAD_SENTENCES, lead_sentences
 from maskkv_cli.training.config import ABSENT_PAIR, TrainConfig, _max_len_at
+from maskkv_cli.training.hard_keys import pick_absent_key
 
 # The task kinds whose texts the tokenizer was trained on (stage 1 of the shipped model); kinds added later are
 # left out so that replaying the recipe builds the same tokenizer.
@@ -79,6 +80,8 @@ class Batcher:
         self.source_names = list(cfg.sources)
         self.source_weights = [cfg.sources[k] for k in self.source_names]
         self.haystacks = {name: None if name == "corpus" else load_source(name) for name in self.source_names}
+        # absent_confusion of the model being trained: set, the twins' absent keys are hard negatives
+        self.confusion: torch.Tensor | None = None
 
     def _haystack(self, rng: random.Random) -> list[str] | None:
         if len(self.source_names) == 1:
@@ -97,7 +100,10 @@ class Batcher:
             task = generate_tasks("niah_multikey" if kind == ABSENT_PAIR else kind, 1, length,
                                   seed=rng.randrange(1 << 31), count_tokens=self.count, distractors=distractors,
                                   haystack=haystack)[0]
-            tasks = [task, absent_key_twin(task, rng)] if kind == ABSENT_PAIR else [task]
+            tasks = [task]
+            if kind == ABSENT_PAIR:
+                hard = None if self.confusion is None else pick_absent_key(present_keys(task), self.confusion, rng)
+                tasks.append(absent_key_twin(task, rng, hard))
             region = self.cfg.summary_len if summary else self.cfg.answer_len
             for task in tasks[: n - len(out)]:
                 ex = encode_example(self.tok, self.mcfg, task, region)

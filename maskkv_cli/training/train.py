@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from maskkv_cli.bench.sources import load_source
 from maskkv_cli.bench.tasks import UNANSWERABLE_KINDS, Task, generate_tasks
+from maskkv_cli.documents.corpus import load_corpus
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.config import named_config
 from maskkv_cli.models.llada import LLaDA
@@ -35,6 +36,7 @@ from maskkv_cli.prompting import chat_prompt_ids, document_question, load_tokeni
 from maskkv_cli.training.config import ABSENT_PAIR, TrainConfig, TrainEvent, _lr  # noqa: E402
 from maskkv_cli.training.examples import Batcher, skipped_positions, tokenizer_texts  # noqa: E402
 from maskkv_cli.training.growth import freeze_all_but_new, grow_depth
+from maskkv_cli.training.hard_keys import absent_confusion, off_diagonal_mean
 from maskkv_cli.training.heap import keep_freed_memory
 
 
@@ -210,11 +212,19 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
     eval_kinds = ["niah_single", "niah_multikey"] + [k for k in (*UNANSWERABLE_KINDS, "lead_summary") if k in asked]
     eval_sets = {kind: generate_tasks(kind, cfg.eval_n, cfg.max_len, seed=eval_rng.randrange(1 << 30),
                                       count_tokens=batcher.count, haystack=eval_haystack) for kind in eval_kinds}
+    hard_every = cfg.hard_absent_every if ABSENT_PAIR in cfg.mix else 0
+    probe_text = (eval_haystack or load_corpus()) if hard_every else []
+    confusion: float | None = None  # the last off-diagonal mean, logged with the next row
     t0 = time.perf_counter()
     losses: list[float] = []
     for step in range(start, cfg.steps):
         for group in opt.param_groups:
             group["lr"] = _lr(cfg, step)
+        if hard_every and (step == start or step % hard_every == 0):
+            # its own random stream, so the batches' draws do not depend on when it runs
+            batcher.confusion = absent_confusion(model, tok, probe_text, random.Random(f"{cfg.seed}:{step}"),
+                                                 answer_len=cfg.answer_len)
+            confusion = off_diagonal_mean(batcher.confusion)
         ids, keep, rows, length, summary = batcher.batch(step, rng)
         positions = skipped_positions(ids.shape[1], cfg.position_window, rng)
         full_mask = cfg.full_mask
@@ -235,11 +245,13 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
         elapsed = elapsed0 + time.perf_counter() - t0
         if ev is not None or done % 10 == 0:
             row = {"step": done, "loss": sum(losses) / len(losses), "lr": _lr(cfg, step), "length": length,
-                   "elapsed_s": elapsed, **({"eval": ev} if ev else {})}
+                   "elapsed_s": elapsed, **({"eval": ev} if ev else {}),
+                   **({"absent_confusion": confusion} if confusion is not None else {})}
             history.append(row)
             losses.clear()
             if on_event:
-                on_event(TrainEvent(done, cfg.steps, row["loss"], row["lr"], length, elapsed, ev))
+                on_event(TrainEvent(done, cfg.steps, row["loss"], row["lr"], length, elapsed, ev, confusion))
+            confusion = None
         stop = done == cfg.steps or (cfg.stop_after is not None and done >= cfg.stop_after)
         if done % cfg.ckpt_every == 0 or stop:
             save_model(model, ckpt, tok)

@@ -60,6 +60,10 @@ def train_tiny(
         "--identity-loss", help="Weight of an auxiliary loss that predicts every visible token as itself, which "
         "teaches the head to read back any token it is given (what copying text, e.g. a lead summary, needs) "
         "[default: 0, the plain masked objective].")] = 0.0,
+    hard_absent_every: Annotated[int, typer.Option(
+        "--hard-absent-every", help="With absent_pair in --kinds: every this many steps, measure which absent keys "
+        "the model mistakes for the keys whose needles are present (every pair of key words, on short texts), and "
+        "ask the twins about those keys more often (hard negatives) [default: 0, keys drawn uniformly].")] = 0,
     position_window: Annotated[int | None, typer.Option(
         "--position-window", help="Spread RoPE positions over this many tokens with random skips (PoSE), so the "
         "model meets longer distances than its contexts.", show_default=False)] = None,
@@ -126,6 +130,8 @@ def train_tiny(
         raise UsageError(f"--eval-n and --eval-every must be positive, got {eval_n} and {eval_every}")
     if not 0.0 <= full_mask <= 1.0:
         raise UsageError(f"--full-mask must be a probability between 0 and 1, got {full_mask}")
+    if hard_absent_every < 0:
+        raise UsageError(f"--hard-absent-every must be >= 0 (0: off), got {hard_absent_every}")
     if identity_loss < 0:
         raise UsageError(f"--identity-loss must be >= 0, got {identity_loss}")
     if summary_block is not None and (summary_block < 1 or summary_len % summary_block):
@@ -142,16 +148,20 @@ def train_tiny(
                       summary_block=summary_block, summary_lengths=summary_range, mix=mix,
                       init_from=str(init_from) if init_from else None,
                       grow_layers=grow_layers, freeze_old=freeze_old, rope_theta=rope_theta,
-                      stop_after=stop_after)
+                      stop_after=stop_after, hard_absent_every=hard_absent_every)
 
     def show(e: TrainEvent) -> None:
         row = {"step": e.step, "loss": round(e.loss, 4), "lr": e.lr, "len": e.length, "t": round(e.elapsed_s)}
         if e.eval:
             row["eval"] = e.eval
+        if e.absent_confusion is not None:
+            row["absent_confusion"] = round(e.absent_confusion, 4)
         if as_json:
             typer.echo(json.dumps(row))
         else:
             evals = "  " + ", ".join(f"{k} {v:.2f}" for k, v in e.eval.items()) if e.eval else ""
+            if e.absent_confusion is not None:
+                evals += f"  absent-key confusion {e.absent_confusion:.3f}"
             sys.stderr.write(f"step {e.step}/{e.steps}  loss {e.loss:.4f}  len {e.length}  {e.elapsed_s:.0f}s{evals}\n")
 
     final = train(cfg, show)
