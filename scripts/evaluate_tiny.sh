@@ -10,7 +10,7 @@
 #              policy at 16 and 64 entries
 #   decision:  the held-out family again (seed 22), 100 single, multikey and absent-key tasks per length, full and
 #              maskkv at 16 and 64, for this model and the embedded one side by side
-# Tables: scripts/quality_table.py OUT/<part>.
+# Tables: scripts/quality_table.py OUT/<part>. WORKERS=1 when the other core is busy (default 2).
 set -euo pipefail
 # one thread per worker; freed memory kept in the process (docs/tiny-model.md, "Training speed")
 export OMP_NUM_THREADS=1 MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=2000000000
@@ -32,7 +32,7 @@ block = json.loads(info.read_text())["recipe"].get("summary_block") if info.is_f
 install_model(run, window=2128, summary_length=64, summary_block=block, target=target)
 PY
 fi
-q() { $M bench quality --workers 2 --quiet "$@"; }
+q() { $M bench quality --workers "${WORKERS:-2}" --quiet "$@"; }
 L="--lengths 512,1k"
 if [ "$what" = all ] || [ "$what" = selection ]; then
   q --model "$out/model" --haystack stdlib-train --seed 5 -n 50 $L \
