@@ -8,6 +8,7 @@ Uses a private MASKKV_HOME and MASKKV_CONFIG under a temp folder so the user's s
 from __future__ import annotations
 
 import os
+import random
 import shlex
 import subprocess
 import sys
@@ -37,7 +38,7 @@ def main() -> None:
     from pdfs import BODY, bomb_stream, make_pdf, raw_pdf  # the PDF builders of the tests
 
     (tmp / "harbour.pdf").write_bytes(make_pdf(BODY))
-    from maskkv_cli.bench.tasks import generate_tasks
+    from maskkv_cli.bench.tasks import absent_key_twin, generate_tasks
 
     task = generate_tasks("niah_single", 1, 350, seed=7)[0]
     (tmp / "notes.txt").write_text(task.context)
@@ -60,7 +61,8 @@ def main() -> None:
     env.update(HF_ENDPOINT=hub.endpoint, HF_HOME=str(tmp / "hf"))
     env.pop("HF_TOKEN", None)
     template = (ROOT / "docs" / "guide.template.md").read_text()
-    template = template.replace("KEY", task.meta["key"]).replace("ANSWER", task.answers[0])
+    absent = absent_key_twin(task, random.Random(7)).meta["key"]  # a key with no needle in notes.txt
+    template = template.replace("OTHERKEY", absent).replace("KEY", task.meta["key"]).replace("ANSWER", task.answers[0])
     parts = template.split("```run\n")
     out = [parts[0]]
     for part in parts[1:]:

@@ -37,6 +37,15 @@ def test_ask_shows_and_returns_the_confidence(doc):
     assert "note" not in data["answers"][0]
 
 
+def test_absent_key_is_not_in_the_document(doc):
+    # the embedded model (stage 24) was trained to tell a key with no needle from one with a needle
+    data = json.loads(run("ask", doc, "-q", "What is the special magic number for banana?",
+                          "-q", "What is the special magic number for apple?", "--json").stdout)
+    absent, present = data["answers"]
+    assert absent["answer"] == "not in the document" and absent["confidence"]["low"] is False
+    assert present["answer"] == "4821"
+
+
 def test_several_questions_carry_their_confidence_on_stdout(doc):
     shown = run("ask", doc, "-q", "What is the special magic number for apple?", "-q", "Who is the licensor?")
     assert shown.exit_code == 0, shown.output
