@@ -62,6 +62,10 @@ def test_json_rows_have_the_fields_and_counts(tiny_dir: Path, tmp_path: Path) ->
     predictions = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     assert len(predictions) == 6 * 2
     assert {"id", "policy", "budget", "prediction", "gold", "score"} <= predictions[0].keys()
+    for line in predictions:  # each answer's confidence, as ask shows it (none for an empty answer)
+        conf = line.get("confidence")
+        assert (conf is None) == (line["prediction"] == "")
+        assert conf is None or 0 < conf["min"] <= conf["mean"] <= 1
     config = json.loads((out / "config.json").read_text())
     assert config["kind"] == "quality" and config["settings"]["samples"] == 2
     assert "| niah_single | 48 | snapkv | 8 | 2 |" in (out / "summary.md").read_text()

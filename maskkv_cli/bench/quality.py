@@ -168,6 +168,7 @@ class CellAnswer:
     seconds: float
     prefill_s: float | None = None
     notes: tuple[str, ...] = ()
+    confidence: tuple[float, float] | None = None  # mean and lowest probability of the answer's tokens
 
 
 @dataclass(frozen=True)
@@ -191,8 +192,10 @@ def answer_prompt(session: Any, ids: list[int], gen: Any, cache: Any) -> CellAns
     answer = session.answer_ids(ids, gen, cache)
     seconds = time.perf_counter() - t0
     stats = getattr(getattr(answer, "result", None), "stats", None)
+    conf = getattr(answer, "confidence", None)
     return CellAnswer(answer.text, seconds, None if stats is None else float(stats.prefill_s),
-                      tuple(getattr(answer, "notes", None) or ()))
+                      tuple(getattr(answer, "notes", None) or ()),
+                      None if conf is None else (float(conf.mean), float(conf.min)))
 
 
 def _case_row(group: TaskGroup, case: Case, key: str, scores: list[float], seconds: list[float],
@@ -329,6 +332,8 @@ def run_quality(
                     "gold": list(task.answers), "score": round(value, 6)}
             others = distractor_values(task)
             line["no_answer"] = is_no_answer(answer.text)
+            if answer.confidence is not None:  # what the low-confidence flag would say of this answer
+                line["confidence"] = {"mean": round(answer.confidence[0], 4), "min": round(answer.confidence[1], 4)}
             if others:
                 line["distractor"] = answer.text.strip() in others
                 line["wrong_digits"], line["distractor_digits"] = digit_mixing(answer.text, task.answers[0], others)
