@@ -10,7 +10,10 @@ steps and block; greedy):
 - unanswerable questions: niah_single tasks whose needle sentence was removed (the key asked for is absent),
   and general questions ("What is this document about?") over the same texts: the one right answer to them is
   ``NO_ANSWER`` ("not in the document", which the embedded model gives to some questions since stage 17),
-  anything else is wrong.
+  anything else is wrong;
+- absent keys among other keys' needles (``niah_none`` tasks: three distractor needles, none for the key asked
+  about), the case stage 24's model still gets wrong; added on 2026-12-03, after the needle-removed questions
+  had become too easy to tell cuts apart (3 wrong answers in 288), before this set was run on any model.
 
 Sample A (seed 11) chooses the threshold: for the mean and for the minimum token probability, the cut in steps
 of 0.05 that maximises Youden's J (share of wrong answers flagged minus share of correct answers flagged).
@@ -88,6 +91,12 @@ def run_sample(session: Session, seed: int) -> list[dict]:
                 rows.append({"set": "general", "haystack": hay_name, "length": length, "budget": 256,
                              "question": q, "answer": text, "correct": is_no_answer(text),
                              "mean": conf.mean if conf else None, "min": conf.min if conf else None})
+            for t in generate_tasks("niah_none", PER_CELL, length, seed=seed + 2000, haystack=hay,
+                                    count_tokens=session.count_tokens):
+                text, conf = ask(session, t.context, t.input, gen, cache)
+                rows.append({"set": "absent among needles", "haystack": hay_name, "length": length, "budget": 256,
+                             "answer": text, "correct": is_no_answer(text),
+                             "mean": conf.mean if conf else None, "min": conf.min if conf else None})
     return rows
 
 
@@ -105,7 +114,8 @@ def describe(rows: list[dict]) -> dict:
     for name, part in (("correct", [r for r in rows if r["correct"]]),
                        ("wrong answerable", [r for r in rows if not r["correct"] and r["set"] == "answerable"]),
                        ("absent", [r for r in rows if r["set"] == "absent"]),
-                       ("general", [r for r in rows if r["set"] == "general"])):
+                       ("general", [r for r in rows if r["set"] == "general"]),
+                       ("absent among needles", [r for r in rows if r["set"] == "absent among needles"])):
         means = [r["mean"] for r in part if r["mean"] is not None]
         mins = [r["min"] for r in part if r["min"] is not None]
         out[name] = {"n": len(part), "empty": sum(r["mean"] is None for r in part),
@@ -143,7 +153,7 @@ def main() -> None:
     tpr, fpr = shares(samples["B"], stat, cut)
     print(f"chosen on A: {stat} < {cut}; on B: wrong flagged {tpr:.1%}, correct flagged {fpr:.1%}")
     for name in ("A", "B"):
-        for part in ("answerable", "absent", "general"):
+        for part in ("answerable", "absent", "general", "absent among needles"):
             rows = [r for r in samples[name] if r["set"] == part]
             t, f = shares(rows, stat, cut)
             n_right = sum(r["correct"] for r in rows)
