@@ -16,6 +16,7 @@ from maskkv_cli.prompting import chat_prompt_ids, document_question
 from maskkv_cli.prompting.parts import LEAD_SENTENCES, lead_sentences
 from maskkv_cli.training.config import ABSENT_PAIR, TrainConfig, _max_len_at
 from maskkv_cli.training.hard_keys import pick_absent_key
+from maskkv_cli.training.padding import left_padded
 
 # The task kinds whose texts the tokenizer was trained on (stage 1 of the shipped model); kinds added later are
 # left out so that replaying the recipe builds the same tokenizer.
@@ -119,13 +120,8 @@ class Batcher:
             length = rng.randint(*self.cfg.summary_lengths)
         exs = self.examples(step, self.cfg.batch_size, length, rng, summary)
         r = self.cfg.summary_len if summary else self.cfg.answer_len
-        t = max(len(p) for p, _ in exs) + r
-        ids = torch.full((len(exs), t), self.mcfg.pad_token_id, dtype=torch.long)
-        keep = torch.zeros((len(exs), t), dtype=torch.bool)
-        for i, (p, a) in enumerate(exs):
-            seq = p + a
-            ids[i, t - len(seq):] = torch.tensor(seq)
-            keep[i, t - len(seq):] = True
+        ids, keep = left_padded([p + a for p, a in exs], self.mcfg.pad_token_id)
+        t = ids.shape[1]
         rows = torch.arange(t - r, t).expand(len(exs), r)
         return TrainBatch(ids, keep, rows, length, summary)
 

@@ -19,6 +19,7 @@ import torch
 from maskkv_cli.bench.tasks import KEY_WORDS, NEEDLE_TEMPLATE, NUMBER_DIGITS, QUESTION_SINGLE
 from maskkv_cli.models.llada import LLaDA
 from maskkv_cli.prompting import NO_ANSWER, chat_prompt_ids, document_question
+from maskkv_cli.training.padding import left_padded
 
 # Weight every candidate key gets besides its confusion (the mean over the present keys, 0-1): the off-diagonal
 # mean of the stage-24 models was about 0.07, their strongest pairs near 1, so a confused key is drawn up to
@@ -46,13 +47,8 @@ def absent_confusion(model: LLaDA, tok: Any, paragraphs: Sequence[str], rng: ran
         text = "\n\n".join((" ".join(rng.choice(short).split()[: _WORDS[1]]), needle,
                             " ".join(rng.choice(short).split()[: _WORDS[1]])))
         prompts = [chat_prompt_ids(tok, document_question(text, QUESTION_SINGLE.format(key=k))) for k in keys]
-        width = max(map(len, prompts)) + answer_len
-        ids = torch.full((len(keys), width), cfg.pad_token_id, dtype=torch.long)
-        keep = torch.zeros((len(keys), width), dtype=torch.bool)
-        for row, prompt in enumerate(prompts):
-            seq = prompt + [cfg.mask_token_id] * answer_len
-            ids[row, width - len(seq):] = torch.tensor(seq)
-            keep[row, width - len(seq):] = True
+        ids, keep = left_padded([p + [cfg.mask_token_id] * answer_len for p in prompts], cfg.pad_token_id)
+        width = ids.shape[1]
         logits = model(ids, key_mask=keep, rows=torch.full((len(keys), 1), width - answer_len))[:, 0]
         out[:, column] = 1.0 - logits.float().softmax(-1)[:, first]
     model.train(was_training)
