@@ -45,6 +45,7 @@ PER_CELL = 4
 GENERAL = ("What is this document about?", "Who wrote this text?", "What is the name of the license?",
            "Summarize the text in one sentence.")
 SEEDS = {"A": 11, "B": 22}
+SETS = ("answerable", "absent", "general", "absent among needles")  # the question sets of a sample
 
 
 def docs_haystack() -> list[str]:
@@ -52,6 +53,11 @@ def docs_haystack() -> list[str]:
     for path in sorted((ROOT / "docs").glob("*.md")):
         paragraphs += [p for p in split_paragraphs(path.read_text()) if len(p.split()) > 20 and "```" not in p]
     return paragraphs
+
+
+def stats(conf) -> dict:
+    """An answer's mean and lowest token probability (None for an empty answer)."""
+    return {"mean": conf.mean if conf else None, "min": conf.min if conf else None}
 
 
 def ask(session: Session, context: str, question: str, gen, cache) -> tuple[str, object]:
@@ -75,7 +81,7 @@ def run_sample(session: Session, seed: int) -> list[dict]:
                         rows.append({"set": "answerable", "haystack": hay_name, "kind": kind, "length": length,
                                      "budget": budget, "answer": text, "gold": t.answers[0],
                                      "correct": score(t.dataset, text, list(t.answers)) > 0,
-                                     "mean": conf.mean if conf else None, "min": conf.min if conf else None})
+                                     **stats(conf)})
             cache = cache_config(DEFAULT_POLICY, 256, None, 0)
             for i, t in enumerate(generate_tasks("niah_single", PER_CELL, length, seed=seed + 1000, haystack=hay,
                                                  count_tokens=session.count_tokens)):
@@ -85,18 +91,18 @@ def run_sample(session: Session, seed: int) -> list[dict]:
                 text, conf = ask(session, absent, t.input, gen, cache)
                 rows.append({"set": "absent", "haystack": hay_name, "length": length, "budget": 256,
                              "answer": text, "correct": is_no_answer(text),
-                             "mean": conf.mean if conf else None, "min": conf.min if conf else None})
+                             **stats(conf)})
                 q = GENERAL[i % len(GENERAL)]
                 text, conf = ask(session, absent, q, gen, cache)
                 rows.append({"set": "general", "haystack": hay_name, "length": length, "budget": 256,
                              "question": q, "answer": text, "correct": is_no_answer(text),
-                             "mean": conf.mean if conf else None, "min": conf.min if conf else None})
+                             **stats(conf)})
             for t in generate_tasks("niah_none", PER_CELL, length, seed=seed + 2000, haystack=hay,
                                     count_tokens=session.count_tokens):
                 text, conf = ask(session, t.context, t.input, gen, cache)
                 rows.append({"set": "absent among needles", "haystack": hay_name, "length": length, "budget": 256,
                              "answer": text, "correct": is_no_answer(text),
-                             "mean": conf.mean if conf else None, "min": conf.min if conf else None})
+                             **stats(conf)})
     return rows
 
 
@@ -111,11 +117,10 @@ def shares(rows: list[dict], stat: str, cut: float) -> tuple[float, float]:
 
 def describe(rows: list[dict]) -> dict:
     out: dict = {}
-    for name, part in (("correct", [r for r in rows if r["correct"]]),
-                       ("wrong answerable", [r for r in rows if not r["correct"] and r["set"] == "answerable"]),
-                       ("absent", [r for r in rows if r["set"] == "absent"]),
-                       ("general", [r for r in rows if r["set"] == "general"]),
-                       ("absent among needles", [r for r in rows if r["set"] == "absent among needles"])):
+    groups = {"correct": [r for r in rows if r["correct"]],
+              "wrong answerable": [r for r in rows if not r["correct"] and r["set"] == "answerable"]}
+    groups.update({part: [r for r in rows if r["set"] == part] for part in SETS[1:]})  # every set but answerable
+    for name, part in groups.items():
         means = [r["mean"] for r in part if r["mean"] is not None]
         mins = [r["min"] for r in part if r["min"] is not None]
         out[name] = {"n": len(part), "empty": sum(r["mean"] is None for r in part),
@@ -153,7 +158,7 @@ def main() -> None:
     tpr, fpr = shares(samples["B"], stat, cut)
     print(f"chosen on A: {stat} < {cut}; on B: wrong flagged {tpr:.1%}, correct flagged {fpr:.1%}")
     for name in ("A", "B"):
-        for part in ("answerable", "absent", "general", "absent among needles"):
+        for part in SETS:
             rows = [r for r in samples[name] if r["set"] == part]
             t, f = shares(rows, stat, cut)
             n_right = sum(r["correct"] for r in rows)
