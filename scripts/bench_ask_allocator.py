@@ -26,15 +26,15 @@ ASSETS = Path(__file__).resolve().parent.parent / "maskkv_cli" / "assets"
 
 
 def build(work: Path, tokens: int) -> tuple[Path, Path]:
-    from maskkv_cli.models.config import ModelConfig, named_config
+    from maskkv_cli.models.config import named_config
     from maskkv_cli.models.llada import LLaDA
-    from maskkv_cli.models.loading import save_model
+    from maskkv_cli.models.loading import read_config, save_model
     from maskkv_cli.prompting import load_tokenizer
 
     ckpt, doc = work / "llada-small-random", work / f"doc-{tokens}.txt"
     tok = load_tokenizer(ASSETS / "tiny-llada")
     if not ckpt.is_dir():
-        tiny = ModelConfig.from_hf_dict(json.loads((ASSETS / "tiny-llada" / "config.json").read_text()))
+        tiny = read_config(ASSETS / "tiny-llada")
         cfg = named_config("llada-small").with_(
             vocab_size=tiny.vocab_size, embedding_size=126464, max_sequence_length=tokens + 1024,
             mask_token_id=tiny.mask_token_id, eos_token_id=tiny.eos_token_id, pad_token_id=tiny.pad_token_id,

@@ -55,9 +55,9 @@ def test_tiny_dream_round_trip_in_upstream_layout(tmp_path, dream, tiny_tokenize
 def test_logits_are_shifted(dream):
     ids = random_ids(dream, 10)
     x = dream.embed(ids)
-    cos, sin = dream.rope(torch.arange(10))
+    rope = dream.rope(torch.arange(10))
     for block in dream.blocks:
-        x = block(x, cos, sin)
+        x = block(x, rope)
     unshifted = dream.head(x)
     shifted = dream(ids)
     assert torch.equal(shifted[:, 1:], unshifted[:, :-1])

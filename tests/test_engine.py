@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from prompts import EVICTING, random_ids
 
-import maskkv_cli.engine.forward as fwd
+import maskkv_cli.models.base as model_base
 from maskkv_cli.kv.cache import select_layer
 from maskkv_cli.policies import LayerView, PolicyOptions, get_policy
 from maskkv_cli.sampling.llada import GenerationConfig, generate
@@ -51,7 +51,7 @@ def test_steps_attend_to_budget_plus_response(tiny_model, monkeypatch):
         seen.append(k.shape[2])
         return real(q, k, v, attn_mask=attn_mask, **kw)
 
-    monkeypatch.setattr(fwd.F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(model_base.F, "scaled_dot_product_attention", spy)
     m, budget = 64, 5
     generate(tiny_model, random_ids(tiny_model, m), GEN, get_policy("mask-vote-uniform"), budget)
     n_layers = tiny_model.config.n_layers

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from prompts import random_ids
 
-import maskkv_cli.engine.forward as fwd
+import maskkv_cli.models.base as model_base
 from maskkv_cli.engine.forward import plain_logits, prefill
 from maskkv_cli.errors import UsageError
 from maskkv_cli.policies import get_policy
@@ -50,7 +50,7 @@ def test_later_steps_see_only_the_response(tiny_model, monkeypatch):
         seen.append((q.shape[2], k.shape[2]))
         return real(q, k, v, attn_mask=attn_mask, **kw)
 
-    monkeypatch.setattr(fwd.F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(model_base.F, "scaled_dot_product_attention", spy)
     gen = GenerationConfig(gen_length=gen_len, steps=4, block_length=gen_len)
     generate(tiny_model, random_ids(tiny_model, m), gen, get_policy("full"))
     n_layers = tiny_model.config.n_layers

@@ -19,14 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from maskkv_cli.engine.forward import MLP_CHUNK
+from maskkv_cli.models.base import attention, dense_hidden
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.sampling.llada import GenerationConfig, transfer_schedule
 from maskkv_cli.stats import now
-
-MLP_CHUNK = 2048
 
 
 def rows_schedule(gen: GenerationConfig) -> list[tuple[int, int]]:
@@ -47,17 +46,8 @@ def rows_schedule(gen: GenerationConfig) -> list[tuple[int, int]]:
 
 @torch.no_grad()
 def bare_full_forward(model: DiffusionLM, ids: Tensor, rows: Tensor, mlp_chunk: int = MLP_CHUNK) -> Tensor:
-    """One plain bidirectional forward over ids (B, T); logits at sequence positions ``rows``."""
-    x = model.embed(ids)
-    cos, sin = model.rope(torch.arange(ids.shape[1], device=ids.device))
-    for block in model.blocks:
-        q, k, v = block.qkv(x, cos, sin)
-        o = F.scaled_dot_product_attention(q, k, v)
-        del q, k, v
-        x = x + block.attn_proj(o)
-        del o
-        x = x + block.mlp(x, mlp_chunk)
-    return model.head(x[:, rows])
+    """One plain bidirectional forward over ids (B, T) (the model's dense loop); logits at positions ``rows``."""
+    return model.head(dense_hidden(model, ids, mlp_chunk=mlp_chunk)[:, rows])
 
 
 class BareSteps:
@@ -71,13 +61,13 @@ class BareSteps:
         self.response_len = response_len
         dev, dt = model.device, model.dtype
         gen = torch.Generator(device=dev).manual_seed(seed)
-        shape = (batch, cfg.n_heads, keys + response_len, cfg.head_dim)
+        shape = (batch, cfg.n_kv_heads, keys + response_len, cfg.head_dim)
         # Random prompt entries: the values do not change the time of the pass, only the shapes do.
         self.k = [torch.randn(shape, generator=gen, device=dev, dtype=torch.float32).to(dt)
                   for _ in range(cfg.n_layers)]
         self.v = [torch.randn(shape, generator=gen, device=dev, dtype=torch.float32).to(dt)
                   for _ in range(cfg.n_layers)]
-        self.cos, self.sin = model.rope(torch.arange(prompt_len, prompt_len + response_len, device=dev))
+        self.rope = model.rope(torch.arange(prompt_len, prompt_len + response_len, device=dev))
 
     @property
     def attention_keys(self) -> int:
@@ -91,12 +81,12 @@ class BareSteps:
         x = model.embed(response)
         last = len(model.blocks) - 1
         for i, block in enumerate(model.blocks):
-            q, k, v = block.qkv(x, self.cos, self.sin)
+            q, k, v = block.qkv(x, self.rope)
             self.k[i][:, :, self.keys :].copy_(k)
             self.v[i][:, :, self.keys :].copy_(v)
             if i == last:
                 q, x = q[:, :, rows], x[:, rows]
-            o = F.scaled_dot_product_attention(q, self.k[i], self.v[i])
+            o = attention(q, self.k[i], self.v[i])
             x = x + block.attn_proj(o)
             x = x + block.mlp(x)
         return model.head(x)

@@ -16,13 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from maskkv_cli.kv.budgets import boundary_layer_budgets
 from maskkv_cli.kv.cache import LayerCache, PromptCache, add_residual, dense_layer, select_layer
 from maskkv_cli.kv.residual import attention_spread, diffuse_heads, kept_mask, residual_entries
-from maskkv_cli.models.protocol import DiffusionLM
+from maskkv_cli.models.base import Rope, attention, dense_hidden, on_layer_device
+from maskkv_cli.models.protocol import Block, DiffusionLM
 from maskkv_cli.policies.base import LayerView, Policy
 
 MLP_CHUNK = 2048  # rows of the MLP (and of the k/v projections) computed at once in the prefill
@@ -36,17 +36,17 @@ class LayerRecord:
 
     layer: int
     layer_budget: int
-    head_budgets: Tensor  # (B, H) kept prompt entries per head
-    preference: Tensor | None  # (B, H) P_h when computed
-    positions: Tensor | None  # (B, H, K) kept prompt positions, padded with M - 1 past each head's budget; None = all
+    head_budgets: Tensor  # (B, H_kv) kept prompt entries per key/value head
+    preference: Tensor | None  # (B, H_kv) P_h when computed
+    positions: Tensor | None  # (B, H_kv, K) kept prompt positions, M - 1 past each head's budget; None = all
     importance: float | None = None  # I(l) of this input when measured online
-    residual: Tensor | None = None  # (B, H) bool: heads that hold a residual entry besides ``head_budgets``
+    residual: Tensor | None = None  # (B, H_kv) bool: heads that hold a residual entry besides ``head_budgets``
 
 
 def attention_shift(x: Tensor, attn: Tensor, rows: int = SHIFT_ROWS) -> Tensor:
     """Sum over the tokens of ``1 - cos(h_in, h_out)``, ``h_in = x``, ``h_out = x + attn`` (both (B, T, d)).
 
-    This is the per-layer statistic behind the layer importance ``I(l)`` (spec section 2): how far the
+    This is the per-layer statistic behind the layer importance ``I(l)`` (``engine/importance.py``): how far the
     attention sub-layer turns the hidden state. Computed in fp32 as ``|u - w|^2 / 2`` with ``u``, ``w`` the
     unit vectors of ``h_in`` and ``h_out`` (the same value as ``1 - cos`` without the cancellation near
     cos = 1), so an attention output of exactly zero gives exactly 0; each token contributes a value in
@@ -90,21 +90,9 @@ def _stored_view(view: LayerView) -> StoredView:
     return StoredView(view.layer, view.n_layers, q, view.k, view.prompt_len, view.scale, view._mask_mass)
 
 
-def on_layer_device(model: DiffusionLM, i: int, *tensors: Tensor) -> tuple[Tensor, ...]:
-    """Move activations to layer ``i``'s device when the model is spread over several (``placement.py``)."""
-    devices = getattr(model, "layer_devices", None)
-    if not devices or tensors[0].device == devices[i]:
-        return tensors
-    return tuple(t.to(devices[i]) for t in tensors)
-
-
 def plain_logits(model: DiffusionLM, ids: Tensor, rows: Tensor) -> Tensor:
     """Full bidirectional forward over ids (B, T); logits (B, len(rows), V) at sequence positions ``rows``."""
-    x = model.embed(ids)
-    cos, sin = model.rope(torch.arange(ids.shape[1], device=ids.device))
-    for i, block in enumerate(model.blocks):
-        x, cos, sin = on_layer_device(model, i, x, cos, sin)
-        x = block(x, cos, sin)
+    x = dense_hidden(model, ids)
     return model.head(x[:, rows.to(x.device)])
 
 
@@ -122,17 +110,16 @@ def chunked_rows(fn: Callable[[int, int], Tensor], t: int, chunk: int) -> Tensor
     return out
 
 
-def row_fn(fn: Callable[..., Tensor], x: Tensor, cos: Tensor | None = None,
-           sin: Tensor | None = None) -> Callable[[int, int], Tensor]:
-    """``(start, stop) -> fn(x[:, start:stop], cos[start:stop], sin[start:stop])`` (without the tables when
-    ``cos`` is None): a block's ``queries``, ``keys`` or ``values`` of any run of positions."""
-    if cos is None or sin is None:
+def row_fn(fn: Callable[..., Tensor], x: Tensor, rope: Rope | None = None) -> Callable[[int, int], Tensor]:
+    """``(start, stop) -> fn(x[:, start:stop], rope.rows(start, stop))`` (without the tables when ``rope`` is
+    None): a block's ``queries``, ``keys`` or ``values`` of any run of positions."""
+    if rope is None:
         return lambda start, stop: fn(x[:, start:stop])
-    return lambda start, stop: fn(x[:, start:stop], cos[start:stop], sin[start:stop])
+    return lambda start, stop: fn(x[:, start:stop], rope.rows(start, stop))
 
 
-def attend_in_chunks(block: torch.nn.Module, x: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor,
-                     chunk: int, gqa: bool, shift: bool) -> Tensor | None:
+def attend_in_chunks(block: Block, x: Tensor, k: Tensor, v: Tensor, rope: Rope, chunk: int,
+                     shift: bool) -> Tensor | None:
     """``x += attn_proj(SDPA(q, k, v))`` in place, ``chunk`` query rows at a time.
 
     Each chunk's queries are computed from x's rows before those rows are updated (k and v were computed from the
@@ -143,8 +130,8 @@ def attend_in_chunks(block: torch.nn.Module, x: Tensor, k: Tensor, v: Tensor, co
     total = torch.zeros((), dtype=torch.float64, device=x.device) if shift else None
     for start in range(0, t, chunk):
         stop = min(t, start + chunk)
-        q = block.queries(x[:, start:stop], cos[start:stop], sin[start:stop])
-        o = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+        q = block.queries(x[:, start:stop], rope.rows(start, stop))
+        o = attention(q, k, v)
         del q
         attn = block.attn_proj(o)
         del o
@@ -175,7 +162,7 @@ def _record(i: int, budget: int, layer: LayerCache, pref: Tensor | None, importa
 def _select(policy: Policy, view: LayerView, q_mask: Tensor | None, k: Tensor, v: Tensor, scores: Tensor,
             layer_budget: int, response_len: int, group: int) -> LayerCache:
     """Head budgets and selection for one layer; with ``policy.residual_spread`` > 0 the diffuse heads keep one
-    entry fewer plus a residual entry (``engine/residual.py``; ``q_mask`` are the layer's mask queries)."""
+    entry fewer plus a residual entry (``kv/residual.py``; ``q_mask`` are the layer's mask queries)."""
     m = view.prompt_len
     heads = policy.head_budgets(view, layer_budget, scores)
     threshold = policy.residual_spread
@@ -210,7 +197,7 @@ def prefill(
     after its own attention, so only one layer's full K/V is ever resident.
 
     ``online_importance=True``: the layer importance ``I(l)`` is measured on this input while it runs (the
-    same statistic as ``maskkv_cli.policies.calibration.layer_importance``, over every token of ``ids``) and the layer
+    same statistic as ``maskkv_cli.engine.importance.layer_importance``, over every token of ``ids``) and the layer
     budgets become ``boundary_layer_budgets(I, B, beta, boundary)`` with ``B = sum(layer_budgets) / D`` (pass
     the uniform plan ``[B] * D``) and ``beta``/``boundary`` from ``policy.options``. Each layer is scored as it
     runs (``policy.scores(view, layer_budgets[i])``; MaskKV's scores do not depend on the budget); the queries
@@ -228,7 +215,7 @@ def prefill(
     cache = PromptCache(prompt_len, response_len)
     records: list[LayerRecord] = []
     x = model.embed(ids)  # (B, T, d)
-    cos, sin = model.rope(torch.arange(t, device=ids.device))
+    rope = model.rope(torch.arange(t, device=ids.device))
     scale = 1.0 / math.sqrt(model.config.head_dim)
     n_layers = len(model.blocks)
     group = model.config.group_size
@@ -242,12 +229,12 @@ def prefill(
     shifts: list[Tensor] = []
     pending: list[tuple[StoredView, Tensor | None, Tensor, Tensor, Tensor]] = []  # view, mask q, scores, k, v
     for i, block in enumerate(model.blocks):
-        x, cos, sin = on_layer_device(model, i, x, cos, sin)
+        x, rope = on_layer_device(model, i, x, rope)
         # Only x, k, v (and the votes' fp32 keys) are whole-length in a layer: k first, then the policy's scores
         # (they need k and some queries, computed on demand), then v, the selection, and attention, the output
         # projection and the residual in query chunks.
-        rows_q = row_fn(block.queries, x, cos, sin)
-        k = chunked_rows(row_fn(block.keys, x, cos, sin), t, mlp_chunk)  # (B, H_kv, T, D)
+        rows_q = row_fn(block.queries, x, rope)
+        k = chunked_rows(row_fn(block.keys, x, rope), t, mlp_chunk)  # (B, H_kv, T, D)
         shape = (x.shape[0], model.config.n_heads, t, model.config.head_dim)
         view = LayerView(i, n_layers, torch.empty(shape, device="meta"), k, prompt_len, scale, compute_q=rows_q)
         scores = None if layer_budgets is None else policy.scores(view, layer_budgets[i])  # (B, H_kv, M)
@@ -268,7 +255,7 @@ def prefill(
             records.append(_record(i, lb, layer, policy.preference(view), None))
             cache.layers.append(layer)
         del view, scores, q_mask
-        shift = attend_in_chunks(block, x, k, v, cos, sin, query_chunk, group > 1, online_importance)
+        shift = attend_in_chunks(block, x, k, v, rope, query_chunk, online_importance)
         if shift is not None:
             shifts.append(shift)
         del k, v, rows_q
@@ -295,22 +282,21 @@ def prefill(
     return logits, cache, records
 
 
-def response_hidden(model: DiffusionLM, cache: PromptCache, response: Tensor, cos: Tensor, sin: Tensor,
+def response_hidden(model: DiffusionLM, cache: PromptCache, response: Tensor, rope: Rope,
                     rows: Tensor | None = None) -> Tensor:
     """One denoising step over the response only (B, L): every row's keys/values go into the cache's response
     slot; the last layer runs on response rows ``rows`` only (all L when None). Hidden states (B, len(rows), d)."""
     x = model.embed(response)  # (B, L, d)
     last = len(model.blocks) - 1
-    gqa = model.config.group_size > 1
     for i, block in enumerate(model.blocks):
         layer: LayerCache = cache.layers[i]
-        x, cos, sin = on_layer_device(model, i, x, cos, sin)
-        q, k, v = block.qkv(x, cos, sin)  # q (B, H, L, D); k, v (B, H_kv, L, D)
+        x, rope = on_layer_device(model, i, x, rope)
+        q, k, v = block.qkv(x, rope)  # q (B, H, L, D); k, v (B, H_kv, L, D)
         layer.write_response(k, v)
         if i == last and rows is not None:  # only the rows whose logits are needed go on
             rows = rows.to(x.device)
             q, x = q[:, :, rows], x[:, rows]
-        o = F.scaled_dot_product_attention(q, layer.k, layer.v, attn_mask=layer.bias, enable_gqa=gqa)
+        o = attention(q, layer.k, layer.v, layer.bias)
         x = x + block.attn_proj(o)
         x = x + block.mlp(x)
     return x
@@ -320,5 +306,5 @@ def response_logits(model: DiffusionLM, cache: PromptCache, response: Tensor, ro
     """One denoising step over the response only (B, L); logits (B, len(rows), V) from the hidden states at
     response rows ``rows`` (the sampler accounts for a model's logit shift)."""
     m = cache.prompt_len
-    cos, sin = model.rope(torch.arange(m, m + response.shape[1], device=response.device))
-    return model.head(response_hidden(model, cache, response, cos, sin, rows))
+    rope = model.rope(torch.arange(m, m + response.shape[1], device=response.device))
+    return model.head(response_hidden(model, cache, response, rope, rows))

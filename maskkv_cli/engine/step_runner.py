@@ -64,7 +64,7 @@ class StepRunner:
                  row_window: int | None = None) -> None:
         """``row_window``: every call's rows lie in one aligned window of this many rows (the sampler's block);
         None runs the last layer on all rows."""
-        if getattr(model, "layer_devices", None) and len(set(model.layer_devices)) > 1:  # type: ignore[attr-defined]
+        if model.layer_devices and len(set(model.layer_devices)) > 1:
             raise UsageError(f"--{options.label} needs the whole model on one device; drop --device-map or the flag")
         if options.cuda_graph and response.device.type != "cuda":
             raise UsageError(f"--cuda-graph needs a CUDA device, the model is on {response.device.type}")
@@ -72,13 +72,13 @@ class StepRunner:
         dev = response.device
         t0 = now(dev)
         m = cache.prompt_len
-        cos, sin = model.rope(torch.arange(m, m + response.shape[1], device=dev))
+        rope = model.rope(torch.arange(m, m + response.shape[1], device=dev))
 
         length = response.shape[1]
         self.window = row_window if row_window and row_window < length else None
 
         def body(ids: Tensor, window: Tensor | None) -> Tensor:
-            return response_hidden(model, cache, ids, cos, sin, window)
+            return response_hidden(model, cache, ids, rope, window)
 
         self.body: Callable[[Tensor, Tensor | None], Tensor] = (
             torch.compile(body, dynamic=False) if options.compile else body)

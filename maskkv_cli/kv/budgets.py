@@ -57,7 +57,7 @@ def _check_window(window: int) -> None:
 
 
 def resolve_budget(budget: int | None, ratio: float | None, prompt_len: int) -> int:
-    """Per-head prompt budget B from exactly one of ``--budget`` and ``--ratio`` (spec section 2).
+    """Per-head prompt budget B from exactly one of ``--budget`` and ``--ratio``.
 
     ``ratio`` is a share of the prompt: ``max(1, ceil(ratio * prompt_len))``, with the ratio taken as written
     (0.1 of 30 tokens is 3, not 4). The result is not capped at the prompt length: a budget that covers the
@@ -121,8 +121,8 @@ def distribute_exact(
 ) -> torch.Tensor:
     """Clamp integer budgets to ``[lower, upper]``, then make every row sum to ``target`` exactly.
 
-    The "ours" leftover rule of spec section 2: missing units go one at a time to the slots with the highest
-    ``priority`` that are below ``upper`` (ties: lower index first), cycling round-robin when there are more
+    Our leftover rule (docs/policies.md, "Budget convention"): missing units go one at a time to the slots with
+    the highest ``priority`` that are below ``upper`` (ties: lower index first), cycling round-robin when there are more
     units than slots; surplus units are taken one at a time from the slots with the lowest ``priority`` that
     are above ``lower`` (ties: higher index first), also round-robin.
 
@@ -184,7 +184,7 @@ def boundary_layer_budgets(
     boundary: Sequence[int] | None = None,
     max_budget: int | None = None,
 ) -> list[int]:
-    """Boundary-aware layer budgets of MaskKV (spec section 2, "Layer level").
+    """Boundary-aware layer budgets of MaskKV (docs/policies.md, "Layer budgets of `maskkv`"; the paper's layer level).
 
     ``k_p = D * B``; ``k_base = floor(beta * k_p / D)``; ``k_imp = k_p - D * k_base`` is split between the
     boundary group (default: first and last layer) and the middle group in proportion to their summed
@@ -243,7 +243,7 @@ def pyramid_layer_budgets(
     prompt_len: int,
     beta: float = 20.0,
 ) -> list[int]:
-    """PyramidKV layer budgets, window included (spec section 4).
+    """PyramidKV layer budgets, window included (docs/policies.md, "The policies").
 
     With ``b = B - W``: ``min = b / beta``, ``max = 2b - min`` (capped at ``prompt_len - W``, then
     ``min = 2b - max``), layer l targets ``max - l * (max - min) / (L - 1)`` prefix tokens. The float targets
@@ -293,7 +293,7 @@ def preference_head_budgets(
     alpha: float = 0.1,
     max_len: int | None = None,
 ) -> torch.Tensor:
-    """Prompt-preference head budgets of MaskKV (spec section 2, "Head level").
+    """Prompt-preference head budgets of MaskKV (docs/policies.md, "The policies"; the paper's head level).
 
     ``pref`` is ``(B, H)``: P_h per batch element and head. ``Phat = P / sum_h P`` (uniform if the sum is 0),
     ``k_h = floor(alpha * k_l + (1 - alpha) * H * k_l * Phat_h)``, clamped to ``[1, max_len]``; then the row
@@ -326,7 +326,7 @@ def adakv_head_budgets(
     window: int,
     floor: float = 0.2,
 ) -> torch.Tensor:
-    """AdaKV head budgets, window included (spec section 4).
+    """AdaKV head budgets, window included (docs/policies.md, "The policies").
 
     ``scores`` is ``(B, H, n)``: SnapKV scores of the prefix (window excluded). With ``b = k_l - W``, the
     global top ``H * b`` scores of a batch element give ``c_h`` winners per head; head h gets

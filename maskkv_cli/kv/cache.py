@@ -18,10 +18,10 @@ from torch import Tensor
 @dataclass
 class LayerCache:
     k: Tensor  # (B, H_kv, K + L, D) post-RoPE keys; [:, :, :K] prompt, [:, :, K:] response slot
-    v: Tensor  # (B, H, K + L, D)
+    v: Tensor  # (B, H_kv, K + L, D)
     prompt_slots: int  # K
-    lengths: Tensor  # (B, H) int64: kept prompt entries per head (logical)
-    positions: Tensor | None  # (B, H, K) int64 original prompt positions; None = all positions kept
+    lengths: Tensor  # (B, H_kv) int64: kept prompt entries per key/value head (logical)
+    positions: Tensor | None  # (B, H_kv, K) int64 original prompt positions; None = all positions kept
     bias: Tensor | None  # (B, H_q, 1, K + L) additive mask (0 / -inf) in the compute dtype; None = dense
     residual: Tensor | None = None  # (B, H) bool: heads whose last prompt slot is a residual entry (residual.py)
 

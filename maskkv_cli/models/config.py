@@ -1,4 +1,4 @@
-"""Model configuration: one frozen dataclass, named sizes, and the `config.json` mapping."""
+"""Model configuration: one frozen dataclass, named sizes, and each family's `config.json` mapping."""
 
 from __future__ import annotations
 
@@ -27,8 +27,7 @@ class ModelConfig:
     pad_token_id: int = 126081
     bos_token_id: int | None = 126080
     eot_token_id: int | None = 126348
-    family: str = "llada"  # "llada" or "dream"
-    qkv_bias: bool = False  # Dream: biases on q/k/v
+    family: str = "llada"  # a key of ``models.families.FAMILY_TABLE``
     logit_shift: int = 0  # Dream: 1 (position i is predicted from hidden state i - 1)
 
     def __post_init__(self) -> None:
@@ -43,8 +42,6 @@ class ModelConfig:
             raise UsageError(f"model config: d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
         if self.head_dim % 2:
             raise UsageError(f"model config: head dim {self.head_dim} must be even for RoPE")
-        if self.family not in FAMILIES:
-            raise UsageError(f"model config: unknown family {self.family!r} (known: {', '.join(FAMILIES)})")
         if self.family == "llada" and self.n_kv_heads != self.n_heads:
             raise UsageError("LLaDA models have as many key/value heads as query heads (no GQA)")
         if self.n_heads % self.n_kv_heads:  # type: ignore[operator]
@@ -63,124 +60,115 @@ class ModelConfig:
     def with_(self, **changes: Any) -> ModelConfig:
         return replace(self, **changes)
 
-    # ----- config.json in the upstream formats ------------------------------------------------------
-    def to_hf_dict(self) -> dict[str, Any]:
-        if self.family == "dream":
-            return self._dream_hf_dict()
-        return {
-            "architectures": ["LLaDAModelLM"],
-            "model_type": "llada",
-            "d_model": self.d_model,
-            "n_layers": self.n_layers,
-            "n_heads": self.n_heads,
-            "n_kv_heads": self.n_kv_heads,
-            "mlp_hidden_size": self.mlp_hidden_size,
-            "mlp_ratio": max(1, self.mlp_hidden_size // self.d_model),
-            "vocab_size": self.vocab_size,
-            "embedding_size": self.embedding_size,
-            "rope": True,
-            "rope_theta": self.rope_theta,
-            "rope_full_precision": True,
-            "max_sequence_length": self.max_sequence_length,
-            "rms_norm_eps": self.rms_norm_eps,
-            "layer_norm_type": "rms",
-            "activation_type": "silu",
-            "block_type": "llama",
-            "include_bias": False,
-            "include_qkv_bias": False,
-            "bias_for_layer_norm": False,
-            "weight_tying": False,
-            "alibi": False,
-            "flash_attention": False,
-            "attention_layer_norm": False,
-            "input_emb_norm": False,
-            "scale_logits": False,
-            "attention_dropout": 0.0,
-            "residual_dropout": 0.0,
-            "embedding_dropout": 0.0,
-            "mask_token_id": self.mask_token_id,
-            "eos_token_id": self.eos_token_id,
-            "pad_token_id": self.pad_token_id,
-            "bos_token_id": self.bos_token_id,
-            "eot_token_id": self.eot_token_id,
-            "torch_dtype": "bfloat16",
-        }
-
-    def _dream_hf_dict(self) -> dict[str, Any]:
-        return {
-            "architectures": ["DreamModel"],
-            "model_type": "Dream",
-            "hidden_size": self.d_model,
-            "num_hidden_layers": self.n_layers,
-            "num_attention_heads": self.n_heads,
-            "num_key_value_heads": self.n_kv_heads,
-            "intermediate_size": self.mlp_hidden_size,
-            "vocab_size": self.vocab_size,
-            "rope_theta": self.rope_theta,
-            "rms_norm_eps": self.rms_norm_eps,
-            "max_position_embeddings": self.max_sequence_length,
-            "hidden_act": "silu",
-            "tie_word_embeddings": False,
-            "attention_dropout": 0.0,
-            "mask_token_id": self.mask_token_id,
-            "pad_token_id": self.pad_token_id,
-            "bos_token_id": self.bos_token_id,
-            "eos_token_id": self.eos_token_id,
-            "eot_token_id": self.eot_token_id,
-            "torch_dtype": "bfloat16",
-        }
-
-    @classmethod
-    def _from_dream(cls, data: dict[str, Any], source: str) -> ModelConfig:
-        need = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
-        missing = [k for k in need if k not in data]
-        if missing:
-            raise ModelLoadError(f"{source}: missing required fields {', '.join(missing)}")
-        if data.get("tie_word_embeddings"):
-            raise ModelLoadError(f"{source}: tie_word_embeddings=true is not supported for Dream")
-        get = data.get
-        return cls(
-            d_model=data["hidden_size"], n_layers=data["num_hidden_layers"], n_heads=data["num_attention_heads"],
-            n_kv_heads=get("num_key_value_heads") or data["num_attention_heads"],
-            mlp_hidden_size=data["intermediate_size"], vocab_size=data["vocab_size"],
-            rope_theta=float(get("rope_theta", 1e6)), rms_norm_eps=float(get("rms_norm_eps", 1e-6)),
-            max_sequence_length=min(int(get("max_position_embeddings", 2048)), 2048) if "max_sequence_length"
-            not in data else int(data["max_sequence_length"]),
-            mask_token_id=int(get("mask_token_id", 151666)), eos_token_id=int(get("eos_token_id", 151643)),
-            pad_token_id=int(get("pad_token_id", 151643)), bos_token_id=get("bos_token_id", 151643),
-            eot_token_id=get("eot_token_id", 151645), family="dream", qkv_bias=True, logit_shift=1,
-        )
-
-    @classmethod
-    def from_hf_dict(cls, data: dict[str, Any], source: str = "config.json") -> ModelConfig:
-        model_type = str(data.get("model_type", "")).lower()
-        if model_type == "dream":
-            return cls._from_dream(data, source)
-        if model_type and model_type != "llada":
-            raise ModelLoadError(
-                f"{source}: model_type {data.get('model_type')!r} is not supported (supported: 'llada', 'Dream')"
-            )
-        missing = [k for k in ("d_model", "n_layers", "n_heads", "vocab_size") if k not in data]
-        if missing:
-            raise ModelLoadError(f"{source}: missing required fields {', '.join(missing)}")
-        mlp = data.get("mlp_hidden_size") or data["d_model"] * int(data.get("mlp_ratio", 4))
-        for flag in ("alibi", "include_bias", "include_qkv_bias", "weight_tying", "scale_logits"):
-            if data.get(flag):
-                raise ModelLoadError(f"{source}: {flag}=true is not supported by this LLaDA implementation")
-        known = {f.name for f in fields(cls)}
-        kwargs = {k: v for k, v in data.items() if k in known and v is not None}
-        kwargs["mlp_hidden_size"] = int(mlp)
-        for key in ("family", "qkv_bias", "logit_shift"):
-            kwargs.pop(key, None)
-        return cls(**kwargs)
-
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-FAMILIES = ("llada", "dream")
+# ----- config.json in the upstream formats (``models.families`` picks the pair by ``model_type``/``family``) -----
+def llada_to_hf(cfg: ModelConfig) -> dict[str, Any]:
+    return {
+        "architectures": ["LLaDAModelLM"],
+        "model_type": "llada",
+        "d_model": cfg.d_model,
+        "n_layers": cfg.n_layers,
+        "n_heads": cfg.n_heads,
+        "n_kv_heads": cfg.n_kv_heads,
+        "mlp_hidden_size": cfg.mlp_hidden_size,
+        "mlp_ratio": max(1, cfg.mlp_hidden_size // cfg.d_model),
+        "vocab_size": cfg.vocab_size,
+        "embedding_size": cfg.embedding_size,
+        "rope": True,
+        "rope_theta": cfg.rope_theta,
+        "rope_full_precision": True,
+        "max_sequence_length": cfg.max_sequence_length,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "layer_norm_type": "rms",
+        "activation_type": "silu",
+        "block_type": "llama",
+        "include_bias": False,
+        "include_qkv_bias": False,
+        "bias_for_layer_norm": False,
+        "weight_tying": False,
+        "alibi": False,
+        "flash_attention": False,
+        "attention_layer_norm": False,
+        "input_emb_norm": False,
+        "scale_logits": False,
+        "attention_dropout": 0.0,
+        "residual_dropout": 0.0,
+        "embedding_dropout": 0.0,
+        "mask_token_id": cfg.mask_token_id,
+        "eos_token_id": cfg.eos_token_id,
+        "pad_token_id": cfg.pad_token_id,
+        "bos_token_id": cfg.bos_token_id,
+        "eot_token_id": cfg.eot_token_id,
+        "torch_dtype": "bfloat16",
+    }
 
-_DREAM = dict(family="dream", qkv_bias=True, logit_shift=1, rope_theta=1e6, rms_norm_eps=1e-6)
+
+def llada_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
+    missing = [k for k in ("d_model", "n_layers", "n_heads", "vocab_size") if k not in data]
+    if missing:
+        raise ModelLoadError(f"{source}: missing required fields {', '.join(missing)}")
+    mlp = data.get("mlp_hidden_size") or data["d_model"] * int(data.get("mlp_ratio", 4))
+    for flag in ("alibi", "include_bias", "include_qkv_bias", "weight_tying", "scale_logits"):
+        if data.get(flag):
+            raise ModelLoadError(f"{source}: {flag}=true is not supported by this LLaDA implementation")
+    known = {f.name for f in fields(ModelConfig)}
+    kwargs = {k: v for k, v in data.items() if k in known and v is not None}
+    kwargs["mlp_hidden_size"] = int(mlp)
+    for key in ("family", "logit_shift"):
+        kwargs.pop(key, None)
+    return ModelConfig(**kwargs)
+
+
+def dream_to_hf(cfg: ModelConfig) -> dict[str, Any]:
+    return {
+        "architectures": ["DreamModel"],
+        "model_type": "Dream",
+        "hidden_size": cfg.d_model,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "intermediate_size": cfg.mlp_hidden_size,
+        "vocab_size": cfg.vocab_size,
+        "rope_theta": cfg.rope_theta,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "max_position_embeddings": cfg.max_sequence_length,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "attention_dropout": 0.0,
+        "mask_token_id": cfg.mask_token_id,
+        "pad_token_id": cfg.pad_token_id,
+        "bos_token_id": cfg.bos_token_id,
+        "eos_token_id": cfg.eos_token_id,
+        "eot_token_id": cfg.eot_token_id,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def dream_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
+    need = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+    missing = [k for k in need if k not in data]
+    if missing:
+        raise ModelLoadError(f"{source}: missing required fields {', '.join(missing)}")
+    if data.get("tie_word_embeddings"):
+        raise ModelLoadError(f"{source}: tie_word_embeddings=true is not supported for Dream")
+    get = data.get
+    return ModelConfig(
+        d_model=data["hidden_size"], n_layers=data["num_hidden_layers"], n_heads=data["num_attention_heads"],
+        n_kv_heads=get("num_key_value_heads") or data["num_attention_heads"],
+        mlp_hidden_size=data["intermediate_size"], vocab_size=data["vocab_size"],
+        rope_theta=float(get("rope_theta", 1e6)), rms_norm_eps=float(get("rms_norm_eps", 1e-6)),
+        max_sequence_length=min(int(get("max_position_embeddings", 2048)), 2048) if "max_sequence_length"
+        not in data else int(data["max_sequence_length"]),
+        mask_token_id=int(get("mask_token_id", 151666)), eos_token_id=int(get("eos_token_id", 151643)),
+        pad_token_id=int(get("pad_token_id", 151643)), bos_token_id=get("bos_token_id", 151643),
+        eot_token_id=get("eot_token_id", 151645), family="dream", logit_shift=1,
+    )
+
+
+_DREAM = dict(family="dream", logit_shift=1, rope_theta=1e6, rms_norm_eps=1e-6)
 
 NAMED_CONFIGS: dict[str, ModelConfig] = {
     # The real LLaDA-8B shape (Instruct, Base and 1.5 share it).

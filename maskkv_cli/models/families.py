@@ -1,24 +1,27 @@
-"""Model families by name: one table from a family to its module class and to the sampler loop it uses.
+"""Model families: the one table from a family to its module class, its ``config.json`` mapping and its sampler.
 
-A new family is its model file (implementing ``models.protocol.DiffusionLM``) and one ``Family`` entry here
-(plus its config reading in ``config.py``, and a sampler loop in ``sampling/`` only if none of the existing
-ones fits).
+A new bidirectional family is its model file (blocks on ``models.base.DiffusionBlock``, the model on
+``DiffusionModel``; see ``models.protocol``), its ``config.json`` readers in ``config.py`` and one ``Family`` row
+here. Everything else (loading, saving, ``maskkv models``, the sampler choice) reads this table.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
-from maskkv_cli.errors import UsageError
-from maskkv_cli.models.config import ModelConfig
+from maskkv_cli.errors import ModelLoadError, UsageError
+from maskkv_cli.models.config import ModelConfig, dream_from_hf, dream_to_hf, llada_from_hf, llada_to_hf
 from maskkv_cli.models.dream import Dream
 from maskkv_cli.models.llada import LLaDA
 from maskkv_cli.models.protocol import DiffusionLM
 
-__all__ = ["FAMILY_TABLE", "DiffusionLM", "Family", "build_model", "family", "parameter_shapes"]
+__all__ = ["FAMILY_TABLE", "DiffusionLM", "Family", "build_model", "config_from_hf", "config_to_hf", "family",
+           "parameter_shapes"]
 
 
 @dataclass(frozen=True)
@@ -26,11 +29,14 @@ class Family:
     name: str  # ModelConfig.family
     model_class: type[nn.Module]
     sampler: str  # the denoising loop (``sampling.SAMPLERS``): "llada" (blocks) or "dream" (one block, its rules)
+    model_types: tuple[str, ...]  # ``config.json`` ``model_type`` values (lower case) this family reads
+    from_hf: Callable[[dict[str, Any], str], ModelConfig]  # config.json -> ModelConfig
+    to_hf: Callable[[ModelConfig], dict[str, Any]]  # ModelConfig -> config.json
 
 
 FAMILY_TABLE: dict[str, Family] = {
-    "llada": Family("llada", LLaDA, sampler="llada"),
-    "dream": Family("dream", Dream, sampler="dream"),
+    "llada": Family("llada", LLaDA, "llada", ("llada", ""), llada_from_hf, llada_to_hf),
+    "dream": Family("dream", Dream, "dream", ("dream",), dream_from_hf, dream_to_hf),
 }
 
 
@@ -41,6 +47,21 @@ def family(name: str) -> Family:
         raise UsageError(f"unknown model family {name!r} (known: {', '.join(FAMILY_TABLE)})") from None
 
 
+def config_from_hf(data: dict[str, Any], source: str = "config.json") -> ModelConfig:
+    """A ``config.json`` in a family's upstream format (chosen by ``model_type``) as a ``ModelConfig``."""
+    model_type = str(data.get("model_type", "")).lower()
+    for fam in FAMILY_TABLE.values():
+        if model_type in fam.model_types:
+            return fam.from_hf(data, source)
+    supported = ", ".join(repr(t) for fam in FAMILY_TABLE.values() for t in fam.model_types if t)
+    raise ModelLoadError(f"{source}: model_type {data.get('model_type')!r} is not supported (supported: {supported})")
+
+
+def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
+    """The ``config.json`` of ``cfg`` in its family's upstream format."""
+    return family(cfg.family).to_hf(cfg)
+
+
 def build_model(cfg: ModelConfig) -> DiffusionLM:
     return family(cfg.family).model_class(cfg)  # type: ignore[return-value]
 
@@ -49,4 +70,4 @@ def parameter_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Checkpoint key -> shape, computed from the config alone (no tensors are allocated)."""
     with torch.device("meta"):
         model = build_model(cfg)
-    return {model.checkpoint_key(name): tuple(p.shape) for name, p in model.named_parameters()}
+    return {model.checkpoint_key(name): tuple(p.shape) for name, p in model.named_parameters()}  # type: ignore[attr-defined]

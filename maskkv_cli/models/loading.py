@@ -21,7 +21,7 @@ from torch import nn
 
 from maskkv_cli.errors import ModelLoadError
 from maskkv_cli.models.config import ModelConfig
-from maskkv_cli.models.families import build_model, parameter_shapes
+from maskkv_cli.models.families import build_model, config_from_hf, config_to_hf, parameter_shapes
 from maskkv_cli.models.protocol import DiffusionLM
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -95,7 +95,7 @@ def read_config(folder: Path) -> ModelConfig:
         data = json.loads((folder / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ModelLoadError(f"cannot read {folder / 'config.json'}: {exc}") from None
-    return ModelConfig.from_hf_dict(data, source=str(folder / "config.json"))
+    return config_from_hf(data, source=str(folder / "config.json"))
 
 
 def weight_files(folder: Path) -> dict[str, Path]:
@@ -207,7 +207,7 @@ def save_model(
             total = sum(t.numel() * t.element_size() for t in state.values())
             (tmp / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
                                                      indent=2))
-        cfg = model.config.to_hf_dict()
+        cfg = config_to_hf(model.config)
         cfg["torch_dtype"] = str(model.dtype).removeprefix("torch.")
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
         gen = {"bos_token_id": model.config.bos_token_id, "eos_token_id": model.config.eos_token_id,

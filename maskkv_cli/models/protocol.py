@@ -1,19 +1,45 @@
 """What the engine and the samplers need from a model: the contract every family implements.
 
 The engine runs the layers itself (layer-streamed prefill, response-only steps), so a model exposes its parts
-rather than only ``forward``: the token embedding, the blocks (each with ``qkv``, ``attn_proj`` and ``mlp``),
-the RoPE tables and the output head. ``logit_shift`` in the config says whether position i is predicted from
-hidden state i (LLaDA) or i - 1 (Dream).
+rather than only ``forward``: the token embedding, the blocks, the RoPE tables and the output head, and where
+its parts sit when it is spread over devices. ``logit_shift`` in the config says whether position i is
+predicted from hidden state i (LLaDA) or i - 1 (Dream).
+
+A family gets all of this by subclassing ``models.base.DiffusionModel`` and ``DiffusionBlock`` and supplying
+their hooks (``docs/models.md``); these Protocols list what the engine actually calls, so a family written to
+them runs in every path (plain forward, prefill, response steps, layer importance, the limit line).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
 
+from maskkv_cli.models.base import Rope
 from maskkv_cli.models.config import ModelConfig
+
+
+@runtime_checkable
+class Block(Protocol):
+    """One layer as the engine drives it. Shapes: x (B, T, d); q (B, H, T, D); k, v (B, H_kv, T, D)."""
+
+    def queries(self, x: Tensor, rope: Rope) -> Tensor: ...  # rotated q of x's T rows (rope: their tables)
+
+    def keys(self, x: Tensor, rope: Rope) -> Tensor: ...  # rotated k
+
+    def values(self, x: Tensor) -> Tensor: ...  # v
+
+    def qkv(self, x: Tensor, rope: Rope) -> tuple[Tensor, Tensor, Tensor]: ...  # the three, as above
+
+    def attn_proj(self, o: Tensor) -> Tensor: ...  # attention output (B, H, T, D) -> (B, T, d)
+
+    def mlp(self, x: Tensor, chunk: int | None = None) -> Tensor: ...  # MLP sub-layer (its norm included)
+
+    def __call__(self, x: Tensor, rope: Rope, key_mask: Tensor | None = None, mlp_chunk: int | None = None,
+                 on_attention: Callable[[Tensor, Tensor], None] | None = None) -> Tensor: ...  # a dense layer
 
 
 @runtime_checkable
@@ -21,22 +47,27 @@ class DiffusionLM(Protocol):
     """A masked-diffusion language model the engine can drive (``LLaDA``, ``Dream``)."""
 
     config: ModelConfig
+    layer_devices: list[torch.device] | None  # each layer's device under a device map, else None
 
     @property
-    def blocks(self) -> nn.ModuleList: ...  # each: qkv(x, cos, sin), attn_proj(o), mlp(x), forward(x, cos, sin)
+    def blocks(self) -> nn.ModuleList: ...  # of ``Block``
 
     @property
-    def device(self) -> torch.device: ...
+    def device(self) -> torch.device: ...  # where the embedding (the input) lives
 
     @property
     def dtype(self) -> torch.dtype: ...
 
-    def embed(self, ids: Tensor) -> Tensor: ...  # (B, T) -> (B, T, D)
+    def embed(self, ids: Tensor) -> Tensor: ...  # (B, T) -> (B, T, d)
 
-    def head(self, x: Tensor) -> Tensor: ...  # final norm and output projection: (B, T, D) -> (B, T, V)
+    def head(self, x: Tensor) -> Tensor: ...  # final norm and output projection: (B, T, d) -> (B, T, V)
 
-    def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]: ...  # cos, sin for these positions
+    def rope(self, positions: Tensor) -> Rope: ...  # cos, sin tables for these positions
+
+    def place_ends(self, first: torch.device, last: torch.device) -> None: ...  # embedding; norm and head
 
     def __call__(self, ids: Tensor) -> Tensor: ...  # plain forward: logits (B, T, V), shifted when logit_shift
 
     def checkpoint_key(self, name: str) -> str: ...  # parameter name -> upstream checkpoint key
+
+    def parameter_name(self, key: str) -> str: ...  # upstream checkpoint key -> parameter name

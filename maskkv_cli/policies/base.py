@@ -50,7 +50,7 @@ class LayerView:
     layer: int
     n_layers: int
     q: Tensor  # (B, H, T, D); shape only (device "meta") when ``compute_q`` is set
-    k: Tensor  # (B, H, T, D)
+    k: Tensor  # (B, H_kv, T, D): key/value heads (H_kv < H under grouped-query attention)
     prompt_len: int
     scale: float
     _mask_mass: Tensor | None = field(default=None, repr=False)

@@ -113,8 +113,9 @@ def calibrate(
     from rich.console import Console
 
     from maskkv_cli.defaults import resolve_default_model
-    from maskkv_cli.engine.importance import calibration_inputs, measure_importance
+    from maskkv_cli.engine.importance import measure_importance
     from maskkv_cli.policies.calibration import make_profile, save_profile
+    from maskkv_cli.prompting.calibration import calibration_inputs
 
     if samples < 1 or max_tokens < 1:
         raise UsageError("--samples and --max-tokens must be positive")

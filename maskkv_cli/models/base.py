@@ -1,0 +1,250 @@
+"""What every model family shares: RoPE tables, RMSNorm, the block contract and the one dense layer loop.
+
+A family's block supplies small hooks (its pre-attention norm, the q/k/v projections in head layout, its RoPE
+rotation, the output projection, the feed-forward network); ``DiffusionBlock`` builds on them everything the
+engine calls, once for every family:
+
+- ``queries(x, rope)``, ``keys(x, rope)``, ``values(x)``: what the layer-streamed prefill computes separately
+  (and a chunk of rows at a time) to bound its memory;
+- ``qkv(x, rope)``: the three at once (one norm), for the response-only steps;
+- ``attn_proj(o)``, ``mlp(x, chunk)``;
+- ``forward(x, rope, ...)``: one dense bidirectional layer.
+
+Because ``queries``/``keys``/``qkv`` all go through the same ``rotate`` hook, the cached path and the plain
+forward rotate identically in every dtype. ``attention`` decides grouped-query attention in one place (from the
+head counts of q and k). ``dense_hidden`` is the one dense layer loop: the families' ``forward``, the plain
+logits of policy ``none``, the layer-importance measurement and the limit line all run it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple, Self
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from maskkv_cli.models.config import ModelConfig
+
+
+class Rope(NamedTuple):
+    """fp32 cos/sin tables (T, head_dim) for T positions; unpacks as ``cos, sin``."""
+
+    cos: Tensor
+    sin: Tensor
+
+    def rows(self, start: int, stop: int) -> Rope:
+        """The tables of positions [start, stop) of these T."""
+        return Rope(self.cos[start:stop], self.sin[start:stop])
+
+    def to(self, device: torch.device) -> Rope:
+        return self if self.cos.device == device else Rope(self.cos.to(device), self.sin.to(device))
+
+
+def rope_tables(positions: Tensor, head_dim: int, theta: float) -> Rope:
+    """fp32 cos/sin tables (T, head_dim) in the half-split layout for integer ``positions`` (T,)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # (T, D/2)
+    angles = torch.cat((freqs, freqs), dim=-1)  # (T, D)
+    return Rope(angles.cos(), angles.sin())
+
+
+def apply_rope(x: Tensor, rope: Rope) -> Tensor:
+    """Rotate ``x`` (B, H, T, D) in fp32 with the ``rotate_half`` convention; returns x's dtype."""
+    x32 = x.float()
+    half = x32.shape[-1] // 2
+    rotated = torch.cat((-x32[..., half:], x32[..., :half]), dim=-1)
+    return (x32 * rope.cos + rotated * rope.sin).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in fp32, cast back to the input dtype, then scaled."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return y.to(x.dtype) * self.weight
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+    """SDPA of q (B, H, Tq, D) over k, v (B, H_kv, Tk, D): grouped-query attention whenever H_kv < H.
+
+    ``mask``: bool (True = may attend) or an additive float bias, broadcastable to (B, H, Tq, Tk)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
+
+
+class DiffusionBlock(nn.Module):
+    """One transformer layer of a bidirectional family, built on the family's hooks (see the module doc)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
+        self.n_kv_heads: int = cfg.n_kv_heads  # type: ignore[assignment]
+
+    # ----- the family's hooks ---------------------------------------------------------------------
+    def attention_input(self, x: Tensor) -> Tensor:
+        """The pre-attention normalisation of the hidden state x (B, T, d)."""
+        raise NotImplementedError
+
+    def q_heads(self, n: Tensor) -> Tensor:
+        """Unrotated queries (B, H, T, D) of the normalised input n (B, T, d)."""
+        raise NotImplementedError
+
+    def k_heads(self, n: Tensor) -> Tensor:
+        """Unrotated keys (B, H_kv, T, D) of n."""
+        raise NotImplementedError
+
+    def v_heads(self, n: Tensor) -> Tensor:
+        """Values (B, H_kv, T, D) of n."""
+        raise NotImplementedError
+
+    def rotate(self, t: Tensor, rope: Rope) -> Tensor:
+        """The family's RoPE: rotate queries or keys (B, heads, T, D) by the tables of their T positions."""
+        raise NotImplementedError
+
+    def attn_proj(self, o: Tensor) -> Tensor:
+        """Output projection of the attention o (B, H, T, D) -> (B, T, d)."""
+        raise NotImplementedError
+
+    def feed_forward(self, x: Tensor) -> Tensor:
+        """The MLP sub-layer (its own norm included) of x (B, T, d); row-wise."""
+        raise NotImplementedError
+
+    # ----- what the engine calls --------------------------------------------------------------------
+    def heads(self, t: Tensor, n_heads: int) -> Tensor:
+        """(B, T, n_heads * D) -> (B, n_heads, T, D)."""
+        b, length, _ = t.shape
+        return t.view(b, length, n_heads, self.head_dim).transpose(1, 2)
+
+    def queries(self, x: Tensor, rope: Rope) -> Tensor:
+        """Rotated q (B, H, T, D) of x (B, T, d)."""
+        return self.rotate(self.q_heads(self.attention_input(x)), rope)
+
+    def keys(self, x: Tensor, rope: Rope) -> Tensor:
+        """Rotated k (B, H_kv, T, D) of x (B, T, d)."""
+        return self.rotate(self.k_heads(self.attention_input(x)), rope)
+
+    def values(self, x: Tensor) -> Tensor:
+        """v (B, H_kv, T, D) of x (B, T, d)."""
+        return self.v_heads(self.attention_input(x))
+
+    def qkv(self, x: Tensor, rope: Rope) -> tuple[Tensor, Tensor, Tensor]:
+        """``queries``, ``keys`` and ``values`` of x with one normalisation."""
+        n = self.attention_input(x)
+        return self.rotate(self.q_heads(n), rope), self.rotate(self.k_heads(n), rope), self.v_heads(n)
+
+    def mlp(self, x: Tensor, chunk: int | None = None) -> Tensor:
+        """``feed_forward(x)``; with ``chunk`` the sequence is processed in slices of that many rows."""
+        if chunk is None or x.shape[1] <= chunk:
+            return self.feed_forward(x)
+        return torch.cat([self.feed_forward(x[:, i : i + chunk]) for i in range(0, x.shape[1], chunk)], dim=1)
+
+    def forward(self, x: Tensor, rope: Rope, key_mask: Tensor | None = None, mlp_chunk: int | None = None,
+                on_attention: Callable[[Tensor, Tensor], None] | None = None) -> Tensor:
+        """One dense layer: ``h = x + attn_proj(attention)``, then ``h + mlp(h)``.
+
+        ``key_mask`` (B, 1, 1, T) bool, True = may be attended (padding in training batches);
+        ``on_attention(x, attn)`` sees the layer input and the attention sub-layer's output before they are added.
+        """
+        q, k, v = self.qkv(x, rope)
+        attn = self.attn_proj(attention(q, k, v, key_mask))
+        del q, k, v
+        if on_attention is not None:
+            on_attention(x, attn)
+        x = x + attn
+        del attn
+        return x + self.mlp(x, mlp_chunk)
+
+
+def on_layer_device(model: nn.Module, i: int, x: Tensor, rope: Rope) -> tuple[Tensor, Rope]:
+    """Move the hidden state and the RoPE tables to layer ``i``'s device when the model is spread over several
+    (``placement.py``); a no-op otherwise."""
+    devices = getattr(model, "layer_devices", None)
+    if not devices or x.device == devices[i]:
+        return x, rope
+    return x.to(devices[i]), rope.to(devices[i])
+
+
+LayerHook = Callable[[int, Tensor, Tensor], None]  # (layer, input hidden state, attention output)
+
+
+def dense_hidden(model: DiffusionModel, ids: Tensor, key_mask: Tensor | None = None,
+                 positions: Tensor | None = None, mlp_chunk: int | None = None,
+                 on_attention: LayerHook | None = None) -> Tensor:
+    """The dense bidirectional forward over ids (B, T): final hidden states (B, T, d) before the head.
+
+    ``key_mask`` (B, T) bool marks real tokens (padding in training batches); ``positions`` (T,) are the RoPE
+    positions (default 0..T-1); ``mlp_chunk`` bounds the MLP's rows at once; ``on_attention(i, x, attn)`` sees
+    each layer's attention input and output (the layer importance is measured through it)."""
+    x = model.embed(ids)
+    rope = model.rope(torch.arange(ids.shape[1], device=ids.device) if positions is None else positions)
+    mask = None if key_mask is None else key_mask[:, None, None, :]
+    for i, block in enumerate(model.blocks):
+        x, rope = on_layer_device(model, i, x, rope)
+        hook = None if on_attention is None else (lambda h, a, i=i: on_attention(i, h, a))  # type: ignore[misc]
+        if mask is not None:
+            mask = mask.to(x.device)
+        x = block(x, rope, mask, mlp_chunk, hook)
+    return x
+
+
+class DiffusionModel(nn.Module):
+    """What the families' models share: RoPE, the plain forward (with the family's logit shift), placement.
+
+    A family sets ``config`` and implements ``blocks``, ``embed``, ``head``, ``place_ends``, ``device``,
+    ``dtype``, ``checkpoint_key`` and ``parameter_name`` (``models.protocol.DiffusionLM``)."""
+
+    config: ModelConfig
+    layer_devices: list[torch.device] | None = None  # one device per layer under a device map (``placement.py``)
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        raise NotImplementedError
+
+    def embed(self, ids: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def head(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def rope(self, positions: Tensor) -> Rope:
+        return rope_tables(positions, self.config.head_dim, self.config.rope_theta)
+
+    def forward(self, ids: Tensor, key_mask: Tensor | None = None, rows: Tensor | None = None,
+                positions: Tensor | None = None) -> Tensor:
+        """Logits (B, T, V); with ``rows`` (B, R) only at those positions; ``key_mask`` (B, T) marks real tokens;
+        ``positions`` (T,) are the RoPE positions (default 0..T-1; training may skip some).
+
+        Position i is predicted from hidden state ``i - logit_shift`` (the first positions from hidden state 0)."""
+        x = dense_hidden(self, ids, key_mask, positions)
+        shift = self.config.logit_shift
+        if rows is None:
+            if shift:
+                x = x[:, (torch.arange(ids.shape[1], device=x.device) - shift).clamp(min=0)]
+            return self.head(x)
+        if shift:
+            rows = (rows - shift).clamp(min=0)
+        return self.head(torch.gather(x, 1, rows.to(x.device)[..., None].expand(-1, -1, x.shape[-1])))
+
+    def init_weights(self, seed: int = 0, std: float = 0.02) -> Self:
+        init_parameters(self, seed, std)
+        return self
+
+
+def init_parameters(model: nn.Module, seed: int, std: float) -> None:
+    """Random normal weights (norm weights at one, biases at zero), reproducible from ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith("ln_f.weight"):
+                p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32).to(p.dtype) * std)
