@@ -32,7 +32,7 @@ _LAZY = {
     "get_policy": "maskkv_cli.policies.base",
     "PolicyOptions": "maskkv_cli.policies.base",
     "Session": "maskkv_cli.session",
-    "CacheConfig": "maskkv_cli.session",
+    "CacheConfig": "maskkv_cli.engine.plan",
 }
 
 __all__ = ["__version__", *_LAZY]

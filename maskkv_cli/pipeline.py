@@ -33,10 +33,11 @@ def prepare(session: Session, context: str, question: str, gen_length: int, long
     cfg = session.model.config
     overhead = session.prompt_overhead(question)
     room = session.window - overhead - gen_length
+    doc_ids = session.document_ids(context)  # encoded once per document, whatever the number of questions
     # RoPE scaling sizes its factor for the whole sequence; a cut needs only the room.
-    total = overhead + session.count_tokens(context) + gen_length if long == "rope-scale" else None
+    total = overhead + len(doc_ids) + gen_length if long == "rope-scale" else None
     fitted = fit_context(session.tokenizer, context, room, long, cfg.head_dim, session.base_theta, session.window,
-                         total)
+                         total, doc_ids)
     return Prompt(session.prompt_ids(document_question(fitted.text, question)), fitted)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,79 +9,28 @@ from typing import Any
 
 import torch
 
-from maskkv_cli.defaults import DEFAULT_BUDGET, DEFAULT_POLICY
-from maskkv_cli.kv.budgets import resolve_budget
+from maskkv_cli.engine.plan import CacheConfig, plan_cache
+from maskkv_cli.models.config import ModelConfig, read_model_defaults
 from maskkv_cli.models.loading import load_model, resolve_model_path
 from maskkv_cli.models.protocol import DiffusionLM
-from maskkv_cli.policies.base import PolicyOptions, get_policy
 from maskkv_cli.prompting import chat_prompt_ids, decode_answer, document_question, load_tokenizer, stop_ids
 from maskkv_cli.prompting.fit import FittedContext
 from maskkv_cli.sampling import DreamOptions, Event, GenerationConfig, GenerationResult, sample
 from maskkv_cli.sampling.confidence import Confidence, answer_confidence
 
-
-@dataclass(frozen=True)
-class CacheConfig:
-    policy: str = DEFAULT_POLICY
-    budget: int | None = None
-    ratio: float | None = None
-    options: PolicyOptions = PolicyOptions()
-    layer_budgets: str = "auto"  # MaskKV: auto (calibration profile if any), online, uniform
-
-    def resolved_budget(self, prompt_len: int) -> int | None:
-        """Budget in entries per head per layer; None keeps the whole prompt."""
-        if self.budget is None and self.ratio is None:
-            return None
-        return resolve_budget(self.budget, self.ratio, prompt_len)
-
-
-GENERATION_KEYS = ("gen_length", "steps", "block_length")
-
-
-def _maskkv_section(folder: Path) -> dict[str, Any]:
-    """The ``maskkv`` section of a model's ``generation_config.json``; empty when there is none or it is unreadable."""
-    try:
-        data = json.loads((folder / "generation_config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-    section = data.get("maskkv") if isinstance(data, dict) else None
-    return section if isinstance(section, dict) else {}
-
-
-def read_generation_defaults(folder: Path) -> dict[str, int]:
-    """``maskkv`` defaults stored in a model's ``generation_config.json`` (e.g. the tiny model's short answers)."""
-    section = _maskkv_section(folder)
-    return {k: int(v) for k, v in section.items() if k in GENERATION_KEYS and isinstance(v, int) and v > 0}
+DOCUMENTS_REMEMBERED = 4  # documents whose token ids a session keeps (``Session.document_ids``)
 
 
 def resolve_generation(defaults: dict[str, int], gen_length: int | None, steps: int | None,
                        block_length: int | None) -> tuple[int, int, int]:
     """(gen_length, steps, block_length) from the options, filling gaps from the model's defaults
-    (``read_generation_defaults``), else 128 / gen length / 32: what every command and a batch job use."""
+    (``ModelDefaults.generation``), else 128 / gen length / 32: what every command and a batch job use."""
     gen = gen_length or defaults.get("gen_length", 128)
     block = block_length or defaults.get("block_length", min(32, gen))
     if block_length is None and gen % block:
         block = gen
     n_steps = steps or (defaults.get("steps", gen) if gen_length is None else gen)
     return gen, n_steps, block
-
-
-def _maskkv_count(folder: Path, key: str) -> int | None:
-    """A positive integer ``key`` of the ``maskkv`` section of a model's ``generation_config.json``, else None."""
-    value = _maskkv_section(folder).get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
-def read_summary_length(folder: Path) -> int | None:
-    """Tokens of the lead summary a model was trained to write (``maskkv.summary_length`` in its
-    ``generation_config.json``, the embedded model's), or None for a model without that format."""
-    return _maskkv_count(folder, "summary_length")
-
-
-def read_summary_block(folder: Path) -> int | None:
-    """The block length a model's lead summaries were trained to be decoded in (``maskkv.summary_block_length``;
-    ``train-tiny --summary-block``), or None: the whole summary is one block."""
-    return _maskkv_count(folder, "summary_block_length")
 
 
 @dataclass
@@ -104,21 +52,31 @@ class Session:
         from maskkv_cli.models.loading import read_config
         from maskkv_cli.models.placement import parse_device_map, place_model
 
-        self.model_path = model_path
         folder = resolve_model_path(model_path)
-        layer_devices = parse_device_map(device_map, read_config(folder).n_layers)
+        config = read_config(folder)
+        layer_devices = parse_device_map(device_map, config.n_layers)
         self.device = layer_devices[0] if layer_devices else torch.device(device)
         load_on = "cpu" if layer_devices else self.device
         self.model: DiffusionLM = load_model(model_path, device=load_on, dtype=dtype or
                                              ("bf16" if self.device.type == "cuda" else None))
         if layer_devices:
             place_model(self.model, layer_devices)
+        self.init_text_side(model_path, folder, config, dream)
+
+    def init_text_side(self, model_path: str, folder: Path, config: ModelConfig,
+                       dream: DreamOptions | None = None) -> None:
+        """What a session knows besides the weights: tokenizer, RoPE base, the model's stored defaults (read once
+        from ``generation_config.json``), Dream's options, the documents' token ids. A session that plans without
+        weights (``batch.cells.PlanningSession``) sets up only this."""
+        self.model_path = model_path
         self.tokenizer: Any = load_tokenizer(model_path)
-        self.base_theta = self.model.config.rope_theta
+        self.base_theta = config.rope_theta
         self.dream = dream or DreamOptions()  # Dream's own sampler settings; LLaDA's loop has none
-        self.generation_defaults = read_generation_defaults(folder)
-        self.summary_length = read_summary_length(folder)
-        self.summary_block = read_summary_block(folder)
+        defaults = read_model_defaults(folder)
+        self.generation_defaults = defaults.generation
+        self.summary_length = defaults.summary_length
+        self.summary_block = defaults.summary_block
+        self._documents: dict[str, list[int]] = {}  # text -> token ids (``document_ids``), oldest first
 
     @property
     def window(self) -> int:
@@ -131,6 +89,17 @@ class Session:
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def document_ids(self, text: str) -> list[int]:
+        """Token ids of a document (no special tokens), remembered for the last few documents: ``ask -q`` with
+        several questions, ``profile`` with several runs and ``batch`` encode each document once."""
+        ids = self._documents.get(text)
+        if ids is None:
+            ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+            self._documents[text] = ids
+            while len(self._documents) > DOCUMENTS_REMEMBERED:
+                del self._documents[next(iter(self._documents))]
+        return ids
 
     def prompt_overhead(self, question: str) -> int:
         """Tokens of the chat template and the question around an empty document."""
@@ -146,18 +115,9 @@ class Session:
         cache: CacheConfig,
         on_event: Callable[[Event], None] | None = None,
     ) -> Answer:
-        from maskkv_cli.policies.calibration import resolve_importance
-
-        budget = cache.resolved_budget(len(ids))
-        options, note = resolve_importance(self.model_path, cache.options, cache.policy, cache.layer_budgets)
-        policy = get_policy(cache.policy, options)
-        if budget is None and policy.evicts:
-            budget = DEFAULT_BUDGET
-        evicting = policy.evicts and budget is not None and budget < len(ids)
-        online = cache.layer_budgets == "online" and policy.uses_importance
+        plan = plan_cache(self.model, cache, len(ids), self.model_path)
         prompt = torch.tensor([ids], dtype=torch.long, device=self.device)
-        result = sample(self.model, prompt, gen, policy, budget, on_event, online_importance=online,
-                        dream=self.dream)
+        result = sample(self.model, prompt, gen, plan, on_event, dream=self.dream)
         cfg = self.model.config
         tokens = result.tokens[0].tolist()
         stops = stop_ids(self.tokenizer, cfg)
@@ -165,8 +125,8 @@ class Session:
         confidence = None
         if result.token_probs is not None:
             confidence = answer_confidence(tokens, result.token_probs[0].tolist(), stops, cfg.mask_token_id)
-        notes = [note] if note and evicting else []
-        return Answer(text, len(ids), budget if policy.evicts else None, result, notes, confidence)
+        notes = [plan.note] if plan.note else []
+        return Answer(text, len(ids), plan.budget if plan.policy.evicts else None, result, notes, confidence)
 
     def answer(self, question: str, gen: GenerationConfig, cache: CacheConfig,
                on_event: Callable[[Event], None] | None = None) -> Answer:

@@ -144,7 +144,7 @@ def test_block_trained_summaries_are_recorded_for_summarize(tmp_path):
     laid out as embedded records the summary length and block that summarize then reads."""
     from dataclasses import replace
 
-    from maskkv_cli.session import read_generation_defaults, read_summary_block, read_summary_length
+    from maskkv_cli.models.config import ModelDefaults, read_model_defaults
     from maskkv_cli.training.train import install_model
 
     cfg = replace(small(tmp_path, 2), mix={"niah_single": 1.0, "lead_summary": 1.0}, summary_len=8, summary_block=4)
@@ -153,8 +153,8 @@ def test_block_trained_summaries_are_recorded_for_summarize(tmp_path):
     assert "lead_summary" in state["history"][-1]["eval"]
     target = install_model(final, summary_length=8, summary_block=4, target=tmp_path / "embedded")
     assert target == tmp_path / "embedded"
-    assert (read_summary_length(target), read_summary_block(target)) == (8, 4)
-    assert read_generation_defaults(target) == {"gen_length": 8, "steps": 8, "block_length": 8}
+    expected = ModelDefaults({"gen_length": 8, "steps": 8, "block_length": 8}, summary_length=8, summary_block=4)
+    assert read_model_defaults(target) == expected
     assert load_model(target).config.max_sequence_length == 2 * cfg.max_len
 
 

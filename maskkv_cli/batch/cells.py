@@ -21,17 +21,11 @@ class PlanningSession(Session):
 
     def __init__(self, model_path: str, dtype: str | None, device_kind: str) -> None:  # no super(): no weights
         from maskkv_cli.models.loading import parse_dtype, read_config, resolve_model_path
-        from maskkv_cli.prompting import load_tokenizer
-        from maskkv_cli.session import read_generation_defaults
 
         folder = resolve_model_path(model_path)
         config = read_config(folder)
-        self.model_path = model_path
         self.model = SimpleNamespace(config=config, dtype=parse_dtype(dtype, device_kind))  # type: ignore[assignment]
-        self.tokenizer = load_tokenizer(model_path)
-        self.base_theta = config.rope_theta
-        self.dream_options = {"alg": "entropy", "top_p": None, "top_k": None}
-        self.generation_defaults = read_generation_defaults(folder)
+        self.init_text_side(model_path, folder, config)
 
     def answer_ids(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a planning session has no weights; the workers answer")

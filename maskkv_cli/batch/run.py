@@ -144,10 +144,11 @@ def run_batch(
     """Answer every job not already finished in ``out``; returns the counts (failures are rows, not errors)."""
     from maskkv_cli.bench.quality import model_fingerprint
     from maskkv_cli.bench.results import machine_info
+    from maskkv_cli.models.config import read_model_defaults
     from maskkv_cli.models.loading import resolve_model_path
     from maskkv_cli.policies.base import policy_names
     from maskkv_cli.sampling.llada import GenerationConfig
-    from maskkv_cli.session import read_generation_defaults, resolve_generation
+    from maskkv_cli.session import resolve_generation
 
     known = policy_names()
     for policy in {s.policy or settings.policy for s in specs}:
@@ -155,7 +156,7 @@ def run_batch(
             raise UsageError(f"unknown policy {policy!r}; choose from: {', '.join(known)}")
     folder_path = resolve_model_path(model_path)
     model_id = model_fingerprint(model_path)
-    defaults = read_generation_defaults(folder_path)
+    defaults = read_model_defaults(folder_path).generation
     tell = on_progress or (lambda event: None)
     total = len(specs)
 

@@ -186,6 +186,7 @@ class PhasePeaks:
 def run_memory_case(case: MemoryCase) -> dict[str, Any]:
     """One prefill (step 0) in this process; its memory row."""
     from maskkv_cli.engine.forward import prefill
+    from maskkv_cli.engine.plan import CachePlan
     from maskkv_cli.policies import get_policy
     from maskkv_cli.stats import now
 
@@ -198,12 +199,10 @@ def run_memory_case(case: MemoryCase) -> dict[str, Any]:
     if not policy.uses_cache:
         raise UsageError("bench memory compares cached prefills; policy 'none' has no cache")
     m, n = case.prompt_len, case.gen_length
-    layer_budgets = None
-    if policy.evicts:
-        if case.budget is None:
-            raise UsageError(f"policy {case.policy} needs a budget")
-        if case.budget < m:
-            layer_budgets = policy.layer_budgets(cfg.n_layers, case.budget, m)
+    if policy.evicts and case.budget is None:
+        raise UsageError(f"policy {case.policy} needs a budget")
+    plan = CachePlan.build(model, policy, case.budget, m)  # the sampler's step 0 over the cached segment
+    layer_budgets = None if plan.layer_budgets is None else list(plan.layer_budgets)
     prompt = random_prompt(cfg, m, case.seed, dev)
     mask = torch.full((1, n), cfg.mask_token_id, dtype=prompt.dtype, device=dev)
     ids = torch.cat([prompt, mask], 1)
@@ -217,9 +216,9 @@ def run_memory_case(case: MemoryCase) -> dict[str, Any]:
     with torch.no_grad(), live:
         if prof is not None:
             with prof:
-                logits, cache, _ = prefill(model, ids, m, policy, layer_budgets, rows)
+                logits, cache, _ = prefill(model, ids, plan.split, policy, layer_budgets, rows)
         else:
-            logits, cache, _ = prefill(model, ids, m, policy, layer_budgets, rows)
+            logits, cache, _ = prefill(model, ids, plan.split, policy, layer_budgets, rows)
     elapsed = now(dev) - t0
     peak = read_peak(dev)
     after = read_current(dev)

@@ -35,6 +35,7 @@ from maskkv_cli.bench.ceiling import ceiling_fields
 from maskkv_cli.bench.limit import measure_limit, rows_schedule
 from maskkv_cli.bench.results import ResultsFolder, settings_key
 from maskkv_cli.bench.speed_report import summary_markdown, write_plot
+from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.engine.step_runner import StepOptions
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.protocol import DiffusionLM
@@ -99,6 +100,10 @@ def _gen_config(case: SpeedCase, gen_length: int | None = None, steps: int | Non
                             block_length=min(case.block_length, gen_length or case.gen_length), seed=case.seed)
 
 
+def _plan(model: DiffusionLM, policy: Any, budget: int | None, prompt: torch.Tensor, case: SpeedCase) -> CachePlan:
+    return CachePlan.build(model, policy, budget, prompt.shape[1], step_options=StepOptions.from_label(case.step_mode))
+
+
 def _warmup(model: DiffusionLM, case: SpeedCase, policy: Any, budget: int | None) -> float:
     """A short generation (and limit) at a small length: kernels, allocator and caches warmed up."""
     from maskkv_cli.sampling import sample
@@ -109,7 +114,7 @@ def _warmup(model: DiffusionLM, case: SpeedCase, policy: Any, budget: int | None
     g = _gen_config(case, gen_length=case.block_length, steps=min(4, case.steps))  # one block, a few steps
     prompt = random_prompt(model.config, m, case.seed + 1, dev)
     b = None if budget is None else max(1, min(budget, m // 2))
-    sample(model, prompt, g, policy, b, step_options=StepOptions.from_label(case.step_mode))
+    sample(model, prompt, g, _plan(model, policy, b, prompt, case))
     if case.limit:
         measure_limit(model, prompt, g, None if not policy.uses_cache else (b if b is not None else m), case.seed)
     return now(dev) - t0
@@ -128,7 +133,7 @@ def _run_none(model: DiffusionLM, prompt: torch.Tensor, gen: Any, policy: Any, t
                 raise _Stop
 
     try:
-        sample(model, prompt, gen, policy, None, on_event)
+        sample(model, prompt, gen, CachePlan.build(model, policy, None, prompt.shape[1]), on_event)
     except _Stop:
         pass
     diffs = [b - a for a, b in zip(marks, marks[1:], strict=False)]
@@ -164,7 +169,7 @@ def run_case(case: SpeedCase) -> dict[str, Any]:
     base_mem = read_current(dev)
     kv_bytes = kv_entries = 0
     elt = torch.finfo(model.dtype).bits // 8
-    kv_full = 2 * cfg.n_layers * cfg.n_heads * cfg.head_dim * case.prompt_len * elt
+    kv_full = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * case.prompt_len * elt  # type: ignore[operator]
     extrapolated = False
     setup_s = 0.0
     if not policy.uses_cache and case.none_steps < len(sched):
@@ -173,7 +178,7 @@ def run_case(case: SpeedCase) -> dict[str, Any]:
         total_s = prefill_s + (len(sched) - 1) * step_s
         steps_run, steps_timed, extrapolated = len(sched), 1 + len(later), True
     else:
-        result = sample(model, prompt, gen, policy, budget, step_options=StepOptions.from_label(case.step_mode))
+        result = sample(model, prompt, gen, _plan(model, policy, budget, prompt, case))
         st = result.stats
         setup_s = st.setup_s
         prefill_s, step_s, total_s = st.prefill_s, st.median_step_s, st.total_s

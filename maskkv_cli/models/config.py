@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any
 
 from maskkv_cli.errors import ModelLoadError, UsageError
@@ -200,3 +202,35 @@ def named_config(name: str) -> ModelConfig:
         return NAMED_CONFIGS[name]
     except KeyError:
         raise UsageError(f"unknown model config {name!r}; choose one of: {', '.join(NAMED_CONFIGS)}") from None
+
+
+# ----- maskkv's own defaults stored with a model (the ``maskkv`` section of its generation_config.json) ---------
+GENERATION_KEYS = ("gen_length", "steps", "block_length")
+
+
+@dataclass(frozen=True)
+class ModelDefaults:
+    """What a model folder says about how to run it (the embedded model's short answers and lead summaries)."""
+
+    generation: dict[str, int] = field(default_factory=dict)  # gen_length / steps / block_length
+    summary_length: int | None = None  # tokens of the lead summary the model was trained to write
+    summary_block: int | None = None  # the block length its summaries were trained to be decoded in
+
+
+def _positive(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def read_model_defaults(folder: Path) -> ModelDefaults:
+    """The ``maskkv`` section of ``folder/generation_config.json``, read once; empty defaults when there is none
+    or it is unreadable."""
+    try:
+        data = json.loads((folder / "generation_config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return ModelDefaults()
+    section = data.get("maskkv") if isinstance(data, dict) else None
+    if not isinstance(section, dict):
+        return ModelDefaults()
+    generation = {k: v for k in GENERATION_KEYS if (v := _positive(section.get(k))) is not None}
+    return ModelDefaults(generation, _positive(section.get("summary_length")),
+                         _positive(section.get("summary_block_length")))

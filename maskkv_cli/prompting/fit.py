@@ -39,11 +39,14 @@ class FittedContext:
 
 
 def fit_context(tokenizer: Any, context: str, budget: int, mode: str, head_dim: int, theta: float,
-                train_len: int, total_len: int | None = None) -> FittedContext:
-    """Make ``context`` fit ``budget`` tokens: cut its middle (``truncate``) or keep it and scale RoPE."""
+                train_len: int, total_len: int | None = None, ids: list[int] | None = None) -> FittedContext:
+    """Make ``context`` fit ``budget`` tokens: cut its middle (``truncate``) or keep it and scale RoPE.
+
+    ``ids``: the context's token ids when the caller has them already (they are not encoded again)."""
     if mode not in LONG_MODES:
         raise UsageError(f"--long must be one of {', '.join(LONG_MODES)}, got {mode!r}")
-    ids = tokenizer.encode(context, add_special_tokens=False)
+    if ids is None:
+        ids = tokenizer.encode(context, add_special_tokens=False)
     n = len(ids)
     if n <= budget:
         return FittedContext(context, n, 0, 1, "")

@@ -21,6 +21,7 @@ import torch
 
 from maskkv_cli.documents import Document
 from maskkv_cli.engine.forward import LayerRecord
+from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.errors import UsageError
 from maskkv_cli.reports.pagemap import PageMap, map_pages
 from maskkv_cli.stats import RunStats
@@ -166,19 +167,15 @@ def _fresh_peak(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def _importance(session: Any, cache: Any, records: Sequence[LayerRecord]) -> tuple[list[float] | None, str | None]:
-    """The I(l) the run's layer budgets came from: measured online, or the calibration profile, or none."""
-    from maskkv_cli.policies.calibration import resolve_importance
-
+def _importance(plan: CachePlan | None, records: Sequence[LayerRecord]) -> tuple[list[float] | None, str | None]:
+    """The I(l) the run's layer budgets came from, as its cache plan recorded it: measured online, or the
+    calibration profile, or none (uniform layer budgets)."""
     ordered = sorted(records, key=lambda r: r.layer)
     if ordered and all(r.importance is not None for r in ordered):
         return [float(r.importance) for r in ordered], "online"  # type: ignore[arg-type]
-    if cache.layer_budgets != "auto":
+    if plan is None or plan.importance_source != "profile" or plan.importance is None:
         return None, None
-    options, _ = resolve_importance(session.model_path, cache.options, cache.policy, cache.layer_budgets)
-    if options.importance is None:
-        return None, None
-    return [float(x) for x in options.importance], "profile"
+    return [float(x) for x in plan.importance], "profile"
 
 
 def profile_document(
@@ -234,7 +231,7 @@ def profile_document(
         mapped = map_pages(session.tokenizer, doc, fitted.text, question, records, answer.prompt_len, fitted.dropped)
         importance, source = (None, None)
         if result.layer_budgets is not None:  # only an evicting run has layer budgets that came from I(l)
-            importance, source = _importance(session, cache, records)
+            importance, source = _importance(result.plan, records)
         budgets = result.layer_budgets or ([r.layer_budget for r in records] if records else None)
         notes = [n for n in [fitted.rule, *answer.notes] if n]
         runs.append(RunProfile(

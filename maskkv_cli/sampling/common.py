@@ -2,9 +2,10 @@
 
 ``CachedForward`` gives the logits of the response positions a step needs: the plain forward for policy
 ``none``, else the prefill at the first call (step 0: exact attention, votes, per-layer selection) and the
-response-only pass over the compressed cache after it. ``Denoising`` holds one generation's sequence
-``[prompt ; masks]``, its random generator, the forward and the ``StepMeter`` that times the steps and fills the
-run statistics; the family loops (``llada.py``, ``dream.py``) only decide which tokens to commit.
+response-only pass over the compressed cache after it, all as the run's ``engine.plan.CachePlan`` says.
+``Denoising`` holds one generation's sequence ``[prompt ; masks]``, its random generator, the forward and the
+``StepMeter`` that times the steps and fills the run statistics; the family loops (``llada.py``, ``dream.py``)
+only decide which tokens to commit.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import torch
 from torch import Tensor
 
 from maskkv_cli.engine.forward import LayerRecord, plain_logits, prefill, response_logits
-from maskkv_cli.engine.step_runner import StepOptions, StepRunner
+from maskkv_cli.engine.plan import CachePlan
+from maskkv_cli.engine.step_runner import StepRunner
 from maskkv_cli.errors import UsageError
 from maskkv_cli.kv.cache import PromptCache
 from maskkv_cli.models.protocol import DiffusionLM
-from maskkv_cli.policies.base import Policy
 from maskkv_cli.stats import RunStats, memory_now, model_devices, now, reset_cuda_peaks
 
 
@@ -45,7 +46,7 @@ class GenerationResult:
     layer_budgets: list[int] | None = None
     # (B, gen_length) float64: probability of each token when it was committed (NaN: never committed)
     token_probs: Tensor | None = None
-
+    plan: CachePlan | None = None  # how the prompt cache was run (policy, budget, importance source, ...)
 
 
 class CachedForward:
@@ -56,25 +57,18 @@ class CachedForward:
     position gets fresh logits.
     """
 
-    def __init__(self, model: DiffusionLM, policy: Policy, budget: int | None, prompt_len: int,
-                 online_importance: bool = False, step_options: StepOptions | None = None,
-                 row_window: int | None = None) -> None:
-        self.model, self.policy, self.prompt_len = model, policy, prompt_len
-        self.online = online_importance
-        self.step_options = step_options or StepOptions()
+    def __init__(self, model: DiffusionLM, plan: CachePlan, row_window: int | None = None) -> None:
+        self.model, self.plan, self.policy = model, plan, plan.policy
+        self.prompt_len, self.split, self.shift = plan.prompt_len, plan.split, model.config.logit_shift
+        self.step_options = plan.step_options
         self.runner: StepRunner | None = None
         self.setup_s = 0.0  # time spent building the runner (compilation / capture), not a step's work
         self.row_window = row_window  # the sampler's block: each later step's rows lie in one such window
-        self.shift = model.config.logit_shift
-        self.split = prompt_len - self.shift  # cached prompt segment [0, split)
         self.cache: PromptCache | None = None
         self.records: list[LayerRecord] = []
-        self.layer_budgets: list[int] | None = None
+        # the per-layer budgets: the plan's, replaced by those actually used after an online prefill
+        self.layer_budgets: list[int] | None = None if plan.layer_budgets is None else list(plan.layer_budgets)
         self.batch = 1
-        if policy.uses_cache and self.split < 1:
-            raise UsageError("the prompt is too short for a prefix cache; use --policy none")
-        if policy.evicts and budget is not None and budget < self.split:
-            self.layer_budgets = policy.layer_budgets(len(model.blocks), budget, self.split)
 
     def __call__(self, x: Tensor, rows: Tensor, block_start: int | None = None) -> Tensor:
         """Logits for response positions ``rows`` of the sequence x (B, M + L); ``block_start``: the first
@@ -85,8 +79,8 @@ class CachedForward:
             logits = plain_logits(self.model, x, hidden)
         elif self.cache is None:
             logits, self.cache, self.records = prefill(self.model, x, self.split, self.policy, self.layer_budgets,
-                                                       hidden, online_importance=self.online)
-            if self.online and self.layer_budgets is not None:
+                                                       hidden, online_importance=self.plan.online)
+            if self.plan.online and self.layer_budgets is not None:
                 self.layer_budgets = [r.layer_budget for r in self.records]  # the plan actually used
             if not self.step_options.eager:
                 self.runner = StepRunner(self.model, self.cache, x[:, self.split :], self.step_options,
@@ -97,7 +91,6 @@ class CachedForward:
         else:
             logits = response_logits(self.model, self.cache, x[:, self.split :], hidden - self.split)
         return logits.to(x.device)  # a model spread over devices ends on its last one
-
 
 
 def masked_sequence(model: DiffusionLM, prompt: Tensor, gen_length: int) -> tuple[Tensor, int]:
@@ -174,15 +167,17 @@ class Denoising:
     """One generation: the sequence ``x`` = ``[prompt ; gen_length masks]`` (prompt length ``m``), the random
     generator, the forward passes and the step meter. The loops read ``x`` and call ``commit`` each step."""
 
-    def __init__(self, model: DiffusionLM, prompt: Tensor, gen_length: int, seed: int, policy: Policy,
-                 budget: int | None, on_event: Callable[[Event], None] | None, online_importance: bool,
-                 step_options: StepOptions | None, row_window: int | None = None) -> None:
+    def __init__(self, model: DiffusionLM, prompt: Tensor, gen_length: int, seed: int, plan: CachePlan,
+                 on_event: Callable[[Event], None] | None, row_window: int | None = None) -> None:
         self.device = model.device
         self.x, self.m = masked_sequence(model, prompt, gen_length)
+        if self.m != plan.prompt_len:
+            raise ValueError(f"the cache plan is for a {plan.prompt_len}-token prompt, the prompt has {self.m}")
         self.mask_id = model.config.mask_token_id
         self.rng = torch.Generator(device=self.device).manual_seed(seed)
-        self.forward = CachedForward(model, policy, budget, self.m, online_importance, step_options, row_window)
-        stats = RunStats(policy=policy.name, prompt_len=self.m, gen_length=gen_length)
+        self.plan = plan
+        self.forward = CachedForward(model, plan, row_window)
+        stats = RunStats(policy=plan.policy.name, prompt_len=self.m, gen_length=gen_length)
         self.meter = StepMeter(model, stats, on_event, self.m, self.forward)
         self.token_probs = torch.full((self.x.shape[0], gen_length), float("nan"), dtype=torch.float64,
                                       device=self.device)
@@ -203,4 +198,4 @@ class Denoising:
     def result(self) -> GenerationResult:
         self.meter.done()
         return GenerationResult(self.x[:, self.m :].clone(), self.meter.stats, self.forward.records,
-                                self.forward.layer_budgets, self.token_probs)
+                                self.forward.layer_budgets, self.token_probs, self.plan)

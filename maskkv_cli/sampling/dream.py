@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.engine.step_runner import StepOptions
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.protocol import DiffusionLM
@@ -106,7 +107,6 @@ def sample_tokens(logits: Tensor, gen: DreamGenerationConfig,
     return conf, x0, chosen_prob
 
 
-@torch.no_grad()
 def generate_dream(
     model: DiffusionLM,
     prompt: Tensor,
@@ -117,9 +117,17 @@ def generate_dream(
     online_importance: bool = False,
     step_options: StepOptions | None = None,
 ) -> GenerationResult:
-    """Denoise ``gen.gen_length`` tokens after ``prompt`` (B, M) with Dream's sampler."""
-    run = Denoising(model, prompt, gen.gen_length, gen.seed, policy, budget, on_event, online_importance,
-                    step_options)
+    """Denoise ``gen.gen_length`` tokens after ``prompt`` (B, M) with Dream's sampler (docs/api.md)."""
+    plan = CachePlan.build(model, policy, budget, prompt.shape[-1], online=online_importance,
+                           step_options=step_options)
+    return denoise_dream(model, prompt, gen, plan, on_event)
+
+
+@torch.no_grad()
+def denoise_dream(model: DiffusionLM, prompt: Tensor, gen: DreamGenerationConfig, plan: CachePlan,
+                  on_event: Callable[[Event], None] | None = None) -> GenerationResult:
+    """Dream's loop over ``prompt`` (B, M) with the prompt cache run as ``plan`` says."""
+    run = Denoising(model, prompt, gen.gen_length, gen.seed, plan, on_event)
     x, m, rng, device = run.x, run.m, run.rng, run.device
     timesteps = torch.linspace(1, gen.eps, gen.steps + 1, dtype=torch.float64)
     for i in range(gen.steps):

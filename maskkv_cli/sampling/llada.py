@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.engine.step_runner import StepOptions
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.protocol import DiffusionLM
@@ -82,7 +83,6 @@ def add_gumbel_noise(logits: Tensor, temperature: float, rng: torch.Generator | 
     return logits.exp() / (-torch.log(u)) ** temperature
 
 
-@torch.no_grad()
 def generate(
     model: DiffusionLM,
     prompt: Tensor,
@@ -93,13 +93,21 @@ def generate(
     online_importance: bool = False,
     step_options: StepOptions | None = None,
 ) -> GenerationResult:
-    """Denoise ``gen.gen_length`` tokens after ``prompt`` (B, M) with ``policy`` at ``budget``.
+    """Denoise ``gen.gen_length`` tokens after ``prompt`` (B, M) with ``policy`` at ``budget`` (docs/api.md).
 
     ``online_importance``: layer budgets from the current input (the full cache is resident during the prefill).
     ``step_options``: run later steps compiled or as a CUDA graph (``engine/step_runner.py``).
     """
-    run = Denoising(model, prompt, gen.gen_length, gen.seed, policy, budget, on_event, online_importance,
-                    step_options, gen.block_length)
+    plan = CachePlan.build(model, policy, budget, prompt.shape[-1], online=online_importance,
+                           step_options=step_options)
+    return denoise_llada(model, prompt, gen, plan, on_event)
+
+
+@torch.no_grad()
+def denoise_llada(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, plan: CachePlan,
+                  on_event: Callable[[Event], None] | None = None) -> GenerationResult:
+    """The LLaDA loop over ``prompt`` (B, M) with the prompt cache run as ``plan`` says."""
+    run = Denoising(model, prompt, gen.gen_length, gen.seed, plan, on_event, gen.block_length)
     x, m, mask_id, rng, device = run.x, run.m, run.mask_id, run.rng, run.device
     bsz = x.shape[0]
     for blk in range(gen.n_blocks):

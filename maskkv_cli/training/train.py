@@ -111,6 +111,7 @@ def evaluate(model: LLaDA, tok: Any, tasks: list[Task], answer_len: int, block: 
     """Exact match (ROUGE-L for lead summaries) of greedy answers with the full cache (the quality reference),
     decoded one token per step in blocks of ``block`` tokens (default: the whole answer as one block)."""
     from maskkv_cli.bench.metrics import score
+    from maskkv_cli.engine.plan import CachePlan
     from maskkv_cli.policies.base import get_policy
     from maskkv_cli.prompting import decode_answer, stop_ids
     from maskkv_cli.sampling import GenerationConfig, sample
@@ -121,7 +122,7 @@ def evaluate(model: LLaDA, tok: Any, tasks: list[Task], answer_len: int, block: 
     total = 0.0
     for t in tasks:
         ids = torch.tensor([chat_prompt_ids(tok, document_question(t.context, t.input))])
-        out = sample(model, ids, gen, get_policy("full"))
+        out = sample(model, ids, gen, CachePlan.build(model, get_policy("full"), None, ids.shape[1]))
         pred = decode_answer(tok, out.tokens[0].tolist(), stops, model.config.mask_token_id)
         total += score(t.dataset, pred, list(t.answers))
     model.train()

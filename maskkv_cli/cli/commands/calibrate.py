@@ -161,11 +161,9 @@ def calibrate(
 
 def _default_gen_length(folder: Path) -> int:
     """The model's own default response length when it declares one, else 128."""
-    try:
-        from maskkv_cli.session import read_generation_defaults
-    except ImportError:
-        return DEFAULT_GEN_LENGTH
-    return read_generation_defaults(folder).get("gen_length", DEFAULT_GEN_LENGTH)
+    from maskkv_cli.models.config import read_model_defaults
+
+    return read_model_defaults(folder).generation.get("gen_length", DEFAULT_GEN_LENGTH)
 
 
 def _print_table(importance: tuple[float, ...], inputs: int, tokens: int) -> None:

@@ -1,0 +1,134 @@
+"""The cache plan: every decision about one generation's prompt cache, made once and passed down as one value.
+
+``CacheConfig`` is what a user asks for (policy, budget or ratio, policy options, where the layer importance
+comes from). ``plan_cache`` turns it, for one prompt of one model, into a ``CachePlan``: the policy object, the
+budget in entries per head (the ratio resolved, the default filled in), the layer-importance source (a
+calibration profile, this input measured online, or uniform layer budgets), whether the run evicts at all
+(against the prompt segment that is actually cached), the per-layer budgets, the step options and the one-line
+note for the user. The samplers, ``Denoising`` and ``CachedForward`` receive only the plan, and the run's result
+carries it, so a report reads what the run used instead of deciding it again.
+
+``CachePlan.build`` is the low-level half, from a policy object and a budget (what ``sampling.generate``, the
+documented Python entry, calls).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+from maskkv_cli.defaults import DEFAULT_BUDGET, DEFAULT_POLICY, LAYER_BUDGET_CHOICES
+from maskkv_cli.engine.step_runner import StepOptions
+from maskkv_cli.errors import UsageError
+from maskkv_cli.kv.budgets import resolve_budget
+from maskkv_cli.models.protocol import DiffusionLM
+from maskkv_cli.policies.base import Policy, PolicyOptions, get_policy, uses_importance
+
+__all__ = ["CacheConfig", "CachePlan", "plan_cache"]
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """What a run asks of the prompt cache, before it meets a prompt."""
+
+    policy: str = DEFAULT_POLICY
+    budget: int | None = None  # entries per head per layer; None with no ratio: the default for evicting policies
+    ratio: float | None = None  # the budget as a share of the prompt
+    options: PolicyOptions = PolicyOptions()
+    layer_budgets: str = "auto"  # MaskKV: auto (calibration profile if any), online, uniform
+
+    def __post_init__(self) -> None:
+        if self.budget is not None and self.ratio is not None:
+            raise UsageError("give either --budget or --ratio, not both")
+        if self.budget is not None and self.budget <= 0:
+            raise UsageError(f"--budget must be a positive integer, got {self.budget}")
+        if self.ratio is not None and not 0 < self.ratio <= 1:
+            raise UsageError(f"--ratio must be in (0, 1], got {self.ratio}")
+        if self.layer_budgets not in LAYER_BUDGET_CHOICES:
+            raise UsageError(f"--layer-budgets must be {', '.join(LAYER_BUDGET_CHOICES[:-1])} or "
+                             f"{LAYER_BUDGET_CHOICES[-1]}, got {self.layer_budgets!r}")
+
+    def resolved_budget(self, prompt_len: int) -> int | None:
+        """Budget in entries per head per layer; None keeps the whole prompt."""
+        if self.budget is None and self.ratio is None:
+            return None
+        return resolve_budget(self.budget, self.ratio, prompt_len)
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    """How one generation runs its prompt cache (see the module doc)."""
+
+    policy: Policy
+    budget: int | None  # entries per head per layer asked for (None: keep the whole prompt)
+    prompt_len: int  # tokens of the prompt
+    split: int  # prompt positions that are cached: prompt_len - logit_shift (Dream's last token runs with masks)
+    layer_budgets: tuple[int, ...] | None  # the per-layer plan before the prefill; None: nothing is evicted
+    online: bool  # the prefill measures this input's layer importance (and, when evicting, plans from it)
+    importance_source: str | None  # profile, online, options, uniform; None: the policy does not use I(l)
+    importance: tuple[float, ...] | None  # the I(l) the layer budgets come from when not measured online
+    note: str | None  # one line for the user about the layer budgets, when the run evicts
+    step_options: StepOptions = StepOptions()
+
+    @property
+    def evicts(self) -> bool:
+        return self.layer_budgets is not None
+
+    @classmethod
+    def build(cls, model: DiffusionLM, policy: Policy, budget: int | None, prompt_len: int, *,
+              online: bool = False, step_options: StepOptions | None = None, importance_source: str | None = None,
+              note: str | None = None) -> CachePlan:
+        """The plan for ``policy`` at ``budget`` over a prompt of ``prompt_len`` tokens.
+
+        The run evicts when the policy evicts and the budget is below the cached segment (``prompt_len`` minus
+        the model's logit shift); a budget that covers it reproduces the full cache exactly. ``importance_source``
+        defaults to what the policy's options and ``online`` say."""
+        if prompt_len < 1:
+            raise UsageError("the prompt is empty")
+        split = prompt_len - model.config.logit_shift
+        if policy.uses_cache and split < 1:
+            raise UsageError("the prompt is too short for a prefix cache; use --policy none")
+        evicts = policy.evicts and budget is not None and budget < split
+        layer_budgets = tuple(policy.layer_budgets(len(model.blocks), budget, split)) if evicts else None  # type: ignore[arg-type]
+        importance = policy.options.importance
+        if importance_source is None and policy.uses_importance:
+            importance_source = "online" if online else "options" if importance is not None else "uniform"
+        return cls(policy, budget, prompt_len, split, layer_budgets, online, importance_source,
+                   None if online or importance is None else tuple(importance), note if evicts else None,
+                   step_options or StepOptions())
+
+
+def _importance_choice(model_path: str | os.PathLike[str] | None, cache: CacheConfig,
+                       policy_uses_importance: bool) -> tuple[PolicyOptions, str | None, str | None]:
+    """(policy options, importance source, note) for the cache's ``layer_budgets`` mode; the source None lets
+    ``CachePlan.build`` name it from the options."""
+    from maskkv_cli.policies.calibration import resolve_importance
+
+    if not policy_uses_importance:
+        return cache.options, None, None
+    if model_path is None:  # no folder to look a profile up in: the options' own importance, else uniform
+        online = cache.layer_budgets == "online"
+        return (replace(cache.options, importance=None) if online else cache.options), None, None
+    options, note = resolve_importance(model_path, cache.options, cache.policy, cache.layer_budgets)
+    if cache.layer_budgets == "online":
+        source = "online"
+    elif options.importance is None:
+        source = "uniform"
+    else:
+        source = "options" if cache.options.importance is not None else "profile"
+    return options, source, note
+
+
+def plan_cache(model: DiffusionLM, cache: CacheConfig, prompt_len: int,
+               model_path: str | os.PathLike[str] | None = None,
+               step_options: StepOptions | None = None) -> CachePlan:
+    """The plan for ``cache`` over a prompt of ``prompt_len`` tokens of ``model`` (loaded from ``model_path``,
+    where its calibration profile is looked up for ``layer_budgets="auto"``)."""
+    budget = cache.resolved_budget(prompt_len)
+    options, source, note = _importance_choice(model_path, cache, uses_importance(cache.policy))
+    policy = get_policy(cache.policy, options)
+    if budget is None and policy.evicts:
+        budget = DEFAULT_BUDGET
+    return CachePlan.build(model, policy, budget, prompt_len, online=cache.layer_budgets == "online"
+                           and policy.uses_importance, step_options=step_options, importance_source=source,
+                           note=note)
