@@ -116,13 +116,31 @@ def test_parallel_decoding_commits_at_least_one(tiny_model):
     assert [e.committed for e in events if e.kind != "done"] == [8, 8]
 
 
-def test_cfg_runs_and_differs(tiny_model):
-    base = GenerationConfig(gen_length=8, steps=4, block_length=8)
-    guided = GenerationConfig(gen_length=8, steps=4, block_length=8, cfg_scale=2.0)
-    for policy in ("none", "full"):
-        a = generate(tiny_model, random_ids(tiny_model, 24), base, get_policy(policy)).tokens
-        b = generate(tiny_model, random_ids(tiny_model, 24), guided, get_policy(policy)).tokens
-        assert a.shape == b.shape == (1, 8)
+@pytest.mark.parametrize("policy", ["none", "full", "maskkv"])
+def test_cfg_guides_with_a_prompt_masked_copy(tiny_model, policy):
+    """Step 0 under guidance scale s commits the token and position that ``unc + (s + 1) * (cond - unc)`` picks,
+    with ``unc`` the logits of the sequence whose prompt is all masks, computed here by hand; and guidance
+    changes the answer of some prompts."""
+    m, n, scale = 24, 8, 2.0
+    mask_id = tiny_model.config.mask_token_id
+    guided_gen = GenerationConfig(gen_length=n, steps=n, block_length=n, cfg_scale=scale)
+    plain_gen = GenerationConfig(gen_length=n, steps=n, block_length=n)
+    changed = 0
+    for seed in range(4):
+        ids = random_ids(tiny_model, m, seed)
+        x = torch.cat([ids, torch.full((1, n), mask_id)], 1)
+        un = x.clone()
+        un[:, :m] = mask_id
+        with torch.no_grad():
+            cond, unc = tiny_model(x)[:, m:], tiny_model(un)[:, m:]
+        logits = unc + (scale + 1) * (cond - unc)
+        logits[..., mask_id] = float("-inf")
+        conf, tokens = logits.double().softmax(-1).max(-1)
+        first = int(conf[0].argmax())  # one token per step: step 0 commits the most confident position
+        out = generate(tiny_model, ids, guided_gen, get_policy(policy), 8).tokens
+        assert int(out[0, first]) == int(tokens[0, first])
+        changed += not torch.equal(out, generate(tiny_model, ids, plain_gen, get_policy(policy), 8).tokens)
+    assert changed > 0
 
 
 def test_decode_strips_trailing_eos(tiny_tokenizer):

@@ -76,6 +76,19 @@ def dense_layer(k: Tensor, v: Tensor, prompt_len: int, response_len: int) -> Lay
     return LayerCache(kb, vb, prompt_len, lengths, None, None)
 
 
+def _top_indices(scores: Tensor, budgets: Tensor, kmax: int) -> Tensor:
+    """``scores.topk(kmax).indices`` (B, H, kmax), taken one batch row at a time with that row's own largest
+    budget: topk's order among equal scores (pooled votes make exact ties common) depends on the tensor's shape
+    and on k, so a row would otherwise keep other entries in a batch than alone. Slots past a row's own largest
+    budget hold M (they lie past every head's budget of that row)."""
+    if scores.shape[0] == 1:
+        return scores.topk(kmax, dim=-1).indices
+    out = torch.full((*scores.shape[:2], kmax), scores.shape[-1], dtype=torch.int64, device=scores.device)
+    for i, k in enumerate(budgets.amax(dim=1).tolist()):
+        out[i, :, :k] = scores[i : i + 1].topk(k, dim=-1).indices[0]
+    return out
+
+
 def select_layer(
     k: Tensor, v: Tensor, scores: Tensor, budgets: Tensor, prompt_len: int, response_len: int, group: int = 1
 ) -> LayerCache:
@@ -90,7 +103,7 @@ def select_layer(
     m = prompt_len
     budgets = budgets.to(device=k.device, dtype=torch.int64).clamp(1, m)
     kmax = int(budgets.max())
-    top = scores.topk(kmax, dim=-1).indices  # (B, H, kmax), best first
+    top = _top_indices(scores, budgets, kmax)  # (B, H, kmax), best first
     valid = torch.arange(kmax, device=k.device)[None, None, :] < budgets[..., None]
     order, _ = torch.where(valid, top, m).sort(dim=-1)  # kept positions ascending, padding (= m) last
     kept = order < m
