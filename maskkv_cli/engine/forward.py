@@ -210,29 +210,85 @@ def prefill(
     layer's ``importance`` and its actual ``layer_budget``. ``layer_budgets`` None ignores the flag except that
     the importance is still reported.
     """
-    t = ids.shape[1]
-    response_len = t - prompt_len
-    cache = PromptCache(prompt_len, response_len)
+    if online_importance and layer_budgets is not None:
+        budget = _online_budget(layer_budgets, len(model.blocks))
+        if budget < prompt_len:
+            return _prefill_online(model, ids, prompt_len, policy, layer_budgets, budget, rows, mlp_chunk,
+                                   query_chunk)
+        layer_budgets = None  # the whole prompt fits: no eviction, exactly the full cache
+    cache = PromptCache(prompt_len, ids.shape[1] - prompt_len)
     records: list[LayerRecord] = []
+    group = model.config.group_size
+
+    def keep(view: LayerView, q_mask: Tensor | None, scores: Tensor | None, k: Tensor, v: Tensor) -> None:
+        """Offline: select right after scoring, before the layer's attention (the kept K/V are copied out)."""
+        if layer_budgets is None or scores is None:
+            layer = dense_layer(k, v, prompt_len, cache.response_len)
+            records.append(LayerRecord(view.layer, prompt_len, layer.lengths.cpu(), None, None))
+        else:
+            lb = layer_budgets[view.layer]
+            layer = _select(policy, view, q_mask, k, v, scores, lb, cache.response_len, group)
+            records.append(_record(view.layer, lb, layer, policy.preference(view), None))
+        cache.layers.append(layer)
+
+    logits, importance = _stream_layers(model, ids, prompt_len, rows, policy, layer_budgets, keep, mlp_chunk,
+                                        query_chunk, measure=online_importance)
+    for rec, value in zip(records, importance, strict=False):
+        rec.importance = value
+    return logits, cache, records
+
+
+def _prefill_online(model: DiffusionLM, ids: Tensor, prompt_len: int, policy: Policy, uniform: list[int],
+                    budget: int, rows: Tensor, mlp_chunk: int,
+                    query_chunk: int) -> tuple[Tensor, PromptCache, list[LayerRecord]]:
+    """Online layer budgets: every layer is scored as it runs and kept whole (K/V, scores, mask-query mass);
+    after the last layer the budgets come from this input's I(l) and each layer is selected, freeing its full
+    K/V as it goes (layer 0 first)."""
+    pending: list[tuple[StoredView, Tensor | None, Tensor, Tensor, Tensor]] = []  # view, mask q, scores, k, v
+
+    def hold(view: LayerView, q_mask: Tensor | None, scores: Tensor | None, k: Tensor, v: Tensor) -> None:
+        assert scores is not None
+        pending.append((_stored_view(view), q_mask, scores, k, v))
+
+    logits, importance = _stream_layers(model, ids, prompt_len, rows, policy, uniform, hold, mlp_chunk, query_chunk,
+                                        measure=True)
+    cache = PromptCache(prompt_len, ids.shape[1] - prompt_len)
+    records: list[LayerRecord] = []
+    budgets = boundary_layer_budgets(importance, budget, policy.options.beta, policy.options.boundary,
+                                     max_budget=prompt_len)
+    group = model.config.group_size
+    pending.reverse()  # pop() from the end frees layer 0 first
+    while pending:
+        view, q_mask, scores, k, v = pending.pop()
+        lb = budgets[view.layer]
+        layer = _select(policy, view, q_mask, k, v, scores, lb, cache.response_len, group)
+        records.append(_record(view.layer, lb, layer, policy.preference(view), importance[view.layer]))
+        cache.layers.append(layer)
+        del view, q_mask, scores, k, v
+    return logits, cache, records
+
+
+LayerSink = Callable[[LayerView, Tensor | None, Tensor | None, Tensor, Tensor], None]  # view, mask q, scores, k, v
+
+
+def _stream_layers(model: DiffusionLM, ids: Tensor, prompt_len: int, rows: Tensor, policy: Policy,
+                   layer_budgets: list[int] | None, sink: LayerSink, mlp_chunk: int, query_chunk: int,
+                   measure: bool) -> tuple[Tensor, list[float]]:
+    """The layer-streamed pass both modes share; logits at sequence positions ``rows`` and, with ``measure``,
+    each layer's I(l) over every token of ``ids``.
+
+    Per layer only x, k, v (and the votes' fp32 keys) are whole-length: k first, then the policy's scores (they
+    need k and some queries, computed on demand; none without ``layer_budgets``), then v, then
+    ``sink(view, mask queries, scores, k, v)`` (select, or hold until the last layer), then attention, the output
+    projection and the residual in query chunks, and the MLP in row chunks."""
+    t = ids.shape[1]
     x = model.embed(ids)  # (B, T, d)
     rope = model.rope(torch.arange(t, device=ids.device))
     scale = 1.0 / math.sqrt(model.config.head_dim)
     n_layers = len(model.blocks)
-    group = model.config.group_size
-    online = online_importance and layer_budgets is not None
-    budget = 0
-    if online:
-        assert layer_budgets is not None
-        budget = _online_budget(layer_budgets, n_layers)
-        if budget >= prompt_len:  # the whole prompt fits: no eviction, exactly the full cache
-            online, layer_budgets = False, None
     shifts: list[Tensor] = []
-    pending: list[tuple[StoredView, Tensor | None, Tensor, Tensor, Tensor]] = []  # view, mask q, scores, k, v
     for i, block in enumerate(model.blocks):
         x, rope = on_layer_device(model, i, x, rope)
-        # Only x, k, v (and the votes' fp32 keys) are whole-length in a layer: k first, then the policy's scores
-        # (they need k and some queries, computed on demand), then v, the selection, and attention, the output
-        # projection and the residual in query chunks.
         rows_q = row_fn(block.queries, x, rope)
         k = chunked_rows(row_fn(block.keys, x, rope), t, mlp_chunk)  # (B, H_kv, T, D)
         shape = (x.shape[0], model.config.n_heads, t, model.config.head_dim)
@@ -240,22 +296,9 @@ def prefill(
         scores = None if layer_budgets is None else policy.scores(view, layer_budgets[i])  # (B, H_kv, M)
         v = chunked_rows(row_fn(block.values, x), t, mlp_chunk)
         q_mask = rows_q(prompt_len, t) if scores is not None and policy.residual_spread > 0 else None
-        # Select first: the kept K/V are copied out before attention runs.
-        if layer_budgets is None:
-            layer = dense_layer(k, v, prompt_len, response_len)
-            records.append(LayerRecord(i, prompt_len, layer.lengths.cpu(), None, None))
-            cache.layers.append(layer)
-        elif online:
-            assert scores is not None
-            pending.append((_stored_view(view), q_mask, scores, k, v))
-        else:
-            assert scores is not None
-            lb = layer_budgets[i]
-            layer = _select(policy, view, q_mask, k, v, scores, lb, response_len, group)
-            records.append(_record(i, lb, layer, policy.preference(view), None))
-            cache.layers.append(layer)
+        sink(view, q_mask, scores, k, v)
         del view, scores, q_mask
-        shift = attend_in_chunks(block, x, k, v, rope, query_chunk, online_importance)
+        shift = attend_in_chunks(block, x, k, v, rope, query_chunk, measure)
         if shift is not None:
             shifts.append(shift)
         del k, v, rows_q
@@ -264,22 +307,7 @@ def prefill(
     logits = model.head(x[:, rows.to(x.device)])
     del x
     tokens = ids.shape[0] * t
-    importance = [float(s) / tokens for s in shifts]
-    if online:
-        budgets = boundary_layer_budgets(importance, budget, policy.options.beta, policy.options.boundary,
-                                         max_budget=prompt_len)
-        pending.reverse()  # pop() from the end frees layer 0 first
-        while pending:
-            view, q_mask, scores, k, v = pending.pop()
-            lb = budgets[view.layer]
-            layer = _select(policy, view, q_mask, k, v, scores, lb, response_len, group)
-            records.append(_record(view.layer, lb, layer, policy.preference(view), importance[view.layer]))
-            cache.layers.append(layer)
-            del view, q_mask, scores, k, v
-    else:
-        for rec, value in zip(records, importance, strict=False):
-            rec.importance = value
-    return logits, cache, records
+    return logits, [float(s) / tokens for s in shifts]
 
 
 def response_hidden(model: DiffusionLM, cache: PromptCache, response: Tensor, rope: Rope,
