@@ -47,9 +47,10 @@ from maskkv_cli.bench.paired import add_intervals, paired_comparisons
 from maskkv_cli.bench.quality_plan import BENCH_KIND, Case
 from maskkv_cli.bench.quality_report import add_retention, plot_quality, summary_markdown
 from maskkv_cli.bench.quality_sources import DOCUMENT_QUESTION, TaskGroup, TaskSource
-from maskkv_cli.bench.results import ResultsFolder, atomic_write_text, read_jsonl, settings_key
+from maskkv_cli.bench.results import ResultsFolder, read_jsonl, settings_key
 from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.errors import UsageError
+from maskkv_cli.fileio import atomic_write_text
 
 PREDICTIONS_FILE = "predictions.jsonl"
 SUMMARY_FILE = "summary.md"

@@ -8,16 +8,16 @@ the folder again (or is pointed at it with ``--out``) and reuses the rows whose 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import platform
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+from maskkv_cli.fileio import atomic_write_text
 
 RUNS_ROOT = Path("runs")
 
@@ -26,34 +26,6 @@ def settings_key(settings: dict[str, Any]) -> str:
     """A short stable hash of JSON-able settings (key order does not matter)."""
     text = json.dumps(settings, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from maskkv_cli.cli.render import human_bytes
-from maskkv_cli.cli.render_profile import MAX_PAGE_ROWS, RAMP, _fmt, _ms, _ratio, write_atomic
+from maskkv_cli.cli.render_profile import MAX_PAGE_ROWS, RAMP, _fmt, _ms, _ratio, write_report
 from maskkv_cli.reports.pagemap import OUTSIDE, group_pages
 from maskkv_cli.reports.profile_report import ProfileReport, quantize
 
@@ -117,6 +117,6 @@ def report_html(report: ProfileReport) -> str:
 
 
 def write_html(report: ProfileReport, path: Path) -> Path:
-    return write_atomic(path, report_html(report).encode("utf-8"))
+    return write_report(path, report_html(report).encode("utf-8"))
 
 __all__ = ["report_html", "write_html"]

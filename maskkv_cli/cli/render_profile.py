@@ -7,8 +7,6 @@ fixed ramp (viridis, 9 steps) everywhere; a terminal without colours gets the sa
 from __future__ import annotations
 
 import io
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,6 +16,7 @@ from rich.text import Text
 
 from maskkv_cli.cli.render import human_bytes
 from maskkv_cli.errors import MaskKVError
+from maskkv_cli.fileio import atomic_write_bytes, open_file_mode
 from maskkv_cli.policies.base import uses_importance
 from maskkv_cli.reports.pagemap import OUTSIDE, PageCount, group_pages
 from maskkv_cli.reports.profile_report import ProfileReport, RunProfile, quantize
@@ -55,21 +54,9 @@ def _fmt(value: float) -> str:
     return f"{value:.0f}" if float(value).is_integer() else f"{value:.2f}"
 
 
-def write_atomic(path: Path, data: bytes) -> Path:
-    """Write ``data`` to a temp file next to ``path``, then rename it over ``path``."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is an ordinary file
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+def write_report(path: Path, data: bytes) -> Path:
+    """Write a report (HTML, PNG) atomically, with the permissions of an ordinary file (not mkstemp's 0600)."""
+    return atomic_write_bytes(path, data, mode=open_file_mode())
 
 
 # ------------------------------------------------------------------------------------------------ terminal
@@ -330,8 +317,8 @@ def plot_png(report: ProfileReport, path: Path) -> Path:
                 ax.tick_params(axis="x", rotation=90)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
-    return write_atomic(path, buf.getvalue())
+    return write_report(path, buf.getvalue())
 
 
 __all__ = ["MissingExtra", "bar", "heatmap", "layer_chart", "page_chart", "plot_png", "print_report",
-           "report_renderables", "require_matplotlib", "runs_table", "write_atomic"]
+           "report_renderables", "require_matplotlib", "runs_table", "write_report"]

@@ -7,14 +7,13 @@ table and tokenizer checked from the files' headers, no tensor is read), or why 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from safetensors import safe_open
 
 from maskkv_cli.errors import MaskKVError
+from maskkv_cli.fileio import atomic_write_text
 from maskkv_cli.models.loading import check_keys, hf_cache_dir, read_config, weight_files
 from maskkv_cli.paths import maskkv_home
 
@@ -94,12 +93,7 @@ def remember_folder(folder: Path) -> None:
     known = remembered_folders()
     if folder in known:
         return
-    target = maskkv_home() / REMEMBERED
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".models.", dir=target.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"folders": [str(p) for p in [*known, folder]]}, f, indent=2)
-    os.replace(tmp, target)
+    atomic_write_text(maskkv_home() / REMEMBERED, json.dumps({"folders": [str(p) for p in [*known, folder]]}, indent=2))
 
 
 def cached_repos(cache_dir: Path | None = None) -> list[tuple[str, Path]]:

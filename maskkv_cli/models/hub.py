@@ -17,13 +17,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from maskkv_cli.errors import MaskKVError, ModelLoadError
+from maskkv_cli.fileio import atomic_write_text
 from maskkv_cli.models.loading import INDEX_FILE, SINGLE_FILE, hf_cache_dir, weight_files
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -209,12 +209,7 @@ def _write_ref(repo: Path, revision: str, commit: str) -> None:
     """Point ``refs/<revision>`` at ``commit`` (atomically), once every file of the snapshot is in place."""
     if revision == commit:
         return
-    ref = repo / "refs" / revision
-    ref.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".ref.", dir=ref.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(commit)
-    os.replace(tmp, ref)
+    atomic_write_text(repo / "refs" / revision, commit)
 
 
 def pull(repo_id: str, revision: str | None = None,

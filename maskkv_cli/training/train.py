@@ -11,10 +11,8 @@ steps, and a run resumes from the last one.
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -28,6 +26,7 @@ from maskkv_cli.bench.sources import load_source
 from maskkv_cli.bench.tasks import UNANSWERABLE_KINDS, Task, generate_tasks
 from maskkv_cli.documents.corpus import load_corpus
 from maskkv_cli.errors import UsageError
+from maskkv_cli.fileio import atomic_file
 from maskkv_cli.models.config import named_config
 from maskkv_cli.models.llada import LLaDA
 from maskkv_cli.models.loading import load_model, save_model
@@ -134,17 +133,6 @@ def _git_hash() -> str:
                               cwd=Path(__file__).parent).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-
-
-def _atomic_torch_save(obj: Any, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None) -> Path:
@@ -255,9 +243,10 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
         stop = done == cfg.steps or (cfg.stop_after is not None and done >= cfg.stop_after)
         if done % cfg.ckpt_every == 0 or stop:
             save_model(model, ckpt, tok)
-            _atomic_torch_save({"step": done, "optimizer": opt.state_dict(), "rng": rng.getstate(),
-                                "gen": gen.get_state(), "history": history, "elapsed_s": elapsed,
-                                "config": asdict(cfg)}, state_file)
+            with atomic_file(state_file) as handle:
+                torch.save({"step": done, "optimizer": opt.state_dict(), "rng": rng.getstate(),
+                            "gen": gen.get_state(), "history": history, "elapsed_s": elapsed,
+                            "config": asdict(cfg)}, handle)
         if stop:
             break
     final = out / "final"

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from typing import Annotated
 
 import typer
@@ -12,6 +10,7 @@ import typer
 from maskkv_cli.cli.commands.common import cache_config, generation_config, guarded, one_line_stats, open_session
 from maskkv_cli.cli.options import BudgetOpt, DeviceOpt, JsonOpt, ModelOpt, QuietOpt, SeedOpt
 from maskkv_cli.defaults import DEFAULT_POLICY
+from maskkv_cli.fileio import atomic_write_text
 
 
 @guarded
@@ -40,13 +39,7 @@ def demo(
 
     session = open_session(model, device, "auto", quiet, as_json)
     task = generate_tasks("niah_single", 1, length, seed=seed, count_tokens=session.count_tokens)[0]
-    folder = maskkv_home() / "demo"
-    folder.mkdir(parents=True, exist_ok=True)
-    doc = folder / "demo.txt"
-    fd, tmp = tempfile.mkstemp(prefix=".demo.", dir=folder)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(task.context)
-    os.replace(tmp, doc)
+    doc = atomic_write_text(maskkv_home() / "demo" / "demo.txt", task.context)
     gen = generation_config(session.generation_defaults, None, None, None, seed=seed)
     runs = []
     for policy, b in ((DEFAULT_POLICY, budget), ("full", None)):
