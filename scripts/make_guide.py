@@ -38,7 +38,7 @@ def main() -> None:
     from pdfs import BODY, bomb_stream, make_pdf, raw_pdf  # the PDF builders of the tests
 
     (tmp / "harbour.pdf").write_bytes(make_pdf(BODY))
-    from maskkv_cli.bench.tasks import absent_key_twin, generate_tasks
+    from maskkv_cli.tasks.synthetic import absent_key_twin, generate_tasks
 
     task = generate_tasks("niah_single", 1, 350, seed=7)[0]
     (tmp / "notes.txt").write_text(task.context)

@@ -142,8 +142,8 @@ def run_batch(
     on_submit: Callable[[Pool, int, Job], None] | None = None,
 ) -> BatchResult:
     """Answer every job not already finished in ``out``; returns the counts (failures are rows, not errors)."""
-    from maskkv_cli.bench.quality import model_fingerprint
-    from maskkv_cli.bench.results import machine_info
+    from maskkv_cli.devices import machine_info
+    from maskkv_cli.models.fingerprint import model_fingerprint
     from maskkv_cli.models.loading import resolve_model_path
     from maskkv_cli.policies.base import policy_names
     from maskkv_cli.sampling.llada import GenerationConfig

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import platform
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from maskkv_cli.devices import machine_info
 from maskkv_cli.fileio import atomic_write_text
 
 RUNS_ROOT = Path("runs")
@@ -44,34 +43,6 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
         if isinstance(row, dict):
             rows.append(row)
     return rows
-
-
-def machine_info() -> dict[str, Any]:
-    """Where the numbers come from: CPU, threads, torch version, GPU if any."""
-    import torch
-
-    info: dict[str, Any] = {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cpu": _cpu_name(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-    }
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
-    return info
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def find_folder(kind: str, settings: dict[str, Any], root: Path = RUNS_ROOT) -> Path | None:

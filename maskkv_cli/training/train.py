@@ -22,8 +22,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from maskkv_cli.bench.sources import load_source
-from maskkv_cli.bench.tasks import UNANSWERABLE_KINDS, Task, generate_tasks
 from maskkv_cli.documents.corpus import load_corpus
 from maskkv_cli.errors import UsageError
 from maskkv_cli.fileio import atomic_file
@@ -32,6 +30,9 @@ from maskkv_cli.models.llada import LLaDA
 from maskkv_cli.models.loading import load_model, save_model
 from maskkv_cli.models.tokenizer_build import build_bpe_tokenizer
 from maskkv_cli.prompting import chat_prompt_ids, document_question, load_tokenizer
+from maskkv_cli.tasks.sources import load_source
+from maskkv_cli.tasks.synthetic import UNANSWERABLE_KINDS, generate_tasks
+from maskkv_cli.tasks.taskio import Task
 from maskkv_cli.training.config import ABSENT_PAIR, TrainConfig, TrainEvent, _lr  # noqa: E402
 from maskkv_cli.training.examples import Batcher, skipped_positions, tokenizer_texts  # noqa: E402
 from maskkv_cli.training.growth import freeze_all_but_new, grow_depth
@@ -109,10 +110,10 @@ def _masked_loss(model: LLaDA, ids: torch.Tensor, keep: torch.Tensor, rows: torc
 def evaluate(model: LLaDA, tok: Any, tasks: list[Task], answer_len: int, block: int | None = None) -> float:
     """Exact match (ROUGE-L for lead summaries) of greedy answers with the full cache (the quality reference),
     decoded one token per step in blocks of ``block`` tokens (default: the whole answer as one block)."""
-    from maskkv_cli.bench.metrics import score
     from maskkv_cli.policies.base import get_policy
     from maskkv_cli.prompting import decode_answer, stop_ids
     from maskkv_cli.sampling import GenerationConfig, sample
+    from maskkv_cli.tasks.metrics import score
 
     model.eval()
     gen = GenerationConfig(gen_length=answer_len, steps=answer_len, block_length=block or answer_len)

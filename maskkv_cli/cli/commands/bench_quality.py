@@ -21,7 +21,6 @@ from maskkv_cli.bench.quality_plan import (
     DEFAULT_SAMPLES,
     FALLBACK_GENERATION,
 )
-from maskkv_cli.bench.tasks import KINDS
 from maskkv_cli.cli.commands.bench import FreshOpt, OutOpt, bench_app
 from maskkv_cli.cli.commands.common import generation_config, guarded, note, open_session
 from maskkv_cli.cli.options import (
@@ -48,6 +47,7 @@ from maskkv_cli.cli.options import (
 )
 from maskkv_cli.cli.parsing import parse_counts, parse_devices
 from maskkv_cli.errors import UsageError
+from maskkv_cli.tasks.synthetic import KINDS
 
 _FALLBACK = "/".join(str(FALLBACK_GENERATION[k]) for k in ("gen_length", "steps", "block_length"))
 
@@ -201,11 +201,11 @@ def quality(
 
         maskkv bench quality --haystack stdlib-heldout --tasks niah_single,niah_none --lengths 512,1k
     """
-    from maskkv_cli.bench.longbench import load_templates
     from maskkv_cli.bench.quality import run_quality
     from maskkv_cli.bench.quality_plan import is_tasks_file, parse_kinds, plan_cases
     from maskkv_cli.bench.quality_sources import TaskSource, build_groups, read_haystack, read_tasks_file
     from maskkv_cli.cli.parsing import check_layer_budgets, parse_policies
+    from maskkv_cli.tasks.longbench import load_templates
 
     if samples <= 0:
         raise UsageError(f"--samples must be a positive integer, got {samples}")
@@ -304,9 +304,9 @@ def export_tasks(
     """
     from maskkv_cli.bench.quality_plan import parse_kinds
     from maskkv_cli.bench.quality_sources import generate_cells, read_haystack
-    from maskkv_cli.bench.taskio import save_jsonl
     from maskkv_cli.defaults import resolve_default_model
     from maskkv_cli.prompting import load_tokenizer
+    from maskkv_cli.tasks.taskio import save_jsonl
 
     if samples <= 0:
         raise UsageError(f"--samples must be a positive integer, got {samples}")

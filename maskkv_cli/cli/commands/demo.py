@@ -32,10 +32,10 @@ def demo(
 
         maskkv demo --budget 8 --length 500
     """
-    from maskkv_cli.bench.metrics import score
-    from maskkv_cli.bench.tasks import generate_tasks
     from maskkv_cli.paths import maskkv_home
     from maskkv_cli.pipeline import ask
+    from maskkv_cli.tasks.metrics import score
+    from maskkv_cli.tasks.synthetic import generate_tasks
 
     session = open_session(model, device, "auto", quiet, as_json)
     task = generate_tasks("niah_single", 1, length, seed=seed, count_tokens=session.count_tokens)[0]

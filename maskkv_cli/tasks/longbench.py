@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from maskkv_cli.bench.metrics import resolve_dataset
-from maskkv_cli.bench.tasks import Task
 from maskkv_cli.errors import UsageError
+from maskkv_cli.tasks.metrics import resolve_dataset
+from maskkv_cli.tasks.taskio import Task
 
 MAX_NEW_TOKENS: dict[str, int] = {
     **dict.fromkeys(("hotpotqa", "2wikimqa", "musique", "triviaqa", "passage_count", "passage_retrieval_en",
