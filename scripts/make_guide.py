@@ -55,7 +55,7 @@ def main() -> None:
     # `maskkv pull` runs against the tests' local Hub endpoint serving the embedded model (no network needed)
     from hubserver import FakeHub
 
-    from maskkv_cli.defaults import shipped_model
+    from maskkv_cli.models.catalog import shipped_model
 
     hub = FakeHub({"maskkv-demo/tiny-llada": shipped_model()}, lifetime=3600).__enter__()
     env.update(HF_ENDPOINT=hub.endpoint, HF_HOME=str(tmp / "hf"))

@@ -47,7 +47,7 @@ class Engine:
     """A loaded model and tokenizer with the few facts the harness model needs."""
 
     def __init__(self, model: str | None, device: str = "auto", dtype: str | None = None) -> None:
-        from maskkv_cli.defaults import resolve_default_model
+        from maskkv_cli.models.catalog import resolve_default_model
         from maskkv_cli.session import Session
 
         path, self.note = resolve_default_model(model)

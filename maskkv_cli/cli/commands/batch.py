@@ -141,7 +141,7 @@ def batch(
     from maskkv_cli.batch.run import Runner, run_batch
     from maskkv_cli.cli.commands.common import cache_config
     from maskkv_cli.cli.commands.pull import ensure_model
-    from maskkv_cli.defaults import resolve_default_model
+    from maskkv_cli.models.catalog import resolve_default_model
     from maskkv_cli.prompting.fit import LONG_MODES
 
     if out is None:

@@ -242,7 +242,7 @@ def quality(
         from maskkv_cli.batch.cells import PlanningSession, pooled_cells
         from maskkv_cli.batch.run import Runner, make_pool
         from maskkv_cli.batch.worker import WorkerSpec
-        from maskkv_cli.defaults import resolve_default_model
+        from maskkv_cli.models.catalog import resolve_default_model
 
         path, message = resolve_default_model(model)
         note(message, quiet, as_json)
@@ -304,7 +304,7 @@ def export_tasks(
     """
     from maskkv_cli.bench.quality_plan import parse_kinds
     from maskkv_cli.bench.quality_sources import generate_cells, read_haystack
-    from maskkv_cli.defaults import resolve_default_model
+    from maskkv_cli.models.catalog import resolve_default_model
     from maskkv_cli.prompting import load_tokenizer
     from maskkv_cli.tasks.taskio import save_jsonl
 

@@ -112,8 +112,8 @@ def calibrate(
     """
     from rich.console import Console
 
-    from maskkv_cli.defaults import resolve_default_model
     from maskkv_cli.engine.importance import calibration_inputs, measure_importance
+    from maskkv_cli.models.catalog import resolve_default_model
     from maskkv_cli.policies.calibration import make_profile, save_profile
 
     if samples < 1 or max_tokens < 1:

@@ -82,7 +82,7 @@ def open_session(model: str | None, device: str, dtype: str, quiet: bool, as_jso
     """Resolve the model (say so when the embedded default is used; offer to pull an ORG/NAME that is not on
     disk, without asking with ``yes``) and load it with its tokenizer; ``dream``: Dream's sampler options."""
     from maskkv_cli.cli.commands.pull import ensure_model
-    from maskkv_cli.defaults import resolve_default_model
+    from maskkv_cli.models.catalog import resolve_default_model
     from maskkv_cli.session import Session
 
     path, message = resolve_default_model(model)

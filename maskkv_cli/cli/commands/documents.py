@@ -57,7 +57,7 @@ def _consoles(quiet: bool, as_json: bool) -> tuple[Any, bool]:
 def _pull_first(model: str | None, yes: bool, quiet: bool, as_json: bool) -> None:
     """Offer (or, with --yes, run) the pull of a --model ORG/NAME not on disk before the live panel starts."""
     from maskkv_cli.cli.commands.pull import ensure_model
-    from maskkv_cli.defaults import resolve_default_model
+    from maskkv_cli.models.catalog import resolve_default_model
 
     ensure_model(resolve_default_model(model)[0], yes, quiet, as_json)
 

@@ -173,7 +173,7 @@ def ensure_model(model: str, yes: bool, quiet: bool, as_json: bool) -> None:
                        f"(or add --yes to download it now)") from None
         run_pull(exc.repo_id, None, quiet, as_json)
         return
-    from maskkv_cli.defaults import shipped_model
+    from maskkv_cli.models.catalog import shipped_model
     from maskkv_cli.models.loading import hf_cache_dir
     from maskkv_cli.paths import maskkv_home
 
