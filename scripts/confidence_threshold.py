@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from maskkv_cli import pipeline  # noqa: E402
-from maskkv_cli.cli.commands.common import cache_config, generation_config  # noqa: E402
+from maskkv_cli.cli.common import cache_config, generation_config  # noqa: E402
 from maskkv_cli.defaults import DEFAULT_POLICY  # noqa: E402
 from maskkv_cli.documents.corpus import split_paragraphs  # noqa: E402
 from maskkv_cli.models.catalog import shipped_model  # noqa: E402

@@ -1,4 +1,5 @@
-"""``maskkv bench speed`` and ``maskkv bench memory``: timings and peak memory, each case in a fresh process.
+"""``maskkv bench speed`` and ``maskkv bench memory``: timings and peak memory, each case in a fresh process
+(registered on ``maskkv bench`` in ``cli/app.py``, with ``bench quality`` and ``bench tasks``).
 
 Heavy modules (torch, Rich) load inside the commands, so ``maskkv --help`` stays light.
 """
@@ -11,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from maskkv_cli.cli.commands.common import guarded, pick_device
+from maskkv_cli.cli.common import guarded, pick_device
 from maskkv_cli.cli.options import (
     BenchBlockOpt,
     BenchGenOpt,
@@ -28,12 +29,6 @@ from maskkv_cli.cli.options import (
     ThreadsOpt,
 )
 from maskkv_cli.cli.parsing import parse_count, parse_counts, parse_policies
-
-bench_app = typer.Typer(
-    help="Benchmarks: speed (no cache vs full cache vs MaskKV over prompt lengths), prefill peak memory, and "
-    "answer quality under eviction (with its tasks exported as LongBench JSONL).",
-    no_args_is_help=True,
-)
 
 CPU_LENGTHS = "1k,2k,4k"
 GPU_LENGTHS = "1k,2k,4k,8k,16k,32k"
@@ -78,7 +73,6 @@ SPEED_COLUMNS = ("prompt", "method", "prefill s", "step ms", "total s", "tok/s",
                  "KV kept", "meas/limit", "prefill GFLOP/s", "note")
 
 
-@bench_app.command()
 @guarded
 def speed(
     prompt_lengths: Annotated[str | None, typer.Option(
@@ -152,7 +146,6 @@ def speed(
         sys.stderr.write(f"results: {folder.path}\n")
 
 
-@bench_app.command()
 @guarded
 def memory(
     prompt_length: Annotated[str, typer.Option("--prompt-length", help="Prompt tokens (e.g. 16k).")] = "16k",
@@ -210,6 +203,3 @@ def memory(
     if not quiet:
         sys.stderr.write(f"results: {folder.path}\n")
 
-
-# `bench quality` registers itself on ``bench_app`` when imported.
-from maskkv_cli.cli.commands import bench_quality  # noqa: E402,F401

@@ -1,7 +1,8 @@
-"""``maskkv bench quality``: accuracy and retention of every KV policy and budget on retrieval tasks.
+"""``maskkv bench quality``: accuracy and retention of every KV policy and budget on retrieval tasks; ``maskkv bench
+tasks``: the tasks it generates, exported as LongBench JSONL.
 
-Registered on ``bench_app`` (``maskkv_cli.cli.commands.bench`` imports this module for that side effect). Heavy
-modules (torch, Rich) load inside the command, so ``maskkv --help`` stays light.
+Registered on ``maskkv bench`` in ``cli/app.py``. Heavy modules (torch, Rich) load inside the command, so
+``maskkv --help`` stays light.
 """
 
 from __future__ import annotations
@@ -21,17 +22,19 @@ from maskkv_cli.bench.quality_plan import (
     DEFAULT_SAMPLES,
     FALLBACK_GENERATION,
 )
-from maskkv_cli.cli.commands.bench import FreshOpt, OutOpt, bench_app
-from maskkv_cli.cli.commands.common import generation_config, guarded, note, open_session
+from maskkv_cli.cli.common import generation_config, guarded, note
+from maskkv_cli.cli.model_choice import load_session
 from maskkv_cli.cli.options import (
     DeviceOpt,
     DevicesOpt,
     DtypeOpt,
+    FreshOpt,
     HaystackOpt,
     JsonOpt,
     LayerBudgetsOpt,
     LengthsOpt,
     ModelOpt,
+    OutOpt,
     PromptsOpt,
     QualityBlockOpt,
     QualityBudgetsOpt,
@@ -148,7 +151,6 @@ def _paired_line(paired: list[dict[str, Any]]) -> str:
     return f"{line}; none of those significant (sign test p < 0.05)" if behind else line
 
 
-@bench_app.command("quality")
 @guarded
 def quality(
     tasks: TasksOpt = ",".join(DEFAULT_KINDS),
@@ -251,7 +253,7 @@ def quality(
         session = PlanningSession(path, None if dtype == "auto" else dtype, device_kind)
         cell_runner = pooled_cells(pool)
     else:
-        session = open_session(model, device, dtype, quiet, as_json)
+        session = load_session(model, device, dtype, quiet, as_json)
     defaults = session.generation_defaults or FALLBACK_GENERATION
     gen = generation_config(defaults, gen_length, steps, block_length, temperature=0.0, seed=seed)
     cases = plan_cases(names, budget_list)
@@ -275,7 +277,6 @@ def quality(
         sys.stderr.write(f"results: {run.folder}{reused}\n")
 
 
-@bench_app.command("tasks")
 @guarded
 def export_tasks(
     out: Annotated[Path, typer.Argument(help="The JSONL file to write (LongBench format).", show_default=False)],

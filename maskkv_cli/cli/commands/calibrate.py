@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from maskkv_cli.cli.commands.common import guarded, note, pick_device
+from maskkv_cli.cli.common import guarded, note, pick_device
 from maskkv_cli.cli.options import (
     CalibrationSamplesOpt,
     DeviceOpt,

@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from maskkv_cli.cli.commands.common import cache_config, generation_config, guarded, one_line_stats, open_session
+from maskkv_cli.cli.common import cache_config, generation_config, guarded, one_line_stats
+from maskkv_cli.cli.model_choice import load_session
 from maskkv_cli.cli.options import BudgetOpt, DeviceOpt, JsonOpt, ModelOpt, QuietOpt, SeedOpt
 from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.fileio import atomic_write_text
@@ -37,7 +38,7 @@ def demo(
     from maskkv_cli.tasks.metrics import score
     from maskkv_cli.tasks.synthetic import generate_tasks
 
-    session = open_session(model, device, "auto", quiet, as_json)
+    session = load_session(model, device, "auto", quiet, as_json)
     task = generate_tasks("niah_single", 1, length, seed=seed, count_tokens=session.count_tokens)[0]
     doc = atomic_write_text(maskkv_home() / "demo" / "demo.txt", task.context)
     gen = generation_config(session.generation_defaults, None, None, None, seed=seed)

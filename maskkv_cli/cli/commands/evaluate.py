@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from maskkv_cli.cli.commands.common import fail, guarded, note
+from maskkv_cli.cli.common import fail, guarded, note
 from maskkv_cli.cli.options import (
     BlockOpt,
     BudgetOpt,

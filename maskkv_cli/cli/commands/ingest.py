@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from maskkv_cli.cli.commands.common import State, fail, guarded, live_display_on, note
+from maskkv_cli.cli.common import State, fail, guarded, live_display_on, note
 from maskkv_cli.cli.options import JsonOpt, PasswordOpt, QuietOpt
 
 

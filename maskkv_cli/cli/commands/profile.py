@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from maskkv_cli.cli.commands.common import fail, generation_config, guarded, live_display_on, note, open_session
+from maskkv_cli.cli.common import fail, generation_config, guarded, live_display_on, note
+from maskkv_cli.cli.model_choice import load_session
 from maskkv_cli.cli.options import (
     BlockOpt,
     DeviceOpt,
@@ -111,7 +112,7 @@ def profile(
         for w in doc.warnings:
             note(w, quiet, as_json)
         live.phase("load model")
-        session = open_session(model, device, dtype, quiet, as_json)
+        session = load_session(model, device, dtype, quiet, as_json)
         gen = generation_config(session.generation_defaults, gen_length, steps, block_length,
                                 temperature=temperature, threshold=threshold, seed=seed)
         live.phase("warm-up")

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from maskkv_cli.cli.commands.common import guarded, note
+from maskkv_cli.cli.common import guarded, note
 from maskkv_cli.errors import UsageError
 
 

@@ -77,21 +77,6 @@ def generation_config(defaults: dict[str, int], gen_length: int | None, steps: i
     return GenerationConfig(gen_length=gen, steps=n_steps, block_length=block, **kwargs)
 
 
-def open_session(model: str | None, device: str, dtype: str, quiet: bool, as_json: bool,
-                 device_map: str | None = None, yes: bool = False, dream: Any = None) -> Any:
-    """Resolve the model (say so when the embedded default is used; offer to pull an ORG/NAME that is not on
-    disk, without asking with ``yes``) and load it with its tokenizer; ``dream``: Dream's sampler options."""
-    from maskkv_cli.cli.commands.pull import ensure_model
-    from maskkv_cli.models.catalog import resolve_default_model
-    from maskkv_cli.session import Session
-
-    path, message = resolve_default_model(model)
-    note(message, quiet, as_json)
-    ensure_model(path, yes, quiet, as_json)
-    return Session(path, device=pick_device(device), dtype=None if dtype == "auto" else dtype, device_map=device_map,
-                   dream=dream)
-
-
 def dream_options(alg: str, top_p: float | None, top_k: int | None) -> Any:
     """``--alg``, ``--top-p`` and ``--top-k`` as Dream's typed sampler options (LLaDA models ignore them)."""
     from maskkv_cli.sampling import DreamOptions
