@@ -13,6 +13,7 @@ from maskkv_cli.bench.quality import group_generation
 from maskkv_cli.bench.quality_sources import TaskGroup, build_groups
 from maskkv_cli.cli import app
 from maskkv_cli.errors import UsageError
+from maskkv_cli.prompting.fit import middle_cut
 from maskkv_cli.sampling.llada import GenerationConfig
 from maskkv_cli.session import Session
 from maskkv_cli.tasks.longbench import (
@@ -20,7 +21,6 @@ from maskkv_cli.tasks.longbench import (
     TEMPLATES,
     encode_longbench,
     load_templates,
-    middle_cut,
     prompt_spec,
 )
 from maskkv_cli.tasks.taskio import Task

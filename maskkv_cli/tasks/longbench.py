@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from maskkv_cli.errors import UsageError
+from maskkv_cli.prompting.fit import middle_cut
 from maskkv_cli.tasks.metrics import resolve_dataset
 from maskkv_cli.tasks.taskio import Task
 
@@ -129,14 +130,6 @@ def prompt_spec(dataset: str, templates: Mapping[str, str] | None = None) -> Pro
         return None
     chosen = (templates or {}).get(dataset) or (templates or {}).get(base) or TEMPLATES[base]
     return PromptSpec(base, chosen, MAX_NEW_TOKENS[base], base not in RAW_DATASETS)
-
-
-def middle_cut(ids: Sequence[int], limit: int) -> list[int]:
-    """The first ``limit // 2`` and the last ``limit - limit // 2`` ids when there are more than ``limit``."""
-    if len(ids) <= limit:
-        return list(ids)
-    head = limit // 2
-    return list(ids[:head]) + list(ids[len(ids) - (limit - head):])
 
 
 def encode_longbench(session: Any, tasks: Sequence[Task], spec: PromptSpec,
