@@ -7,7 +7,18 @@ import os
 import platform
 from typing import Any
 
-__all__ = ["machine_info"]
+__all__ = ["machine_info", "resolve_device"]
+
+
+def resolve_device(device: str) -> str:
+    """``auto``: ``cuda`` when a GPU is available, else ``cpu``; any other name as given. Every part of a run (the
+    session, the live panel's memory reading, the harness adapter, batch workers) takes its device from here, so
+    they agree."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def machine_info() -> dict[str, Any]:

@@ -52,14 +52,6 @@ def guarded(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def pick_device(device: str) -> str:
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def note(message: str | None, quiet: bool, as_json: bool) -> None:
     if message and not quiet and not as_json:
         sys.stderr.write(f"note: {message}\n")

@@ -8,7 +8,8 @@ from typing import Any
 
 import typer
 
-from maskkv_cli.cli.common import fail, note, pick_device
+from maskkv_cli.cli.common import fail, note
+from maskkv_cli.devices import resolve_device
 
 __all__ = ["choose_model", "ensure_model", "load_session", "pull_first", "run_pull"]
 
@@ -133,5 +134,5 @@ def load_session(model: str | None, device: str, dtype: str, quiet: bool, as_jso
     from maskkv_cli.session import Session
 
     path = choose_model(model, yes, quiet, as_json)
-    return Session(path, device=pick_device(device), dtype=None if dtype == "auto" else dtype, device_map=device_map,
+    return Session(path, device=resolve_device(device), dtype=None if dtype == "auto" else dtype, device_map=device_map,
                    dream=dream)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from maskkv_cli.defaults import DEFAULT_POLICY
+from maskkv_cli.devices import resolve_device
 from maskkv_cli.prompting.fit import middle_cut
 
 
@@ -52,9 +53,7 @@ class Engine:
         from maskkv_cli.session import Session
 
         path, self.note = resolve_default_model(model)
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.session = Session(path, device=device, dtype=dtype)
+        self.session = Session(path, device=resolve_device(device), dtype=dtype)
         cfg = self.session.model.config
         self.path = path
         self.tokenizer: Any = self.session.tokenizer

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from maskkv_cli.cli.common import guarded, pick_device
+from maskkv_cli.cli.common import guarded
 from maskkv_cli.cli.options import (
     BenchBlockOpt,
     BenchGenOpt,
@@ -29,6 +29,7 @@ from maskkv_cli.cli.options import (
     ThreadsOpt,
 )
 from maskkv_cli.cli.parsing import parse_count, parse_counts, parse_policies
+from maskkv_cli.devices import resolve_device
 
 CPU_LENGTHS = "1k,2k,4k"
 GPU_LENGTHS = "1k,2k,4k,8k,16k,32k"
@@ -127,7 +128,7 @@ def speed(
     from maskkv_cli.bench.speed import SpeedSettings, run_sweep
     from maskkv_cli.bench.speed_report import table_rows
 
-    dev = pick_device(device)
+    dev = resolve_device(device)
     gpu = dev.startswith("cuda")
     settings = SpeedSettings(
         prompt_lengths=parse_counts(prompt_lengths or (GPU_LENGTHS if gpu else CPU_LENGTHS), "--prompt-lengths"),
@@ -187,7 +188,7 @@ def memory(
     settings = MemorySettings(prompt_len=parse_count(prompt_length, "--prompt-length"), budget=budget,
                               gen_length=gen_length,
                               block_length=block_length, policies=parse_policies(policies),
-                              config=None if model else config, model=model, device=pick_device(device),
+                              config=None if model else config, model=model, device=resolve_device(device),
                               dtype=dtype, seed=seed, threads=threads, profile=profile)
     folder, rows = run_memory(settings, out, fresh, on_case=_progress(quiet, as_json))
     if as_json:

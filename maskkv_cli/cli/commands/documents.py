@@ -45,6 +45,7 @@ from maskkv_cli.cli.options import (
     YesOpt,
 )
 from maskkv_cli.defaults import DEFAULT_POLICY
+from maskkv_cli.devices import resolve_device
 
 
 def _consoles(quiet: bool, as_json: bool) -> tuple[Any, bool]:
@@ -125,7 +126,8 @@ def ask(
     pull_first(model, yes, quiet, as_json)
     from maskkv_cli.cli.render import LiveRun
 
-    with LiveRun(err, live_on, device if device != "auto" else "cpu") as live:
+    device = resolve_device(device)  # once: the panel reads the memory of the device the session runs on
+    with LiveRun(err, live_on, device) as live:
         live.phase("parse", str(document))
         doc, _ = DocumentStore().ingest(document, password=password)
         _warn(doc, quiet, as_json)
@@ -250,7 +252,8 @@ def summarize(
     cache = cache_config(policy, budget, ratio, seed, layer_budgets)
     err, live_on = _consoles(quiet, as_json)
     pull_first(model, yes, quiet, as_json)
-    with LiveRun(err, live_on, device if device != "auto" else "cpu") as live:
+    device = resolve_device(device)  # once: the panel reads the memory of the device the session runs on
+    with LiveRun(err, live_on, device) as live:
         live.phase("parse", str(document))
         doc, _ = DocumentStore().ingest(document, password=password)
         _warn(doc, quiet, as_json)

@@ -34,6 +34,7 @@ from maskkv_cli.cli.options import (
     WarmupOpt,
 )
 from maskkv_cli.defaults import DEFAULT_POLICY
+from maskkv_cli.devices import resolve_device
 
 DEFAULT_QUESTION = "Summarize the document."
 
@@ -106,7 +107,8 @@ def profile(
         require_matplotlib()
     err = Console(stderr=True)
     live_on = live_display_on(quiet, as_json)
-    with LiveRun(err, live_on, device if device != "auto" else "cpu") as live:
+    device = resolve_device(device)  # once: the panel reads the memory of the device the session runs on
+    with LiveRun(err, live_on, device) as live:
         live.phase("parse", str(document))
         doc, _ = DocumentStore().ingest(document, password=password)
         for w in doc.warnings:
