@@ -93,10 +93,10 @@ def cache_config(policy: str, budget: int | None, ratio: float | None, seed: int
 
 
 def one_line_stats(stats: Any) -> str:
-    from maskkv_cli.cli.render import human_bytes
+    from maskkv_cli.sizes import human_size
 
-    kv = (f"KV {human_bytes(stats.kv_bytes)} of {human_bytes(stats.kv_full_bytes)} ({stats.compression:.1f}x smaller)"
-          if stats.kv_bytes else "no KV cache")
+    kept, full = human_size(stats.kv_bytes, binary=True), human_size(stats.kv_full_bytes, binary=True)
+    kv = f"KV {kept} of {full} ({stats.compression:.1f}x smaller)" if stats.kv_bytes else "no KV cache"
     return (f"{stats.policy}: prompt {stats.prompt_len} tokens, prefill {stats.prefill_s:.2f} s, "
             f"{stats.steps_run} steps, {stats.total_s:.2f} s, {stats.tokens_per_s:.1f} tokens/s, {kv}")
 

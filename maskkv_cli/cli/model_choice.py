@@ -39,7 +39,7 @@ class _PullDisplay:
             return
         if event.kind == "plan":
             if not self.live:
-                from maskkv_cli.models.hub import human_size
+                from maskkv_cli.sizes import human_size
 
                 self.console.print(f"{event.files} files to download, {human_size(event.n)}" if event.files else
                                    "every file is already in the cache")

@@ -25,6 +25,7 @@ from typing import Any
 from maskkv_cli.errors import MaskKVError, ModelLoadError
 from maskkv_cli.fileio import atomic_write_text
 from maskkv_cli.models.loading import INDEX_FILE, SINGLE_FILE, hf_cache_dir, weight_files
+from maskkv_cli.sizes import human_size
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 # Everything the loader and the tokenizer read besides the weights; remote code (*.py) and pickled weights
@@ -147,14 +148,6 @@ def _bar_class(on_bytes: Callable[[int], None]) -> type:
             return None
 
     return _Bar
-
-
-def human_size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
 
 
 def free_bytes(folder: Path) -> int:

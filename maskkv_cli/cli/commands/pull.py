@@ -11,12 +11,7 @@ import typer
 from maskkv_cli.cli.common import guarded
 from maskkv_cli.cli.model_choice import run_pull
 from maskkv_cli.cli.options import JsonOpt, QuietOpt
-
-
-def _human(n: float) -> str:
-    from maskkv_cli.models.hub import human_size
-
-    return human_size(n)
+from maskkv_cli.sizes import human_size
 
 
 @guarded
@@ -52,7 +47,7 @@ def pull(
     if result.offline:
         what = "HF_HUB_OFFLINE is set: using the cached copy"
     elif result.fetched_bytes:
-        what = f"downloaded {_human(result.fetched_bytes)}"
+        what = f"downloaded {human_size(result.fetched_bytes)}"
     else:
         what = "already in the cache, nothing downloaded"
     if not quiet:
@@ -88,7 +83,7 @@ def models(as_json: JsonOpt = False) -> None:
     for m in found:
         params = f"{m.params / 1e9:.2f}B" if m.params and m.params >= 1e8 else (f"{m.params / 1e6:.1f}M"
                                                                               if m.params else "-")
-        table.add_row(m.name, m.family or "-", params, _human(m.size_bytes), m.dtype or "-",
+        table.add_row(m.name, m.family or "-", params, human_size(m.size_bytes), m.dtype or "-",
                       "yes" if m.loadable else f"no: {m.problem}")
     Console(width=max(100, Console().width)).print(table)
     if not any(m.source == "hf-cache" for m in found):
