@@ -23,8 +23,8 @@ from pathlib import Path
 
 from maskkv_cli.batch.jobs import AnswerSettings, JobSpec
 from maskkv_cli.batch.run import Runner, run_batch
-from maskkv_cli.defaults import resolve_default_model
 from maskkv_cli.documents.corpus import load_corpus
+from maskkv_cli.models.catalog import resolve_default_model
 
 WORDS = ["apple", "river", "violin", "harbor", "lantern", "meadow", "copper", "falcon", "orchid", "glacier"]
 

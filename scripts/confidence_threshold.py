@@ -32,12 +32,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from maskkv_cli import pipeline  # noqa: E402
-from maskkv_cli.bench.metrics import is_no_answer, score  # noqa: E402
-from maskkv_cli.bench.tasks import generate_tasks  # noqa: E402
-from maskkv_cli.cli.commands.common import cache_config, generation_config  # noqa: E402
-from maskkv_cli.defaults import DEFAULT_POLICY, shipped_model  # noqa: E402
+from maskkv_cli.cli.common import cache_config, generation_config  # noqa: E402
+from maskkv_cli.defaults import DEFAULT_POLICY  # noqa: E402
 from maskkv_cli.documents.corpus import split_paragraphs  # noqa: E402
+from maskkv_cli.models.catalog import shipped_model  # noqa: E402
 from maskkv_cli.session import Session  # noqa: E402
+from maskkv_cli.tasks.metrics import is_no_answer, score  # noqa: E402
+from maskkv_cli.tasks.synthetic import generate_tasks  # noqa: E402
 
 LENGTHS = (512, 1024, 2048)
 KINDS = ("niah_single", "niah_multikey")

@@ -38,7 +38,7 @@ def main() -> None:
     from pdfs import BODY, bomb_stream, make_pdf, raw_pdf  # the PDF builders of the tests
 
     (tmp / "harbour.pdf").write_bytes(make_pdf(BODY))
-    from maskkv_cli.bench.tasks import absent_key_twin, generate_tasks
+    from maskkv_cli.tasks.synthetic import absent_key_twin, generate_tasks
 
     task = generate_tasks("niah_single", 1, 350, seed=7)[0]
     (tmp / "notes.txt").write_text(task.context)
@@ -55,7 +55,7 @@ def main() -> None:
     # `maskkv pull` runs against the tests' local Hub endpoint serving the embedded model (no network needed)
     from hubserver import FakeHub
 
-    from maskkv_cli.defaults import shipped_model
+    from maskkv_cli.models.catalog import shipped_model
 
     hub = FakeHub({"maskkv-demo/tiny-llada": shipped_model()}, lifetime=3600).__enter__()
     env.update(HF_ENDPOINT=hub.endpoint, HF_HOME=str(tmp / "hf"))

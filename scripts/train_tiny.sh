@@ -54,7 +54,7 @@ $M train-tiny --out $R/tiny-l1k --init-from $R/tiny-d7r/final --steps 2200 --kin
 # Stages 13 and 14 were run but are NOT shipped (neither passed the selection rule in docs/tiny-model.md: both
 # lost multikey accuracy); they are here so the attempt can be replayed and continued.
 # 13. reading other text (#21), "not in the document" and lead summaries (#25): the stage-12 model (as installed,
-#     window 2128) on haystacks of real text every Python has (bench/sources.py: docstrings of the training
+#     window 2128) on haystacks of real text every Python has (tasks/sources.py: docstrings of the training
 #     modules of the standard library, the same typeset as a PDF and read back, pydoc topics, the project's docs,
 #     the license) beside the corpus; unanswerable questions (niah_none, answer NO_ANSWER) and lead summaries
 #     (lead_summary, 64-token answer region, batches of their own); batch 16, contexts 128-768, one thread,

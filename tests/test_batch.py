@@ -68,7 +68,7 @@ def test_jobs_from_jsonl_csv_and_cross_product(tmp_path: Path, corpus: dict[str,
 
 
 def test_generation_resolution_matches_ask() -> None:
-    from maskkv_cli.cli.commands.common import generation_config
+    from maskkv_cli.cli.common import generation_config
 
     for defaults in ({}, {"gen_length": 16, "steps": 8, "block_length": 16}, {"gen_length": 48}):
         for gen_length in (None, 8, 24, 40):

@@ -256,7 +256,7 @@ def test_exported_tasks_give_the_same_cells_as_generating_them(tiny_dir: Path, t
 def test_model_fingerprint_ignores_notes_but_not_weights_or_config(tiny_dir: Path, tmp_path: Path) -> None:
     import shutil
 
-    from maskkv_cli.bench.quality import model_fingerprint
+    from maskkv_cli.models.fingerprint import model_fingerprint
 
     copy = tmp_path / "model"
     shutil.copytree(tiny_dir, copy)
@@ -285,8 +285,8 @@ def _distractor_answerer(self: Session, ids: list[int], gen: Any, cache: Any, on
 
 def test_wrong_answers_that_are_another_needles_number_are_counted(tiny_dir: Path, tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from maskkv_cli.bench.metrics import distractor_values
-    from maskkv_cli.bench.tasks import generate_tasks
+    from maskkv_cli.tasks.metrics import distractor_values
+    from maskkv_cli.tasks.synthetic import generate_tasks
 
     task = generate_tasks("niah_multikey", 1, 120, seed=3, distractors=4)[0]
     assert len(distractor_values(task)) == 4 and task.answers[0] not in distractor_values(task)
@@ -312,7 +312,7 @@ def test_wrong_answers_that_are_another_needles_number_are_counted(tiny_dir: Pat
 
 
 def test_digit_mixing_counts_places_taken_from_a_distractor() -> None:
-    from maskkv_cli.bench.metrics import digit_mixing
+    from maskkv_cli.tasks.metrics import digit_mixing
 
     assert digit_mixing("5695", "3695", ["5123", "9"]) == (1, 1)
     assert digit_mixing(" 12", "34", ["1"]) == (2, 1)  # the second place: no distractor has a 2 there

@@ -290,7 +290,7 @@ def test_calibrate_command_writes_the_profile(tiny_dir, tmp_path):
 
 
 def test_calibrate_json_on_builtin_corpus(tiny_dir):
-    pytest.importorskip("maskkv_cli.bench.tasks")
+    pytest.importorskip("maskkv_cli.tasks.synthetic")
     result = runner.invoke(app, ["calibrate", "--model", str(tiny_dir), "--samples", "2", "--max-tokens", "32",
                                  "-n", "8", "--json"])
     assert result.exit_code == 0, result.output

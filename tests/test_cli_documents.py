@@ -230,3 +230,39 @@ def test_layer_budget_modes_and_calibration_note(pdf, tiny_dir):
     data = json.loads(run(*base, "--layer-budgets", "online", "--json").stdout)
     assert data["answers"][0]["stats"]["kv_bytes"] < data["answers"][0]["stats"]["kv_full_bytes"]
     one_line_error(run(*base, "--layer-budgets", "sometimes"), 2, "--layer-budgets")
+
+
+@pytest.mark.parametrize("command", [["ask", "{pdf}", "What?"], ["summarize", "{pdf}"], ["profile", "{pdf}"]])
+def test_live_panel_and_session_resolve_auto_to_the_same_device(pdf, tiny_dir, monkeypatch, command):
+    # With a GPU visible, --device auto must give the live panel the device the session runs on (it showed the
+    # CPU's memory while the model ran on CUDA). The session stops right away: no GPU is needed.
+    from maskkv_cli.cli import render
+    from maskkv_cli.errors import MaskKVError
+    from maskkv_cli.session import Session
+
+    seen: dict[str, str] = {}
+    panel_init = render.LiveRun.__init__
+
+    def panel(self, console, enabled, device="cpu"):
+        seen["panel"] = device
+        panel_init(self, console, enabled, device)
+
+    def session(self, path, device="cpu", **kwargs):
+        seen["session"] = device
+        raise MaskKVError("stop here")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(render.LiveRun, "__init__", panel)
+    monkeypatch.setattr(Session, "__init__", session)
+    result = run(*[a.format(pdf=pdf) for a in command], "--model", tiny_dir)
+    one_line_error(result, 1, "stop here")
+    assert seen == {"panel": "cuda", "session": "cuda"}
+
+
+def test_resolve_device(monkeypatch):
+    from maskkv_cli.devices import resolve_device
+
+    assert resolve_device("cpu") == "cpu" and resolve_device("cuda:1") == "cuda:1"
+    for available, want in ((True, "cuda"), (False, "cpu")):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda available=available: available)
+        assert resolve_device("auto") == want

@@ -10,8 +10,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from maskkv_cli.bench.tasks import absent_key_twin, generate_tasks, present_keys
 from maskkv_cli.prompting import NO_ANSWER
+from maskkv_cli.tasks.synthetic import absent_key_twin, generate_tasks, present_keys
 from maskkv_cli.training.config import TrainConfig, parse_mix
 from maskkv_cli.training.hard_keys import absent_confusion, off_diagonal_mean, pick_absent_key
 
@@ -80,7 +80,7 @@ def test_absent_key_twin_asks_the_key_it_is_given_and_refuses_a_present_one():
 def test_training_with_hard_absent_keys_probes_the_model_and_asks_its_confused_keys(tmp_path, monkeypatch):
     import maskkv_cli.training.examples as examples
     import maskkv_cli.training.train as training
-    from maskkv_cli.bench.tasks import KEY_WORDS
+    from maskkv_cli.tasks.synthetic import KEY_WORDS
 
     probed: list[int] = []
     asked: list[str] = []

@@ -20,7 +20,7 @@ pytest.importorskip("lm_eval", reason="lm_eval is not installed; pip install -e 
 from typer.testing import CliRunner  # noqa: E402
 
 from maskkv_cli.cli import app  # noqa: E402
-from maskkv_cli.defaults import shipped_model  # noqa: E402
+from maskkv_cli.models.catalog import shipped_model  # noqa: E402
 
 PROMPT = "{context}\n\n{input}"  # the tiny model's training format (document, then question), as a template
 NEEDLES = [("apple", 48213), ("pear", 11920), ("plum", 55301), ("fig", 70412)]

@@ -41,7 +41,7 @@ def test_keep_freed_memory_keeps_a_freed_tensors_pages():
 _STEPS = """
 import random, sys
 import torch
-from maskkv_cli.defaults import shipped_model
+from maskkv_cli.models.catalog import shipped_model
 from maskkv_cli.models.loading import load_model
 from maskkv_cli.prompting import load_tokenizer
 from maskkv_cli.training.config import TrainConfig

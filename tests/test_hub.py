@@ -14,8 +14,8 @@ from prompts import NEEDLE_DOC
 from typer.testing import CliRunner
 
 from maskkv_cli.cli import app
-from maskkv_cli.defaults import shipped_model
 from maskkv_cli.models import hub
+from maskkv_cli.models.catalog import shipped_model
 from maskkv_cli.models.hub import HubError, PullEvent, pull
 from maskkv_cli.models.loading import load_model, resolve_model_path
 

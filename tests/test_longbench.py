@@ -9,21 +9,21 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from maskkv_cli.bench.longbench import (
+from maskkv_cli.bench.quality import group_generation
+from maskkv_cli.bench.quality_sources import TaskGroup, build_groups
+from maskkv_cli.cli import app
+from maskkv_cli.errors import UsageError
+from maskkv_cli.prompting.fit import middle_cut
+from maskkv_cli.sampling.llada import GenerationConfig
+from maskkv_cli.session import Session
+from maskkv_cli.tasks.longbench import (
     MAX_NEW_TOKENS,
     TEMPLATES,
     encode_longbench,
     load_templates,
-    middle_cut,
     prompt_spec,
 )
-from maskkv_cli.bench.quality import group_generation
-from maskkv_cli.bench.quality_sources import TaskGroup, build_groups
-from maskkv_cli.bench.tasks import Task
-from maskkv_cli.cli import app
-from maskkv_cli.errors import UsageError
-from maskkv_cli.sampling.llada import GenerationConfig
-from maskkv_cli.session import Session
+from maskkv_cli.tasks.taskio import Task
 
 
 def task(context: str, question: str = "Where is the tower?", dataset: str = "hotpotqa") -> Task:

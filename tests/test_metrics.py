@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from maskkv_cli.bench.metrics import (
+from maskkv_cli.tasks.metrics import (
     DATASET_METRIC,
     aggregate,
     classification_score,
@@ -25,7 +25,7 @@ from maskkv_cli.bench.metrics import (
     rouge_l_zh,
     score,
 )
-from maskkv_cli.bench.tasks import KINDS
+from maskkv_cli.tasks.synthetic import KINDS
 
 LONGBENCH_DATASETS = (
     "narrativeqa", "qasper", "multifieldqa_en", "multifieldqa_zh", "hotpotqa", "2wikimqa", "musique",

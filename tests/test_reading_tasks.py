@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from maskkv_cli.bench import sources
-from maskkv_cli.bench.metrics import DATASET_METRIC, is_no_answer, rouge_l, score
 from maskkv_cli.bench.quality_sources import read_haystack
-from maskkv_cli.bench.tasks import KEY_WORDS, NUM_DISTRACTORS, generate_tasks
 from maskkv_cli.errors import UsageError
 from maskkv_cli.prompting import NO_ANSWER
 from maskkv_cli.prompting.parts import LEAD_SENTENCES, SUMMARY_WORDS, lead_sentences, part_instruction
+from maskkv_cli.tasks import sources
+from maskkv_cli.tasks.metrics import DATASET_METRIC, is_no_answer, rouge_l, score
+from maskkv_cli.tasks.synthetic import KEY_WORDS, NUM_DISTRACTORS, generate_tasks
 from maskkv_cli.training.config import TrainConfig, parse_sources
 from maskkv_cli.training.examples import Batcher, encode_example, summary_target, tokenizer_texts
 

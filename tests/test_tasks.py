@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-import maskkv_cli.bench.tasks as tasks_module
-from maskkv_cli.bench.taskio import load_jsonl, save_jsonl
-from maskkv_cli.bench.tasks import (
+import maskkv_cli.tasks.synthetic as tasks_module
+from maskkv_cli.documents.corpus import load_corpus, split_paragraphs
+from maskkv_cli.tasks.synthetic import (
     KEY_WORDS,
     KINDS,
     PARAGRAPH_SEPARATOR,
@@ -18,7 +18,7 @@ from maskkv_cli.bench.tasks import (
     count_words,
     generate_tasks,
 )
-from maskkv_cli.documents.corpus import load_corpus, split_paragraphs
+from maskkv_cli.tasks.taskio import load_jsonl, save_jsonl
 
 
 def _chars_over_four(text: str) -> int:
@@ -369,8 +369,8 @@ def test_bad_line_names_its_number(tmp_path: Path, bad_line: str, message: str) 
 def test_absent_key_twin_asks_the_same_text_about_a_key_with_no_needle():
     import random
 
-    from maskkv_cli.bench.tasks import absent_key_twin
     from maskkv_cli.prompting import NO_ANSWER
+    from maskkv_cli.tasks.synthetic import absent_key_twin
 
     for task in generate_tasks("niah_multikey", 10, 200, seed=4) + generate_tasks("niah_single", 5, 200, seed=4):
         twin = absent_key_twin(task, random.Random(task.meta["index"]))

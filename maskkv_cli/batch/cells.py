@@ -10,9 +10,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from maskkv_cli.batch.dispatch import Pool, results
-from maskkv_cli.bench.quality import CellAnswer, CellRunner, QualityCell
 from maskkv_cli.errors import MaskKVError
 from maskkv_cli.session import Session
+from maskkv_cli.tasks.cells import CellAnswer, CellRunner, QualityCell
 
 
 class PlanningSession(Session):

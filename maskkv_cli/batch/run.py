@@ -18,6 +18,7 @@ from maskkv_cli.batch.documents import LoadedDocument, load_documents
 from maskkv_cli.batch.folder import CONFIG_FILE, SUMMARY_FILE, AnswersFolder
 from maskkv_cli.batch.jobs import AnswerSettings, Job, JobSpec, job_settings, plan_jobs
 from maskkv_cli.batch.worker import WorkerSpec
+from maskkv_cli.devices import machine_info, resolve_device
 from maskkv_cli.errors import UsageError
 
 
@@ -117,14 +118,11 @@ def make_pool(runner: Runner, spec: WorkerSpec) -> tuple[Pool, str]:
         if len(kinds) > 1:
             raise UsageError("--devices mixes CPU and GPU workers; their answers can differ, run them separately")
         return ProcessPool(spec, list(runner.devices), threads=worker_threads(len(runner.devices))), kinds.pop()
+    from dataclasses import replace
+
     from maskkv_cli.batch.local import InProcessPool
 
-    device = runner.device
-    if device == "auto":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    from dataclasses import replace
+    device = resolve_device(runner.device)
 
     return InProcessPool(replace(spec, device=device)), device.split(":")[0]
 
@@ -142,9 +140,8 @@ def run_batch(
     on_submit: Callable[[Pool, int, Job], None] | None = None,
 ) -> BatchResult:
     """Answer every job not already finished in ``out``; returns the counts (failures are rows, not errors)."""
-    from maskkv_cli.bench.quality import model_fingerprint
-    from maskkv_cli.bench.results import machine_info
     from maskkv_cli.models.config import read_model_defaults
+    from maskkv_cli.models.fingerprint import model_fingerprint
     from maskkv_cli.models.loading import resolve_model_path
     from maskkv_cli.policies.base import policy_names
     from maskkv_cli.sampling.llada import GenerationConfig

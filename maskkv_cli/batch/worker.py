@@ -51,7 +51,7 @@ class Worker:
         started = time.perf_counter()
         try:
             if message.get("kind") == "cell":
-                from maskkv_cli.bench.quality import answer_prompt
+                from maskkv_cli.tasks.cells import answer_prompt
 
                 fields = {"answers": [answer_prompt(self.session, ids, message["gen"], message["cache"])
                                       for ids in message["prompts"]]}

@@ -1,1 +1,1 @@
-"""Benchmark task generation and scoring."""
+"""The benchmark harness: quality, speed and memory runs, their results folders, reports and plots."""

@@ -34,60 +34,31 @@ Typer here: the command layer renders.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from maskkv_cli.bench.metrics import aggregate, digit_mixing, distractor_values, is_no_answer, metric_for, score
 from maskkv_cli.bench.paired import add_intervals, paired_comparisons
 from maskkv_cli.bench.quality_plan import BENCH_KIND, Case
 from maskkv_cli.bench.quality_report import add_retention, plot_quality, summary_markdown
 from maskkv_cli.bench.quality_sources import DOCUMENT_QUESTION, TaskGroup, TaskSource
-from maskkv_cli.bench.results import ResultsFolder, atomic_write_text, read_jsonl, settings_key
+from maskkv_cli.bench.results import ResultsFolder, read_jsonl, settings_key
 from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.errors import UsageError
+from maskkv_cli.fileio import atomic_write_text
+from maskkv_cli.models.fingerprint import model_fingerprint
+from maskkv_cli.tasks.cells import CellAnswer, CellRunner, QualityCell, answer_prompt
+from maskkv_cli.tasks.metrics import aggregate, digit_mixing, distractor_values, is_no_answer, metric_for, score
 
 PREDICTIONS_FILE = "predictions.jsonl"
 SUMMARY_FILE = "summary.md"
 PLOT_FILE = "quality.png"
-_FINGERPRINT_BYTES = 1 << 20
 
 
 # ----- model identity and keys -----------------------------------------------------------------------------
-
-
-def _is_model_note(name: str) -> bool:
-    """Files in a model folder that describe the model without taking part in running it."""
-    lower = name.lower()
-    return lower == "training.json" or lower.endswith(".md") or lower.startswith(("license", "notice"))
-
-
-def model_fingerprint(path: str | Path) -> str:
-    """A short hash that changes when the checkpoint changes: every file's name, size, first and last MiB.
-
-    Cheap for an 8B checkpoint and exact for the few-MB tiny model (read whole), and independent of where the
-    folder lives, so a copy of the same checkpoint reuses rows. Files that cannot change an answer (the training
-    record, read-me and licence files) are left out, so editing a model's notes keeps its finished rows.
-    """
-    from maskkv_cli.models.loading import resolve_model_path
-
-    folder = resolve_model_path(path)
-    digest = hashlib.sha256()
-    for item in sorted(folder.iterdir()):
-        if item.name.startswith(".") or not item.is_file() or _is_model_note(item.name):
-            continue
-        size = item.stat().st_size
-        digest.update(f"{item.name}\x00{size}\x00".encode())
-        with item.open("rb") as handle:
-            digest.update(handle.read(_FINGERPRINT_BYTES))
-            if size > 2 * _FINGERPRINT_BYTES:
-                handle.seek(size - _FINGERPRINT_BYTES)
-            digest.update(handle.read(_FINGERPRINT_BYTES))
-    return digest.hexdigest()[:16]
 
 
 def group_generation(gen: Any, group: TaskGroup) -> Any:
@@ -158,44 +129,6 @@ class QualityRun:
     plot: Path | None
     notes: list[str] = field(default_factory=list)
     paired: list[dict[str, Any]] = field(default_factory=list)  # the default policy against each other policy
-
-
-@dataclass(frozen=True)
-class CellAnswer:
-    """One task's answer with its timings (what a worker sends back; scoring happens where the rows are written)."""
-
-    text: str
-    seconds: float
-    prefill_s: float | None = None
-    notes: tuple[str, ...] = ()
-    confidence: tuple[float, float] | None = None  # mean and lowest probability of the answer's tokens
-
-
-@dataclass(frozen=True)
-class QualityCell:
-    """One row's work, (task, length) x (policy, budget): its prompts, generation and cache settings."""
-
-    key: str
-    group: int
-    case: int
-    prompts: list[list[int]]
-    gen: Any
-    cache: Any
-
-
-CellRunner = Callable[[list[QualityCell]], Iterable[tuple[QualityCell, list[CellAnswer]]]]
-
-
-def answer_prompt(session: Any, ids: list[int], gen: Any, cache: Any) -> CellAnswer:
-    """Answer one prompt greedily, timed."""
-    t0 = time.perf_counter()
-    answer = session.answer_ids(ids, gen, cache)
-    seconds = time.perf_counter() - t0
-    stats = getattr(getattr(answer, "result", None), "stats", None)
-    conf = getattr(answer, "confidence", None)
-    return CellAnswer(answer.text, seconds, None if stats is None else float(stats.prefill_s),
-                      tuple(getattr(answer, "notes", None) or ()),
-                      None if conf is None else (float(conf.mean), float(conf.min)))
 
 
 def _case_row(group: TaskGroup, case: Case, key: str, scores: list[float], seconds: list[float],

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from maskkv_cli.bench.tasks import KINDS
 from maskkv_cli.errors import UsageError
+from maskkv_cli.tasks.synthetic import KINDS
 
 BENCH_KIND = "quality"
 DEFAULT_KINDS: tuple[str, ...] = ("niah_single", "niah_multikey")

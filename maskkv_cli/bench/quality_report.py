@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from maskkv_cli.bench.paired import paired_markdown
-from maskkv_cli.bench.results import atomic_write_bytes
-from maskkv_cli.bench.tasks import UNANSWERABLE_KINDS
+from maskkv_cli.fileio import atomic_write_bytes
+from maskkv_cli.tasks.synthetic import UNANSWERABLE_KINDS
 
 TABLE_HEADERS: tuple[str, ...] = ("task", "length", "policy", "budget", "n", "accuracy", "95% interval",
                                   "retention", "share", "prompt", "s/sample")

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from maskkv_cli.bench.quality_plan import DEFAULT_KINDS, DEFAULT_LENGTHS, DEFAULT_SAMPLES
-from maskkv_cli.bench.taskio import load_jsonl
-from maskkv_cli.bench.tasks import Task, generate_tasks
 from maskkv_cli.documents.corpus import split_paragraphs
 from maskkv_cli.errors import UsageError
+from maskkv_cli.tasks.synthetic import generate_tasks
+from maskkv_cli.tasks.taskio import Task, load_jsonl
 
 DOCUMENT_QUESTION = "document_question"  # the chat template around document + question (the synthetic tasks)
 
@@ -56,11 +56,11 @@ class TaskSource:
 
 
 def read_haystack(path: str | Path) -> tuple[list[str] | None, TaskSource]:
-    """The paragraphs to hide needles in: a named source (``bench/sources.py``: corpus, pydoc-topics,
+    """The paragraphs to hide needles in: a named source (``tasks/sources.py``: corpus, pydoc-topics,
     stdlib-train, stdlib-heldout, ...) unless a file of that name exists, else a user's document (PDF, text or
     Markdown). ``corpus`` gives None (the default haystack, so its rows are the default run's)."""
-    from maskkv_cli.bench.sources import SOURCES, load_source, source_digest
     from maskkv_cli.documents import load_document
+    from maskkv_cli.tasks.sources import SOURCES, load_source, source_digest
 
     name = str(path)
     if name in SOURCES and not Path(name).exists():
@@ -130,7 +130,7 @@ def build_groups(session: Any, *, kinds: Sequence[str] = DEFAULT_KINDS, lengths:
     Datasets of a file that are LongBench tasks get the harness's prompts (``longbench.py``; ``templates``
     replaces the built-in wording) and, with ``task_lengths``, their own answer lengths instead of ``gen_length``.
     """
-    from maskkv_cli.bench.longbench import encode_longbench, prompt_spec
+    from maskkv_cli.tasks.longbench import encode_longbench, prompt_spec
 
     if samples <= 0:
         raise UsageError(f"--samples must be a positive integer, got {samples}")

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from maskkv_cli.bench.results import ResultsFolder, atomic_write_bytes
+from maskkv_cli.bench.results import ResultsFolder
+from maskkv_cli.fileio import atomic_write_bytes
 
 if TYPE_CHECKING:
     from maskkv_cli.bench.speed import SpeedSettings

@@ -10,7 +10,7 @@ import typer
 from maskkv_cli import __version__
 from maskkv_cli.allocator import configure_once
 from maskkv_cli.cli.commands.calibrate import calibrate
-from maskkv_cli.cli.commands.common import (
+from maskkv_cli.cli.common import (
     State,
     cache_config,
     dream_options,
@@ -19,8 +19,8 @@ from maskkv_cli.cli.commands.common import (
     guarded,
     live_display_on,
     note,
-    open_session,
 )
+from maskkv_cli.cli.model_choice import load_session
 from maskkv_cli.cli.options import (
     AlgOpt,
     BlockOpt,
@@ -118,7 +118,7 @@ def generate(
     if not prompt.strip():
         raise fail("the prompt is empty; pass some text", 2)
     cache = cache_config(policy, budget, ratio, seed, layer_budgets)
-    session = open_session(model, device, dtype, quiet, as_json, device_map, yes,
+    session = load_session(model, device, dtype, quiet, as_json, device_map, yes,
                            dream=dream_options(alg, top_p, top_k))
     gen = generation_config(session.generation_defaults, gen_length, steps, block_length, temperature=temperature,
                             cfg_scale=cfg, remasking=remasking, threshold=threshold, seed=seed)
@@ -188,8 +188,18 @@ def _register() -> None:
     from maskkv_cli.cli.commands.evaluate import evaluate
 
     app.command("eval")(evaluate)
-    from maskkv_cli.cli.commands.bench import bench_app
+    from maskkv_cli.cli.commands.bench import memory, speed
+    from maskkv_cli.cli.commands.bench_quality import export_tasks, quality
 
+    bench_app = typer.Typer(
+        help="Benchmarks: speed (no cache vs full cache vs MaskKV over prompt lengths), prefill peak memory, and "
+        "answer quality under eviction (with its tasks exported as LongBench JSONL).",
+        no_args_is_help=True,
+    )
+    bench_app.command()(speed)
+    bench_app.command()(memory)
+    bench_app.command("quality")(quality)
+    bench_app.command("tasks")(export_tasks)
     app.add_typer(bench_app, name="bench")
 
 

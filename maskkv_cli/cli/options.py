@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from maskkv_cli.bench.quality_plan import DEFAULT_LENGTHS, FALLBACK_GENERATION
-from maskkv_cli.bench.tasks import KINDS
+from maskkv_cli.tasks.synthetic import KINDS
 
 ModelOpt = Annotated[str | None, typer.Option(
     "--model", "-m", help="Checkpoint folder or a Hugging Face id (ORG/NAME) in the local HF cache; an id not there "

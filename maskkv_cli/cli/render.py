@@ -8,13 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
+from maskkv_cli.sizes import human_size
 
 
 def answer_lines(text: str, confidence: Any, what: str, embedded: bool) -> tuple[str | None, str]:
@@ -36,10 +30,12 @@ def stats_rows(stats: Any) -> list[tuple[str, str]]:
         ("step (median)", f"{stats.median_step_s * 1000:.2f} ms over {max(0, stats.steps_run - 1)} steps"),
         ("end to end", f"{stats.total_s:.2f} s"),
         ("tokens/s", f"{stats.tokens_per_s:.1f}"),
-        ("peak memory", f"{human_bytes(stats.peak_mem_bytes)} ({'CUDA' if stats.mem_kind == 'cuda' else 'RSS'})"),
+        ("peak memory",
+         f"{human_size(stats.peak_mem_bytes, binary=True)} ({'CUDA' if stats.mem_kind == 'cuda' else 'RSS'})"),
     ]
     if stats.kv_bytes:
-        rows.append(("KV cache kept / full", f"{human_bytes(stats.kv_bytes)} / {human_bytes(stats.kv_full_bytes)}"
+        rows.append(("KV cache kept / full",
+                     f"{human_size(stats.kv_bytes, binary=True)} / {human_size(stats.kv_full_bytes, binary=True)}"
                      f" ({stats.compression:.1f}x smaller)"))
     else:
         rows.append(("KV cache", "none (whole sequence recomputed each step)"))
@@ -123,7 +119,8 @@ class LiveRun:
         table.add_row("elapsed", f"{self._time() - self.t0:.1f} s")
         if self.tokens_per_s:
             table.add_row("tokens/s", f"{self.tokens_per_s:.1f}")
-        table.add_row("memory", f"{human_bytes(cur)} now, {human_bytes(peak)} peak ({kind.upper()})")
+        table.add_row("memory",
+                      f"{human_size(cur, binary=True)} now, {human_size(peak, binary=True)} peak ({kind.upper()})")
         if self.cache:
             table.add_row("KV cache", self.cache)
         return table
@@ -148,7 +145,8 @@ class LiveRun:
         """Show how much of the full prompt cache the answer's run kept."""
         stats = answer.result.stats
         if stats.kv_bytes:
-            self.set_cache(f"{human_bytes(stats.kv_bytes)} kept of {human_bytes(stats.kv_full_bytes)}")
+            kept, full = human_size(stats.kv_bytes, binary=True), human_size(stats.kv_full_bytes, binary=True)
+            self.set_cache(f"{kept} kept of {full}")
 
     def __call__(self, event: Any) -> None:
         if event.kind == "prefill":

@@ -7,10 +7,10 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from maskkv_cli.cli.render import human_bytes
-from maskkv_cli.cli.render_profile import MAX_PAGE_ROWS, RAMP, _fmt, _ms, _ratio, write_atomic
+from maskkv_cli.cli.render_profile import MAX_PAGE_ROWS, RAMP, _fmt, _ms, _ratio, write_report
 from maskkv_cli.reports.pagemap import OUTSIDE, group_pages
 from maskkv_cli.reports.profile_report import ProfileReport, quantize
+from maskkv_cli.sizes import human_size
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:1100px}
@@ -57,12 +57,13 @@ def report_html(report: ProfileReport) -> str:
             extra = f'<span class="ratio">{_ratio(value, ref)}</span>' if i else ""
             return f"<td>{e(text)}{extra}</td>"
 
-        kv = f"{human_bytes(s.kv_bytes)} / {human_bytes(s.kv_full_bytes)}" if s.kv_bytes else "no cache"
+        kv = (f"{human_size(s.kv_bytes, binary=True)} / {human_size(s.kv_full_bytes, binary=True)}" if s.kv_bytes
+              else "no cache")
         rows.append(f"<tr><td>{e(run.spec.label)}</td>{td(_ms(s.prefill_s), s.prefill_s, base.prefill_s)}"
                     f"{td(_ms(s.median_step_s), s.median_step_s, base.median_step_s)}"
                     f"{td(f'{s.tokens_per_s:.1f}', s.tokens_per_s, base.tokens_per_s)}"
                     f"{td(f'{s.total_s:.2f} s', s.total_s, base.total_s)}"
-                    f"{td(human_bytes(s.peak_mem_bytes), s.peak_mem_bytes, base.peak_mem_bytes)}"
+                    f"{td(human_size(s.peak_mem_bytes, binary=True), s.peak_mem_bytes, base.peak_mem_bytes)}"
                     f"{td(kv, s.kv_bytes, base.kv_bytes)}<td>{f'{s.compression:.1f}x' if s.kv_bytes else '-'}</td>"
                     f"<td style='text-align:left'>{e(run.answer[:200])}</td></tr>")
     doc = report.document
@@ -117,6 +118,6 @@ def report_html(report: ProfileReport) -> str:
 
 
 def write_html(report: ProfileReport, path: Path) -> Path:
-    return write_atomic(path, report_html(report).encode("utf-8"))
+    return write_report(path, report_html(report).encode("utf-8"))
 
 __all__ = ["report_html", "write_html"]

@@ -7,8 +7,6 @@ fixed ramp (viridis, 9 steps) everywhere; a terminal without colours gets the sa
 from __future__ import annotations
 
 import io
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,11 +14,12 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from maskkv_cli.cli.render import human_bytes
 from maskkv_cli.errors import MaskKVError
+from maskkv_cli.fileio import atomic_write_bytes, open_file_mode
 from maskkv_cli.policies.base import uses_importance
 from maskkv_cli.reports.pagemap import OUTSIDE, PageCount, group_pages
 from maskkv_cli.reports.profile_report import ProfileReport, RunProfile, quantize
+from maskkv_cli.sizes import human_size
 
 RAMP = ("#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725")
 GLYPHS = ".:-=+*#%@"  # the same levels without colour
@@ -55,21 +54,9 @@ def _fmt(value: float) -> str:
     return f"{value:.0f}" if float(value).is_integer() else f"{value:.2f}"
 
 
-def write_atomic(path: Path, data: bytes) -> Path:
-    """Write ``data`` to a temp file next to ``path``, then rename it over ``path``."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is an ordinary file
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+def write_report(path: Path, data: bytes) -> Path:
+    """Write a report (HTML, PNG) atomically, with the permissions of an ordinary file (not mkstemp's 0600)."""
+    return atomic_write_bytes(path, data, mode=open_file_mode())
 
 
 # ------------------------------------------------------------------------------------------------ terminal
@@ -81,7 +68,7 @@ def runs_table(report: ProfileReport) -> Table:
 
     first = report.runs[0]
     title = (f"{len(report.runs)} run(s), prompt {first.prompt_len} tokens, full prompt KV cache "
-             f"{human_bytes(first.stats.kv_full_bytes)}; second lines: ratio to the first row")
+             f"{human_size(first.stats.kv_full_bytes, binary=True)}; second lines: ratio to the first row")
     table = Table(title=title, title_justify="left", caption=report.memory_note, caption_justify="left",
                   box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
     for name, justify in (("run", "left"), ("prefill", "right"), ("step", "right"), ("tok/s", "right"),
@@ -105,8 +92,9 @@ def runs_table(report: ProfileReport) -> Table:
                       cell(_ms(s.median_step_s), s.median_step_s, base.median_step_s),
                       cell(f"{s.tokens_per_s:.1f}", s.tokens_per_s, base.tokens_per_s),
                       cell(f"{s.total_s:.2f} s", s.total_s, base.total_s),
-                      cell(human_bytes(s.peak_mem_bytes), s.peak_mem_bytes, base.peak_mem_bytes),
-                      cell(human_bytes(s.kv_bytes) if s.kv_bytes else "no cache", s.kv_bytes, base.kv_bytes),
+                      cell(human_size(s.peak_mem_bytes, binary=True), s.peak_mem_bytes, base.peak_mem_bytes),
+                      cell(human_size(s.kv_bytes, binary=True) if s.kv_bytes else "no cache", s.kv_bytes,
+                           base.kv_bytes),
                       f"{s.compression:.1f}x" if s.kv_bytes else "-")
     return table
 
@@ -330,8 +318,8 @@ def plot_png(report: ProfileReport, path: Path) -> Path:
                 ax.tick_params(axis="x", rotation=90)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
-    return write_atomic(path, buf.getvalue())
+    return write_report(path, buf.getvalue())
 
 
 __all__ = ["MissingExtra", "bar", "heatmap", "layer_chart", "page_chart", "plot_png", "print_report",
-           "report_renderables", "require_matplotlib", "runs_table", "write_atomic"]
+           "report_renderables", "require_matplotlib", "runs_table", "write_report"]

@@ -12,7 +12,7 @@ from io import BytesIO
 from typing import Any
 
 from maskkv_cli.documents.clean import clean_text
-from maskkv_cli.documents.reading import Page, _pages_label, _plural, format_page_ranges
+from maskkv_cli.documents.model import Page, format_page_ranges, pages_label, plural
 from maskkv_cli.errors import DocumentError
 
 __all__ = ["load_pdf"]
@@ -324,8 +324,8 @@ def load_pdf(data: bytes, display: str, password: str | None) -> tuple[list[Page
             raise _limit_error(display, limits[0])
         if blank and not failed and not missing:
             raise DocumentError(
-                f"{display} has no extractable text on any of its {_plural(len(blank), 'page')} "
-                f"({_pages_label(blank)}); it looks scanned. Run OCR first "
+                f"{display} has no extractable text on any of its {plural(len(blank), 'page')} "
+                f"({pages_label(blank)}); it looks scanned. Run OCR first "
                 f"(e.g. ocrmypdf {display} ocr.pdf) and load the result."
             )
         raise DocumentError(
@@ -337,29 +337,29 @@ def load_pdf(data: bytes, display: str, password: str | None) -> tuple[list[Page
     if limited:
         verb = "exceeds" if len(limited) == 1 else "exceed"
         notes.append(
-            f"{display}: {_pages_label(limited)} {verb} a safety limit of the PDF reader "
+            f"{display}: {pages_label(limited)} {verb} a safety limit of the PDF reader "
             f"({_limit_detail(page_limits[limited[0]])}); skipped."
         )
     if repaired:
         lost = sorted(set(failed + blank + missing) - set(limited))
         note = (
             f"{display} looks truncated or damaged; recovered text from "
-            f"{len(pages)} of {_plural(max(expected, len(raw)), 'page')}"
+            f"{len(pages)} of {plural(max(expected, len(raw)), 'page')}"
         )
         if lost:
-            note += f"; skipped {_pages_label(lost)} (unreadable or no text)"
+            note += f"; skipped {pages_label(lost)} (unreadable or no text)"
         if guessed:
             note += "; page numbers are a best guess"
         notes.append(note + ".")
     else:
         if failed:
             notes.append(
-                f"{display}: could not read {_plural(len(failed), 'page')} "
+                f"{display}: could not read {plural(len(failed), 'page')} "
                 f"({format_page_ranges(failed)}); they were skipped."
             )
         if blank:
             notes.append(
-                f"{display}: no extractable text on {_plural(len(blank), 'page')} "
+                f"{display}: no extractable text on {plural(len(blank), 'page')} "
                 f"({format_page_ranges(blank)}); they were skipped (scanned or blank?). "
                 "Run OCR (e.g. ocrmypdf) if they matter."
             )

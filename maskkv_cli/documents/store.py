@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import time
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -24,6 +23,7 @@ from typing import Any, BinaryIO
 
 from maskkv_cli.documents import Document, parse_document, read_source
 from maskkv_cli.errors import MaskKVError, UsageError
+from maskkv_cli.fileio import atomic_file
 from maskkv_cli.paths import maskkv_home
 
 FORMAT_VERSION = 1
@@ -149,19 +149,9 @@ class DocumentStore:
         }
         payload = json.dumps(record, ensure_ascii=False).encode("utf-8")
         target = self.path_for(doc.sha256)
-        fd, tmp_name = tempfile.mkstemp(prefix=_TEMP_PREFIX, suffix=_TEMP_SUFFIX, dir=self.folder)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                _write_all(fh, payload)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp_name, target)
-        except BaseException:
-            try:
-                os.unlink(tmp_name)
-            except OSError:
-                pass
-            raise
+        # the temporary file's name is the one ``_remove_stale_temps`` recognises
+        with atomic_file(target, prefix=_TEMP_PREFIX, suffix=_TEMP_SUFFIX) as fh:
+            _write_all(fh, payload)
         _fsync_dir(self.folder)
         return target
 

@@ -7,10 +7,12 @@ import codecs
 import re
 
 from maskkv_cli.documents.clean import _normalise_whitespace, clean_text
-from maskkv_cli.documents.reading import TEXT_PAGE_CHARS, Page
+from maskkv_cli.documents.model import Page
 from maskkv_cli.errors import DocumentError
 
-__all__ = ["load_text", "split_text_pages"]
+TEXT_PAGE_CHARS = 3000  # target size of a "page" of a text file without form feeds
+
+__all__ = ["TEXT_PAGE_CHARS", "load_text", "split_text_pages"]
 
 
 _BINARY_CONTROLS = bytes(c for c in range(32) if c not in (9, 10, 11, 12, 13, 27)) + b"\x7f"

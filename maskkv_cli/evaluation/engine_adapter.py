@@ -15,6 +15,8 @@ from typing import Any
 import torch
 
 from maskkv_cli.defaults import DEFAULT_POLICY
+from maskkv_cli.devices import resolve_device
+from maskkv_cli.prompting.fit import middle_cut
 
 
 @dataclass(frozen=True)
@@ -47,13 +49,11 @@ class Engine:
     """A loaded model and tokenizer with the few facts the harness model needs."""
 
     def __init__(self, model: str | None, device: str = "auto", dtype: str | None = None) -> None:
-        from maskkv_cli.defaults import resolve_default_model
+        from maskkv_cli.models.catalog import resolve_default_model
         from maskkv_cli.session import Session
 
         path, self.note = resolve_default_model(model)
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.session = Session(path, device=device, dtype=dtype)
+        self.session = Session(path, device=resolve_device(device), dtype=dtype)
         cfg = self.session.model.config
         self.path = path
         self.tokenizer: Any = self.session.tokenizer
@@ -85,14 +85,6 @@ def policy_names() -> list[str]:
     return names()
 
 
-def fit_window(ids: list[int], room: int) -> tuple[list[int], bool]:
-    """``ids`` unchanged when they fit in ``room``; else their first and last halves (LongBench's middle cut)."""
-    if len(ids) <= room:
-        return ids, False
-    head = room // 2
-    return ids[:head] + ids[len(ids) - (room - head):], True
-
-
 def answer(engine: Engine, ids: list[int], gen_length: int, settings: Settings,
            temperature: float = 0.0) -> Reply:
     """Generate up to ``gen_length`` tokens after the prompt ``ids`` under the settings' cache policy.
@@ -110,7 +102,8 @@ def answer(engine: Engine, ids: list[int], gen_length: int, settings: Settings,
 
         raise UsageError(f"max_gen_toks {gen_length} leaves no room for a prompt in the model's "
                          f"{engine.window}-token window")
-    ids, cut = fit_window(ids, room)
+    cut = len(ids) > room
+    ids = middle_cut(ids, room)  # LongBench's middle cut when the prompt is too long
     block = settings.block_length if gen_length % settings.block_length == 0 else gen_length
     gen = GenerationConfig(gen_length=gen_length, steps=settings.steps or gen_length, block_length=block,
                            temperature=temperature, cfg_scale=settings.cfg_scale, remasking=settings.remasking,

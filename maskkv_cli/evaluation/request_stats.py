@@ -9,11 +9,11 @@ over generation seconds, summed over requests), mean prefill seconds.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from maskkv_cli.fileio import atomic_write_text
 
 REQUESTS_FILE = "maskkv_requests_{stamp}.jsonl"
 SUMMARY_FILE = "maskkv_summary_{stamp}.json"
@@ -59,24 +59,12 @@ def summary_line(task: str, row: dict[str, Any]) -> str:
             f"{row['mean_prefill_s']:.3f} s")
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-
-
 def write_stats(folder: str | Path, stamp: str, lines: Sequence[dict[str, Any]],
                 summary: dict[str, dict[str, Any]]) -> tuple[Path, Path]:
     """``maskkv_requests_<stamp>.jsonl`` and ``maskkv_summary_<stamp>.json`` in ``folder``, each written whole."""
     base = Path(folder).expanduser()
     requests = base / REQUESTS_FILE.format(stamp=stamp)
     totals = base / SUMMARY_FILE.format(stamp=stamp)
-    _atomic_write(requests, "".join(json.dumps(line, sort_keys=True) + "\n" for line in lines))
-    _atomic_write(totals, json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(requests, "".join(json.dumps(line, sort_keys=True) + "\n" for line in lines))
+    atomic_write_text(totals, json.dumps(summary, indent=2, sort_keys=True) + "\n")
     return requests, totals

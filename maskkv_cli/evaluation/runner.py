@@ -36,9 +36,9 @@ def run_eval(tasks: list[str], model_args: dict[str, Any], *, include_path: str 
     from lm_eval.tasks import TaskManager
     from lm_eval.utils import handle_non_serializable, make_table, sanitize_model_name
 
-    from maskkv_cli.defaults import resolve_default_model
     from maskkv_cli.errors import UsageError
     from maskkv_cli.evaluation.harness_model import MaskKVLM
+    from maskkv_cli.models.catalog import resolve_default_model
 
     if include_path is not None and not Path(include_path).expanduser().is_dir():
         raise UsageError(f"--include-path {include_path} is not a folder of task YAML files")

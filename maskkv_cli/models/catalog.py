@@ -1,4 +1,5 @@
-"""Checkpoints on this machine: the embedded model, folders given to ``--model`` before, and the HF cache.
+"""Checkpoints on this machine: the embedded model, folders given to ``--model`` before, and the HF cache; and which
+one a run uses when ``--model`` is not given (``resolve_default_model``).
 
 Each entry says its family, parameter count, size on disk, dtype and whether it can be loaded (config, key
 table and tokenizer checked from the files' headers, no tensor is read), or why not.
@@ -7,19 +8,49 @@ table and tokenizer checked from the files' headers, no tensor is read), or why 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from safetensors import safe_open
 
+from maskkv_cli.defaults import PULL_HINT, REAL_MODEL, configured_model
 from maskkv_cli.errors import MaskKVError
+from maskkv_cli.fileio import atomic_write_text
 from maskkv_cli.models.loading import check_keys, hf_cache_dir, read_config, weight_files
 from maskkv_cli.paths import maskkv_home
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 REMEMBERED = "models.json"
+
+TINY_RANDOM_NOTE = (
+    "no --model given: using the embedded tiny RANDOM model (a demo of the pipeline; its answers are noise). "
+    "Point --model (or MASKKV_MODEL) at a LLaDA-8B-Instruct folder for real answers."
+)
+
+
+def shipped_model() -> Path | None:
+    """The trained tiny model shipped inside the package, when present."""
+    folder = resources.files("maskkv_cli") / "assets" / "tiny-llada"
+    path = Path(str(folder))
+    return path if (path / "config.json").is_file() else None
+
+
+def resolve_default_model(model: str | None) -> tuple[str, str | None]:
+    """(model path or id, a one-line note to show the user or None)."""
+    if model:
+        return model, None
+    configured = configured_model()
+    if configured:
+        return configured, None
+    shipped = shipped_model()
+    if shipped is not None:
+        return str(shipped), ("no --model given: using the embedded tiny LLaDA (trained here to find needle facts "
+                              "in text and copy lead summaries; it cannot chat). For real answers: "
+                              f"`{PULL_HINT}`, then --model {REAL_MODEL}.")
+    from maskkv_cli.models.demo import tiny_random_model
+
+    return str(tiny_random_model()), TINY_RANDOM_NOTE
 
 
 @dataclass(frozen=True)
@@ -94,12 +125,7 @@ def remember_folder(folder: Path) -> None:
     known = remembered_folders()
     if folder in known:
         return
-    target = maskkv_home() / REMEMBERED
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".models.", dir=target.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"folders": [str(p) for p in [*known, folder]]}, f, indent=2)
-    os.replace(tmp, target)
+    atomic_write_text(maskkv_home() / REMEMBERED, json.dumps({"folders": [str(p) for p in [*known, folder]]}, indent=2))
 
 
 def cached_repos(cache_dir: Path | None = None) -> list[tuple[str, Path]]:
@@ -127,8 +153,6 @@ def cached_repos(cache_dir: Path | None = None) -> list[tuple[str, Path]]:
 
 
 def local_models() -> list[LocalModel]:
-    from maskkv_cli.defaults import shipped_model
-
     models: list[LocalModel] = []
     shipped = shipped_model()
     if shipped is not None:

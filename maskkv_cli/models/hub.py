@@ -17,14 +17,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from maskkv_cli.errors import MaskKVError, ModelLoadError
+from maskkv_cli.fileio import atomic_write_text
 from maskkv_cli.models.loading import INDEX_FILE, SINGLE_FILE, hf_cache_dir, weight_files
+from maskkv_cli.sizes import human_size
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 # Everything the loader and the tokenizer read besides the weights; remote code (*.py) and pickled weights
@@ -149,14 +150,6 @@ def _bar_class(on_bytes: Callable[[int], None]) -> type:
     return _Bar
 
 
-def human_size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
-
-
 def free_bytes(folder: Path) -> int:
     """Free space on the disk that holds ``folder`` (or its nearest existing parent)."""
     probe = folder
@@ -209,12 +202,7 @@ def _write_ref(repo: Path, revision: str, commit: str) -> None:
     """Point ``refs/<revision>`` at ``commit`` (atomically), once every file of the snapshot is in place."""
     if revision == commit:
         return
-    ref = repo / "refs" / revision
-    ref.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".ref.", dir=ref.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(commit)
-    os.replace(tmp, ref)
+    atomic_write_text(repo / "refs" / revision, commit)
 
 
 def pull(repo_id: str, revision: str | None = None,

@@ -17,7 +17,6 @@ import json
 import math
 import os
 import re
-import tempfile
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from maskkv_cli.defaults import LAYER_BUDGET_CHOICES
 from maskkv_cli.errors import UsageError
+from maskkv_cli.fileio import atomic_write_text
 from maskkv_cli.paths import config_file
 from maskkv_cli.policies.base import PolicyOptions, uses_importance
 
@@ -149,17 +149,7 @@ def make_profile(model_path: str | os.PathLike[str], result: ImportanceResult) -
 def save_profile(profile: CalibrationProfile, path: Path | None = None) -> Path:
     """Write ``profile`` (default: under ``profile_dir()`` by its key) atomically: a temp file, then replace."""
     target = path or profile_dir() / f"{profile.model}.json"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(profile.to_dict(), f, indent=2)
-            f.write("\n")
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    return atomic_write_text(target, json.dumps(profile.to_dict(), indent=2) + "\n")
 
 
 def find_profile(model_path: str | os.PathLike[str]) -> tuple[CalibrationProfile | None, str | None]:

@@ -8,12 +8,28 @@ RoPE scaling follows LongLLaDA (training-free): multiply the RoPE base by
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from maskkv_cli.errors import UsageError
 
 LONG_MODES = ("truncate", "rope-scale")
+
+
+def middle_halves(ids: Sequence[int], limit: int) -> tuple[list[int], list[int]]:
+    """LongBench's middle truncation: the first ``limit // 2`` and the last ``limit - limit // 2`` ids when there
+    are more than ``limit``; else all of them and nothing."""
+    if len(ids) <= limit:
+        return list(ids), []
+    head = limit // 2
+    return list(ids[:head]), list(ids[len(ids) - (limit - head):])
+
+
+def middle_cut(ids: Sequence[int], limit: int) -> list[int]:
+    """``ids`` with their middle cut so that at most ``limit`` remain (``middle_halves`` joined)."""
+    head, tail = middle_halves(ids, limit)
+    return head + tail
 
 
 def critical_dimension(head_dim: int, theta: float, train_len: int) -> int:
@@ -57,9 +73,9 @@ def fit_context(tokenizer: Any, context: str, budget: int, mode: str, head_dim: 
                              f"x{factor} (NTK-style, LongLLaDA rule); quality may drop far beyond the window")
     if budget <= 0:
         raise UsageError("the question and answer leave no room for the document in the model's window")
-    head = budget // 2
-    tail = budget - head
-    text = tokenizer.decode(ids[:head]) + "\n...\n" + tokenizer.decode(ids[n - tail:])
+    head_ids, tail_ids = middle_halves(ids, budget)
+    head, tail = len(head_ids), len(tail_ids)
+    text = tokenizer.decode(head_ids) + "\n...\n" + tokenizer.decode(tail_ids)
     return FittedContext(text, budget, n - budget, 1,
                          f"document is {n} tokens, the window leaves {budget}: kept the first {head} and last "
                          f"{tail} tokens, dropped {n - budget} from the middle (use --long rope-scale to keep all)")

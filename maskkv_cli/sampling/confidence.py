@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from maskkv_cli.defaults import PULL_HINT, REAL_MODEL, shipped_model
+from maskkv_cli.defaults import PULL_HINT, REAL_MODEL
+from maskkv_cli.models.catalog import shipped_model
 
 # The statistic ("mean" or "min" token probability) and the cut under which an answer is shown as
 # low-confidence. Chosen on one sample of needle tasks with the embedded model and confirmed on a second sample

@@ -7,9 +7,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from maskkv_cli.bench.sources import SOURCES
-from maskkv_cli.bench.tasks import KINDS, NUM_DISTRACTORS
 from maskkv_cli.errors import UsageError
+from maskkv_cli.tasks.sources import SOURCES
+from maskkv_cli.tasks.synthetic import KINDS, NUM_DISTRACTORS
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class TrainConfig:
     # niah_multikey training examples draw their number of distractor needles from this range (the evaluation
     # keeps the benchmark's NUM_DISTRACTORS)
     distractors: tuple[int, int] = (NUM_DISTRACTORS, NUM_DISTRACTORS)
-    # haystack sources (``bench/sources.py``) and their weights; the default, the package corpus alone, draws no
+    # haystack sources (``tasks/sources.py``) and their weights; the default, the package corpus alone, draws no
     # source at all, so earlier recipes replay the same random stream
     sources: dict[str, float] = field(default_factory=lambda: {"corpus": 1.0})
     summary_len: int = 64  # answer region of lead_summary examples (a lead summary is longer than a number)
@@ -103,7 +103,7 @@ def parse_weights(spec: str, option: str, known: Sequence[str], what: str) -> di
 
 
 # A training-only kind: a niah_multikey example and its absent-key twin (the same text asked about a key with no
-# needle, answered NO_ANSWER) side by side in one batch (``bench.tasks.absent_key_twin``).
+# needle, answered NO_ANSWER) side by side in one batch (``tasks.synthetic.absent_key_twin``).
 ABSENT_PAIR = "absent_pair"
 
 
@@ -113,7 +113,7 @@ def parse_mix(spec: str) -> dict[str, float]:
 
 
 def parse_sources(spec: str) -> dict[str, float]:
-    """``"stdlib-train:2,corpus"`` -> ``{"stdlib-train": 2.0, "corpus": 1.0}`` (names from ``bench/sources.py``)."""
+    """``"stdlib-train:2,corpus"`` -> ``{"stdlib-train": 2.0, "corpus": 1.0}`` (names from ``tasks/sources.py``)."""
     return parse_weights(spec, "--sources", list(SOURCES), "source")
 
 

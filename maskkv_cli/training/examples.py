@@ -8,12 +8,13 @@ from typing import Any, NamedTuple
 
 import torch
 
-from maskkv_cli.bench.sources import load_source
-from maskkv_cli.bench.tasks import Task, absent_key_twin, generate_tasks, present_keys
 from maskkv_cli.documents.corpus import load_corpus
 from maskkv_cli.models.config import ModelConfig
 from maskkv_cli.prompting import chat_prompt_ids, document_question
 from maskkv_cli.prompting.parts import LEAD_SENTENCES, lead_sentences
+from maskkv_cli.tasks.sources import load_source
+from maskkv_cli.tasks.synthetic import absent_key_twin, generate_tasks, present_keys
+from maskkv_cli.tasks.taskio import Task
 from maskkv_cli.training.config import ABSENT_PAIR, TrainConfig, _max_len_at
 from maskkv_cli.training.hard_keys import pick_absent_key
 from maskkv_cli.training.padding import left_padded

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from maskkv_cli.bench.tasks import KEY_WORDS, NEEDLE_TEMPLATE, NUMBER_DIGITS, QUESTION_SINGLE
 from maskkv_cli.models.llada import LLaDA
 from maskkv_cli.prompting import NO_ANSWER, chat_prompt_ids, document_question
+from maskkv_cli.tasks.synthetic import KEY_WORDS, NEEDLE_TEMPLATE, NUMBER_DIGITS, QUESTION_SINGLE
 from maskkv_cli.training.padding import left_padded
 
 # Weight every candidate key gets besides its confusion (the mean over the present keys, 0-1): the off-diagonal

@@ -11,10 +11,8 @@ steps, and a run resumes from the last one.
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -24,15 +22,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from maskkv_cli.bench.sources import load_source
-from maskkv_cli.bench.tasks import UNANSWERABLE_KINDS, Task, generate_tasks
 from maskkv_cli.documents.corpus import load_corpus
 from maskkv_cli.errors import UsageError
+from maskkv_cli.fileio import atomic_file
 from maskkv_cli.models.config import named_config
 from maskkv_cli.models.llada import LLaDA
 from maskkv_cli.models.loading import load_model, save_model
 from maskkv_cli.models.tokenizer_build import build_bpe_tokenizer
 from maskkv_cli.prompting import chat_prompt_ids, document_question, load_tokenizer
+from maskkv_cli.tasks.sources import load_source
+from maskkv_cli.tasks.synthetic import UNANSWERABLE_KINDS, generate_tasks
+from maskkv_cli.tasks.taskio import Task
 from maskkv_cli.training.config import ABSENT_PAIR, TrainConfig, TrainEvent, _lr  # noqa: E402
 from maskkv_cli.training.examples import Batcher, skipped_positions, tokenizer_texts  # noqa: E402
 from maskkv_cli.training.growth import freeze_all_but_new, grow_depth
@@ -110,11 +110,11 @@ def _masked_loss(model: LLaDA, ids: torch.Tensor, keep: torch.Tensor, rows: torc
 def evaluate(model: LLaDA, tok: Any, tasks: list[Task], answer_len: int, block: int | None = None) -> float:
     """Exact match (ROUGE-L for lead summaries) of greedy answers with the full cache (the quality reference),
     decoded one token per step in blocks of ``block`` tokens (default: the whole answer as one block)."""
-    from maskkv_cli.bench.metrics import score
     from maskkv_cli.engine.plan import CachePlan
     from maskkv_cli.policies.base import get_policy
     from maskkv_cli.prompting import decode_answer, stop_ids
     from maskkv_cli.sampling import GenerationConfig, sample
+    from maskkv_cli.tasks.metrics import score
 
     model.eval()
     gen = GenerationConfig(gen_length=answer_len, steps=answer_len, block_length=block or answer_len)
@@ -135,17 +135,6 @@ def _git_hash() -> str:
                               cwd=Path(__file__).parent).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-
-
-def _atomic_torch_save(obj: Any, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None) -> Path:
@@ -256,9 +245,10 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
         stop = done == cfg.steps or (cfg.stop_after is not None and done >= cfg.stop_after)
         if done % cfg.ckpt_every == 0 or stop:
             save_model(model, ckpt, tok)
-            _atomic_torch_save({"step": done, "optimizer": opt.state_dict(), "rng": rng.getstate(),
-                                "gen": gen.get_state(), "history": history, "elapsed_s": elapsed,
-                                "config": asdict(cfg)}, state_file)
+            with atomic_file(state_file) as handle:
+                torch.save({"step": done, "optimizer": opt.state_dict(), "rng": rng.getstate(),
+                            "gen": gen.get_state(), "history": history, "elapsed_s": elapsed,
+                            "config": asdict(cfg)}, handle)
         if stop:
             break
     final = out / "final"

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from maskkv_cli.cli.commands.common import fail, guarded, live_display_on, note
+from maskkv_cli.cli.common import fail, guarded, live_display_on
 from maskkv_cli.cli.options import (
     AlgOpt,
     BlockOpt,
@@ -139,9 +139,8 @@ def batch(
     """
     from maskkv_cli.batch.jobs import AnswerSettings, cross_product, read_jobs_file, read_questions
     from maskkv_cli.batch.run import Runner, run_batch
-    from maskkv_cli.cli.commands.common import cache_config
-    from maskkv_cli.cli.commands.pull import ensure_model
-    from maskkv_cli.defaults import resolve_default_model
+    from maskkv_cli.cli.common import cache_config
+    from maskkv_cli.cli.model_choice import choose_model
     from maskkv_cli.prompting.fit import LONG_MODES
 
     if out is None:
@@ -160,9 +159,7 @@ def batch(
         import_ray()  # without the extra: say so before reading any document
     specs = read_jobs_file(jobs) if jobs is not None else cross_product(list(docs or []),
                                                                          read_questions(questions))  # type: ignore
-    path, message = resolve_default_model(model)
-    note(message, quiet, as_json)
-    ensure_model(path, yes, quiet, as_json)  # as ask: an ORG/NAME not on this machine is pulled or named
+    path = choose_model(model, yes, quiet, as_json)  # as ask: an ORG/NAME not on this machine is pulled or named
     settings = AnswerSettings(policy=policy, budget=budget, ratio=ratio, layer_budgets=layer_budgets,
                               gen_length=gen_length, steps=steps, block_length=block_length,
                               temperature=temperature, threshold=threshold, seed=seed, long=long, alg=alg,

@@ -1,4 +1,5 @@
-"""``maskkv bench speed`` and ``maskkv bench memory``: timings and peak memory, each case in a fresh process.
+"""``maskkv bench speed`` and ``maskkv bench memory``: timings and peak memory, each case in a fresh process
+(registered on ``maskkv bench`` in ``cli/app.py``, with ``bench quality`` and ``bench tasks``).
 
 Heavy modules (torch, Rich) load inside the commands, so ``maskkv --help`` stays light.
 """
@@ -11,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from maskkv_cli.cli.commands.common import guarded, pick_device
+from maskkv_cli.cli.common import guarded
 from maskkv_cli.cli.options import (
     BenchBlockOpt,
     BenchGenOpt,
@@ -28,12 +29,7 @@ from maskkv_cli.cli.options import (
     ThreadsOpt,
 )
 from maskkv_cli.cli.parsing import parse_count, parse_counts, parse_policies
-
-bench_app = typer.Typer(
-    help="Benchmarks: speed (no cache vs full cache vs MaskKV over prompt lengths), prefill peak memory, and "
-    "answer quality under eviction (with its tasks exported as LongBench JSONL).",
-    no_args_is_help=True,
-)
+from maskkv_cli.devices import resolve_device
 
 CPU_LENGTHS = "1k,2k,4k"
 GPU_LENGTHS = "1k,2k,4k,8k,16k,32k"
@@ -78,7 +74,6 @@ SPEED_COLUMNS = ("prompt", "method", "prefill s", "step ms", "total s", "tok/s",
                  "KV kept", "meas/limit", "prefill GFLOP/s", "note")
 
 
-@bench_app.command()
 @guarded
 def speed(
     prompt_lengths: Annotated[str | None, typer.Option(
@@ -133,7 +128,7 @@ def speed(
     from maskkv_cli.bench.speed import SpeedSettings, run_sweep
     from maskkv_cli.bench.speed_report import table_rows
 
-    dev = pick_device(device)
+    dev = resolve_device(device)
     gpu = dev.startswith("cuda")
     settings = SpeedSettings(
         prompt_lengths=parse_counts(prompt_lengths or (GPU_LENGTHS if gpu else CPU_LENGTHS), "--prompt-lengths"),
@@ -152,7 +147,6 @@ def speed(
         sys.stderr.write(f"results: {folder.path}\n")
 
 
-@bench_app.command()
 @guarded
 def memory(
     prompt_length: Annotated[str, typer.Option("--prompt-length", help="Prompt tokens (e.g. 16k).")] = "16k",
@@ -194,7 +188,7 @@ def memory(
     settings = MemorySettings(prompt_len=parse_count(prompt_length, "--prompt-length"), budget=budget,
                               gen_length=gen_length,
                               block_length=block_length, policies=parse_policies(policies),
-                              config=None if model else config, model=model, device=pick_device(device),
+                              config=None if model else config, model=model, device=resolve_device(device),
                               dtype=dtype, seed=seed, threads=threads, profile=profile)
     folder, rows = run_memory(settings, out, fresh, on_case=_progress(quiet, as_json))
     if as_json:
@@ -210,6 +204,3 @@ def memory(
     if not quiet:
         sys.stderr.write(f"results: {folder.path}\n")
 
-
-# `bench quality` registers itself on ``bench_app`` when imported.
-from maskkv_cli.cli.commands import bench_quality  # noqa: E402,F401

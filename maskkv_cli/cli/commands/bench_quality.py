@@ -1,7 +1,8 @@
-"""``maskkv bench quality``: accuracy and retention of every KV policy and budget on retrieval tasks.
+"""``maskkv bench quality``: accuracy and retention of every KV policy and budget on retrieval tasks; ``maskkv bench
+tasks``: the tasks it generates, exported as LongBench JSONL.
 
-Registered on ``bench_app`` (``maskkv_cli.cli.commands.bench`` imports this module for that side effect). Heavy
-modules (torch, Rich) load inside the command, so ``maskkv --help`` stays light.
+Registered on ``maskkv bench`` in ``cli/app.py``. Heavy modules (torch, Rich) load inside the command, so
+``maskkv --help`` stays light.
 """
 
 from __future__ import annotations
@@ -21,18 +22,19 @@ from maskkv_cli.bench.quality_plan import (
     DEFAULT_SAMPLES,
     FALLBACK_GENERATION,
 )
-from maskkv_cli.bench.tasks import KINDS
-from maskkv_cli.cli.commands.bench import FreshOpt, OutOpt, bench_app
-from maskkv_cli.cli.commands.common import generation_config, guarded, note, open_session
+from maskkv_cli.cli.common import generation_config, guarded, note
+from maskkv_cli.cli.model_choice import load_session
 from maskkv_cli.cli.options import (
     DeviceOpt,
     DevicesOpt,
     DtypeOpt,
+    FreshOpt,
     HaystackOpt,
     JsonOpt,
     LayerBudgetsOpt,
     LengthsOpt,
     ModelOpt,
+    OutOpt,
     PromptsOpt,
     QualityBlockOpt,
     QualityBudgetsOpt,
@@ -48,6 +50,7 @@ from maskkv_cli.cli.options import (
 )
 from maskkv_cli.cli.parsing import parse_counts, parse_devices
 from maskkv_cli.errors import UsageError
+from maskkv_cli.tasks.synthetic import KINDS
 
 _FALLBACK = "/".join(str(FALLBACK_GENERATION[k]) for k in ("gen_length", "steps", "block_length"))
 
@@ -148,7 +151,6 @@ def _paired_line(paired: list[dict[str, Any]]) -> str:
     return f"{line}; none of those significant (sign test p < 0.05)" if behind else line
 
 
-@bench_app.command("quality")
 @guarded
 def quality(
     tasks: TasksOpt = ",".join(DEFAULT_KINDS),
@@ -201,11 +203,11 @@ def quality(
 
         maskkv bench quality --haystack stdlib-heldout --tasks niah_single,niah_none --lengths 512,1k
     """
-    from maskkv_cli.bench.longbench import load_templates
     from maskkv_cli.bench.quality import run_quality
     from maskkv_cli.bench.quality_plan import is_tasks_file, parse_kinds, plan_cases
     from maskkv_cli.bench.quality_sources import TaskSource, build_groups, read_haystack, read_tasks_file
     from maskkv_cli.cli.parsing import check_layer_budgets, parse_policies
+    from maskkv_cli.tasks.longbench import load_templates
 
     if samples <= 0:
         raise UsageError(f"--samples must be a positive integer, got {samples}")
@@ -242,7 +244,7 @@ def quality(
         from maskkv_cli.batch.cells import PlanningSession, pooled_cells
         from maskkv_cli.batch.run import Runner, make_pool
         from maskkv_cli.batch.worker import WorkerSpec
-        from maskkv_cli.defaults import resolve_default_model
+        from maskkv_cli.models.catalog import resolve_default_model
 
         path, message = resolve_default_model(model)
         note(message, quiet, as_json)
@@ -251,7 +253,7 @@ def quality(
         session = PlanningSession(path, None if dtype == "auto" else dtype, device_kind)
         cell_runner = pooled_cells(pool)
     else:
-        session = open_session(model, device, dtype, quiet, as_json)
+        session = load_session(model, device, dtype, quiet, as_json)
     defaults = session.generation_defaults or FALLBACK_GENERATION
     gen = generation_config(defaults, gen_length, steps, block_length, temperature=0.0, seed=seed)
     cases = plan_cases(names, budget_list)
@@ -275,7 +277,6 @@ def quality(
         sys.stderr.write(f"results: {run.folder}{reused}\n")
 
 
-@bench_app.command("tasks")
 @guarded
 def export_tasks(
     out: Annotated[Path, typer.Argument(help="The JSONL file to write (LongBench format).", show_default=False)],
@@ -304,9 +305,9 @@ def export_tasks(
     """
     from maskkv_cli.bench.quality_plan import parse_kinds
     from maskkv_cli.bench.quality_sources import generate_cells, read_haystack
-    from maskkv_cli.bench.taskio import save_jsonl
-    from maskkv_cli.defaults import resolve_default_model
+    from maskkv_cli.models.catalog import resolve_default_model
     from maskkv_cli.prompting import load_tokenizer
+    from maskkv_cli.tasks.taskio import save_jsonl
 
     if samples <= 0:
         raise UsageError(f"--samples must be a positive integer, got {samples}")

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from maskkv_cli.cli.commands.common import guarded, note, pick_device
+from maskkv_cli.cli.common import guarded, note
 from maskkv_cli.cli.options import (
     CalibrationSamplesOpt,
     DeviceOpt,
@@ -22,6 +22,7 @@ from maskkv_cli.cli.options import (
     ModelOpt,
     QuietOpt,
 )
+from maskkv_cli.devices import resolve_device
 from maskkv_cli.errors import DocumentError, UsageError
 
 DEFAULT_GEN_LENGTH = 128
@@ -112,8 +113,8 @@ def calibrate(
     """
     from rich.console import Console
 
-    from maskkv_cli.defaults import resolve_default_model
     from maskkv_cli.engine.importance import measure_importance
+    from maskkv_cli.models.catalog import resolve_default_model
     from maskkv_cli.policies.calibration import make_profile, save_profile
     from maskkv_cli.prompting.calibration import calibration_inputs
 
@@ -136,7 +137,7 @@ def calibrate(
         gen_length = _default_gen_length(folder)
     tokenizer = load_tokenizer(path)
     inputs = calibration_inputs(tokenizer, texts, max_tokens, samples, gen_length, cfg.mask_token_id)
-    llada = load_model(path, device=pick_device(device), dtype=None if dtype == "auto" else dtype)
+    llada = load_model(path, device=resolve_device(device), dtype=None if dtype == "auto" else dtype)
     batches = (torch.tensor([seq], dtype=torch.long) for seq in inputs)
 
     err = Console(stderr=True)

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from typing import Annotated
 
 import typer
 
-from maskkv_cli.cli.commands.common import cache_config, generation_config, guarded, one_line_stats, open_session
+from maskkv_cli.cli.common import cache_config, generation_config, guarded, one_line_stats
+from maskkv_cli.cli.model_choice import load_session
 from maskkv_cli.cli.options import BudgetOpt, DeviceOpt, JsonOpt, ModelOpt, QuietOpt, SeedOpt
 from maskkv_cli.defaults import DEFAULT_POLICY
+from maskkv_cli.fileio import atomic_write_text
 
 
 @guarded
@@ -33,20 +33,14 @@ def demo(
 
         maskkv demo --budget 8 --length 500
     """
-    from maskkv_cli.bench.metrics import score
-    from maskkv_cli.bench.tasks import generate_tasks
     from maskkv_cli.paths import maskkv_home
     from maskkv_cli.pipeline import ask
+    from maskkv_cli.tasks.metrics import score
+    from maskkv_cli.tasks.synthetic import generate_tasks
 
-    session = open_session(model, device, "auto", quiet, as_json)
+    session = load_session(model, device, "auto", quiet, as_json)
     task = generate_tasks("niah_single", 1, length, seed=seed, count_tokens=session.count_tokens)[0]
-    folder = maskkv_home() / "demo"
-    folder.mkdir(parents=True, exist_ok=True)
-    doc = folder / "demo.txt"
-    fd, tmp = tempfile.mkstemp(prefix=".demo.", dir=folder)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(task.context)
-    os.replace(tmp, doc)
+    doc = atomic_write_text(maskkv_home() / "demo" / "demo.txt", task.context)
     gen = generation_config(session.generation_defaults, None, None, None, seed=seed)
     runs = []
     for policy, b in ((DEFAULT_POLICY, budget), ("full", None)):

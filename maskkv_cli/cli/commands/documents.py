@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from maskkv_cli.cli.commands.common import (
+from maskkv_cli.cli.common import (
     cache_config,
     dream_options,
     fail,
@@ -18,8 +18,8 @@ from maskkv_cli.cli.commands.common import (
     live_display_on,
     note,
     one_line_stats,
-    open_session,
 )
+from maskkv_cli.cli.model_choice import load_session, pull_first
 from maskkv_cli.cli.options import (
     AlgOpt,
     BlockOpt,
@@ -45,6 +45,7 @@ from maskkv_cli.cli.options import (
     YesOpt,
 )
 from maskkv_cli.defaults import DEFAULT_POLICY
+from maskkv_cli.devices import resolve_device
 
 
 def _consoles(quiet: bool, as_json: bool) -> tuple[Any, bool]:
@@ -52,14 +53,6 @@ def _consoles(quiet: bool, as_json: bool) -> tuple[Any, bool]:
 
     err = Console(stderr=True)
     return err, live_display_on(quiet, as_json)
-
-
-def _pull_first(model: str | None, yes: bool, quiet: bool, as_json: bool) -> None:
-    """Offer (or, with --yes, run) the pull of a --model ORG/NAME not on disk before the live panel starts."""
-    from maskkv_cli.cli.commands.pull import ensure_model
-    from maskkv_cli.defaults import resolve_default_model
-
-    ensure_model(resolve_default_model(model)[0], yes, quiet, as_json)
 
 
 def _warn(doc: Any, quiet: bool, as_json: bool) -> None:
@@ -130,15 +123,16 @@ def ask(
     qs = _questions(question, more, questions_file)
     cache = cache_config(policy, budget, ratio, seed, layer_budgets)
     err, live_on = _consoles(quiet, as_json)
-    _pull_first(model, yes, quiet, as_json)
+    pull_first(model, yes, quiet, as_json)
     from maskkv_cli.cli.render import LiveRun
 
-    with LiveRun(err, live_on, device if device != "auto" else "cpu") as live:
+    device = resolve_device(device)  # once: the panel reads the memory of the device the session runs on
+    with LiveRun(err, live_on, device) as live:
         live.phase("parse", str(document))
         doc, _ = DocumentStore().ingest(document, password=password)
         _warn(doc, quiet, as_json)
         live.phase("load model")
-        session = open_session(model, device, dtype, quiet, as_json, device_map, yes,
+        session = load_session(model, device, dtype, quiet, as_json, device_map, yes,
                                dream=dream_options(alg, top_p, top_k))
         gen = generation_config(session.generation_defaults, gen_length, steps, block_length,
                                 temperature=temperature, threshold=threshold, seed=seed)
@@ -257,13 +251,14 @@ def summarize(
         raise fail(f"--length must be a positive number of words, got {length}", 2)
     cache = cache_config(policy, budget, ratio, seed, layer_budgets)
     err, live_on = _consoles(quiet, as_json)
-    _pull_first(model, yes, quiet, as_json)
-    with LiveRun(err, live_on, device if device != "auto" else "cpu") as live:
+    pull_first(model, yes, quiet, as_json)
+    device = resolve_device(device)  # once: the panel reads the memory of the device the session runs on
+    with LiveRun(err, live_on, device) as live:
         live.phase("parse", str(document))
         doc, _ = DocumentStore().ingest(document, password=password)
         _warn(doc, quiet, as_json)
         live.phase("load model")
-        session = open_session(model, device, dtype, quiet, as_json, device_map, yes,
+        session = load_session(model, device, dtype, quiet, as_json, device_map, yes,
                                dream=dream_options(alg, top_p, top_k))
         if session.summary_length:
             # a model trained on lead summaries (the embedded one) writes them at the length it was trained on

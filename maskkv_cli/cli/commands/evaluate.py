@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from maskkv_cli.cli.commands.common import fail, guarded, note
+from maskkv_cli.cli.common import fail, guarded, note
 from maskkv_cli.cli.options import (
     BlockOpt,
     BudgetOpt,
@@ -83,8 +83,8 @@ def evaluate(
     if not names:
         raise fail("--tasks is empty; give harness task names, e.g. --tasks longbench_hotpotqa", 2)
     _quiet_harness(quiet or as_json)
-    from maskkv_cli.defaults import resolve_default_model
     from maskkv_cli.evaluation.runner import run_eval
+    from maskkv_cli.models.catalog import resolve_default_model
 
     model, message = resolve_default_model(model)
     note(message, quiet, as_json)

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from maskkv_cli.cli.commands.common import State, fail, guarded, live_display_on, note
+from maskkv_cli.cli.common import State, fail, guarded, live_display_on, note
 from maskkv_cli.cli.options import JsonOpt, PasswordOpt, QuietOpt
 
 
@@ -152,7 +152,7 @@ def ingest(
         raise fail("give one or more files or folders to ingest, or --list / --remove", 2)
     tokenizer = None
     if model:
-        from maskkv_cli.defaults import resolve_default_model
+        from maskkv_cli.models.catalog import resolve_default_model
         from maskkv_cli.prompting import load_tokenizer
 
         tokenizer = load_tokenizer(resolve_default_model(model)[0])

@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from maskkv_cli.cli.commands.common import fail, generation_config, guarded, live_display_on, note, open_session
+from maskkv_cli.cli.common import fail, generation_config, guarded, live_display_on, note
+from maskkv_cli.cli.model_choice import load_session
 from maskkv_cli.cli.options import (
     BlockOpt,
     DeviceOpt,
@@ -33,6 +34,7 @@ from maskkv_cli.cli.options import (
     WarmupOpt,
 )
 from maskkv_cli.defaults import DEFAULT_POLICY
+from maskkv_cli.devices import resolve_device
 
 DEFAULT_QUESTION = "Summarize the document."
 
@@ -105,13 +107,14 @@ def profile(
         require_matplotlib()
     err = Console(stderr=True)
     live_on = live_display_on(quiet, as_json)
-    with LiveRun(err, live_on, device if device != "auto" else "cpu") as live:
+    device = resolve_device(device)  # once: the panel reads the memory of the device the session runs on
+    with LiveRun(err, live_on, device) as live:
         live.phase("parse", str(document))
         doc, _ = DocumentStore().ingest(document, password=password)
         for w in doc.warnings:
             note(w, quiet, as_json)
         live.phase("load model")
-        session = open_session(model, device, dtype, quiet, as_json)
+        session = load_session(model, device, dtype, quiet, as_json)
         gen = generation_config(session.generation_defaults, gen_length, steps, block_length,
                                 temperature=temperature, threshold=threshold, seed=seed)
         live.phase("warm-up")

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from maskkv_cli.cli.commands.common import guarded, note
+from maskkv_cli.cli.common import guarded, note
 from maskkv_cli.errors import UsageError
 
 
@@ -101,8 +101,8 @@ def train_tiny(
 
         OMP_NUM_THREADS=1 nohup maskkv train-tiny --out runs/tiny --json > train.log &
     """
-    from maskkv_cli.bench.sources import SOURCES
-    from maskkv_cli.bench.tasks import max_distractors
+    from maskkv_cli.tasks.sources import SOURCES
+    from maskkv_cli.tasks.synthetic import max_distractors
     from maskkv_cli.training.config import TrainConfig, TrainEvent, parse_mix, parse_range, parse_sources
     from maskkv_cli.training.train import install_model, train
 

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from maskkv_cli.bench.metrics import resolve_dataset
-from maskkv_cli.bench.tasks import Task
 from maskkv_cli.errors import UsageError
+from maskkv_cli.prompting.fit import middle_cut
+from maskkv_cli.tasks.metrics import resolve_dataset
+from maskkv_cli.tasks.taskio import Task
 
 MAX_NEW_TOKENS: dict[str, int] = {
     **dict.fromkeys(("hotpotqa", "2wikimqa", "musique", "triviaqa", "passage_count", "passage_retrieval_en",
@@ -129,14 +130,6 @@ def prompt_spec(dataset: str, templates: Mapping[str, str] | None = None) -> Pro
         return None
     chosen = (templates or {}).get(dataset) or (templates or {}).get(base) or TEMPLATES[base]
     return PromptSpec(base, chosen, MAX_NEW_TOKENS[base], base not in RAW_DATASETS)
-
-
-def middle_cut(ids: Sequence[int], limit: int) -> list[int]:
-    """The first ``limit // 2`` and the last ``limit - limit // 2`` ids when there are more than ``limit``."""
-    if len(ids) <= limit:
-        return list(ids)
-    head = limit // 2
-    return list(ids[:head]) + list(ids[len(ids) - (limit - head):])
 
 
 def encode_longbench(session: Any, tasks: Sequence[Task], spec: PromptSpec,

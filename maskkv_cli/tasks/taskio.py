@@ -4,15 +4,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from maskkv_cli.fileio import atomic_write_text
 
 __all__ = ["Task", "count_words", "load_jsonl", "record_to_task", "save_jsonl", "task_to_record"]
 
@@ -66,24 +66,10 @@ def task_to_record(task: Task) -> dict[str, Any]:
 
 
 def save_jsonl(tasks: Iterable[Task], path: str | os.PathLike[str]) -> Path:
-    """Write tasks as LongBench JSONL, atomically (a temporary file in the same folder, then rename)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            for task in tasks:
-                handle.write(json.dumps(task_to_record(task), ensure_ascii=False))
-                handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-    return target
+    """Write tasks as LongBench JSONL, atomically (a temporary file in the same folder, then rename), readable by
+    everyone (0o644) like an export."""
+    text = "".join(json.dumps(task_to_record(task), ensure_ascii=False) + "\n" for task in tasks)
+    return atomic_write_text(path, text, mode=0o644)
 
 
 def _as_text_list(value: object, name: str) -> list[str]:

@@ -35,7 +35,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from difflib import SequenceMatcher
 
-from maskkv_cli.bench.tasks import KINDS, Task
+from maskkv_cli.tasks.synthetic import KINDS
+from maskkv_cli.tasks.taskio import Task
 
 Metric = Callable[..., float]
 

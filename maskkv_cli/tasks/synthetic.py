@@ -45,11 +45,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from maskkv_cli.bench.open_questions import open_question
-from maskkv_cli.bench.taskio import Task, _task_id, count_words
 from maskkv_cli.documents.corpus import load_corpus
 from maskkv_cli.prompting import NO_ANSWER
 from maskkv_cli.prompting.parts import LEAD_SENTENCES, SUMMARY_WORDS, lead_sentences, part_instruction
+from maskkv_cli.tasks.open_questions import open_question
+from maskkv_cli.tasks.taskio import Task, _task_id, count_words
 
 KINDS: tuple[str, ...] = ("niah_single", "niah_multikey", "niah_multivalue", "vt", "niah_none", "lead_summary",
                           "open_question")

@@ -52,14 +52,6 @@ def guarded(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def pick_device(device: str) -> str:
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def note(message: str | None, quiet: bool, as_json: bool) -> None:
     if message and not quiet and not as_json:
         sys.stderr.write(f"note: {message}\n")
@@ -75,21 +67,6 @@ def generation_config(defaults: dict[str, int], gen_length: int | None, steps: i
 
     gen, n_steps, block = resolve_generation(defaults, gen_length, steps, block_length)
     return GenerationConfig(gen_length=gen, steps=n_steps, block_length=block, **kwargs)
-
-
-def open_session(model: str | None, device: str, dtype: str, quiet: bool, as_json: bool,
-                 device_map: str | None = None, yes: bool = False, dream: Any = None) -> Any:
-    """Resolve the model (say so when the embedded default is used; offer to pull an ORG/NAME that is not on
-    disk, without asking with ``yes``) and load it with its tokenizer; ``dream``: Dream's sampler options."""
-    from maskkv_cli.cli.commands.pull import ensure_model
-    from maskkv_cli.defaults import resolve_default_model
-    from maskkv_cli.session import Session
-
-    path, message = resolve_default_model(model)
-    note(message, quiet, as_json)
-    ensure_model(path, yes, quiet, as_json)
-    return Session(path, device=pick_device(device), dtype=None if dtype == "auto" else dtype, device_map=device_map,
-                   dream=dream)
 
 
 def dream_options(alg: str, top_p: float | None, top_k: int | None) -> Any:
@@ -116,10 +93,10 @@ def cache_config(policy: str, budget: int | None, ratio: float | None, seed: int
 
 
 def one_line_stats(stats: Any) -> str:
-    from maskkv_cli.cli.render import human_bytes
+    from maskkv_cli.sizes import human_size
 
-    kv = (f"KV {human_bytes(stats.kv_bytes)} of {human_bytes(stats.kv_full_bytes)} ({stats.compression:.1f}x smaller)"
-          if stats.kv_bytes else "no KV cache")
+    kept, full = human_size(stats.kv_bytes, binary=True), human_size(stats.kv_full_bytes, binary=True)
+    kv = f"KV {kept} of {full} ({stats.compression:.1f}x smaller)" if stats.kv_bytes else "no KV cache"
     return (f"{stats.policy}: prompt {stats.prompt_len} tokens, prefill {stats.prefill_s:.2f} s, "
             f"{stats.steps_run} steps, {stats.total_s:.2f} s, {stats.tokens_per_s:.1f} tokens/s, {kv}")
 

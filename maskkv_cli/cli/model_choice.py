@@ -1,0 +1,138 @@
+"""The model a command runs: the default when ``--model`` is not given, pulling an ``ORG/NAME`` that is not on this
+machine (``maskkv pull``, or the offer to when a command names one), and loading it with its tokenizer."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import typer
+
+from maskkv_cli.cli.common import fail, note
+from maskkv_cli.devices import resolve_device
+
+__all__ = ["choose_model", "ensure_model", "load_session", "pull_first", "run_pull"]
+
+
+class _PullDisplay:
+    """A Rich byte progress bar on a terminal; one line per file elsewhere (nothing with --quiet / --json)."""
+
+    def __init__(self, quiet: bool, as_json: bool) -> None:
+        from rich.console import Console
+
+        self.console = Console(stderr=True)
+        self.silent = quiet or as_json
+        self.live = not self.silent and self.console.is_terminal
+        self.progress: Any = None
+        self.task: Any = None
+        self.pending = 0  # bytes that arrived before the plan (the shard index)
+
+    def __enter__(self) -> _PullDisplay:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def __call__(self, event: Any) -> None:
+        if self.silent:
+            return
+        if event.kind == "plan":
+            if not self.live:
+                from maskkv_cli.sizes import human_size
+
+                self.console.print(f"{event.files} files to download, {human_size(event.n)}" if event.files else
+                                   "every file is already in the cache")
+                return
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+                TransferSpeedColumn,
+            )
+
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                                     TransferSpeedColumn(), TimeRemainingColumn(), console=self.console,
+                                     transient=True)
+            self.progress.start()
+            self.task = self.progress.add_task("pull", total=max(1, event.n))
+        elif event.kind == "file" and self.progress is not None:
+            self.progress.update(self.task, description=event.name)
+        elif event.kind == "file" and not self.live and self.task is None and event.name:
+            self.console.print(f"  {event.name}")
+        elif event.kind == "bytes" and self.progress is not None:
+            self.progress.update(self.task, advance=event.n)
+
+
+def run_pull(repo_id: str, revision: str | None, quiet: bool, as_json: bool) -> Any:
+    """Download ``repo_id`` into the HF cache with a progress display (``maskkv pull``, or a command's offer)."""
+    from maskkv_cli.models.hub import pull as hub_pull
+
+    with _PullDisplay(quiet, as_json) as display:
+        return hub_pull(repo_id, revision, on_event=display)
+
+
+def ensure_model(model: str, yes: bool, quiet: bool, as_json: bool) -> None:
+    """Make sure ``--model`` is on this machine: a folder is remembered for ``maskkv models``; an ORG/NAME id not
+    in the cache is pulled with --yes or after asking on a terminal, else the error gives the pull command."""
+    from pathlib import Path
+
+    from maskkv_cli.models.loading import ModelNotDownloaded, resolve_model_path
+
+    try:
+        folder = resolve_model_path(model)
+    except ModelNotDownloaded as exc:
+        interactive = sys.stdin.isatty() and sys.stderr.isatty() and not as_json
+        if not yes and interactive:
+            yes = typer.confirm(f"{exc.repo_id} is not on this machine. Download it now (`maskkv pull "
+                                f"{exc.repo_id}`)?", default=False, err=True)
+        if not yes:
+            raise fail(f"model {exc.repo_id} is not on this machine; download it with `maskkv pull {exc.repo_id}` "
+                       f"(or add --yes to download it now)") from None
+        run_pull(exc.repo_id, None, quiet, as_json)
+        return
+    from maskkv_cli.models.catalog import shipped_model
+    from maskkv_cli.models.loading import hf_cache_dir
+    from maskkv_cli.paths import maskkv_home
+
+    shipped = shipped_model()
+    own = [hf_cache_dir().resolve(), maskkv_home().resolve()]  # the cache and maskkv's own demo models
+    inside = any(root in folder.resolve().parents for root in own)
+    if Path(model).expanduser().is_dir() and not inside and (shipped is None or
+                                                             folder.resolve() != shipped.resolve()):
+        from maskkv_cli.models.catalog import remember_folder
+
+        try:
+            remember_folder(folder)
+        except OSError:
+            pass  # the list is a convenience; a read-only home must not stop a run
+
+
+def choose_model(model: str | None, yes: bool, quiet: bool, as_json: bool) -> str:
+    """``--model``, else the default (saying so when the embedded model is used), made sure to be on this machine
+    (``ensure_model``); returns the path or id to load."""
+    from maskkv_cli.models.catalog import resolve_default_model
+
+    path, message = resolve_default_model(model)
+    note(message, quiet, as_json)
+    ensure_model(path, yes, quiet, as_json)
+    return path
+
+
+def pull_first(model: str | None, yes: bool, quiet: bool, as_json: bool) -> None:
+    """Offer (or, with --yes, run) the pull of a --model ORG/NAME not on disk before a live panel starts."""
+    from maskkv_cli.models.catalog import resolve_default_model
+
+    ensure_model(resolve_default_model(model)[0], yes, quiet, as_json)
+
+
+def load_session(model: str | None, device: str, dtype: str, quiet: bool, as_json: bool,
+                 device_map: str | None = None, yes: bool = False, dream: Any = None) -> Any:
+    """Choose the model (``choose_model``) and load it with its tokenizer; ``dream``: Dream's sampler options."""
+    from maskkv_cli.session import Session
+
+    path = choose_model(model, yes, quiet, as_json)
+    return Session(path, device=resolve_device(device), dtype=None if dtype == "auto" else dtype, device_map=device_map,
+                   dream=dream)
