@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from maskkv_cli.engine.plan import CacheConfig
 from maskkv_cli.prompting import document_question
 from maskkv_cli.prompting.fit import FittedContext, fit_context
 from maskkv_cli.sampling import Event, GenerationConfig
-from maskkv_cli.session import Answer, CacheConfig, Session
+from maskkv_cli.session import Answer, Session
 
-__all__ = ["Answer", "CacheConfig", "Prompt", "Session", "ask", "prepare"]
+__all__ = ["Answer", "Prompt", "Session", "ask", "prepare"]
 
 
 @dataclass(frozen=True)

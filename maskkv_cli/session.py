@@ -21,18 +21,6 @@ from maskkv_cli.sampling.confidence import Confidence, answer_confidence
 DOCUMENTS_REMEMBERED = 4  # documents whose token ids a session keeps (``Session.document_ids``)
 
 
-def resolve_generation(defaults: dict[str, int], gen_length: int | None, steps: int | None,
-                       block_length: int | None) -> tuple[int, int, int]:
-    """(gen_length, steps, block_length) from the options, filling gaps from the model's defaults
-    (``ModelDefaults.generation``), else 128 / gen length / 32: what every command and a batch job use."""
-    gen = gen_length or defaults.get("gen_length", 128)
-    block = block_length or defaults.get("block_length", min(32, gen))
-    if block_length is None and gen % block:
-        block = gen
-    n_steps = steps or (defaults.get("steps", gen) if gen_length is None else gen)
-    return gen, n_steps, block
-
-
 @dataclass
 class Answer:
     text: str

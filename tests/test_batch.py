@@ -15,8 +15,8 @@ from maskkv_cli.batch.jobs import AnswerSettings, JobSpec, cross_product, job_ke
 from maskkv_cli.batch.run import Runner, run_batch
 from maskkv_cli.cli import app
 from maskkv_cli.errors import UsageError
+from maskkv_cli.run_settings import resolve_generation
 from maskkv_cli.sampling.llada import GenerationConfig
-from maskkv_cli.session import resolve_generation
 
 runner = CliRunner()
 FAST = ["-n", "8", "--steps", "8", "--block-length", "8"]

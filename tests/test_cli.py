@@ -90,7 +90,7 @@ def test_policies_lists_all():
 
 
 def test_the_papers_maskkv_is_the_default_and_maskkv_plus_is_labelled_experimental():
-    from maskkv_cli.session import CacheConfig
+    from maskkv_cli.engine.plan import CacheConfig
 
     assert DEFAULT_POLICY == "maskkv" and CacheConfig().policy == "maskkv"
     lines = {line.split()[0]: line for line in runner.invoke(app, ["policies"]).output.splitlines() if line.strip()}

@@ -8,10 +8,11 @@ from typer.testing import CliRunner
 
 import maskkv_cli.engine.forward as fwd
 from maskkv_cli.cli import app
+from maskkv_cli.engine.plan import CacheConfig
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.placement import parse_device_map, split_layers
 from maskkv_cli.sampling.llada import GenerationConfig
-from maskkv_cli.session import CacheConfig, Session
+from maskkv_cli.session import Session
 
 CPU = torch.device("cpu")
 

@@ -8,9 +8,13 @@ equal ``maskkv ask``'s.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import asdict, fields
+from typing import TYPE_CHECKING, Any
 
 from maskkv_cli.batch.jobs import AnswerSettings
+
+if TYPE_CHECKING:
+    from maskkv_cli.run_settings import RunSettings
 
 
 def open_session(model_path: str, device: str, dtype: str | None) -> Any:
@@ -20,6 +24,14 @@ def open_session(model_path: str, device: str, dtype: str | None) -> Any:
     return Session(model_path, device=device, dtype=dtype)
 
 
+def run_settings(settings: AnswerSettings) -> RunSettings:
+    """A job's settings as the one builder of generation and cache settings takes them (the same for ``ask``)."""
+    from maskkv_cli.run_settings import RunSettings
+
+    shared = {f.name for f in fields(RunSettings)}
+    return RunSettings(**{name: value for name, value in asdict(settings).items() if name in shared})
+
+
 def answer_job(session: Any, text: str, question: str, settings: AnswerSettings) -> dict[str, Any]:
     """Answer ``question`` about the document ``text``; ``settings`` carries a resolved generation triple.
 
@@ -27,17 +39,10 @@ def answer_job(session: Any, text: str, question: str, settings: AnswerSettings)
     run statistics and notes.
     """
     from maskkv_cli.pipeline import ask
-    from maskkv_cli.policies.base import PolicyOptions
-    from maskkv_cli.sampling import DreamOptions, GenerationConfig
-    from maskkv_cli.session import CacheConfig, resolve_generation
 
-    gen_length, steps, block = resolve_generation(session.generation_defaults, settings.gen_length,
-                                                  settings.steps, settings.block_length)
-    gen = GenerationConfig(gen_length=gen_length, steps=steps, block_length=block,
-                           temperature=settings.temperature, threshold=settings.threshold, seed=settings.seed)
-    cache = CacheConfig(policy=settings.policy, budget=settings.budget, ratio=settings.ratio,
-                        options=PolicyOptions(seed=settings.seed), layer_budgets=settings.layer_budgets)
-    session.dream = DreamOptions(alg=settings.alg, top_p=settings.top_p, top_k=settings.top_k)
+    run = run_settings(settings)
+    gen, cache = run.generation(session.generation_defaults), run.cache()
+    session.dream = run.dream()
     answer = ask(session, text, question, gen, cache, long=settings.long)
     fitted = answer.fitted
     notes = [m for m in (fitted.rule, *answer.notes) if m]

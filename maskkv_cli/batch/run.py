@@ -144,8 +144,8 @@ def run_batch(
     from maskkv_cli.models.fingerprint import model_fingerprint
     from maskkv_cli.models.loading import resolve_model_path
     from maskkv_cli.policies.base import policy_names
+    from maskkv_cli.run_settings import resolve_generation
     from maskkv_cli.sampling.llada import GenerationConfig
-    from maskkv_cli.session import resolve_generation
 
     known = policy_names()
     for policy in {s.policy or settings.policy for s in specs}:

@@ -65,13 +65,13 @@ def group_generation(gen: Any, group: TaskGroup) -> Any:
     """The run's generation settings, or for a group with its own answer length: that length, one token per
     step (the MaskKV paper's LongBench setting) and the run's block length when it divides the length; a group
     the model was trained to decode in its own blocks (lead summaries, ``summary_block_length``) gets those."""
+    from maskkv_cli.run_settings import fitted_block
+
     length = group.gen_length
     if length is None or length == gen.gen_length:
         return gen
-    block = gen.block_length if length % gen.block_length == 0 else length
-    if group.block_length and length % group.block_length == 0:
-        block = group.block_length
-    return replace(gen, gen_length=length, steps=length, block_length=block)
+    return replace(gen, gen_length=length, steps=length,
+                   block_length=fitted_block(length, group.block_length, gen.block_length))
 
 
 def generation_settings(gen: Any) -> dict[str, Any]:
@@ -199,8 +199,7 @@ def run_quality(
     (worker processes, Ray actors: ``maskkv_cli.batch.cells``) and yield them as they finish; rows and keys are
     the same as in this process.
     """
-    from maskkv_cli.pipeline import CacheConfig
-    from maskkv_cli.policies.base import PolicyOptions
+    from maskkv_cli.run_settings import RunSettings
 
     if not groups or not cases:
         raise UsageError("nothing to run: no tasks or no policies")
@@ -246,8 +245,7 @@ def run_quality(
     ran = 0
 
     def cache_for(case: Case) -> Any:
-        return CacheConfig(policy=case.policy, budget=case.budget, options=PolicyOptions(seed=seed),
-                           layer_budgets=layer_budgets)
+        return RunSettings(policy=case.policy, budget=case.budget, seed=seed, layer_budgets=layer_budgets).cache()
 
     def record(gi: int, ci: int, answers: Sequence[CellAnswer]) -> dict[str, Any]:
         """Score a cell's answers, save its predictions, then its row."""

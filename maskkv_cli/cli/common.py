@@ -60,36 +60,26 @@ def note(message: str | None, quiet: bool, as_json: bool) -> None:
 
 
 def generation_config(defaults: dict[str, int], gen_length: int | None, steps: int | None,
-                      block_length: int | None, **kwargs: Any) -> Any:
-    """A ``GenerationConfig`` from the options, filling gaps from the model's defaults, else 128/128/32."""
-    from maskkv_cli.sampling import GenerationConfig
-    from maskkv_cli.session import resolve_generation
+                      block_length: int | None, **sampler: Any) -> Any:
+    """A ``GenerationConfig`` from the options (``run_settings.RunSettings``: gaps filled from the model's
+    defaults, else 128/128/32); ``sampler``: temperature, threshold, seed, cfg_scale, remasking."""
+    from maskkv_cli.run_settings import RunSettings
 
-    gen, n_steps, block = resolve_generation(defaults, gen_length, steps, block_length)
-    return GenerationConfig(gen_length=gen, steps=n_steps, block_length=block, **kwargs)
+    return RunSettings(gen_length=gen_length, steps=steps, block_length=block_length, **sampler).generation(defaults)
 
 
 def dream_options(alg: str, top_p: float | None, top_k: int | None) -> Any:
     """``--alg``, ``--top-p`` and ``--top-k`` as Dream's typed sampler options (LLaDA models ignore them)."""
-    from maskkv_cli.sampling import DreamOptions
+    from maskkv_cli.run_settings import RunSettings
 
-    return DreamOptions(alg=alg, top_p=top_p, top_k=top_k)
+    return RunSettings(alg=alg, top_p=top_p, top_k=top_k).dream()
 
 
 def cache_config(policy: str, budget: int | None, ratio: float | None, seed: int, layer_budgets: str = "auto") -> Any:
-    from maskkv_cli.cli.parsing import check_layer_budgets
-    from maskkv_cli.policies.base import PolicyOptions
-    from maskkv_cli.session import CacheConfig
+    """The cache request of the options, checked (``engine.plan.CacheConfig``: one message per bad value)."""
+    from maskkv_cli.run_settings import RunSettings
 
-    if budget is not None and ratio is not None:
-        raise fail("give either --budget or --ratio, not both", 2)
-    if budget is not None and budget <= 0:
-        raise fail(f"--budget must be a positive integer, got {budget}", 2)
-    if ratio is not None and not 0 < ratio <= 1:
-        raise fail(f"--ratio must be in (0, 1], got {ratio}", 2)
-    check_layer_budgets(layer_budgets)
-    return CacheConfig(policy=policy, budget=budget, ratio=ratio, options=PolicyOptions(seed=seed),
-                       layer_budgets=layer_budgets)
+    return RunSettings(policy=policy, budget=budget, ratio=ratio, seed=seed, layer_budgets=layer_budgets).cache()
 
 
 def one_line_stats(stats: Any) -> str:

@@ -10,7 +10,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from maskkv_cli.defaults import DEFAULT_BUDGET, LAYER_BUDGET_CHOICES
+from maskkv_cli.defaults import DEFAULT_BUDGET
 from maskkv_cli.errors import UsageError
 
 if TYPE_CHECKING:  # parse_runs builds them; importing the report module loads torch
@@ -70,14 +70,6 @@ def parse_policies(text: str, option: str = "--policies") -> tuple[str, ...]:
         if name not in known:
             raise UsageError(f"unknown policy {name!r} in {option}; choose from: {', '.join(known)}")
     return names
-
-
-def check_layer_budgets(mode: str) -> str:
-    """``--layer-budgets``: one of ``auto``, ``online``, ``uniform``."""
-    if mode not in LAYER_BUDGET_CHOICES:
-        raise UsageError(f"--layer-budgets must be {', '.join(LAYER_BUDGET_CHOICES[:-1])} or "
-                         f"{LAYER_BUDGET_CHOICES[-1]}, got {mode!r}")
-    return mode
 
 
 def parse_runs(policies: str, budgets: str | None, ratios: str | None) -> list[RunSpec]:

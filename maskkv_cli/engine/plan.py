@@ -24,7 +24,15 @@ from maskkv_cli.kv.budgets import resolve_budget
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import Policy, PolicyOptions, get_policy, uses_importance
 
-__all__ = ["CacheConfig", "CachePlan", "plan_cache"]
+__all__ = ["CacheConfig", "CachePlan", "check_layer_budgets", "plan_cache"]
+
+
+def check_layer_budgets(mode: str) -> str:
+    """``--layer-budgets``: one of ``auto``, ``online``, ``uniform``."""
+    if mode not in LAYER_BUDGET_CHOICES:
+        raise UsageError(f"--layer-budgets must be {', '.join(LAYER_BUDGET_CHOICES[:-1])} or "
+                         f"{LAYER_BUDGET_CHOICES[-1]}, got {mode!r}")
+    return mode
 
 
 @dataclass(frozen=True)
@@ -44,9 +52,7 @@ class CacheConfig:
             raise UsageError(f"--budget must be a positive integer, got {self.budget}")
         if self.ratio is not None and not 0 < self.ratio <= 1:
             raise UsageError(f"--ratio must be in (0, 1], got {self.ratio}")
-        if self.layer_budgets not in LAYER_BUDGET_CHOICES:
-            raise UsageError(f"--layer-budgets must be {', '.join(LAYER_BUDGET_CHOICES[:-1])} or "
-                             f"{LAYER_BUDGET_CHOICES[-1]}, got {self.layer_budgets!r}")
+        check_layer_budgets(self.layer_budgets)
 
     def resolved_budget(self, prompt_len: int) -> int | None:
         """Budget in entries per head per layer; None keeps the whole prompt."""

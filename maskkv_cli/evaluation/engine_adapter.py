@@ -10,13 +10,16 @@ maskkv's own prompt first), as ``bench quality`` does for prompts it has already
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.devices import resolve_device
 from maskkv_cli.prompting.fit import middle_cut
+
+if TYPE_CHECKING:
+    from maskkv_cli.run_settings import RunSettings
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,14 @@ class Settings:
     threshold: float | None = None
     cfg_scale: float = 0.0
     seed: int = 0
+
+    def run(self, temperature: float = 0.0) -> RunSettings:
+        """These settings (and a request's temperature) as the one builder of generation and cache settings."""
+        from maskkv_cli.run_settings import RunSettings
+
+        return RunSettings(policy=self.policy, budget=self.budget, ratio=self.ratio, layer_budgets=self.layer_budgets,
+                           seed=self.seed, steps=self.steps, block_length=self.block_length, temperature=temperature,
+                           cfg_scale=self.cfg_scale, remasking=self.remasking, threshold=self.threshold)
 
 
 @dataclass
@@ -92,10 +103,6 @@ def answer(engine: Engine, ids: list[int], gen_length: int, settings: Settings,
     The answer length is ``gen_length``; blocks are ``settings.block_length`` tokens when that divides it, else
     one block (as ``bench quality`` does for LongBench's answer lengths); steps default to one token per step.
     """
-    from maskkv_cli.policies.base import PolicyOptions
-    from maskkv_cli.sampling.llada import GenerationConfig
-    from maskkv_cli.session import CacheConfig
-
     room = engine.window - gen_length
     if room <= 0:
         from maskkv_cli.errors import UsageError
@@ -104,12 +111,8 @@ def answer(engine: Engine, ids: list[int], gen_length: int, settings: Settings,
                          f"{engine.window}-token window")
     cut = len(ids) > room
     ids = middle_cut(ids, room)  # LongBench's middle cut when the prompt is too long
-    block = settings.block_length if gen_length % settings.block_length == 0 else gen_length
-    gen = GenerationConfig(gen_length=gen_length, steps=settings.steps or gen_length, block_length=block,
-                           temperature=temperature, cfg_scale=settings.cfg_scale, remasking=settings.remasking,
-                           threshold=settings.threshold, seed=settings.seed)
-    cache = CacheConfig(policy=settings.policy, budget=settings.budget, ratio=settings.ratio,
-                        options=PolicyOptions(seed=settings.seed), layer_budgets=settings.layer_budgets)
+    run = settings.run(temperature)
+    gen, cache = run.answer_generation(gen_length), run.cache()
     result = engine.session.answer_ids(ids, gen, cache)
     run = result.result.stats
     stats = {

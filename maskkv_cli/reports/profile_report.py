@@ -203,15 +203,15 @@ def profile_document(
     the first row does not pay one-time costs. ``focus`` picks the run drawn as pictures; by default the first
     that evicts.
     """
-    from maskkv_cli.pipeline import CacheConfig, ask
-    from maskkv_cli.policies.base import PolicyOptions
+    from maskkv_cli.pipeline import ask
+    from maskkv_cli.run_settings import RunSettings
 
     if not specs:
         raise UsageError("no run to profile")
 
     def config(spec: RunSpec) -> Any:
-        return CacheConfig(policy=spec.policy, budget=spec.budget, ratio=spec.ratio,
-                           options=PolicyOptions(seed=seed), layer_budgets=layer_budgets)
+        return RunSettings(policy=spec.policy, budget=spec.budget, ratio=spec.ratio, seed=seed,
+                           layer_budgets=layer_budgets).cache()
 
     if warmup:
         short = replace(gen, gen_length=gen.block_length, steps=max(1, gen.steps_per_block))

@@ -206,7 +206,8 @@ def quality(
     from maskkv_cli.bench.quality import run_quality
     from maskkv_cli.bench.quality_plan import is_tasks_file, parse_kinds, plan_cases
     from maskkv_cli.bench.quality_sources import TaskSource, build_groups, read_haystack, read_tasks_file
-    from maskkv_cli.cli.parsing import check_layer_budgets, parse_policies
+    from maskkv_cli.cli.parsing import parse_policies
+    from maskkv_cli.engine.plan import check_layer_budgets
     from maskkv_cli.tasks.longbench import load_templates
 
     if samples <= 0:

@@ -89,11 +89,12 @@ def profile(
     """
     from rich.console import Console
 
-    from maskkv_cli.cli.parsing import check_layer_budgets, choose_focus, parse_runs
+    from maskkv_cli.cli.parsing import choose_focus, parse_runs
     from maskkv_cli.cli.render import LiveRun
     from maskkv_cli.cli.render_html import write_html
     from maskkv_cli.cli.render_profile import print_report, require_matplotlib
     from maskkv_cli.documents.store import DocumentStore
+    from maskkv_cli.engine.plan import check_layer_budgets
     from maskkv_cli.reports.profile_report import profile_document
 
     if not question.strip():

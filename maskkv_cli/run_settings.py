@@ -1,0 +1,83 @@
+"""One builder from a run's flat settings to what the engine takes: generation settings and the cache request.
+
+The commands, batch jobs, the harness model, ``bench quality`` and ``profile`` all hold the same flat values
+(policy, budget or ratio, layer budgets, lengths, sampler options, seed). ``RunSettings`` turns them into a
+``GenerationConfig`` (lengths filled from the model's stored defaults, or fitted to an answer length), a
+``CacheConfig`` (checked once, in its constructor) and Dream's ``DreamOptions``. The cache plan itself needs the
+prompt, so the session builds it per prompt (``engine.plan.plan_cache``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from maskkv_cli.defaults import DEFAULT_POLICY
+from maskkv_cli.engine.plan import CacheConfig
+from maskkv_cli.policies.base import PolicyOptions
+from maskkv_cli.sampling.dream import DreamOptions
+from maskkv_cli.sampling.llada import GenerationConfig
+
+DEFAULT_GEN_LENGTH = 128  # response tokens when neither the user nor the model says
+DEFAULT_BLOCK_LENGTH = 32
+
+
+def resolve_generation(defaults: dict[str, int], gen_length: int | None, steps: int | None,
+                       block_length: int | None) -> tuple[int, int, int]:
+    """(gen_length, steps, block_length) from the options, filling gaps from the model's defaults
+    (``ModelDefaults.generation``), else 128 / gen length / 32; a default block that does not divide the length
+    becomes one block (a block the user gave must divide it: ``GenerationConfig`` says so)."""
+    gen = gen_length or defaults.get("gen_length", DEFAULT_GEN_LENGTH)
+    block = block_length or defaults.get("block_length", min(DEFAULT_BLOCK_LENGTH, gen))
+    if block_length is None and gen % block:
+        block = gen
+    n_steps = steps or (defaults.get("steps", gen) if gen_length is None else gen)
+    return gen, n_steps, block
+
+
+def fitted_block(length: int, *blocks: int | None) -> int:
+    """The first of ``blocks`` that divides ``length``, else ``length`` (one block)."""
+    return next((b for b in blocks if b and length % b == 0), length)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The flat settings of one run, as every entry point takes them (``None``: the model's or the default)."""
+
+    policy: str = DEFAULT_POLICY
+    budget: int | None = None
+    ratio: float | None = None
+    layer_budgets: str = "auto"
+    seed: int = 0  # the sampler's and the ``random`` policy's
+    gen_length: int | None = None
+    steps: int | None = None
+    block_length: int | None = None
+    temperature: float = 0.0
+    cfg_scale: float = 0.0
+    remasking: str = "low_confidence"
+    threshold: float | None = None
+    alg: str = "entropy"  # Dream only
+    top_p: float | None = None  # Dream only
+    top_k: int | None = None  # Dream only
+
+    def cache(self) -> CacheConfig:
+        return CacheConfig(policy=self.policy, budget=self.budget, ratio=self.ratio,
+                           options=PolicyOptions(seed=self.seed), layer_budgets=self.layer_budgets)
+
+    def dream(self) -> DreamOptions:
+        return DreamOptions(alg=self.alg, top_p=self.top_p, top_k=self.top_k)
+
+    def generation(self, defaults: dict[str, int] | None = None) -> GenerationConfig:
+        """The lengths as given, gaps filled from the model's stored defaults (``resolve_generation``)."""
+        gen, steps, block = resolve_generation(defaults or {}, self.gen_length, self.steps, self.block_length)
+        return self._sampler(gen, steps, block)
+
+    def answer_generation(self, length: int, block: int | None = None) -> GenerationConfig:
+        """``length`` tokens, one per step unless ``steps`` is set, in blocks of the run's block length when it
+        divides the length, else of ``block`` when that does, else one block: answers whose length a task or a
+        request sets (the harness, ``bench quality``'s task groups)."""
+        return self._sampler(length, self.steps or length, fitted_block(length, self.block_length, block))
+
+    def _sampler(self, gen_length: int, steps: int, block_length: int) -> GenerationConfig:
+        return GenerationConfig(gen_length=gen_length, steps=steps, block_length=block_length,
+                                temperature=self.temperature, cfg_scale=self.cfg_scale, remasking=self.remasking,
+                                threshold=self.threshold, seed=self.seed)
