@@ -176,6 +176,155 @@ def _prediction_lines(path: Path, keep: set[str]) -> dict[str, list[dict[str, An
     return kept
 
 
+class _Recorder:
+    """What both ways of answering share: the rows' keys, the results folder, the predictions, the notes, and
+    ``record`` (score a cell's answers, then save its predictions before its row)."""
+
+    def __init__(self, session: Any, groups: Sequence[TaskGroup], cases: Sequence[Case], gen: Any, *,
+                 source: TaskSource, tasks_label: str, samples: int, seed: int, out: Path | None, fresh: bool,
+                 layer_budgets: str) -> None:
+        self.groups, self.cases, self.seed, self.layer_budgets = groups, cases, seed, layer_budgets
+        model_id = model_fingerprint(session.model_path)
+        dtype = str(session.model.dtype).removeprefix("torch.")
+        self.group_gens = [group_generation(gen, g) for g in groups]
+        self.settings: dict[str, Any] = {
+            "tasks": tasks_label,
+            "source": source.as_dict(),
+            "lengths": sorted({g.length for g in groups if g.length is not None}),
+            "samples": samples,
+            "seed": seed,
+            "policies": list(dict.fromkeys(c.policy for c in cases)),
+            "budgets": sorted({c.budget for c in cases if c.budget is not None}),
+            "layer_budgets": layer_budgets,
+            "generation": generation_settings(gen),
+            "model": session.model_path,
+            "model_id": model_id,
+            "dtype": dtype,
+        }
+        self.keys = {(gi, ci): row_key(g, c, seed=seed, model_id=model_id, dtype=dtype,
+                                       gen={**generation_settings(self.group_gens[gi]), "layer_budgets": layer_budgets},
+                                       source=source)
+                     for ci, c in enumerate(cases) for gi, g in enumerate(groups)}
+        self.planned = [self.keys[(gi, ci)] for ci in range(len(cases)) for gi in range(len(groups))]
+        self.folder = ResultsFolder.open(BENCH_KIND, self.settings, self.planned, out=out, fresh=fresh)
+        self.predictions = _prediction_lines(self.folder.path / PREDICTIONS_FILE, set(self.folder.rows))
+        self.write_predictions()
+        self.notes = [f"{g.truncated} of {g.n} {g.task} prompts were longer than the {session.window}-token window "
+                      "and were cut in the middle" for g in groups if g.truncated]
+        self.total = sum(g.n for g in groups) * len(cases)
+
+    def cache_for(self, case: Case) -> Any:
+        from maskkv_cli.run_settings import RunSettings
+
+        return RunSettings(policy=case.policy, budget=case.budget, seed=self.seed,
+                           layer_budgets=self.layer_budgets).cache()
+
+    def write_predictions(self) -> None:
+        text = "".join(json.dumps(line, ensure_ascii=False, sort_keys=True) + "\n"
+                       for key in self.planned for line in self.predictions.get(key, []))
+        atomic_write_text(self.folder.path / PREDICTIONS_FILE, text)
+
+    def finished(self, gi: int, ci: int) -> bool:
+        key = self.keys[(gi, ci)]
+        return self.folder.get(key) is not None and key in self.predictions
+
+    def rows_of(self, ci: int) -> tuple[dict[str, Any], ...]:
+        return tuple(self.folder.get(self.keys[(gi, ci)]) for gi in range(len(self.groups)))  # type: ignore[misc]
+
+    def record(self, gi: int, ci: int, answers: Sequence[CellAnswer]) -> dict[str, Any]:
+        """Score a cell's answers, save its predictions, then its row."""
+        group, case, key = self.groups[gi], self.cases[ci], self.keys[(gi, ci)]
+        scores: list[float] = []
+        lines: list[dict[str, Any]] = []
+        for task, answer in zip(group.tasks, answers, strict=True):
+            for message in answer.notes:
+                if message not in self.notes:
+                    self.notes.append(message)
+            value = score(task.dataset, answer.text, task.answers, all_classes=task.meta.get("all_classes"))
+            scores.append(value)
+            line = {"key": key, "id": task.meta.get("_id"), "task": group.task, "length": group.length,
+                    "policy": case.policy, "budget": case.budget, "prediction": answer.text,
+                    "gold": list(task.answers), "score": round(value, 6)}
+            others = distractor_values(task)
+            line["no_answer"] = is_no_answer(answer.text)
+            if answer.confidence is not None:  # what the low-confidence flag would say of this answer
+                line["confidence"] = {"mean": round(answer.confidence[0], 4), "min": round(answer.confidence[1], 4)}
+            if others:
+                line["distractor"] = answer.text.strip() in others
+                line["wrong_digits"], line["distractor_digits"] = digit_mixing(answer.text, task.answers[0], others)
+            lines.append(line)
+        prefill = [a.prefill_s for a in answers if a.prefill_s is not None]
+        row = _case_row(group, case, key, scores, [a.seconds for a in answers], prefill, self.settings,
+                        self.group_gens[gi])
+        row["distractor_answers"] = _line_sum(lines, "distractor")
+        row["no_answers"] = _line_sum(lines, "no_answer")  # answers that say the fact is not there
+        row["wrong_digits"] = _line_sum(lines, "wrong_digits")
+        row["distractor_digits"] = _line_sum(lines, "distractor_digits")
+        self.predictions[key] = lines
+        self.write_predictions()  # before the row: a row in results.jsonl always has its predictions
+        self.folder.put(row)
+        return row
+
+
+def _answer_here(session: Any, rec: _Recorder, on_progress: Callable[[QualityProgress], None] | None) -> int:
+    """Answer every unfinished cell in this process, case by case; returns the cells run."""
+    cases, groups = rec.cases, rec.groups
+    done = ran = 0
+    for ci, case in enumerate(cases):
+        started = time.perf_counter()
+        cache = rec.cache_for(case)
+        case_rows: list[dict[str, Any]] = []
+        all_reused = True
+        for gi, group in enumerate(groups):
+            if rec.finished(gi, ci):
+                case_rows.append(rec.folder.get(rec.keys[(gi, ci)]))  # type: ignore[arg-type]
+                done += group.n
+                continue
+            all_reused = False
+            answers: list[CellAnswer] = []
+            for ids in group.prompts:
+                answers.append(answer_prompt(session, ids, rec.group_gens[gi], cache))
+                done += 1
+                if on_progress:
+                    on_progress(QualityProgress(case, ci + 1, len(cases), done, rec.total))
+            case_rows.append(rec.record(gi, ci, answers))
+            ran += 1
+        if on_progress:
+            on_progress(QualityProgress(case, ci + 1, len(cases), done, rec.total, finished=True,
+                                        rows=tuple(case_rows), reused=all_reused,
+                                        seconds=time.perf_counter() - started))
+    return ran
+
+
+def _answer_elsewhere(rec: _Recorder, cell_runner: CellRunner,
+                      on_progress: Callable[[QualityProgress], None] | None) -> int:
+    """Hand the unfinished cells to ``cell_runner`` (worker processes, Ray actors) and record them as they
+    arrive; returns the cells run."""
+    cases, groups = rec.cases, rec.groups
+    started = time.perf_counter()
+    pending = [(gi, ci) for ci in range(len(cases)) for gi in range(len(groups)) if not rec.finished(gi, ci)]
+    left = {ci: sum(1 for _, c in pending if c == ci) for ci in range(len(cases))}
+    done = rec.total - sum(groups[gi].n for gi, _ in pending)
+    ran = 0
+    for ci, case in enumerate(cases):
+        if not left[ci] and on_progress:
+            on_progress(QualityProgress(case, ci + 1, len(cases), done, rec.total, finished=True,
+                                        rows=rec.rows_of(ci), reused=True))
+    cells = [QualityCell(rec.keys[(gi, ci)], gi, ci, groups[gi].prompts, rec.group_gens[gi], rec.cache_for(cases[ci]))
+             for gi, ci in pending]
+    for cell, answers in cell_runner(cells):
+        rec.record(cell.group, cell.case, answers)
+        ran += 1
+        done += groups[cell.group].n
+        left[cell.case] -= 1
+        if on_progress:
+            finished_case = left[cell.case] == 0
+            on_progress(QualityProgress(cases[cell.case], cell.case + 1, len(cases), done, rec.total,
+                                        finished=finished_case, rows=rec.rows_of(cell.case) if finished_case else (),
+                                        seconds=time.perf_counter() - started))
+    return ran
+
+
 def run_quality(
     session: Any,
     groups: Sequence[TaskGroup],
@@ -199,148 +348,24 @@ def run_quality(
     (worker processes, Ray actors: ``maskkv_cli.batch.cells``) and yield them as they finish; rows and keys are
     the same as in this process.
     """
-    from maskkv_cli.run_settings import RunSettings
-
     if not groups or not cases:
         raise UsageError("nothing to run: no tasks or no policies")
-    model_id = model_fingerprint(session.model_path)
-    dtype = str(session.model.dtype).removeprefix("torch.")
-    gen_settings = generation_settings(gen)
-    group_gens = [group_generation(gen, g) for g in groups]
-    settings: dict[str, Any] = {
-        "tasks": tasks_label,
-        "source": source.as_dict(),
-        "lengths": sorted({g.length for g in groups if g.length is not None}),
-        "samples": samples,
-        "seed": seed,
-        "policies": list(dict.fromkeys(c.policy for c in cases)),
-        "budgets": sorted({c.budget for c in cases if c.budget is not None}),
-        "layer_budgets": layer_budgets,
-        "generation": gen_settings,
-        "model": session.model_path,
-        "model_id": model_id,
-        "dtype": dtype,
-    }
-    keys = {(gi, ci): row_key(g, c, seed=seed, model_id=model_id, dtype=dtype,
-                              gen={**generation_settings(group_gens[gi]), "layer_budgets": layer_budgets},
-                              source=source)
-            for ci, c in enumerate(cases) for gi, g in enumerate(groups)}
-    planned = [keys[(gi, ci)] for ci in range(len(cases)) for gi in range(len(groups))]
-    folder = ResultsFolder.open(BENCH_KIND, settings, planned, out=out, fresh=fresh)
-    predictions = _prediction_lines(folder.path / PREDICTIONS_FILE, set(folder.rows))
-
-    def write_predictions() -> None:
-        text = "".join(json.dumps(line, ensure_ascii=False, sort_keys=True) + "\n"
-                       for key in planned for line in predictions.get(key, []))
-        atomic_write_text(folder.path / PREDICTIONS_FILE, text)
-
-    write_predictions()
-    notes: list[str] = []
-    for group in groups:
-        if group.truncated:
-            notes.append(f"{group.truncated} of {group.n} {group.task} prompts were longer than the "
-                         f"{session.window}-token window and were cut in the middle")
-    total = sum(g.n for g in groups) * len(cases)
-    done = 0
-    ran = 0
-
-    def cache_for(case: Case) -> Any:
-        return RunSettings(policy=case.policy, budget=case.budget, seed=seed, layer_budgets=layer_budgets).cache()
-
-    def record(gi: int, ci: int, answers: Sequence[CellAnswer]) -> dict[str, Any]:
-        """Score a cell's answers, save its predictions, then its row."""
-        group, case, key = groups[gi], cases[ci], keys[(gi, ci)]
-        scores: list[float] = []
-        lines: list[dict[str, Any]] = []
-        for task, answer in zip(group.tasks, answers, strict=True):
-            for message in answer.notes:
-                if message not in notes:
-                    notes.append(message)
-            value = score(task.dataset, answer.text, task.answers, all_classes=task.meta.get("all_classes"))
-            scores.append(value)
-            line = {"key": key, "id": task.meta.get("_id"), "task": group.task, "length": group.length,
-                    "policy": case.policy, "budget": case.budget, "prediction": answer.text,
-                    "gold": list(task.answers), "score": round(value, 6)}
-            others = distractor_values(task)
-            line["no_answer"] = is_no_answer(answer.text)
-            if answer.confidence is not None:  # what the low-confidence flag would say of this answer
-                line["confidence"] = {"mean": round(answer.confidence[0], 4), "min": round(answer.confidence[1], 4)}
-            if others:
-                line["distractor"] = answer.text.strip() in others
-                line["wrong_digits"], line["distractor_digits"] = digit_mixing(answer.text, task.answers[0], others)
-            lines.append(line)
-        prefill = [a.prefill_s for a in answers if a.prefill_s is not None]
-        row = _case_row(group, case, key, scores, [a.seconds for a in answers], prefill, settings, group_gens[gi])
-        row["distractor_answers"] = _line_sum(lines, "distractor")
-        row["no_answers"] = _line_sum(lines, "no_answer")  # answers that say the fact is not there
-        row["wrong_digits"] = _line_sum(lines, "wrong_digits")
-        row["distractor_digits"] = _line_sum(lines, "distractor_digits")
-        predictions[key] = lines
-        write_predictions()  # before the row: a row in results.jsonl always has its predictions
-        folder.put(row)
-        return row
-
-    def finished(gi: int, ci: int) -> bool:
-        key = keys[(gi, ci)]
-        return folder.get(key) is not None and key in predictions
-
-    if cell_runner is None:
-        for ci, case in enumerate(cases):
-            started = time.perf_counter()
-            cache = cache_for(case)
-            case_rows: list[dict[str, Any]] = []
-            all_reused = True
-            for gi, group in enumerate(groups):
-                if finished(gi, ci):
-                    case_rows.append(folder.get(keys[(gi, ci)]))  # type: ignore[arg-type]
-                    done += group.n
-                    continue
-                all_reused = False
-                answers: list[CellAnswer] = []
-                for ids in group.prompts:
-                    answers.append(answer_prompt(session, ids, group_gens[gi], cache))
-                    done += 1
-                    if on_progress:
-                        on_progress(QualityProgress(case, ci + 1, len(cases), done, total))
-                case_rows.append(record(gi, ci, answers))
-                ran += 1
-            if on_progress:
-                on_progress(QualityProgress(case, ci + 1, len(cases), done, total, finished=True,
-                                            rows=tuple(case_rows), reused=all_reused,
-                                            seconds=time.perf_counter() - started))
-    else:  # cells answered elsewhere (worker processes, Ray actors), recorded here as they arrive
-        started = time.perf_counter()
-        pending = [(gi, ci) for ci in range(len(cases)) for gi in range(len(groups)) if not finished(gi, ci)]
-        left = {ci: sum(1 for _, c in pending if c == ci) for ci in range(len(cases))}
-        done = total - sum(groups[gi].n for gi, _ in pending)
-        for ci, case in enumerate(cases):
-            if not left[ci] and on_progress:
-                rows = tuple(folder.get(keys[(gi, ci)]) for gi in range(len(groups)))
-                on_progress(QualityProgress(case, ci + 1, len(cases), done, total, finished=True,
-                                            rows=rows, reused=True))  # type: ignore[arg-type]
-        cells = [QualityCell(keys[(gi, ci)], gi, ci, groups[gi].prompts, group_gens[gi], cache_for(cases[ci]))
-                 for gi, ci in pending]
-        for cell, answers in cell_runner(cells):
-            record(cell.group, cell.case, answers)
-            ran += 1
-            done += groups[cell.group].n
-            left[cell.case] -= 1
-            if on_progress:
-                case = cases[cell.case]
-                finished_case = left[cell.case] == 0
-                rows = tuple(folder.get(keys[(gi, cell.case)]) for gi in range(len(groups))) if finished_case else ()
-                on_progress(QualityProgress(case, cell.case + 1, len(cases), done, total, finished=finished_case,
-                                            rows=rows, seconds=time.perf_counter() - started))  # type: ignore[arg-type]
+    rec = _Recorder(session, groups, cases, gen, source=source, tasks_label=tasks_label, samples=samples, seed=seed,
+                    out=out, fresh=fresh, layer_budgets=layer_budgets)
+    ran = (_answer_here(session, rec, on_progress) if cell_runner is None
+           else _answer_elsewhere(rec, cell_runner, on_progress))
     # Per-task scores by position: every case answers a group's tasks in the same order.
     task_scores = {key: {str(i): float(line["score"]) for i, line in enumerate(lines)}
-                   for key, lines in predictions.items()}
+                   for key, lines in rec.predictions.items()}
+    folder = rec.folder
     rows = add_intervals(add_retention(folder.ordered()), task_scores)
     paired = paired_comparisons(rows, task_scores, DEFAULT_POLICY)
     folder.update(rows)
-    folder.write_text(SUMMARY_FILE, summary_markdown(rows, settings, paired))
+    folder.write_text(SUMMARY_FILE, summary_markdown(rows, rec.settings, paired))
     plot: Path | None = folder.path / PLOT_FILE
+    notes = rec.notes
     if not plot_quality(rows, folder.path / PLOT_FILE):
         plot = None
         notes.append("matplotlib is not installed: skipped quality.png (pip install 'maskkv[plot]')")
-    return QualityRun(rows=rows, folder=folder.path, settings=settings, reused=len(planned) - ran, ran=ran,
+    return QualityRun(rows=rows, folder=folder.path, settings=rec.settings, reused=len(rec.planned) - ran, ran=ran,
                       plot=plot, notes=notes, paired=paired)
