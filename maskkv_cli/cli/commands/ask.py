@@ -33,6 +33,7 @@ from maskkv_cli.cli.options import (
     ModelOpt,
     PasswordOpt,
     PolicyOpt,
+    QuestionsFileOpt,
     QuietOpt,
     RatioOpt,
     SeedOpt,
@@ -70,8 +71,7 @@ def ask(
     more: Annotated[list[str] | None, typer.Option("--question", "-q", help="More questions (repeatable); the "
                                                    "document is parsed and the model loaded once.",
                                                    show_default=False)] = None,
-    questions_file: Annotated[Path | None, typer.Option("--questions", help="A file with one question per line.",
-                                                        show_default=False)] = None,
+    questions_file: QuestionsFileOpt = None,
     model: ModelOpt = None,
     policy: PolicyOpt = DEFAULT_POLICY,
     layer_budgets: LayerBudgetsOpt = "auto",

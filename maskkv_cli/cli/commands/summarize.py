@@ -39,6 +39,7 @@ from maskkv_cli.cli.options import (
     TopKOpt,
     TopPOpt,
     YesOpt,
+    length_option,
 )
 from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.devices import resolve_device
@@ -47,7 +48,7 @@ from maskkv_cli.devices import resolve_device
 @guarded
 def summarize(
     document: Annotated[Path, typer.Argument(help="PDF, text or Markdown file.", show_default=False)],
-    length: Annotated[int, typer.Option("--length", help="Target length of the summary in words.")] = 150,
+    length: Annotated[int, length_option("Target length of the summary in words.")] = 150,
     model: ModelOpt = None,
     policy: PolicyOpt = DEFAULT_POLICY,
     layer_budgets: LayerBudgetsOpt = "auto",
