@@ -134,7 +134,7 @@ def ask(
                     note(message, quiet, as_json)
             results.append((q, answer, answer.fitted))
     from maskkv_cli.cli.render import confidence_fields
-    from maskkv_cli.sampling.confidence import is_embedded_model
+    from maskkv_cli.models.catalog import is_embedded_model
 
     embedded = is_embedded_model(session.model_path)
     if as_json:

@@ -93,7 +93,7 @@ def generate(
         note(message, quiet, as_json)
     stats = answer.result.stats
     from maskkv_cli.cli.render import answer_lines
-    from maskkv_cli.sampling.confidence import is_embedded_model
+    from maskkv_cli.models.catalog import is_embedded_model
 
     embedded = is_embedded_model(session.model_path)
     if as_json:

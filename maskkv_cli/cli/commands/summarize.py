@@ -128,7 +128,7 @@ def summarize(
         elif len(summaries) > 1:
             final = replace(parts_answer, text="", confidence=None)
     from maskkv_cli.cli.render import confidence_fields
-    from maskkv_cli.sampling.confidence import is_embedded_model
+    from maskkv_cli.models.catalog import is_embedded_model
 
     embedded = is_embedded_model(session.model_path)
     if as_json:
