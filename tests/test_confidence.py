@@ -8,7 +8,9 @@ import pytest
 import torch
 from prompts import random_ids
 
+from maskkv_cli.cli.render import confidence_line
 from maskkv_cli.engine.forward import plain_logits
+from maskkv_cli.models.catalog import empty_note
 from maskkv_cli.models.config import named_config
 from maskkv_cli.models.dream import Dream
 from maskkv_cli.policies import get_policy
@@ -18,8 +20,6 @@ from maskkv_cli.sampling.confidence import (
     LOW_CONFIDENCE_STATISTIC,
     Confidence,
     answer_confidence,
-    describe,
-    empty_note,
 )
 from maskkv_cli.sampling.llada import GenerationConfig, generate
 
@@ -75,8 +75,8 @@ def test_low_confidence_is_marked_by_the_chosen_statistic():
     # the other statistic on the far side of the cut: only the chosen one decides
     low = Confidence(below, 0.99, 3) if on_mean else Confidence(0.99, below, 3)
     sure = Confidence(above, 0.01, 3) if on_mean else Confidence(0.99, above, 3)
-    assert "LOW CONFIDENCE" in describe(low) and low.as_dict()["low"] is True
-    assert describe(sure).startswith("confidence: mean") and sure.as_dict()["low"] is False
+    assert "LOW CONFIDENCE" in confidence_line(low) and low.as_dict()["low"] is True
+    assert confidence_line(sure).startswith("confidence: mean") and sure.as_dict()["low"] is False
     assert low.as_dict()["statistic"] == LOW_CONFIDENCE_STATISTIC in ("mean", "min")
     assert Confidence(0.2, 0.1, 2).as_dict()["low"] is True
 

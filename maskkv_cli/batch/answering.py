@@ -50,7 +50,7 @@ def answer_job(session: Any, text: str, question: str, settings: AnswerSettings)
               "budget": answer.budget, "prompt_tokens": answer.prompt_len, "dropped_tokens": fitted.dropped,
               "rope_factor": fitted.rope_factor, "stats": answer.result.stats.as_dict(), "notes": notes}
     if not answer.text.strip():  # as ask --json: an empty answer comes with a note saying so
-        from maskkv_cli.sampling.confidence import empty_note, is_embedded_model
+        from maskkv_cli.models.catalog import empty_note, is_embedded_model
 
         fields["note"] = empty_note("answer", is_embedded_model(session.model_path))
     return fields

@@ -1,40 +1,79 @@
-"""Command-line options declared once and shared by every command (``Annotated`` aliases)."""
+"""Command-line options declared once and shared by every command (``Annotated`` aliases).
+
+An option that several commands take with a help text of their own (``--seed``, ``--policies``, ``--out``,
+``--questions``, ``--tasks``) is declared once by a function whose parameter is that text; each command's alias
+below calls it.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from maskkv_cli.bench.quality_plan import DEFAULT_LENGTHS, FALLBACK_GENERATION
 from maskkv_cli.tasks.synthetic import KINDS
 
-ModelOpt = Annotated[str | None, typer.Option(
-    "--model", "-m", help="Checkpoint folder or a Hugging Face id (ORG/NAME) in the local HF cache; an id not there "
+
+def declare(flag: str) -> Callable[..., Any]:
+    """The one declaration of an option ``flag`` several commands take: a function ``(help, *short, **settings)`` that
+    gives its ``typer.Option``, so that each command describes the flag in its own words (``short``: one-letter
+    aliases such as ``-n``; ``settings``: Typer's, e.g. ``show_default``)."""
+
+    def option(help: str | None = None, *short: str, **settings: Any) -> Any:
+        return typer.Option(flag, *short, help=help, **settings)
+
+    option.__doc__ = f"``{flag}``: see ``declare``."
+    return option
+
+
+model_option = declare("--model")
+budget_option = declare("--budget")
+budgets_option = declare("--budgets")
+ratio_option = declare("--ratio")
+gen_length_option = declare("--gen-length")
+steps_option = declare("--steps")
+block_length_option = declare("--block-length")
+device_option = declare("--device")
+json_option = declare("--json")
+seed_option = declare("--seed")
+policies_option = declare("--policies")
+out_option = declare("--out")
+questions_option = declare("--questions")
+tasks_option = declare("--tasks")
+samples_option = declare("--samples")
+config_option = declare("--config")
+threads_option = declare("--threads")
+length_option = declare("--length")
+
+
+ModelOpt = Annotated[str | None, model_option(
+    "Checkpoint folder or a Hugging Face id (ORG/NAME) in the local HF cache; an id not there "
     "is downloaded only with `maskkv pull`, --yes or your consent. Default: MASKKV_MODEL, the config file, else the "
-    "embedded tiny model.", show_default=False)]
+    "embedded tiny model.", "-m", show_default=False)]
 PolicyOpt = Annotated[str, typer.Option("--policy", "-p", help="KV-cache policy (see `maskkv policies`).")]
-BudgetOpt = Annotated[int | None, typer.Option(
-    "--budget", "-b", help="Average prompt K/V pairs kept per head per layer [default: 256].", show_default=False)]
-RatioOpt = Annotated[float | None, typer.Option(
-    "--ratio", help="Budget as a share of the prompt length, in (0, 1]; instead of --budget.", show_default=False)]
-GenLengthOpt = Annotated[int | None, typer.Option(
-    "--gen-length", "-n", help="Response tokens to generate [default: the model's, else 128].", show_default=False)]
-StepsOpt = Annotated[int | None, typer.Option(
-    "--steps", help="Denoising steps in all, split evenly over blocks [default: gen length].", show_default=False)]
-BlockOpt = Annotated[int | None, typer.Option(
-    "--block-length", help="Tokens per semi-autoregressive block [default: 32].", show_default=False)]
+BudgetOpt = Annotated[int | None, budget_option(
+    "Average prompt K/V pairs kept per head per layer [default: 256].", "-b", show_default=False)]
+RatioOpt = Annotated[float | None, ratio_option(
+    "Budget as a share of the prompt length, in (0, 1]; instead of --budget.", show_default=False)]
+GenLengthOpt = Annotated[int | None, gen_length_option(
+    "Response tokens to generate [default: the model's, else 128].", "-n", show_default=False)]
+StepsOpt = Annotated[int | None, steps_option(
+    "Denoising steps in all, split evenly over blocks [default: gen length].", show_default=False)]
+BlockOpt = Annotated[int | None, block_length_option(
+    "Tokens per semi-autoregressive block [default: 32].", show_default=False)]
 TemperatureOpt = Annotated[float, typer.Option("--temperature", "-t", help="0 = greedy (argmax).")]
 ThresholdOpt = Annotated[float | None, typer.Option(
     "--threshold", help="Parallel decoding: commit every masked token of the block with confidence above this.",
     show_default=False)]
 CfgOpt = Annotated[float, typer.Option("--cfg", help="Classifier-free guidance scale (0 = off).")]
 RemaskOpt = Annotated[str, typer.Option("--remasking", help="low_confidence or random.")]
-DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:1, ... (auto: cuda if available).")]
+DeviceOpt = Annotated[str, device_option("cpu, cuda, cuda:1, ... (auto: cuda if available).")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto (bf16 on GPU, fp32 on CPU), bf16, fp16, fp32.")]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed (sampling noise, random policy).")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON only.")]
+SeedOpt = Annotated[int, seed_option("Random seed (sampling noise, random policy).")]
+JsonOpt = Annotated[bool, json_option("Print machine-readable JSON only.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", help="No progress display and no notes.")]
 PasswordOpt = Annotated[str | None, typer.Option("--password", help="Password of an encrypted PDF.",
                                                  show_default=False)]
@@ -69,67 +108,86 @@ RayOpt = Annotated[str | None, typer.Option(
     show_default=False)]
 
 # bench speed and bench memory
-ConfigOpt = Annotated[str | None, typer.Option(
-    "--config", help="Named model shape with random weights (llada-8b, llada-small, tiny) [default: llada-8b on a "
+ConfigOpt = Annotated[str | None, config_option(
+    "Named model shape with random weights (llada-8b, llada-small, tiny) [default: llada-8b on a "
     "GPU, llada-small on the CPU].", show_default=False)]
-BenchModelOpt = Annotated[str | None, typer.Option(
-    "--model", "-m", help="A checkpoint folder instead of random weights.", show_default=False)]
-BenchGenOpt = Annotated[int, typer.Option("--gen-length", "-n", help="Response tokens to generate.")]
-BenchStepsOpt = Annotated[int, typer.Option("--steps", help="Denoising steps in all (split evenly over blocks).")]
-BenchBlockOpt = Annotated[int, typer.Option("--block-length", help="Tokens per semi-autoregressive block.")]
-ThreadsOpt = Annotated[int, typer.Option("--threads", help="torch threads in each case's process.")]
-OutOpt = Annotated[Path | None, typer.Option(
-    "--out", help="Results folder [default: runs/bench-<kind>-<timestamp>, or the latest folder with identical "
-    "settings, whose finished rows are reused].", show_default=False)]
+BenchModelOpt = Annotated[str | None, model_option(
+    "A checkpoint folder instead of random weights.", "-m", show_default=False)]
+BenchGenOpt = Annotated[int, gen_length_option("Response tokens to generate.", "-n")]
+BenchStepsOpt = Annotated[int, steps_option("Denoising steps in all (split evenly over blocks).")]
+BenchBlockOpt = Annotated[int, block_length_option("Tokens per semi-autoregressive block.")]
+ThreadsOpt = Annotated[int, threads_option("torch threads in each case's process.")]
+OutOpt = Annotated[Path | None, out_option(
+    "Results folder [default: runs/bench-<kind>-<timestamp>, or the latest folder with identical settings, whose "
+    "finished rows are reused].", show_default=False)]
 FreshOpt = Annotated[bool, typer.Option("--fresh", help="Measure every case again (do not reuse finished rows).")]
+SpeedPoliciesOpt = Annotated[str, policies_option("Comma-separated policies to compare.")]
+MemoryPoliciesOpt = Annotated[str, policies_option("Cached policies to compare (full is the reference).")]
 
 # bench quality and bench tasks
-TasksOpt = Annotated[str, typer.Option(
-    "--tasks", help=f"Comma-separated task kinds ({', '.join(KINDS)}), or a .jsonl file "
-    "(LongBench format or `maskkv` export; scored with the metric of each record's dataset, exact match if "
-    "unknown).")]
+TasksOpt = Annotated[str, tasks_option(
+    f"Comma-separated task kinds ({', '.join(KINDS)}), or a .jsonl file (LongBench format or `maskkv` export; "
+    "scored with the metric of each record's dataset, exact match if unknown).")]
 LengthsOpt = Annotated[str | None, typer.Option(
     "--lengths", help=f"Context lengths in tokens of the generated tasks, e.g. 256,1k [default: "
     f"{','.join(map(str, DEFAULT_LENGTHS))}].", show_default=False)]
-QualitySamplesOpt = Annotated[int, typer.Option(
-    "--samples", "-n", help="Tasks per (task, length); for a file, the first N records of each dataset.")]
-QualitySeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the generated tasks and of the random policy.")]
-QualityPoliciesOpt = Annotated[str, typer.Option(
-    "--policies", help="Comma-separated policies (see `maskkv policies`).")]
-QualityBudgetsOpt = Annotated[str, typer.Option(
-    "--budgets", help="Budgets (K/V pairs per head per layer) of the evicting policies; full and none run once.")]
-QualityGenOpt = Annotated[int | None, typer.Option(
-    "--gen-length", help=f"Response tokens [default: the model's, else {FALLBACK_GENERATION['gen_length']}; "
+QualitySamplesOpt = Annotated[int, samples_option(
+    "Tasks per (task, length); for a file, the first N records of each dataset.", "-n")]
+QualitySeedOpt = Annotated[int, seed_option("Seed of the generated tasks and of the random policy.")]
+QualityPoliciesOpt = Annotated[str, policies_option("Comma-separated policies (see `maskkv policies`).")]
+TaskKindsOpt = Annotated[str, tasks_option(f"Comma-separated task kinds ({', '.join(KINDS)}).")]
+TasksSeedOpt = Annotated[int, seed_option("Seed of the tasks (the same seed, lengths and model give bench quality's "
+                                          "tasks).")]
+QualityBudgetsOpt = Annotated[str, budgets_option(
+    "Budgets (K/V pairs per head per layer) of the evicting policies; full and none run once.")]
+QualityGenOpt = Annotated[int | None, gen_length_option(
+    f"Response tokens [default: the model's, else {FALLBACK_GENERATION['gen_length']}; "
     "LongBench tasks: their own (32-512, one token per step)].", show_default=False)]
 PromptsOpt = Annotated[Path | None, typer.Option(
     "--prompts", help="With a LongBench --tasks file: a JSON object of dataset -> template with {context} and "
     "{input} (e.g. LongBench's dataset2prompt.json) instead of the built-in wording.", show_default=False)]
-QualityStepsOpt = Annotated[int | None, typer.Option(
-    "--steps", help=f"Denoising steps [default: the model's, else {FALLBACK_GENERATION['steps']}; LongBench tasks "
+QualityStepsOpt = Annotated[int | None, steps_option(
+    f"Denoising steps [default: the model's, else {FALLBACK_GENERATION['steps']}; LongBench tasks "
     "answered at their own length: one step per token].", show_default=False)]
-QualityBlockOpt = Annotated[int | None, typer.Option(
-    "--block-length", help=f"Tokens per block [default: the model's, else {FALLBACK_GENERATION['block_length']}].",
-    show_default=False)]
+QualityBlockOpt = Annotated[int | None, block_length_option(
+    f"Tokens per block [default: the model's, else {FALLBACK_GENERATION['block_length']}].", show_default=False)]
 HaystackOpt = Annotated[Path | None, typer.Option(
     "--haystack", help="Hide the needles in this document (PDF, text, Markdown; split into paragraphs) or in a "
     "named source of text every Python has: corpus (the default), pydoc-topics, stdlib-train, stdlib-heldout (the "
     "embedded model never saw it), pdf-train, pdf-heldout (the same typeset as a PDF), docs, license.",
     show_default=False)]
 
+# ask
+QuestionsFileOpt = Annotated[Path | None, questions_option("A file with one question per line.", show_default=False)]
+
+# batch
+BatchOutOpt = Annotated[Path | None, out_option(
+    "Results folder (answers.jsonl, config.json, summary.md); a rerun into it skips finished jobs.", "-o",
+    show_default=False)]
+BatchQuestionsOpt = Annotated[Path | None, questions_option("With --docs: a file with one question per line.",
+                                                            show_default=False)]
+
+# eval
+HarnessTasksOpt = Annotated[str, tasks_option(
+    "Comma-separated harness task or group names, e.g. longbench_hotpotqa,gsm8k, or names from --include-path.")]
+
+# train-tiny
+TrainOutOpt = Annotated[Path, out_option("Run folder (checkpoints, log); an existing run resumes.")]
+TrainSeedOpt = Annotated[int, seed_option()]
+
 # calibrate
-CalibrationSamplesOpt = Annotated[int, typer.Option("--samples", help="Calibration inputs (document windows) at most.")]
+CalibrationSamplesOpt = Annotated[int, samples_option("Calibration inputs (document windows) at most.")]
 MaxTokensOpt = Annotated[int, typer.Option(
     "--max-tokens", help="Document tokens per input (the chat template and the masks come on top).")]
 
 # profile
-ProfilePoliciesOpt = Annotated[str, typer.Option(
-    "--policies", "-p", help="Policies to compare, separated by commas (see `maskkv policies`).")]
-ProfileBudgetsOpt = Annotated[str | None, typer.Option(
-    "--budgets", "-b", help="Budgets (average prompt K/V pairs kept per head per layer), separated by commas "
-    "[default: 256].", show_default=False)]
-RatiosOpt = Annotated[str | None, typer.Option(
-    "--ratio", help="Budgets as shares of the prompt length in (0, 1], separated by commas; instead of --budgets.",
-    show_default=False)]
+ProfilePoliciesOpt = Annotated[str, policies_option(
+    "Policies to compare, separated by commas (see `maskkv policies`).", "-p")]
+ProfileBudgetsOpt = Annotated[str | None, budgets_option(
+    "Budgets (average prompt K/V pairs kept per head per layer), separated by commas "
+    "[default: 256].", "-b", show_default=False)]
+RatiosOpt = Annotated[str | None, ratio_option(
+    "Budgets as shares of the prompt length in (0, 1], separated by commas; instead of --budgets.", show_default=False)]
 HeatmapOpt = Annotated[str | None, typer.Option(
     "--heatmap", help="The run to draw, as POLICY@BUDGET [default: the first run that evicts].",
     show_default=False)]

@@ -14,11 +14,36 @@ from maskkv_cli.sizes import human_size
 def answer_lines(text: str, confidence: Any, what: str, embedded: bool) -> tuple[str | None, str]:
     """(the text for stdout, or None when there is none; the line that goes with it on stderr): the confidence
     of an answer or summary, or, for an empty one, a note saying so instead of a blank line."""
-    from maskkv_cli.sampling.confidence import describe, empty_note
+    from maskkv_cli.models.catalog import empty_note
 
     if not text.strip():
         return None, "note: " + empty_note(what, embedded)
-    return text, describe(confidence)
+    return text, confidence_line(confidence)
+
+
+def confidence_line(conf: Any) -> str:
+    """One line for the display: the two numbers of a ``sampling.confidence.Confidence``, and a warning when the
+    chosen statistic is under the cut."""
+    from maskkv_cli.sampling.confidence import LOW_CONFIDENCE, LOW_CONFIDENCE_STATISTIC
+
+    if conf is None:
+        return "confidence: none (no answer tokens)"
+    numbers = f"mean {conf.mean:.2f}, min {conf.min:.2f} over {conf.tokens} tokens"
+    if conf.low:
+        why = "the mean" if LOW_CONFIDENCE_STATISTIC == "mean" else "a token"
+        return (f"LOW CONFIDENCE ({numbers}; {why} below {LOW_CONFIDENCE:.2f}): the model is probably guessing, "
+                f"check the answer in the document")
+    return f"confidence: {numbers}"
+
+
+def confidence_fields(answer: Any, what: str, embedded: bool) -> dict[str, Any]:
+    """``confidence`` (mean/min token probability, or null for an empty answer) and, for an empty one, ``note``."""
+    from maskkv_cli.models.catalog import empty_note
+
+    fields: dict[str, Any] = {"confidence": answer.confidence.as_dict() if answer.confidence else None}
+    if not answer.text.strip():
+        fields["note"] = empty_note(what, embedded)
+    return fields
 
 
 def stats_rows(stats: Any) -> list[tuple[str, str]]:

@@ -53,6 +53,27 @@ def resolve_default_model(model: str | None) -> tuple[str, str | None]:
     return str(tiny_random_model()), TINY_RANDOM_NOTE
 
 
+def is_embedded_model(path: str) -> bool:
+    """Whether ``path`` is the tiny model shipped in the package (what the empty-answer note talks about)."""
+    shipped = shipped_model()
+    return shipped is not None and Path(path).resolve() == shipped.resolve()
+
+
+def empty_note(what: str, embedded: bool) -> str:
+    """What to say instead of printing a blank ``what`` ("answer" or "summary"): for the embedded model, what it
+    can answer and where a real model comes from. The command line and batch's answer rows both carry it, so it
+    sits here, beside the note ``resolve_default_model`` gives, rather than in ``cli/``."""
+    text = f"the model gave no {what} (it produced only end-of-text tokens)."
+    if embedded:
+        text += (" The embedded tiny model looks up needle-style facts, e.g. \"What is the special magic "
+                 "number for KEY?\" over text holding \"The special magic number for KEY is 4821.\", and writes "
+                 "lead summaries (a part's first sentences, often garbled after the first). For real "
+                 f"answers download a real model: `{PULL_HINT}`, then pass --model {REAL_MODEL}.")
+    else:
+        text += " Try a longer --gen-length, more --steps, or a larger --budget."
+    return text
+
+
 @dataclass(frozen=True)
 class LocalModel:
     name: str  # what to pass to --model

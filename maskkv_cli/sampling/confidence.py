@@ -4,7 +4,7 @@ The samplers record, for every response position, the probability the model gave
 step it was committed (``GenerationResult.token_probs``). An answer's confidence is the mean and the minimum
 of those probabilities over its own tokens (up to the first end-of-text token). When the statistic
 ``LOW_CONFIDENCE_STATISTIC`` (the mean or the minimum) is below ``LOW_CONFIDENCE`` the CLI marks the answer as a
-likely guess; the rule that chose both, and its evidence, are in ``docs/models.md``.
+likely guess (``cli/render.py`` words it); the rule that chose both, and its evidence, are in ``docs/models.md``.
 """
 
 from __future__ import annotations
@@ -12,11 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-
-from maskkv_cli.defaults import PULL_HINT, REAL_MODEL
-from maskkv_cli.models.catalog import shipped_model
 
 # The statistic ("mean" or "min" token probability) and the cut under which an answer is shown as
 # low-confidence. Chosen on one sample of needle tasks with the embedded model and confirmed on a second sample
@@ -24,7 +20,6 @@ from maskkv_cli.models.catalog import shipped_model
 # embedded model changes (stage 24: the minimum, 0.95).
 LOW_CONFIDENCE_STATISTIC = "min"
 LOW_CONFIDENCE = 0.95
-
 
 
 @dataclass(frozen=True)
@@ -55,34 +50,3 @@ def answer_confidence(ids: Sequence[int], probs: Sequence[float], stops: set[int
     if not kept:
         return None
     return Confidence(sum(kept) / len(kept), min(kept), len(kept))
-
-
-def describe(conf: Confidence | None) -> str:
-    """One line for the display: the two numbers, and a warning when the chosen statistic is under the cut."""
-    if conf is None:
-        return "confidence: none (no answer tokens)"
-    numbers = f"mean {conf.mean:.2f}, min {conf.min:.2f} over {conf.tokens} tokens"
-    if conf.low:
-        why = "the mean" if LOW_CONFIDENCE_STATISTIC == "mean" else "a token"
-        return (f"LOW CONFIDENCE ({numbers}; {why} below {LOW_CONFIDENCE:.2f}): the model is probably guessing, "
-                f"check the answer in the document")
-    return f"confidence: {numbers}"
-
-
-def empty_note(what: str, embedded: bool) -> str:
-    """What to say instead of printing a blank ``what`` ("answer" or "summary")."""
-    text = f"the model gave no {what} (it produced only end-of-text tokens)."
-    if embedded:
-        text += (" The embedded tiny model looks up needle-style facts, e.g. \"What is the special magic "
-                 "number for KEY?\" over text holding \"The special magic number for KEY is 4821.\", and writes "
-                 "lead summaries (a part's first sentences, often garbled after the first). For real "
-                 f"answers download a real model: `{PULL_HINT}`, then pass --model {REAL_MODEL}.")
-    else:
-        text += " Try a longer --gen-length, more --steps, or a larger --budget."
-    return text
-
-
-def is_embedded_model(path: str) -> bool:
-    """Whether ``path`` is the tiny model shipped in the package (what the empty-answer note talks about)."""
-    shipped = shipped_model()
-    return shipped is not None and Path(path).resolve() == shipped.resolve()

@@ -12,6 +12,8 @@ import typer
 from maskkv_cli.cli.common import fail, guarded, live_display_on
 from maskkv_cli.cli.options import (
     AlgOpt,
+    BatchOutOpt,
+    BatchQuestionsOpt,
     BlockOpt,
     BudgetOpt,
     DeviceOpt,
@@ -87,14 +89,11 @@ def _duration(seconds: float) -> str:
 def batch(
     jobs: Annotated[Path | None, typer.Argument(help="A .jsonl or .csv file of jobs: document, question (optional "
                                                 "id, policy, budget, gen_length).", show_default=False)] = None,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Results folder (answers.jsonl, config.json, "
-                                             "summary.md); a rerun into it skips finished jobs.",
-                                             show_default=False)] = None,
+    out: BatchOutOpt = None,
     docs: Annotated[list[str] | None, typer.Option("--docs", help="Documents (a glob like 'reports/*.pdf'; "
                                                    "repeatable); every one gets every --questions line.",
                                                    show_default=False)] = None,
-    questions: Annotated[Path | None, typer.Option("--questions", help="With --docs: a file with one question per "
-                                                   "line.", show_default=False)] = None,
+    questions: BatchQuestionsOpt = None,
     devices: DevicesOpt = None,
     workers: WorkersOpt = None,
     ray: RayOpt = None,

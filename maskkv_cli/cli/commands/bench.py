@@ -23,10 +23,16 @@ from maskkv_cli.cli.options import (
     DtypeOpt,
     FreshOpt,
     JsonOpt,
+    MemoryPoliciesOpt,
     OutOpt,
     QuietOpt,
     SeedOpt,
+    SpeedPoliciesOpt,
     ThreadsOpt,
+    budget_option,
+    budgets_option,
+    config_option,
+    device_option,
 )
 from maskkv_cli.cli.parsing import parse_count, parse_counts, parse_policies
 from maskkv_cli.devices import resolve_device
@@ -79,9 +85,8 @@ def speed(
     prompt_lengths: Annotated[str | None, typer.Option(
         "--prompt-lengths", help=f"Comma-separated prompt lengths [default: {GPU_LENGTHS} on a GPU, {CPU_LENGTHS} "
         "on the CPU].", show_default=False)] = None,
-    policies: Annotated[str, typer.Option("--policies", help="Comma-separated policies to compare.")]
-    = "none,full,maskkv",
-    budgets: Annotated[str, typer.Option("--budgets", help="Budgets of the evicting policies.")] = "64,256,1024",
+    policies: SpeedPoliciesOpt = "none,full,maskkv",
+    budgets: Annotated[str, budgets_option("Budgets of the evicting policies.")] = "64,256,1024",
     config: ConfigOpt = None,
     model: BenchModelOpt = None,
     gen_length: BenchGenOpt = 128,
@@ -150,16 +155,15 @@ def speed(
 @guarded
 def memory(
     prompt_length: Annotated[str, typer.Option("--prompt-length", help="Prompt tokens (e.g. 16k).")] = "16k",
-    budget: Annotated[int, typer.Option("--budget", "-b", help="MaskKV budget (entries per head per layer).")]
+    budget: Annotated[int, budget_option("MaskKV budget (entries per head per layer).", "-b")]
     = 256,
-    policies: Annotated[str, typer.Option("--policies", help="Cached policies to compare (full is the reference).")]
-    = "full,maskkv",
-    config: Annotated[str, typer.Option("--config", help="Named model shape with random weights.")]
+    policies: MemoryPoliciesOpt = "full,maskkv",
+    config: Annotated[str, config_option("Named model shape with random weights.")]
     = "llada-small",
     model: BenchModelOpt = None,
     gen_length: BenchGenOpt = 128,
     block_length: BenchBlockOpt = 32,
-    device: Annotated[str, typer.Option("--device", help="cpu (peak RSS) or cuda (allocator peak).")] = "cpu",
+    device: Annotated[str, device_option("cpu (peak RSS) or cuda (allocator peak).")] = "cpu",
     dtype: DtypeOpt = "auto",
     threads: ThreadsOpt = 1,
     seed: SeedOpt = 0,

@@ -45,12 +45,15 @@ from maskkv_cli.cli.options import (
     QualityStepsOpt,
     QuietOpt,
     RayOpt,
+    TaskKindsOpt,
     TasksOpt,
+    TasksSeedOpt,
     WorkersOpt,
+    model_option,
+    samples_option,
 )
 from maskkv_cli.cli.parsing import parse_counts, parse_devices
 from maskkv_cli.errors import UsageError
-from maskkv_cli.tasks.synthetic import KINDS
 
 _FALLBACK = "/".join(str(FALLBACK_GENERATION[k]) for k in ("gen_length", "steps", "block_length"))
 
@@ -281,15 +284,13 @@ def quality(
 @guarded
 def export_tasks(
     out: Annotated[Path, typer.Argument(help="The JSONL file to write (LongBench format).", show_default=False)],
-    tasks: Annotated[str, typer.Option("--tasks", help=f"Comma-separated task kinds ({', '.join(KINDS)}).")] = (
-        ",".join(DEFAULT_KINDS)),
+    tasks: TaskKindsOpt = ",".join(DEFAULT_KINDS),
     lengths: LengthsOpt = None,
-    samples: Annotated[int, typer.Option("--samples", "-n", help="Tasks per (kind, length).")] = DEFAULT_SAMPLES,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the tasks (the same seed, lengths and model give "
-                                      "bench quality's tasks).")] = 0,
+    samples: Annotated[int, samples_option("Tasks per (kind, length).", "-n")] = DEFAULT_SAMPLES,
+    seed: TasksSeedOpt = 0,
     haystack: HaystackOpt = None,
-    model: Annotated[str | None, typer.Option(
-        "--model", "-m", help="Count lengths in this model's tokens [default: the default model's tokenizer].",
+    model: Annotated[str | None, model_option(
+        "Count lengths in this model's tokens [default: the default model's tokenizer].", "-m",
         show_default=False)] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace the file if it exists.")] = False,
     quiet: QuietOpt = False,

@@ -9,7 +9,7 @@ import typer
 
 from maskkv_cli.cli.common import cache_config, generation_config, guarded, one_line_stats
 from maskkv_cli.cli.model_choice import load_session
-from maskkv_cli.cli.options import BudgetOpt, DeviceOpt, JsonOpt, ModelOpt, QuietOpt, SeedOpt
+from maskkv_cli.cli.options import BudgetOpt, DeviceOpt, JsonOpt, ModelOpt, QuietOpt, SeedOpt, length_option
 from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.fileio import atomic_write_text
 
@@ -18,7 +18,7 @@ from maskkv_cli.fileio import atomic_write_text
 def demo(
     model: ModelOpt = None,
     budget: BudgetOpt = 16,
-    length: Annotated[int, typer.Option("--length", help="Document length in tokens.")] = 250,
+    length: Annotated[int, length_option("Document length in tokens.")] = 250,
     seed: SeedOpt = 0,
     device: DeviceOpt = "auto",
     as_json: JsonOpt = False,

@@ -15,6 +15,7 @@ from maskkv_cli.cli.options import (
     BudgetOpt,
     DeviceOpt,
     DtypeOpt,
+    HarnessTasksOpt,
     JsonOpt,
     LayerBudgetsOpt,
     ModelOpt,
@@ -29,8 +30,7 @@ from maskkv_cli.defaults import DEFAULT_POLICY
 
 @guarded
 def evaluate(
-    tasks: Annotated[str, typer.Option("--tasks", help="Comma-separated harness task or group names, e.g. "
-                                       "longbench_hotpotqa,gsm8k, or names from --include-path.")],
+    tasks: HarnessTasksOpt,
     model: ModelOpt = None,
     policy: PolicyOpt = DEFAULT_POLICY,
     budget: BudgetOpt = None,

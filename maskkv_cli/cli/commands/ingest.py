@@ -17,7 +17,7 @@ from typing import Annotated, Any
 import typer
 
 from maskkv_cli.cli.common import State, fail, guarded, live_display_on, note
-from maskkv_cli.cli.options import JsonOpt, PasswordOpt, QuietOpt
+from maskkv_cli.cli.options import JsonOpt, PasswordOpt, QuietOpt, model_option
 
 
 class FileProgress:
@@ -109,9 +109,8 @@ def ingest(
     paths: Annotated[list[Path] | None, typer.Argument(
         help="PDF, text or Markdown files, or folders (searched recursively for .pdf, .txt and .md files; "
         ".text and .markdown too).", show_default=False)] = None,
-    model: Annotated[str | None, typer.Option("--model", "-m", help="Count tokens with this model's tokenizer "
-                                              "(default: tiktoken if cached locally, else an estimate).",
-                                              show_default=False)] = None,
+    model: Annotated[str | None, model_option("Count tokens with this model's tokenizer (default: tiktoken if "
+                                              "cached locally, else an estimate).", "-m", show_default=False)] = None,
     password: PasswordOpt = None,
     list_: Annotated[bool, typer.Option("--list", help="List the documents in the store.")] = False,
     remove: Annotated[str | None, typer.Option("--remove", help="Remove a document (sha prefix or file name).",

@@ -10,14 +10,14 @@ from typing import Annotated
 import typer
 
 from maskkv_cli.cli.common import guarded, note
+from maskkv_cli.cli.options import TrainOutOpt, TrainSeedOpt, json_option, steps_option, threads_option
 from maskkv_cli.errors import UsageError
 
 
 @guarded
 def train_tiny(
-    out: Annotated[Path, typer.Option("--out", help="Run folder (checkpoints, log); an existing run resumes.")] = Path(
-        "runs/tiny"),
-    steps: Annotated[int, typer.Option("--steps", help="Optimizer steps in all.")] = 3000,
+    out: TrainOutOpt = Path("runs/tiny"),
+    steps: Annotated[int, steps_option("Optimizer steps in all.")] = 3000,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Examples per step.")] = 32,
     lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (AdamW, warm-up then cosine).")] = 2e-3,
     min_len: Annotated[int, typer.Option("--min-len", help="Shortest context in tokens.")] = 48,
@@ -84,14 +84,14 @@ def train_tiny(
     d_model: Annotated[int, typer.Option("--d-model")] = 128,
     n_layers: Annotated[int, typer.Option("--layers")] = 4,
     n_heads: Annotated[int, typer.Option("--heads")] = 8,
-    threads: Annotated[int, typer.Option("--threads", help="torch threads (1 for a background run).")] = 1,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    threads: Annotated[int, threads_option("torch threads (1 for a background run).")] = 1,
+    seed: TrainSeedOpt = 0,
     install: Annotated[bool, typer.Option("--install", help="Copy the final model into the package as the "
                                           "embedded default (maskkv_cli/assets/tiny-llada).")] = False,
     window: Annotated[int | None, typer.Option(
         "--window", help="With --install: the model's window (max_sequence_length) [default: twice --max-len].",
         show_default=False)] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON line per logged step.")] = False,
+    as_json: Annotated[bool, json_option("One JSON line per logged step.")] = False,
 ) -> None:
     """Train the tiny LLaDA on synthetic needle tasks (masked-diffusion objective), resumable.
 

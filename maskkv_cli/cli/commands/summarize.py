@@ -1,0 +1,144 @@
+"""``maskkv summarize``: a document of any length summarized part by part, then the parts' summaries merged."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from maskkv_cli.cli.asking import ask_live, consoles, warn_document
+from maskkv_cli.cli.common import (
+    cache_config,
+    dream_options,
+    fail,
+    generation_config,
+    guarded,
+)
+from maskkv_cli.cli.model_choice import load_session, pull_first
+from maskkv_cli.cli.options import (
+    AlgOpt,
+    BlockOpt,
+    BudgetOpt,
+    DeviceMapOpt,
+    DeviceOpt,
+    DtypeOpt,
+    JsonOpt,
+    LayerBudgetsOpt,
+    ModelOpt,
+    PasswordOpt,
+    PolicyOpt,
+    QuietOpt,
+    RatioOpt,
+    SeedOpt,
+    StepsOpt,
+    TemperatureOpt,
+    ThresholdOpt,
+    TopKOpt,
+    TopPOpt,
+    YesOpt,
+    length_option,
+)
+from maskkv_cli.defaults import DEFAULT_POLICY
+from maskkv_cli.devices import resolve_device
+
+
+@guarded
+def summarize(
+    document: Annotated[Path, typer.Argument(help="PDF, text or Markdown file.", show_default=False)],
+    length: Annotated[int, length_option("Target length of the summary in words.")] = 150,
+    model: ModelOpt = None,
+    policy: PolicyOpt = DEFAULT_POLICY,
+    layer_budgets: LayerBudgetsOpt = "auto",
+    budget: BudgetOpt = None,
+    ratio: RatioOpt = None,
+    steps: StepsOpt = None,
+    block_length: BlockOpt = None,
+    temperature: TemperatureOpt = 0.0,
+    threshold: ThresholdOpt = None,
+    alg: AlgOpt = "entropy",
+    top_p: TopPOpt = None,
+    top_k: TopKOpt = None,
+    password: PasswordOpt = None,
+    device: DeviceOpt = "auto",
+    device_map: DeviceMapOpt = None,
+    dtype: DtypeOpt = "auto",
+    seed: SeedOpt = 0,
+    yes: YesOpt = False,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Summarize a document of any length: summarize parts (whole pages), then the summaries.
+
+    Examples:
+
+        maskkv summarize report.pdf
+
+        maskkv summarize book.txt --length 300 --budget 128 --json
+    """
+    from maskkv_cli.cli.render import LiveRun
+    from maskkv_cli.documents.store import DocumentStore
+    from maskkv_cli.prompting.parts import merge_instruction, part_instruction, split_parts
+
+    if length <= 0:
+        raise fail(f"--length must be a positive number of words, got {length}", 2)
+    cache = cache_config(policy, budget, ratio, seed, layer_budgets)
+    err, live_on = consoles(quiet, as_json)
+    pull_first(model, yes, quiet, as_json)
+    device = resolve_device(device)  # once: the panel reads the memory of the device the session runs on
+    with LiveRun(err, live_on, device) as live:
+        live.phase("parse", str(document))
+        doc, _ = DocumentStore().ingest(document, password=password)
+        warn_document(doc, quiet, as_json)
+        live.phase("load model")
+        session = load_session(model, device, dtype, quiet, as_json, device_map, yes,
+                               dream=dream_options(alg, top_p, top_k))
+        if session.summary_length:
+            # a model trained on lead summaries (the embedded one) writes them at the length it was trained on
+            gen_tokens = session.summary_length
+            block = block_length or session.summary_block or gen_tokens
+        else:
+            block = block_length or 32
+            gen_tokens = max(block, -(-int(length * 1.6) // block) * block)
+        gen = generation_config({}, gen_tokens, steps, block, temperature=temperature, threshold=threshold,
+                                seed=seed)
+        room = session.window - session.prompt_overhead(part_instruction(length)) - gen.gen_length
+        if room < 64:
+            raise fail(f"--length {length} leaves no room for the document in the {session.window}-token window", 2)
+        parts = split_parts(doc, session.count_tokens, room)
+        summaries = []
+        for i, part in enumerate(parts, 1):
+            live.phase(f"part {i}/{len(parts)}", f"pages {part.first_page}-{part.last_page}")
+            if not quiet and not as_json and not live_on:
+                typer.echo(f"part {i}/{len(parts)} (pages {part.first_page}-{part.last_page}, {part.tokens} tokens)",
+                           err=True)
+            a = ask_live(session, part.text, part_instruction(length), gen, cache, "truncate", live)
+            summaries.append({"pages": [part.first_page, part.last_page], "tokens": part.tokens, "summary": a.text,
+                              "confidence": a.confidence.as_dict() if a.confidence else None})
+        final = parts_answer = a
+        written = [s["summary"] for s in summaries if s["summary"].strip()]
+        if len(summaries) > 1 and written:  # parts that gave no summary add nothing to the merge
+            live.phase("merge", f"{len(written)} summaries")
+            # a lead-summary model is asked for the lead of the joined summaries (the document's first sentences),
+            # the one summary format it was trained on
+            merge = part_instruction(length) if session.summary_length else merge_instruction(length)
+            final = ask_live(session, "\n\n".join(written), merge, gen, cache, "truncate", live)
+        elif len(summaries) > 1:
+            final = replace(parts_answer, text="", confidence=None)
+    from maskkv_cli.cli.render import confidence_fields
+    from maskkv_cli.models.catalog import is_embedded_model
+
+    embedded = is_embedded_model(session.model_path)
+    if as_json:
+        typer.echo(json.dumps({"document": str(document), "pages": len(doc.pages), "summary": final.text,
+                               **confidence_fields(final, "summary", embedded), "parts": summaries}))
+        return
+    from maskkv_cli.cli.render import answer_lines
+
+    out, line = answer_lines(final.text, final.confidence, "summary", embedded)
+    if out is not None:
+        typer.echo(out)
+    if out is None or not quiet:
+        typer.echo(line, err=True)

@@ -1,0 +1,35 @@
+"""Rules of the package graph and the command line that import-linter cannot check (docs/architecture.md)."""
+
+from __future__ import annotations
+
+import ast
+from collections import Counter
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "maskkv_cli"
+
+# Flags that name two different options in two commands, so that one declaration cannot serve both:
+# `bench speed --limit/--no-limit` (a switch) and `eval --limit N` (a count of documents).
+DIFFERENT_OPTIONS_ONE_FLAG = {"--limit": 2}
+
+
+def _declared_flags() -> Counter[str]:
+    """How often each long flag is declared: ``typer.Option("--flag", ...)`` or ``declare("--flag")`` calls."""
+    found: Counter[str] = Counter()
+    for path in (PACKAGE / "cli").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call) or not node.args:
+                continue
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            first = node.args[0]
+            if name in ("Option", "declare") and isinstance(first, ast.Constant) and isinstance(first.value, str):
+                found[first.value.split("/")[0]] += 1
+    return found
+
+
+def test_every_option_is_declared_once() -> None:
+    # An option several commands take is declared once in cli/options.py (``declare``), each command giving its
+    # own help text; an option only one command takes is declared in that command's module.
+    twice = {flag: n for flag, n in _declared_flags().items() if n > DIFFERENT_OPTIONS_ONE_FLAG.get(flag, 1)}
+    assert not twice, f"declared more than once (use cli/options.py's declaration): {twice}"
+    assert {"--seed", "--policies", "--out", "--questions", "--tasks"} <= set(_declared_flags())
