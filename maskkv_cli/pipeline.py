@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from maskkv_cli.engine.plan import CacheConfig
 from maskkv_cli.prompting import document_question
@@ -17,7 +18,7 @@ from maskkv_cli.prompting.fit import FittedContext, fit_context
 from maskkv_cli.sampling import Event, GenerationConfig
 from maskkv_cli.session import Answer, Session
 
-__all__ = ["Answer", "Prompt", "Session", "ask", "prepare"]
+__all__ = ["Answer", "Prompt", "Session", "answer_row", "ask", "confidence_fields", "prepare"]
 
 
 @dataclass(frozen=True)
@@ -62,3 +63,22 @@ def ask(
     answer = session.answer_ids(prompt.ids, gen, cache, on_event)
     return replace(answer, fitted=prompt.fitted)
 
+
+def confidence_fields(answer: Answer, what: str, embedded: bool) -> dict[str, Any]:
+    """``confidence`` (mean/min token probability, or null for an empty answer) and, for an empty one, ``note``
+    saying so (``what``: answer or summary; ``embedded``: the note names the embedded model's limits)."""
+    from maskkv_cli.models.catalog import empty_note
+
+    fields: dict[str, Any] = {"confidence": answer.confidence.as_dict() if answer.confidence else None}
+    if not answer.text.strip():
+        fields["note"] = empty_note(what, embedded)
+    return fields
+
+
+def answer_row(answer: Answer, embedded: bool) -> dict[str, Any]:
+    """The fields of one answer that ``ask --json`` and a batch row share: its text and confidence, the budget,
+    the prompt and dropped tokens, the RoPE factor and the run statistics."""
+    fitted = answer.fitted
+    return {"answer": answer.text, **confidence_fields(answer, "answer", embedded), "budget": answer.budget,
+            "prompt_tokens": answer.prompt_len, "dropped_tokens": fitted.dropped if fitted else 0,
+            "rope_factor": fitted.rope_factor if fitted else 1, "stats": answer.result.stats.as_dict()}

@@ -38,19 +38,12 @@ def answer_job(session: Any, text: str, question: str, settings: AnswerSettings)
     Returns the row fields that come from answering: answer, budget, prompt and dropped tokens, RoPE factor,
     run statistics and notes.
     """
-    from maskkv_cli.pipeline import ask
+    from maskkv_cli.models.catalog import is_embedded_model
+    from maskkv_cli.pipeline import answer_row, ask
 
     run = run_settings(settings)
     gen, cache = run.generation(session.generation_defaults), run.cache()
     session.dream = run.dream()
     answer = ask(session, text, question, gen, cache, long=settings.long)
-    fitted = answer.fitted
-    notes = [m for m in (fitted.rule, *answer.notes) if m]
-    fields = {"answer": answer.text, "confidence": answer.confidence.as_dict() if answer.confidence else None,
-              "budget": answer.budget, "prompt_tokens": answer.prompt_len, "dropped_tokens": fitted.dropped,
-              "rope_factor": fitted.rope_factor, "stats": answer.result.stats.as_dict(), "notes": notes}
-    if not answer.text.strip():  # as ask --json: an empty answer comes with a note saying so
-        from maskkv_cli.models.catalog import empty_note, is_embedded_model
-
-        fields["note"] = empty_note("answer", is_embedded_model(session.model_path))
-    return fields
+    notes = [m for m in (answer.fitted.rule, *answer.notes) if m]
+    return {**answer_row(answer, is_embedded_model(session.model_path)), "notes": notes}

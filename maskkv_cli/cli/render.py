@@ -36,16 +36,6 @@ def confidence_line(conf: Any) -> str:
     return f"confidence: {numbers}"
 
 
-def confidence_fields(answer: Any, what: str, embedded: bool) -> dict[str, Any]:
-    """``confidence`` (mean/min token probability, or null for an empty answer) and, for an empty one, ``note``."""
-    from maskkv_cli.models.catalog import empty_note
-
-    fields: dict[str, Any] = {"confidence": answer.confidence.as_dict() if answer.confidence else None}
-    if not answer.text.strip():
-        fields["note"] = empty_note(what, embedded)
-    return fields
-
-
 def stats_rows(stats: Any) -> list[tuple[str, str]]:
     """(label, value) pairs of one run: timings, memory, KV cache kept vs full."""
     rows = [

@@ -133,8 +133,8 @@ def ask(
                     shown.add(message)
                     note(message, quiet, as_json)
             results.append((q, answer, answer.fitted))
-    from maskkv_cli.cli.render import confidence_fields
     from maskkv_cli.models.catalog import is_embedded_model
+    from maskkv_cli.pipeline import answer_row
 
     embedded = is_embedded_model(session.model_path)
     if as_json:
@@ -142,10 +142,7 @@ def ask(
             "document": {"source": str(document), "sha256": doc.sha256, "pages": len(doc.pages),
                          "chars": doc.n_chars},
             "model": session.model_path,
-            "answers": [{"question": q, "answer": a.text, **confidence_fields(a, "answer", embedded),
-                         "policy": cache.policy, "budget": a.budget,
-                         "prompt_tokens": a.prompt_len, "dropped_tokens": f.dropped, "rope_factor": f.rope_factor,
-                         "stats": a.result.stats.as_dict()} for q, a, f in results],
+            "answers": [{"question": q, **answer_row(a, embedded), "policy": cache.policy} for q, a, _ in results],
         }))
         return
     _print_answers(results, quiet, embedded)

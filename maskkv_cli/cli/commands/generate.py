@@ -97,7 +97,7 @@ def generate(
 
     embedded = is_embedded_model(session.model_path)
     if as_json:
-        from maskkv_cli.cli.render import confidence_fields
+        from maskkv_cli.pipeline import confidence_fields
 
         typer.echo(json.dumps({"answer": answer.text, **confidence_fields(answer, "answer", embedded),
                                "model": session.model_path, "budget": answer.budget, "stats": stats.as_dict()}))

@@ -127,8 +127,8 @@ def summarize(
             final = ask_live(session, "\n\n".join(written), merge, gen, cache, "truncate", live)
         elif len(summaries) > 1:
             final = replace(parts_answer, text="", confidence=None)
-    from maskkv_cli.cli.render import confidence_fields
     from maskkv_cli.models.catalog import is_embedded_model
+    from maskkv_cli.pipeline import confidence_fields
 
     embedded = is_embedded_model(session.model_path)
     if as_json:
