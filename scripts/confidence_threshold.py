@@ -32,10 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from maskkv_cli import pipeline  # noqa: E402
-from maskkv_cli.cli.common import cache_config, generation_config  # noqa: E402
-from maskkv_cli.defaults import DEFAULT_POLICY  # noqa: E402
 from maskkv_cli.documents.corpus import split_paragraphs  # noqa: E402
 from maskkv_cli.models.catalog import shipped_model  # noqa: E402
+from maskkv_cli.run_settings import RunSettings  # noqa: E402
 from maskkv_cli.session import Session  # noqa: E402
 from maskkv_cli.tasks.metrics import is_no_answer, score  # noqa: E402
 from maskkv_cli.tasks.synthetic import generate_tasks  # noqa: E402
@@ -67,7 +66,7 @@ def ask(session: Session, context: str, question: str, gen, cache) -> tuple[str,
 
 
 def run_sample(session: Session, seed: int) -> list[dict]:
-    gen = generation_config(session.generation_defaults, None, None, None, seed=0)
+    gen = RunSettings().generation(session.generation_defaults)
     rows: list[dict] = []
     haystacks = {"corpus": None, "docs": docs_haystack()}
     for hay_name, hay in haystacks.items():
@@ -76,14 +75,14 @@ def run_sample(session: Session, seed: int) -> list[dict]:
                 tasks = generate_tasks(kind, PER_CELL, length, seed=seed, haystack=hay,
                                        count_tokens=session.count_tokens)
                 for budget in (256, 16):
-                    cache = cache_config(DEFAULT_POLICY, budget, None, 0)
+                    cache = RunSettings(budget=budget).cache()
                     for t in tasks:
                         text, conf = ask(session, t.context, t.input, gen, cache)
                         rows.append({"set": "answerable", "haystack": hay_name, "kind": kind, "length": length,
                                      "budget": budget, "answer": text, "gold": t.answers[0],
                                      "correct": score(t.dataset, text, list(t.answers)) > 0,
                                      **stats(conf)})
-            cache = cache_config(DEFAULT_POLICY, 256, None, 0)
+            cache = RunSettings(budget=256).cache()
             for i, t in enumerate(generate_tasks("niah_single", PER_CELL, length, seed=seed + 1000, haystack=hay,
                                                  count_tokens=session.count_tokens)):
                 sentence = t.meta["needles"][0]["text"]

@@ -68,19 +68,26 @@ def test_jobs_from_jsonl_csv_and_cross_product(tmp_path: Path, corpus: dict[str,
 
 
 def test_generation_resolution_matches_ask() -> None:
-    from maskkv_cli.cli.common import generation_config
+    """A batch job's settings give the generation settings ``ask``'s options give, through the same builder."""
+    from maskkv_cli.batch.answering import run_settings
+    from maskkv_cli.cli.run_options import RunOptions
 
     for defaults in ({}, {"gen_length": 16, "steps": 8, "block_length": 16}, {"gen_length": 48}):
         for gen_length in (None, 8, 24, 40):
             for steps in (None, 4):
                 for block in (None, 8):
                     got = resolve_generation(defaults, gen_length, steps, block)
+                    job = run_settings(AnswerSettings(policy="maskkv", gen_length=gen_length, steps=steps,
+                                                      block_length=block))
                     try:
-                        want = generation_config(defaults, gen_length, steps, block)
+                        want = RunOptions(gen_length=gen_length, steps=steps, block_length=block).generation(defaults)
                     except UsageError:  # an invalid combination: ask refuses it, and so does batch's planning
                         with pytest.raises(UsageError):
                             GenerationConfig(*got)
+                        with pytest.raises(UsageError):
+                            job.generation(defaults)
                         continue
+                    assert job.generation(defaults) == want
                     assert got == (want.gen_length, want.steps, want.block_length)
                     assert resolve_generation(defaults, *got) == got  # resolved values are a fixed point
 

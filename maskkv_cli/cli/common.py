@@ -59,29 +59,6 @@ def note(message: str | None, quiet: bool, as_json: bool) -> None:
 
 
 
-def generation_config(defaults: dict[str, int], gen_length: int | None, steps: int | None,
-                      block_length: int | None, **sampler: Any) -> Any:
-    """A ``GenerationConfig`` from the options (``run_settings.RunSettings``: gaps filled from the model's
-    defaults, else 128/128/32); ``sampler``: temperature, threshold, seed, cfg_scale, remasking."""
-    from maskkv_cli.run_settings import RunSettings
-
-    return RunSettings(gen_length=gen_length, steps=steps, block_length=block_length, **sampler).generation(defaults)
-
-
-def dream_options(alg: str, top_p: float | None, top_k: int | None) -> Any:
-    """``--alg``, ``--top-p`` and ``--top-k`` as Dream's typed sampler options (LLaDA models ignore them)."""
-    from maskkv_cli.run_settings import RunSettings
-
-    return RunSettings(alg=alg, top_p=top_p, top_k=top_k).dream()
-
-
-def cache_config(policy: str, budget: int | None, ratio: float | None, seed: int, layer_budgets: str = "auto") -> Any:
-    """The cache request of the options, checked (``engine.plan.CacheConfig``: one message per bad value)."""
-    from maskkv_cli.run_settings import RunSettings
-
-    return RunSettings(policy=policy, budget=budget, ratio=ratio, seed=seed, layer_budgets=layer_budgets).cache()
-
-
 def one_line_stats(stats: Any) -> str:
     from maskkv_cli.sizes import human_size
 

@@ -9,42 +9,10 @@ from typing import Annotated, Any
 import typer
 
 from maskkv_cli.cli.asking import ask_live, consoles, warn_document
-from maskkv_cli.cli.common import (
-    cache_config,
-    dream_options,
-    fail,
-    generation_config,
-    guarded,
-    note,
-    one_line_stats,
-)
-from maskkv_cli.cli.model_choice import load_session, pull_first
-from maskkv_cli.cli.options import (
-    AlgOpt,
-    BlockOpt,
-    BudgetOpt,
-    DeviceMapOpt,
-    DeviceOpt,
-    DtypeOpt,
-    GenLengthOpt,
-    JsonOpt,
-    LayerBudgetsOpt,
-    LongOpt,
-    ModelOpt,
-    PasswordOpt,
-    PolicyOpt,
-    QuestionsFileOpt,
-    QuietOpt,
-    RatioOpt,
-    SeedOpt,
-    StepsOpt,
-    TemperatureOpt,
-    ThresholdOpt,
-    TopKOpt,
-    TopPOpt,
-    YesOpt,
-)
-from maskkv_cli.defaults import DEFAULT_POLICY
+from maskkv_cli.cli.common import fail, guarded, note, one_line_stats
+from maskkv_cli.cli.model_choice import pull_first
+from maskkv_cli.cli.options import LongOpt, PasswordOpt, QuestionsFileOpt
+from maskkv_cli.cli.run_options import CACHE, MODEL, OUTPUT, SAMPLER, RunOptions, run_options
 from maskkv_cli.devices import resolve_device
 
 
@@ -65,6 +33,7 @@ def _questions(question: str | None, extra: list[str] | None, questions_file: Pa
 
 
 @guarded
+@run_options(*CACHE, *SAMPLER, *MODEL, *OUTPUT)
 def ask(
     document: Annotated[Path, typer.Argument(help="PDF, text or Markdown file.", show_default=False)],
     question: Annotated[str | None, typer.Argument(help="The question.", show_default=False)] = None,
@@ -72,28 +41,10 @@ def ask(
                                                    "document is parsed and the model loaded once.",
                                                    show_default=False)] = None,
     questions_file: QuestionsFileOpt = None,
-    model: ModelOpt = None,
-    policy: PolicyOpt = DEFAULT_POLICY,
-    layer_budgets: LayerBudgetsOpt = "auto",
-    budget: BudgetOpt = None,
-    ratio: RatioOpt = None,
-    gen_length: GenLengthOpt = None,
-    steps: StepsOpt = None,
-    block_length: BlockOpt = None,
-    temperature: TemperatureOpt = 0.0,
-    threshold: ThresholdOpt = None,
-    alg: AlgOpt = "entropy",
-    top_p: TopPOpt = None,
-    top_k: TopKOpt = None,
     long: LongOpt = "truncate",
     password: PasswordOpt = None,
-    device: DeviceOpt = "auto",
-    device_map: DeviceMapOpt = None,
-    dtype: DtypeOpt = "auto",
-    seed: SeedOpt = 0,
-    yes: YesOpt = False,
-    as_json: JsonOpt = False,
-    quiet: QuietOpt = False,
+    *,
+    opts: RunOptions,
 ) -> None:
     """Answer questions about a document with the KV cache compressed by MaskKV (or --policy).
 
@@ -108,21 +59,20 @@ def ask(
     from maskkv_cli.documents.store import DocumentStore
 
     qs = _questions(question, more, questions_file)
-    cache = cache_config(policy, budget, ratio, seed, layer_budgets)
+    cache = opts.cache()
+    quiet, as_json = opts.quiet, opts.as_json
     err, live_on = consoles(quiet, as_json)
-    pull_first(model, yes, quiet, as_json)
+    pull_first(opts.model, opts.yes, quiet, as_json)
     from maskkv_cli.cli.render import LiveRun
 
-    device = resolve_device(device)  # once: the panel reads the memory of the device the session runs on
+    device = resolve_device(opts.device)  # once: the panel reads the memory of the device the session runs on
     with LiveRun(err, live_on, device) as live:
         live.phase("parse", str(document))
         doc, _ = DocumentStore().ingest(document, password=password)
         warn_document(doc, quiet, as_json)
         live.phase("load model")
-        session = load_session(model, device, dtype, quiet, as_json, device_map, yes,
-                               dream=dream_options(alg, top_p, top_k))
-        gen = generation_config(session.generation_defaults, gen_length, steps, block_length,
-                                temperature=temperature, threshold=threshold, seed=seed)
+        session = opts.load_session(device)
+        gen = opts.generation(session.generation_defaults)
         results = []
         shown: set[str] = set()
         for i, q in enumerate(qs, 1):

@@ -138,9 +138,9 @@ def batch(
     """
     from maskkv_cli.batch.jobs import AnswerSettings, cross_product, read_jobs_file, read_questions
     from maskkv_cli.batch.run import Runner, run_batch
-    from maskkv_cli.cli.common import cache_config
     from maskkv_cli.cli.model_choice import choose_model
     from maskkv_cli.prompting.fit import LONG_MODES
+    from maskkv_cli.run_settings import RunSettings
 
     if out is None:
         raise fail("give a results folder with --out DIR (a rerun into it skips finished jobs)", 2)
@@ -150,7 +150,7 @@ def batch(
         raise fail("--docs needs --questions FILE (one question per line)", 2)
     if long not in LONG_MODES:
         raise fail(f"--long must be one of {', '.join(LONG_MODES)}, got {long!r}", 2)
-    cache_config(policy, budget, ratio, seed, layer_budgets)  # the same checks as ask
+    RunSettings(policy=policy, budget=budget, ratio=ratio, seed=seed, layer_budgets=layer_budgets).cache()  # as ask
     names = parse_devices(devices, workers, ray)
     if ray:
         from maskkv_cli.batch.ray_pool import import_ray

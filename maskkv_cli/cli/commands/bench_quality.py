@@ -22,7 +22,7 @@ from maskkv_cli.bench.quality_plan import (
     DEFAULT_SAMPLES,
     FALLBACK_GENERATION,
 )
-from maskkv_cli.cli.common import generation_config, guarded, note
+from maskkv_cli.cli.common import guarded, note
 from maskkv_cli.cli.model_choice import load_session
 from maskkv_cli.cli.options import (
     DeviceOpt,
@@ -211,6 +211,7 @@ def quality(
     from maskkv_cli.bench.quality_sources import TaskSource, build_groups, read_haystack, read_tasks_file
     from maskkv_cli.cli.parsing import parse_policies
     from maskkv_cli.engine.plan import check_layer_budgets
+    from maskkv_cli.run_settings import RunSettings
     from maskkv_cli.tasks.longbench import load_templates
 
     if samples <= 0:
@@ -259,7 +260,7 @@ def quality(
     else:
         session = load_session(model, device, dtype, quiet, as_json)
     defaults = session.generation_defaults or FALLBACK_GENERATION
-    gen = generation_config(defaults, gen_length, steps, block_length, temperature=0.0, seed=seed)
+    gen = RunSettings(gen_length=gen_length, steps=steps, block_length=block_length, seed=seed).generation(defaults)
     cases = plan_cases(names, budget_list)
     with _Display(quiet, as_json) as display:
         groups = build_groups(session, kinds=kinds, lengths=length_list, samples=samples, seed=seed,

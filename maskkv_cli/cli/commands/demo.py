@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from maskkv_cli.cli.common import cache_config, generation_config, guarded, one_line_stats
+from maskkv_cli.cli.common import guarded, one_line_stats
 from maskkv_cli.cli.model_choice import load_session
 from maskkv_cli.cli.options import BudgetOpt, DeviceOpt, JsonOpt, ModelOpt, QuietOpt, SeedOpt, length_option
 from maskkv_cli.defaults import DEFAULT_POLICY
@@ -35,16 +35,17 @@ def demo(
     """
     from maskkv_cli.paths import maskkv_home
     from maskkv_cli.pipeline import ask
+    from maskkv_cli.run_settings import RunSettings
     from maskkv_cli.tasks.metrics import score
     from maskkv_cli.tasks.synthetic import generate_tasks
 
     session = load_session(model, device, "auto", quiet, as_json)
     task = generate_tasks("niah_single", 1, length, seed=seed, count_tokens=session.count_tokens)[0]
     doc = atomic_write_text(maskkv_home() / "demo" / "demo.txt", task.context)
-    gen = generation_config(session.generation_defaults, None, None, None, seed=seed)
+    gen = RunSettings(seed=seed).generation(session.generation_defaults)
     runs = []
     for policy, b in ((DEFAULT_POLICY, budget), ("full", None)):
-        cache = cache_config(policy, b, None, seed)
+        cache = RunSettings(policy=policy, budget=b, seed=seed).cache()
         answer = ask(session, task.context, task.input, gen, cache)
         runs.append((policy, answer, score(task.dataset, answer.text, list(task.answers))))
     if as_json:

@@ -7,60 +7,20 @@ from typing import Annotated
 
 import typer
 
-from maskkv_cli.cli.common import cache_config, dream_options, fail, generation_config, guarded, live_display_on, note
-from maskkv_cli.cli.model_choice import load_session
-from maskkv_cli.cli.options import (
-    AlgOpt,
-    BlockOpt,
-    BudgetOpt,
-    CfgOpt,
-    DeviceMapOpt,
-    DeviceOpt,
-    DtypeOpt,
-    GenLengthOpt,
-    JsonOpt,
-    LayerBudgetsOpt,
-    ModelOpt,
-    PolicyOpt,
-    QuietOpt,
-    RatioOpt,
-    RemaskOpt,
-    SeedOpt,
-    StepsOpt,
-    TemperatureOpt,
-    ThresholdOpt,
-    TopKOpt,
-    TopPOpt,
-    YesOpt,
-)
-from maskkv_cli.defaults import DEFAULT_POLICY
+from maskkv_cli.cli.common import fail, guarded, live_display_on, note
+from maskkv_cli.cli.options import CfgOpt, RemaskOpt
+from maskkv_cli.cli.run_options import CACHE, MODEL, OUTPUT, SAMPLER, RunOptions, run_options
+from maskkv_cli.devices import resolve_device
 
 
 @guarded
+@run_options(*CACHE, *SAMPLER, *MODEL, *OUTPUT)
 def generate(
     prompt: Annotated[str, typer.Argument(help="The user message (plain prompt, no document).")],
-    model: ModelOpt = None,
-    policy: PolicyOpt = DEFAULT_POLICY,
-    layer_budgets: LayerBudgetsOpt = "auto",
-    budget: BudgetOpt = None,
-    ratio: RatioOpt = None,
-    gen_length: GenLengthOpt = None,
-    steps: StepsOpt = None,
-    block_length: BlockOpt = None,
-    temperature: TemperatureOpt = 0.0,
-    threshold: ThresholdOpt = None,
-    alg: AlgOpt = "entropy",
-    top_p: TopPOpt = None,
-    top_k: TopKOpt = None,
     cfg: CfgOpt = 0.0,
     remasking: RemaskOpt = "low_confidence",
-    device: DeviceOpt = "auto",
-    device_map: DeviceMapOpt = None,
-    dtype: DtypeOpt = "auto",
-    seed: SeedOpt = 0,
-    yes: YesOpt = False,
-    as_json: JsonOpt = False,
-    quiet: QuietOpt = False,
+    *,
+    opts: RunOptions,
 ) -> None:
     """Generate an answer to a plain prompt and show run statistics.
 
@@ -78,11 +38,10 @@ def generate(
 
     if not prompt.strip():
         raise fail("the prompt is empty; pass some text", 2)
-    cache = cache_config(policy, budget, ratio, seed, layer_budgets)
-    session = load_session(model, device, dtype, quiet, as_json, device_map, yes,
-                           dream=dream_options(alg, top_p, top_k))
-    gen = generation_config(session.generation_defaults, gen_length, steps, block_length, temperature=temperature,
-                            cfg_scale=cfg, remasking=remasking, threshold=threshold, seed=seed)
+    cache = opts.cache()
+    quiet, as_json = opts.quiet, opts.as_json
+    session = opts.load_session(resolve_device(opts.device))
+    gen = opts.generation(session.generation_defaults, cfg_scale=cfg, remasking=remasking)
     err = Console(stderr=True)
     if live_display_on(quiet, as_json):
         with StepProgress(err, gen.steps) as progress:

@@ -8,31 +8,19 @@ from typing import Annotated
 
 import typer
 
-from maskkv_cli.cli.common import fail, generation_config, guarded, live_display_on, note
-from maskkv_cli.cli.model_choice import load_session
+from maskkv_cli.cli.common import fail, guarded, live_display_on, note
 from maskkv_cli.cli.options import (
-    BlockOpt,
-    DeviceOpt,
-    DtypeOpt,
-    GenLengthOpt,
     HeatmapOpt,
     HtmlOpt,
-    JsonOpt,
-    LayerBudgetsOpt,
     LongOpt,
-    ModelOpt,
     PasswordOpt,
     PlotOpt,
     ProfileBudgetsOpt,
     ProfilePoliciesOpt,
-    QuietOpt,
     RatiosOpt,
-    SeedOpt,
-    StepsOpt,
-    TemperatureOpt,
-    ThresholdOpt,
     WarmupOpt,
 )
+from maskkv_cli.cli.run_options import OUTPUT, RunOptions, run_options
 from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.devices import resolve_device
 
@@ -49,30 +37,22 @@ def _check_output(path: Path | None, option: str) -> None:
 
 
 @guarded
+@run_options("layer_budgets", "gen_length", "steps", "block_length", "temperature", "threshold", "seed", "model",
+             "device", "dtype", *OUTPUT)
 def profile(
     document: Annotated[Path, typer.Argument(help="PDF, text or Markdown file.", show_default=False)],
     question: Annotated[str, typer.Argument(help="The question asked in every run.")] = DEFAULT_QUESTION,
-    model: ModelOpt = None,
     policies: ProfilePoliciesOpt = DEFAULT_POLICY,
     budgets: ProfileBudgetsOpt = None,
     ratio: RatiosOpt = None,
-    layer_budgets: LayerBudgetsOpt = "auto",
-    gen_length: GenLengthOpt = None,
-    steps: StepsOpt = None,
-    block_length: BlockOpt = None,
-    temperature: TemperatureOpt = 0.0,
-    threshold: ThresholdOpt = None,
     long: LongOpt = "truncate",
     password: PasswordOpt = None,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    seed: SeedOpt = 0,
     heatmap: HeatmapOpt = None,
     plot: PlotOpt = None,
     html: HtmlOpt = None,
     warmup: WarmupOpt = True,
-    as_json: JsonOpt = False,
-    quiet: QuietOpt = False,
+    *,
+    opts: RunOptions,
 ) -> None:
     """Run one or several policies/budgets on the same input: a comparison table, a per-head budget heatmap,
     layer importance and a map of the pages the kept K/V come from.
@@ -99,7 +79,8 @@ def profile(
 
     if not question.strip():
         raise fail("the question is empty; write the question after the document", 2)
-    check_layer_budgets(layer_budgets)
+    check_layer_budgets(opts.layer_budgets)
+    quiet, as_json = opts.quiet, opts.as_json
     specs = parse_runs(policies, budgets, ratio)
     focus = choose_focus(specs, heatmap) if heatmap is not None else None
     _check_output(plot, "--plot")
@@ -108,21 +89,20 @@ def profile(
         require_matplotlib()
     err = Console(stderr=True)
     live_on = live_display_on(quiet, as_json)
-    device = resolve_device(device)  # once: the panel reads the memory of the device the session runs on
+    device = resolve_device(opts.device)  # once: the panel reads the memory of the device the session runs on
     with LiveRun(err, live_on, device) as live:
         live.phase("parse", str(document))
         doc, _ = DocumentStore().ingest(document, password=password)
         for w in doc.warnings:
             note(w, quiet, as_json)
         live.phase("load model")
-        session = load_session(model, device, dtype, quiet, as_json)
-        gen = generation_config(session.generation_defaults, gen_length, steps, block_length,
-                                temperature=temperature, threshold=threshold, seed=seed)
+        session = opts.load_session(device)
+        gen = opts.generation(session.generation_defaults)
         live.phase("warm-up")
         report = profile_document(
-            session, doc, question, gen, specs, long=long, layer_budgets=layer_budgets, seed=seed, focus=focus,
-            warmup=warmup, on_run=lambda i, n, spec: live.phase(f"run {i + 1}/{n}", spec.label), on_event=live,
-            on_prompt=live.prompt_ready, on_answer=live.answered,
+            session, doc, question, gen, specs, long=long, layer_budgets=opts.layer_budgets, seed=opts.seed,
+            focus=focus, warmup=warmup, on_run=lambda i, n, spec: live.phase(f"run {i + 1}/{n}", spec.label),
+            on_event=live, on_prompt=live.prompt_ready, on_answer=live.answered,
         )
         live.phase("write")
         if plot is not None:

@@ -10,65 +10,21 @@ from typing import Annotated
 import typer
 
 from maskkv_cli.cli.asking import ask_live, consoles, warn_document
-from maskkv_cli.cli.common import (
-    cache_config,
-    dream_options,
-    fail,
-    generation_config,
-    guarded,
-)
-from maskkv_cli.cli.model_choice import load_session, pull_first
-from maskkv_cli.cli.options import (
-    AlgOpt,
-    BlockOpt,
-    BudgetOpt,
-    DeviceMapOpt,
-    DeviceOpt,
-    DtypeOpt,
-    JsonOpt,
-    LayerBudgetsOpt,
-    ModelOpt,
-    PasswordOpt,
-    PolicyOpt,
-    QuietOpt,
-    RatioOpt,
-    SeedOpt,
-    StepsOpt,
-    TemperatureOpt,
-    ThresholdOpt,
-    TopKOpt,
-    TopPOpt,
-    YesOpt,
-    length_option,
-)
-from maskkv_cli.defaults import DEFAULT_POLICY
+from maskkv_cli.cli.common import fail, guarded
+from maskkv_cli.cli.model_choice import pull_first
+from maskkv_cli.cli.options import PasswordOpt, length_option
+from maskkv_cli.cli.run_options import CACHE, MODEL, OUTPUT, SAMPLER, RunOptions, run_options
 from maskkv_cli.devices import resolve_device
 
 
 @guarded
+@run_options(*CACHE, *[n for n in SAMPLER if n != "gen_length"], *MODEL, *OUTPUT)
 def summarize(
     document: Annotated[Path, typer.Argument(help="PDF, text or Markdown file.", show_default=False)],
     length: Annotated[int, length_option("Target length of the summary in words.")] = 150,
-    model: ModelOpt = None,
-    policy: PolicyOpt = DEFAULT_POLICY,
-    layer_budgets: LayerBudgetsOpt = "auto",
-    budget: BudgetOpt = None,
-    ratio: RatioOpt = None,
-    steps: StepsOpt = None,
-    block_length: BlockOpt = None,
-    temperature: TemperatureOpt = 0.0,
-    threshold: ThresholdOpt = None,
-    alg: AlgOpt = "entropy",
-    top_p: TopPOpt = None,
-    top_k: TopKOpt = None,
     password: PasswordOpt = None,
-    device: DeviceOpt = "auto",
-    device_map: DeviceMapOpt = None,
-    dtype: DtypeOpt = "auto",
-    seed: SeedOpt = 0,
-    yes: YesOpt = False,
-    as_json: JsonOpt = False,
-    quiet: QuietOpt = False,
+    *,
+    opts: RunOptions,
 ) -> None:
     """Summarize a document of any length: summarize parts (whole pages), then the summaries.
 
@@ -84,26 +40,25 @@ def summarize(
 
     if length <= 0:
         raise fail(f"--length must be a positive number of words, got {length}", 2)
-    cache = cache_config(policy, budget, ratio, seed, layer_budgets)
+    cache = opts.cache()
+    quiet, as_json = opts.quiet, opts.as_json
     err, live_on = consoles(quiet, as_json)
-    pull_first(model, yes, quiet, as_json)
-    device = resolve_device(device)  # once: the panel reads the memory of the device the session runs on
+    pull_first(opts.model, opts.yes, quiet, as_json)
+    device = resolve_device(opts.device)  # once: the panel reads the memory of the device the session runs on
     with LiveRun(err, live_on, device) as live:
         live.phase("parse", str(document))
         doc, _ = DocumentStore().ingest(document, password=password)
         warn_document(doc, quiet, as_json)
         live.phase("load model")
-        session = load_session(model, device, dtype, quiet, as_json, device_map, yes,
-                               dream=dream_options(alg, top_p, top_k))
+        session = opts.load_session(device)
         if session.summary_length:
             # a model trained on lead summaries (the embedded one) writes them at the length it was trained on
             gen_tokens = session.summary_length
-            block = block_length or session.summary_block or gen_tokens
+            block = opts.block_length or session.summary_block or gen_tokens
         else:
-            block = block_length or 32
+            block = opts.block_length or 32
             gen_tokens = max(block, -(-int(length * 1.6) // block) * block)
-        gen = generation_config({}, gen_tokens, steps, block, temperature=temperature, threshold=threshold,
-                                seed=seed)
+        gen = opts.with_(gen_length=gen_tokens, block_length=block).generation({})
         room = session.window - session.prompt_overhead(part_instruction(length)) - gen.gen_length
         if room < 64:
             raise fail(f"--length {length} leaves no room for the document in the {session.window}-token window", 2)

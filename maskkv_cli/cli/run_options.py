@@ -1,0 +1,145 @@
+"""The options that ask, summarize, generate and profile share, declared once and handed over as one value.
+
+``@run_options(*names)`` adds the shared options ``names`` to a command's parameters (after its own, so they
+appear in its ``--help``) and calls the command with ``opts``, a ``RunOptions`` holding their values. The command
+then builds everything from that one value: the cache request, the session, the generation settings
+(``run_settings.RunSettings`` decides the details). Option flags and help texts come from ``cli/options.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+from typing import Any, TypeVar
+
+from maskkv_cli.cli.options import (
+    AlgOpt,
+    BlockOpt,
+    BudgetOpt,
+    DeviceMapOpt,
+    DeviceOpt,
+    DtypeOpt,
+    GenLengthOpt,
+    JsonOpt,
+    LayerBudgetsOpt,
+    ModelOpt,
+    PolicyOpt,
+    QuietOpt,
+    RatioOpt,
+    SeedOpt,
+    StepsOpt,
+    TemperatureOpt,
+    ThresholdOpt,
+    TopKOpt,
+    TopPOpt,
+    YesOpt,
+)
+from maskkv_cli.defaults import DEFAULT_POLICY
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """The shared options of one command line (a command that does not take one gets its default)."""
+
+    model: str | None = None
+    policy: str = DEFAULT_POLICY
+    layer_budgets: str = "auto"
+    budget: int | None = None
+    ratio: float | None = None
+    gen_length: int | None = None
+    steps: int | None = None
+    block_length: int | None = None
+    temperature: float = 0.0
+    threshold: float | None = None
+    alg: str = "entropy"
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int = 0
+    device: str = "auto"
+    device_map: str | None = None
+    dtype: str = "auto"
+    yes: bool = False
+    as_json: bool = False
+    quiet: bool = False
+
+    def settings(self, **more: Any) -> Any:
+        """The run's ``RunSettings`` (``more``: settings only some commands take, e.g. ``cfg_scale``)."""
+        from maskkv_cli.run_settings import RunSettings
+
+        shared = {f.name for f in fields(RunSettings)}
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name in shared}
+        return RunSettings(**{**values, **more})
+
+    def cache(self) -> Any:
+        """The cache request, checked (a bad budget, ratio or mode is a usage error before anything loads)."""
+        return self.settings().cache()
+
+    def load_session(self, device: str, **more: Any) -> Any:
+        """Resolve, offer to pull and load the model on ``device`` (already resolved from ``auto``)."""
+        from maskkv_cli.cli.model_choice import load_session
+
+        return load_session(self.model, device, self.dtype, self.quiet, self.as_json, self.device_map, self.yes,
+                            dream=self.settings().dream(), **more)
+
+    def generation(self, defaults: dict[str, int], **more: Any) -> Any:
+        """The ``GenerationConfig`` of these options, gaps filled from the model's ``defaults``."""
+        return self.settings(**more).generation(defaults)
+
+    def with_(self, **changes: Any) -> RunOptions:
+        return replace(self, **changes)
+
+
+# Each shared option: its declaration (``cli/options.py``) and its default.
+DECLARED: dict[str, tuple[Any, Any]] = {
+    "model": (ModelOpt, None),
+    "policy": (PolicyOpt, DEFAULT_POLICY),
+    "layer_budgets": (LayerBudgetsOpt, "auto"),
+    "budget": (BudgetOpt, None),
+    "ratio": (RatioOpt, None),
+    "gen_length": (GenLengthOpt, None),
+    "steps": (StepsOpt, None),
+    "block_length": (BlockOpt, None),
+    "temperature": (TemperatureOpt, 0.0),
+    "threshold": (ThresholdOpt, None),
+    "alg": (AlgOpt, "entropy"),
+    "top_p": (TopPOpt, None),
+    "top_k": (TopKOpt, None),
+    "seed": (SeedOpt, 0),
+    "device": (DeviceOpt, "auto"),
+    "device_map": (DeviceMapOpt, None),
+    "dtype": (DtypeOpt, "auto"),
+    "yes": (YesOpt, False),
+    "as_json": (JsonOpt, False),
+    "quiet": (QuietOpt, False),
+}
+MODEL = ("model", "device", "device_map", "dtype", "yes")
+CACHE = ("policy", "layer_budgets", "budget", "ratio")
+SAMPLER = ("gen_length", "steps", "block_length", "temperature", "threshold", "alg", "top_p", "top_k", "seed")
+OUTPUT = ("as_json", "quiet")
+
+
+def run_options(*names: str) -> Callable[[F], F]:
+    """Give the decorated command the shared options ``names`` (see the module doc); it takes ``opts``."""
+    unknown = [n for n in names if n not in DECLARED]
+    if unknown:
+        raise ValueError(f"not a shared option: {', '.join(unknown)}")
+
+    def decorate(fn: F) -> F:
+        own = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.name != "opts"]
+        shared = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=DECLARED[n][1],
+                                    annotation=DECLARED[n][0]) for n in names]
+
+        @functools.wraps(fn)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            opts = RunOptions(**{n: kwargs.pop(n) for n in names if n in kwargs})
+            return fn(*args, opts=opts, **kwargs)
+
+        command.__signature__ = inspect.Signature(own + shared)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in own + shared}
+        return command  # type: ignore[return-value]
+
+    return decorate

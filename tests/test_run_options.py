@@ -1,0 +1,49 @@
+"""The options ask, summarize, generate and profile share: declared once (cli/run_options.py), one value."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+from typer.testing import CliRunner
+
+from maskkv_cli.cli import app
+from maskkv_cli.cli.run_options import DECLARED, RunOptions, run_options
+
+runner = CliRunner()
+
+
+def test_every_shared_option_has_one_declaration_and_one_field():
+    assert set(DECLARED) == {name for name in inspect.signature(RunOptions).parameters}
+    for name, (_, default) in DECLARED.items():
+        assert getattr(RunOptions(), name) == default
+
+
+@pytest.mark.parametrize("command", ["ask", "summarize", "generate", "profile"])
+def test_commands_take_the_shared_options(command):
+    out = runner.invoke(app, [command, "--help"], terminal_width=200).stdout
+    for flag in ("--model", "--temperature", "--seed", "--device", "--dtype", "--json", "--quiet"):
+        assert flag in out, (command, flag)
+
+
+def test_the_command_receives_one_value():
+    seen: list[RunOptions] = []
+
+    @run_options("policy", "budget", "seed")
+    def command(text: str, *, opts: RunOptions) -> None:
+        seen.append(opts)
+
+    assert list(inspect.signature(command).parameters) == ["text", "policy", "budget", "seed"]
+    command(text="x", policy="snapkv", budget=8, seed=3)
+    assert seen == [RunOptions(policy="snapkv", budget=8, seed=3)]
+    assert seen[0].cache().budget == 8 and seen[0].settings().seed == 3
+    with pytest.raises(ValueError, match="not a shared option"):
+        run_options("nope")
+
+
+def test_a_bad_value_is_one_line_before_anything_loads(tmp_path):
+    doc = tmp_path / "d.txt"
+    doc.write_text("Some text.")
+    for args in (["--budget", "0"], ["--budget", "4", "--ratio", "0.5"], ["--layer-budgets", "x"]):
+        result = runner.invoke(app, ["ask", str(doc), "Q?", *args])
+        assert result.exit_code == 2 and result.output.count("\n") == 1 and "error:" in result.output, args
