@@ -1,4 +1,5 @@
-"""What every command shares: the one place errors become messages, notes, device choice."""
+"""What every command shares: the one place errors become messages (``guarded``), notes, the generation and cache
+settings built from the options, the one-line run statistics."""
 
 from __future__ import annotations
 
@@ -55,8 +56,6 @@ def guarded(fn: F) -> F:
 def note(message: str | None, quiet: bool, as_json: bool) -> None:
     if message and not quiet and not as_json:
         sys.stderr.write(f"note: {message}\n")
-
-
 
 
 def generation_config(defaults: dict[str, int], gen_length: int | None, steps: int | None,

@@ -130,13 +130,15 @@ def parse_range(spec: str, option: str) -> tuple[int, int]:
     return low, high
 
 
-def _lr(cfg: TrainConfig, step: int) -> float:
+def learning_rate(cfg: TrainConfig, step: int) -> float:
+    """The learning rate at ``step``: linear warm-up over ``warmup`` steps, then cosine down to ``min_lr_ratio``."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     progress = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def _max_len_at(cfg: TrainConfig, step: int) -> int:
+def max_len_at(cfg: TrainConfig, step: int) -> int:
+    """The curriculum: the longest context at ``step``, from ``min_len`` to ``max_len`` over ``curriculum_steps``."""
     frac = min(1.0, step / max(1, cfg.curriculum_steps))
     return int(cfg.min_len + frac * (cfg.max_len - cfg.min_len))
