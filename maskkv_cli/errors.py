@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class MaskKVError(Exception):
     """Base class: an error whose message is meant for the user as it is."""
@@ -17,6 +19,16 @@ class UsageError(MaskKVError):
 
 class ModelLoadError(MaskKVError):
     """A model folder or checkpoint that cannot be used."""
+
+
+class ModelNotDownloaded(ModelLoadError):
+    """``--model ORG/NAME`` that is neither a folder nor in the local HF cache; ``maskkv pull`` can fetch it."""
+
+    def __init__(self, repo_id: str, searched: Path) -> None:
+        super().__init__(f"model {repo_id!r} is not on this machine (not a folder, not in the Hugging Face cache "
+                         f"{searched}); download it with `maskkv pull {repo_id}`")
+        self.repo_id = repo_id
+        self.searched = searched
 
 
 class DocumentError(MaskKVError):

@@ -1,9 +1,12 @@
-"""Where maskkv keeps its files: ``MASKKV_HOME`` (default: the per-user cache folder)."""
+"""Where maskkv keeps its files (``MASKKV_HOME``, default: the per-user cache folder; the config file) and where a
+model is: a checkpoint folder, or a Hugging Face id in the local HF cache (never downloaded here)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from maskkv_cli.errors import ModelLoadError, ModelNotDownloaded
 
 
 def maskkv_home() -> Path:
@@ -19,3 +22,41 @@ def config_file() -> Path:
         return Path(os.environ["MASKKV_CONFIG"]).expanduser()
     base = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
     return Path(base) / "maskkv" / "config.toml"
+
+
+def hf_cache_dir() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "huggingface"
+    )
+    return Path(home) / "hub"
+
+
+def resolve_model_path(name_or_path: str | os.PathLike[str]) -> Path:
+    """A local folder, or ``org/name`` found in the local Hugging Face cache (never downloaded)."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"model folder {path} has no config.json; point --model at a checkpoint folder")
+        return path
+    if path.exists():
+        raise ModelLoadError(f"--model must be a checkpoint folder, {path} is a file")
+    text = str(name_or_path)
+    if text.count("/") == 1 and not text.startswith((".", "/", "~")):
+        repo = hf_cache_dir() / ("models--" + text.replace("/", "--"))
+        snapshots = repo / "snapshots"
+        if snapshots.is_dir():
+            ref = repo / "refs" / "main"
+            if ref.is_file():
+                candidate = snapshots / ref.read_text().strip()
+                if (candidate / "config.json").is_file():
+                    return candidate
+            found = sorted(
+                (p for p in snapshots.iterdir() if (p / "config.json").is_file()),
+                key=lambda p: p.stat().st_mtime,
+            )
+            if found:
+                return found[-1]
+        raise ModelNotDownloaded(text, repo)
+    raise ModelLoadError(f"model folder {path} does not exist")

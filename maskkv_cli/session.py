@@ -11,8 +11,9 @@ import torch
 
 from maskkv_cli.engine.plan import CacheConfig, plan_cache
 from maskkv_cli.models.config import ModelConfig, read_model_defaults
-from maskkv_cli.models.loading import load_model, resolve_model_path
+from maskkv_cli.models.loading import load_model
 from maskkv_cli.models.protocol import DiffusionLM
+from maskkv_cli.paths import resolve_model_path
 from maskkv_cli.prompting import chat_prompt_ids, decode_answer, document_question, load_tokenizer, stop_ids
 from maskkv_cli.prompting.fit import FittedContext
 from maskkv_cli.sampling import DreamOptions, Event, GenerationConfig, GenerationResult, sample

@@ -59,7 +59,7 @@ def llada_modes() -> dict[str, Any]:
 
 
 def dream_modes() -> dict[str, Any]:
-    from maskkv_cli.sampler_dream import DreamGenerationConfig
+    from maskkv_cli.sampling.dream import DreamGenerationConfig
 
     return {"greedy": DreamGenerationConfig(gen_length=8, steps=8, alg="entropy"),
             "temperature": DreamGenerationConfig(gen_length=8, steps=8, alg="maskgit_plus", temperature=0.8,
@@ -71,7 +71,7 @@ def token_cases(models: dict[str, Any], policies: Iterable[str]) -> dict[str, li
     """``family/policy/budget/mode`` -> response token ids."""
     from maskkv_cli import generate
     from maskkv_cli.policies.base import get_policy
-    from maskkv_cli.sampler_dream import generate_dream
+    from maskkv_cli.sampling.dream import generate_dream
 
     ids = prompt_ids(models["tokenizer"])
     out: dict[str, list[int]] = {}

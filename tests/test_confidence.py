@@ -14,13 +14,13 @@ from maskkv_cli.models.catalog import empty_note
 from maskkv_cli.models.config import named_config
 from maskkv_cli.models.dream import Dream
 from maskkv_cli.policies import get_policy
-from maskkv_cli.sampler_dream import DreamGenerationConfig, generate_dream
 from maskkv_cli.sampling.confidence import (
     LOW_CONFIDENCE,
     LOW_CONFIDENCE_STATISTIC,
     Confidence,
     answer_confidence,
 )
+from maskkv_cli.sampling.dream import DreamGenerationConfig, generate_dream
 from maskkv_cli.sampling.llada import GenerationConfig, generate
 
 

@@ -17,7 +17,8 @@ from maskkv_cli.cli import app
 from maskkv_cli.models import hub
 from maskkv_cli.models.catalog import shipped_model
 from maskkv_cli.models.hub import HubError, PullEvent, pull
-from maskkv_cli.models.loading import load_model, resolve_model_path
+from maskkv_cli.models.loading import load_model
+from maskkv_cli.paths import resolve_model_path
 
 REPO = "GSAI-ML/LLaDA-8B-Instruct"
 runner = CliRunner()

@@ -8,10 +8,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from maskkv_cli import load_model, load_tokenizer
-from maskkv_cli.errors import ModelLoadError
+from maskkv_cli.errors import ModelLoadError, ModelNotDownloaded
 from maskkv_cli.models.config import named_config
 from maskkv_cli.models.families import parameter_shapes
-from maskkv_cli.models.loading import ModelNotDownloaded, resolve_model_path, save_model
+from maskkv_cli.models.loading import save_model
+from maskkv_cli.paths import resolve_model_path
 
 # The table of the spec (shared/spec/models.md), written out independently of the model code.
 SPEC_8B = {

@@ -341,3 +341,34 @@ def test_absent_pairs_are_evaluated_as_absent_keys(tmp_path, monkeypatch):
     monkeypatch.setattr(training, "generate_tasks", spy)
     train(replace(small(tmp_path, 1), mix=parse_mix("niah_single,absent_pair")))
     assert kinds == ["niah_single", "niah_multikey", "niah_none"]
+
+
+def test_train_tiny_options_are_one_object(tmp_path, monkeypatch):
+    """train-tiny's options are TrainOptions' fields (plus --json, how it prints), given to the run as one object
+    that makes the run's TrainConfig."""
+    import dataclasses
+    import inspect
+
+    from typer.testing import CliRunner
+
+    from maskkv_cli.cli import app
+    from maskkv_cli.cli.commands.train import train_tiny
+    from maskkv_cli.training.config import TrainOptions
+
+    fields = [f.name for f in dataclasses.fields(TrainOptions)]
+    assert list(inspect.signature(train_tiny).parameters) == [*fields, "as_json"]
+    seen: list[TrainOptions] = []
+    to_config = TrainOptions.to_config
+
+    def stop(options: TrainOptions) -> TrainConfig:
+        seen.append(options)
+        raise UsageError("stop")
+
+    monkeypatch.setattr(TrainOptions, "to_config", stop)
+    result = CliRunner().invoke(app, ["train-tiny", "--out", str(tmp_path), "--layers", "3", "--kinds", "vt:2",
+                                      "--init-from", str(tmp_path), "--freeze-old"])
+    assert result.exit_code == 2 and "stop" in result.output
+    assert seen == [TrainOptions(out=tmp_path, n_layers=3, kinds="vt:2", init_from=tmp_path, freeze_old=True)]
+    cfg = to_config(TrainOptions(kinds="niah_multikey:3,vt", distractors="2-4", d_model=64, out=tmp_path))
+    assert (cfg.mix, cfg.distractors, cfg.mlp_hidden_size, cfg.out) == ({"niah_multikey": 3.0, "vt": 1.0}, (2, 4),
+                                                                        192, str(tmp_path))

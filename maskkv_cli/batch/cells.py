@@ -20,7 +20,8 @@ class PlanningSession(Session):
     precision (which enters the row keys), and no weights, so planning an 8B run does not load it here."""
 
     def __init__(self, model_path: str, dtype: str | None, device_kind: str) -> None:  # no super(): no weights
-        from maskkv_cli.models.loading import parse_dtype, read_config, resolve_model_path
+        from maskkv_cli.models.loading import parse_dtype, read_config
+        from maskkv_cli.paths import resolve_model_path
 
         folder = resolve_model_path(model_path)
         config = read_config(folder)

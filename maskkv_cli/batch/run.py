@@ -142,7 +142,7 @@ def run_batch(
     """Answer every job not already finished in ``out``; returns the counts (failures are rows, not errors)."""
     from maskkv_cli.models.config import read_model_defaults
     from maskkv_cli.models.fingerprint import model_fingerprint
-    from maskkv_cli.models.loading import resolve_model_path
+    from maskkv_cli.paths import resolve_model_path
     from maskkv_cli.policies.base import policy_names
     from maskkv_cli.run_settings import resolve_generation
     from maskkv_cli.sampling.llada import GenerationConfig

@@ -1,4 +1,5 @@
-"""What every command shares: the one place errors become messages, notes, device choice."""
+"""What every command shares: the one place errors become messages (``guarded``), notes, the generation and cache
+settings built from the options, the one-line run statistics."""
 
 from __future__ import annotations
 

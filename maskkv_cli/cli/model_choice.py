@@ -79,7 +79,8 @@ def ensure_model(model: str, yes: bool, quiet: bool, as_json: bool) -> None:
     in the cache is pulled with --yes or after asking on a terminal, else the error gives the pull command."""
     from pathlib import Path
 
-    from maskkv_cli.models.loading import ModelNotDownloaded, resolve_model_path
+    from maskkv_cli.errors import ModelNotDownloaded
+    from maskkv_cli.paths import resolve_model_path
 
     try:
         folder = resolve_model_path(model)
@@ -94,8 +95,7 @@ def ensure_model(model: str, yes: bool, quiet: bool, as_json: bool) -> None:
         run_pull(exc.repo_id, None, quiet, as_json)
         return
     from maskkv_cli.models.catalog import shipped_model
-    from maskkv_cli.models.loading import hf_cache_dir
-    from maskkv_cli.paths import maskkv_home
+    from maskkv_cli.paths import hf_cache_dir, maskkv_home
 
     shipped = shipped_model()
     own = [hf_cache_dir().resolve(), maskkv_home().resolve()]  # the cache and maskkv's own demo models

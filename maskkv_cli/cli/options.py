@@ -7,7 +7,10 @@ below calls it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+import inspect
+import typing
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -27,6 +30,30 @@ def declare(flag: str) -> Callable[..., Any]:
 
     option.__doc__ = f"``{flag}``: see ``declare``."
     return option
+
+
+def options_command(options_type: type[Any], declarations: Mapping[str, Any], run: Callable[..., None],
+                    extra: Sequence[inspect.Parameter] = ()) -> Callable[..., None]:
+    """A Typer command whose options are the fields of the dataclass ``options_type``, in field order, each declared
+    by ``declarations[field]`` with the field's default, and whose body gets them as one object:
+    ``run(options_type(**fields), **extra)``. ``extra``: further parameters (``Annotated`` with their declaration)
+    that are not settings of the object, such as how the command prints. The command's help is ``run``'s
+    docstring."""
+    hints = typing.get_type_hints(options_type)
+    fields = [f.name for f in dataclasses.fields(options_type)]
+    parameters = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                                    annotation=Annotated[hints[f.name], declarations[f.name]])
+                  for f in dataclasses.fields(options_type)]
+    parameters += list(extra)
+
+    def command(**given: Any) -> None:
+        run(options_type(**{name: given.pop(name) for name in fields}), **given)
+
+    command.__name__, command.__qualname__, command.__doc__ = run.__name__, run.__qualname__, run.__doc__
+    command.__module__ = run.__module__
+    command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in parameters}
+    return command
 
 
 model_option = declare("--model")
@@ -170,10 +197,6 @@ BatchQuestionsOpt = Annotated[Path | None, questions_option("With --docs: a file
 # eval
 HarnessTasksOpt = Annotated[str, tasks_option(
     "Comma-separated harness task or group names, e.g. longbench_hotpotqa,gsm8k, or names from --include-path.")]
-
-# train-tiny
-TrainOutOpt = Annotated[Path, out_option("Run folder (checkpoints, log); an existing run resumes.")]
-TrainSeedOpt = Annotated[int, seed_option()]
 
 # calibrate
 CalibrationSamplesOpt = Annotated[int, samples_option("Calibration inputs (document windows) at most.")]

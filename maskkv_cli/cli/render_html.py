@@ -7,7 +7,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from maskkv_cli.cli.render_profile import MAX_PAGE_ROWS, RAMP, _fmt, _ms, _ratio, write_report
+from maskkv_cli.cli.render_profile import MAX_PAGE_ROWS, RAMP, number_text, ratio_text, seconds_text, write_report
 from maskkv_cli.reports.pagemap import OUTSIDE, group_pages
 from maskkv_cli.reports.profile_report import ProfileReport, quantize
 from maskkv_cli.sizes import human_size
@@ -32,12 +32,12 @@ def _heat_html(matrix: Sequence[Sequence[float]], title: str) -> str:
     head = "".join(f"<th>{h if h % 4 == 0 else ''}</th>" for h in range(heads))
     body = []
     for layer, (row, vals) in enumerate(zip(levels, matrix, strict=True)):
-        cells = "".join(f'<td style="background:{RAMP[lv]}" title="layer {layer}, head {h}: {_fmt(v)}"></td>'
+        cells = "".join(f'<td style="background:{RAMP[lv]}" title="layer {layer}, head {h}: {number_text(v)}"></td>'
                         for h, (lv, v) in enumerate(zip(row, vals, strict=True)))
         body.append(f"<tr><th>L{layer}</th>{cells}</tr>")
     legend = "".join(f'<span style="background:{c}"></span>' for c in RAMP)
     return (f'<h2>{html.escape(title)}</h2><table class="heat"><tr><th></th>{head}</tr>{"".join(body)}</table>'
-            f'<p class="legend">min {_fmt(lo)} {legend} max {_fmt(hi)}</p>')
+            f'<p class="legend">min {number_text(lo)} {legend} max {number_text(hi)}</p>')
 
 
 def _bar_html(fraction: float, color: str, width: int = 240) -> str:
@@ -54,13 +54,13 @@ def report_html(report: ProfileReport) -> str:
         s = run.stats
 
         def td(text: str, value: float, ref: float, i: int = i) -> str:
-            extra = f'<span class="ratio">{_ratio(value, ref)}</span>' if i else ""
+            extra = f'<span class="ratio">{ratio_text(value, ref)}</span>' if i else ""
             return f"<td>{e(text)}{extra}</td>"
 
         kv = (f"{human_size(s.kv_bytes, binary=True)} / {human_size(s.kv_full_bytes, binary=True)}" if s.kv_bytes
               else "no cache")
-        rows.append(f"<tr><td>{e(run.spec.label)}</td>{td(_ms(s.prefill_s), s.prefill_s, base.prefill_s)}"
-                    f"{td(_ms(s.median_step_s), s.median_step_s, base.median_step_s)}"
+        rows.append(f"<tr><td>{e(run.spec.label)}</td>{td(seconds_text(s.prefill_s), s.prefill_s, base.prefill_s)}"
+                    f"{td(seconds_text(s.median_step_s), s.median_step_s, base.median_step_s)}"
                     f"{td(f'{s.tokens_per_s:.1f}', s.tokens_per_s, base.tokens_per_s)}"
                     f"{td(f'{s.total_s:.2f} s', s.total_s, base.total_s)}"
                     f"{td(human_size(s.peak_mem_bytes, binary=True), s.peak_mem_bytes, base.peak_mem_bytes)}"

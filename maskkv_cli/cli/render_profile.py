@@ -35,11 +35,13 @@ class MissingExtra(MaskKVError):
 # ------------------------------------------------------------------------------------------------ helpers
 
 
-def _ms(seconds: float) -> str:
+def seconds_text(seconds: float) -> str:
+    """``0.0123`` -> ``"12.3 ms"``, ``2.5`` -> ``"2.50 s"`` (the terminal and the HTML report write times alike)."""
     return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
-def _ratio(value: float, base: float) -> str:
+def ratio_text(value: float, base: float) -> str:
+    """``value`` as a multiple of the first row's ``base`` (``"x0.42"``); empty when either is not positive."""
     return f"x{value / base:.2f}" if base > 0 and value > 0 else ""
 
 
@@ -50,7 +52,8 @@ def bar(fraction: float, width: int) -> str:
     return ("█" * full + (EIGHTHS[part] if part else "")).ljust(width)
 
 
-def _fmt(value: float) -> str:
+def number_text(value: float) -> str:
+    """A budget or a count: whole numbers without decimals, others with two."""
     return f"{value:.0f}" if float(value).is_integer() else f"{value:.2f}"
 
 
@@ -81,15 +84,15 @@ def runs_table(report: ProfileReport) -> Table:
         def cell(text: str, value: float, ref: float, i: int = i) -> Text:
             out = Text(text)
             if i:
-                out.append(f"\n{_ratio(value, ref)}", style="dim")
+                out.append(f"\n{ratio_text(value, ref)}", style="dim")
             return out
 
         label = Text()
         label.append(run.spec.label, style="bold")
         if not run.evicted and (run.spec.budget is not None or run.spec.ratio is not None):
             label.append("\nkeeps all", style="dim")
-        table.add_row(label, cell(_ms(s.prefill_s), s.prefill_s, base.prefill_s),
-                      cell(_ms(s.median_step_s), s.median_step_s, base.median_step_s),
+        table.add_row(label, cell(seconds_text(s.prefill_s), s.prefill_s, base.prefill_s),
+                      cell(seconds_text(s.median_step_s), s.median_step_s, base.median_step_s),
                       cell(f"{s.tokens_per_s:.1f}", s.tokens_per_s, base.tokens_per_s),
                       cell(f"{s.total_s:.2f} s", s.total_s, base.total_s),
                       cell(human_size(s.peak_mem_bytes, binary=True), s.peak_mem_bytes, base.peak_mem_bytes),
@@ -122,13 +125,13 @@ def heatmap(matrix: Sequence[Sequence[float]], title: str, unit: str, color: boo
             else:
                 out.append(GLYPHS[level] * cw)
         out.append("\n")
-    out.append(" " * row_label + f"min {_fmt(lo)} ")
+    out.append(" " * row_label + f"min {number_text(lo)} ")
     for i in range(len(RAMP)):
         if color:
             out.append("  ", style=f"on {RAMP[i]}")
         else:
             out.append(GLYPHS[i])
-    out.append(f" max {_fmt(hi)}  {unit}")
+    out.append(f" max {number_text(hi)}  {unit}")
     return out
 
 

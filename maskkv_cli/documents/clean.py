@@ -26,7 +26,7 @@ _LIST_ITEM = re.compile(r"^(?:[-*+•‣◦▪▫–—]\s|\(?\d{1,3}[.)]\s|\(?[
 _SENTENCE_END = tuple(".!?:;\"'”’)]")
 
 
-def _normalise_whitespace(text: str, keep_indent: bool) -> str:
+def normalise_whitespace(text: str, keep_indent: bool) -> str:
     """Unify newlines, drop zero-width and control characters, squeeze spaces."""
     text = text.replace("\r\n", "\n").replace("\r", "\n").translate(_CHAR_MAP)
     lines: list[str] = []
@@ -146,7 +146,7 @@ def clean_text(
     The defaults suit PDF text; plain text files use ``unwrap_lines=False`` so their layout
     (and Markdown structure) stays as written.
     """
-    cleaned = [_normalise_whitespace(page, keep_indent=not unwrap_lines) for page in pages]
+    cleaned = [normalise_whitespace(page, keep_indent=not unwrap_lines) for page in pages]
     if drop_headers:
         cleaned = _drop_repeated_edges(cleaned)
     if join_hyphens:

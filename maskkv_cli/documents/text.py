@@ -6,7 +6,7 @@ from __future__ import annotations
 import codecs
 import re
 
-from maskkv_cli.documents.clean import _normalise_whitespace, clean_text
+from maskkv_cli.documents.clean import clean_text, normalise_whitespace
 from maskkv_cli.documents.model import Page
 from maskkv_cli.errors import DocumentError
 
@@ -153,7 +153,7 @@ def load_text(data: bytes, display: str, kind: str) -> tuple[list[Page], list[st
     if form_feeds:
         raw_pages = text.split("\f")
     else:
-        raw_pages = split_text_pages(_normalise_whitespace(text, keep_indent=True), kind)
+        raw_pages = split_text_pages(normalise_whitespace(text, keep_indent=True), kind)
     cleaned = clean_text(
         raw_pages,
         unwrap_lines=False,

@@ -17,8 +17,8 @@ from safetensors import safe_open
 from maskkv_cli.defaults import PULL_HINT, REAL_MODEL, configured_model
 from maskkv_cli.errors import MaskKVError
 from maskkv_cli.fileio import atomic_write_text
-from maskkv_cli.models.loading import check_keys, hf_cache_dir, read_config, weight_files
-from maskkv_cli.paths import maskkv_home
+from maskkv_cli.models.loading import check_keys, read_config, weight_files
+from maskkv_cli.paths import hf_cache_dir, maskkv_home
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 REMEMBERED = "models.json"

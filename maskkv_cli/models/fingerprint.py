@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from maskkv_cli.paths import resolve_model_path
+
 __all__ = ["model_fingerprint"]
 
 _FINGERPRINT_BYTES = 1 << 20
@@ -23,8 +25,6 @@ def model_fingerprint(path: str | Path) -> str:
     folder lives, so a copy of the same checkpoint reuses rows. Files that cannot change an answer (the training
     record, read-me and licence files) are left out, so editing a model's notes keeps its finished rows.
     """
-    from maskkv_cli.models.loading import resolve_model_path
-
     folder = resolve_model_path(path)
     digest = hashlib.sha256()
     for item in sorted(folder.iterdir()):

@@ -24,7 +24,8 @@ from typing import Any
 
 from maskkv_cli.errors import MaskKVError, ModelLoadError
 from maskkv_cli.fileio import atomic_write_text
-from maskkv_cli.models.loading import INDEX_FILE, SINGLE_FILE, hf_cache_dir, weight_files
+from maskkv_cli.models.loading import INDEX_FILE, SINGLE_FILE, weight_files
+from maskkv_cli.paths import hf_cache_dir
 from maskkv_cli.sizes import human_size
 
 DEFAULT_ENDPOINT = "https://huggingface.co"

@@ -2,7 +2,8 @@
 
 A folder holds ``config.json`` (model_type "llada"), weights as ``model.safetensors`` or shards listed in
 ``model.safetensors.index.json``, and tokenizer files. Nothing here reaches the network: a Hugging Face id is
-looked up in the local HF cache only (``maskkv pull``, ``models/hub.py``, puts it there).
+looked up in the local HF cache only (``paths.resolve_model_path``; ``maskkv pull``, ``models/hub.py``, puts it
+there).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from maskkv_cli.errors import ModelLoadError
 from maskkv_cli.models.config import ModelConfig
 from maskkv_cli.models.families import build_model, config_from_hf, config_to_hf, parameter_shapes
 from maskkv_cli.models.protocol import DiffusionLM
+from maskkv_cli.paths import resolve_model_path
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -40,54 +42,6 @@ def parse_dtype(dtype: str | torch.dtype | None, device: torch.device | str = "c
         return DTYPES[dtype]
     except KeyError:
         raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of auto, {', '.join(DTYPES)}") from None
-
-
-class ModelNotDownloaded(ModelLoadError):
-    """``--model ORG/NAME`` that is neither a folder nor in the local HF cache; ``maskkv pull`` can fetch it."""
-
-    def __init__(self, repo_id: str, searched: Path) -> None:
-        super().__init__(f"model {repo_id!r} is not on this machine (not a folder, not in the Hugging Face cache "
-                         f"{searched}); download it with `maskkv pull {repo_id}`")
-        self.repo_id = repo_id
-        self.searched = searched
-
-
-def hf_cache_dir() -> Path:
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "huggingface"
-    )
-    return Path(home) / "hub"
-
-
-def resolve_model_path(name_or_path: str | os.PathLike[str]) -> Path:
-    """A local folder, or ``org/name`` found in the local Hugging Face cache (never downloaded)."""
-    path = Path(name_or_path).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ModelLoadError(f"model folder {path} has no config.json; point --model at a checkpoint folder")
-        return path
-    if path.exists():
-        raise ModelLoadError(f"--model must be a checkpoint folder, {path} is a file")
-    text = str(name_or_path)
-    if text.count("/") == 1 and not text.startswith((".", "/", "~")):
-        repo = hf_cache_dir() / ("models--" + text.replace("/", "--"))
-        snapshots = repo / "snapshots"
-        if snapshots.is_dir():
-            ref = repo / "refs" / "main"
-            if ref.is_file():
-                candidate = snapshots / ref.read_text().strip()
-                if (candidate / "config.json").is_file():
-                    return candidate
-            found = sorted(
-                (p for p in snapshots.iterdir() if (p / "config.json").is_file()),
-                key=lambda p: p.stat().st_mtime,
-            )
-            if found:
-                return found[-1]
-        raise ModelNotDownloaded(text, repo)
-    raise ModelLoadError(f"model folder {path} does not exist")
 
 
 def read_config(folder: Path) -> ModelConfig:

@@ -94,7 +94,7 @@ class CalibrationProfile:
 
 
 def _folder(model_path: str | os.PathLike[str]) -> Path:
-    from maskkv_cli.models.loading import resolve_model_path
+    from maskkv_cli.paths import resolve_model_path
 
     return resolve_model_path(model_path)
 

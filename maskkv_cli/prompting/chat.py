@@ -4,21 +4,31 @@ from __future__ import annotations
 
 import os
 import unicodedata
-from typing import Any
+from typing import Any, Protocol
 
 from maskkv_cli.errors import ModelLoadError
-from maskkv_cli.models.config import ModelConfig
+from maskkv_cli.paths import resolve_model_path
 
 # What the embedded model answers when the asked fact is not in the document (it is trained to, as SQuAD 2.0's
 # unanswerable questions teach); other code compares answers with it, so it is written in one place only.
 NO_ANSWER = "not in the document"
 
 
+class StopTokens(Protocol):
+    """The end-of-text ids of a model's config (``models.config.ModelConfig`` has them): prompting reads only these,
+    so it needs no model code."""
+
+    @property
+    def eos_token_id(self) -> int: ...
+
+    @property
+    def eot_token_id(self) -> int | None: ...
+
+
 def load_tokenizer(path: str | os.PathLike[str]) -> Any:
     """``AutoTokenizer`` from a local model folder (or a locally cached HF id); never downloads."""
     from transformers import AutoTokenizer
 
-    from maskkv_cli.models.loading import resolve_model_path
 
     folder = resolve_model_path(path)
     if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
@@ -55,7 +65,8 @@ def chat_prompt_ids(tokenizer: Any, user_text: str, system: str | None = None) -
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def stop_ids(tokenizer: Any, cfg: ModelConfig) -> set[int]:
+def stop_ids(tokenizer: Any, cfg: StopTokens) -> set[int]:
+    """The ids that end an answer: the config's EOS and EOT, and the tokenizer's ``<|eot_id|>`` and EOS."""
     ids = {cfg.eos_token_id}
     if cfg.eot_token_id is not None:
         ids.add(cfg.eot_token_id)

@@ -23,7 +23,6 @@ from maskkv_cli.engine.forward import LayerRecord
 OUTSIDE = "question/template"
 
 
-
 @dataclass(frozen=True)
 class PageCount:
     page: int

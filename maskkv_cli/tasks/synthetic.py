@@ -49,7 +49,7 @@ from maskkv_cli.documents.corpus import load_corpus
 from maskkv_cli.prompting import NO_ANSWER
 from maskkv_cli.prompting.parts import LEAD_SENTENCES, SUMMARY_WORDS, lead_sentences, part_instruction
 from maskkv_cli.tasks.open_questions import open_question
-from maskkv_cli.tasks.taskio import Task, _task_id, count_words
+from maskkv_cli.tasks.taskio import Task, count_words, task_id
 
 KINDS: tuple[str, ...] = ("niah_single", "niah_multikey", "niah_multivalue", "vt", "niah_none", "lead_summary",
                           "open_question")
@@ -354,7 +354,7 @@ def _generate_one(
         for j in range(len(plan.needles))
     ]
     meta: dict[str, Any] = {
-        "_id": _task_id(kind, plan.question, context),
+        "_id": task_id(kind, plan.question, context),
         "kind": kind,
         "seed": seed,
         "index": index,
@@ -391,7 +391,7 @@ def absent_key_twin(task: Task, rng: random.Random, key: str | None = None) -> T
     elif key in present:
         raise ValueError(f"the key {key!r} has a needle in the text; an absent-key twin asks about one that has none")
     question = QUESTION_SINGLE.format(key=key)
-    meta = {**task.meta, "_id": _task_id("niah_none", question, task.context), "kind": "niah_none", "key": key,
+    meta = {**task.meta, "_id": task_id("niah_none", question, task.context), "kind": "niah_none", "key": key,
             "distractor_keys": present, "needles": [{**n, "role": "distractor"} for n in task.meta["needles"]]}
     return Task(context=task.context, input=question, answers=(NO_ANSWER,), dataset="niah_none", length=task.length,
                 meta=meta)

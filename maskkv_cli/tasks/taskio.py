@@ -37,13 +37,10 @@ def count_words(text: str) -> int:
     return len(text.split())
 
 
-def _task_id(dataset: str, question: str, context: str) -> str:
+def task_id(dataset: str, question: str, context: str) -> str:
+    """A task's ``_id``: a hash of its dataset, question and context (the same task gets the same id)."""
     digest = hashlib.sha256(f"{dataset}\x00{question}\x00{context}".encode()).hexdigest()
     return digest[:_ID_CHARS]
-
-
-
-
 
 
 def task_to_record(task: Task) -> dict[str, Any]:
@@ -58,7 +55,7 @@ def task_to_record(task: Task) -> dict[str, Any]:
     if "language" in task.meta:
         record["language"] = task.meta["language"]
     record["all_classes"] = task.meta.get("all_classes")
-    record["_id"] = task.meta.get("_id") or _task_id(task.dataset, task.input, task.context)
+    record["_id"] = task.meta.get("_id") or task_id(task.dataset, task.input, task.context)
     rest = {key: value for key, value in task.meta.items() if key not in _TOP_LEVEL_META}
     if rest:
         record["meta"] = rest

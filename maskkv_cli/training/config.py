@@ -1,15 +1,17 @@
-"""The tiny model's training settings (``maskkv train-tiny``'s options as one frozen config), its progress events,
-option parsing, and the learning-rate and context-length schedules."""
+"""The tiny model's training settings: ``TrainOptions`` (``maskkv train-tiny``'s options as given, built once from the
+command line) and ``TrainConfig`` (the run's frozen config that ``TrainOptions.to_config`` checks and parses them
+into); its progress events, option parsing, and the learning-rate and context-length schedules."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from maskkv_cli.errors import UsageError
 from maskkv_cli.tasks.sources import SOURCES
-from maskkv_cli.tasks.synthetic import KINDS, NUM_DISTRACTORS
+from maskkv_cli.tasks.synthetic import KINDS, NUM_DISTRACTORS, max_distractors
 
 
 @dataclass(frozen=True)
@@ -130,13 +132,108 @@ def parse_range(spec: str, option: str) -> tuple[int, int]:
     return low, high
 
 
-def _lr(cfg: TrainConfig, step: int) -> float:
+def learning_rate(cfg: TrainConfig, step: int) -> float:
+    """The learning rate at ``step``: linear warm-up over ``warmup`` steps, then cosine down to ``min_lr_ratio``."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     progress = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def _max_len_at(cfg: TrainConfig, step: int) -> int:
+def max_len_at(cfg: TrainConfig, step: int) -> int:
+    """The curriculum: the longest context at ``step``, from ``min_len`` to ``max_len`` over ``curriculum_steps``."""
     frac = min(1.0, step / max(1, cfg.curriculum_steps))
     return int(cfg.min_len + frac * (cfg.max_len - cfg.min_len))
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """``maskkv train-tiny``'s options as the user gives them (lists, weights and ranges still text), in the order
+    ``--help`` shows them; ``to_config`` checks them and makes the run's ``TrainConfig``. ``install``/``window``:
+    what to do with the final model."""
+
+    out: Path = Path("runs/tiny")
+    steps: int = 3000
+    batch_size: int = 32
+    lr: float = 2e-3
+    min_len: int = 48
+    max_len: int = 512
+    curriculum_steps: int = 1500
+    kinds: str = "niah_single,niah_multikey"  # KIND:W weights, as parse_mix reads them
+    distractors: str = "3"  # N or LOW-HIGH
+    answer_len: int = 8
+    sources: str = "corpus"  # NAME:W weights, as parse_sources reads them
+    summary_len: int = 64
+    eval_source: str = "corpus"
+    eval_n: int = 32
+    eval_every: int = 250
+    full_mask: float = 0.0
+    summary_full_mask: float | None = None
+    summary_lengths: str | None = None  # LOW-HIGH
+    summary_block: int | None = None
+    identity_loss: float = 0.0
+    hard_absent_every: int = 0
+    position_window: int | None = None
+    init_from: Path | None = None
+    grow_layers: int = 0
+    freeze_old: bool = False
+    rope_theta: float | None = None
+    stop_after: int | None = None
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 8
+    threads: int = 1
+    seed: int = 0
+    install: bool = False
+    window: int | None = None
+
+    def to_config(self) -> TrainConfig:
+        """The run's config; a bad option raises ``UsageError`` naming it, before any training starts."""
+        mix = parse_mix(self.kinds)
+        source_mix = parse_sources(self.sources)
+        if self.eval_source not in SOURCES:
+            raise UsageError(f"--eval-source: unknown source {self.eval_source!r}; choose from {', '.join(SOURCES)}")
+        if self.summary_len < 2:
+            raise UsageError(f"--summary-len must be at least 2 tokens, got {self.summary_len}")
+        distractor_range = parse_range(self.distractors, "--distractors")
+        summary_range = parse_range(self.summary_lengths, "--summary-lengths") if self.summary_lengths else None
+        if summary_range is not None and summary_range[0] < 1:
+            raise UsageError(f"--summary-lengths: contexts must be at least 1 token, got {self.summary_lengths!r}")
+        if distractor_range[1] > max_distractors():
+            raise UsageError(f"--distractors: at most {max_distractors()} (one key word each), got "
+                             f"{self.distractors!r}")
+        if self.rope_theta is not None and self.rope_theta <= 1:
+            raise UsageError(f"--rope-theta must be greater than 1, got {self.rope_theta}")
+        if self.grow_layers and self.init_from is None:
+            raise UsageError("--grow-layers adds blocks to a trained model: give it with --init-from")
+        if self.freeze_old and not self.grow_layers:
+            raise UsageError("--freeze-old keeps the trained blocks fixed while new ones learn: give --grow-layers "
+                             "too")
+        if not 0 <= self.grow_layers:
+            raise UsageError(f"--grow-layers must be >= 0, got {self.grow_layers}")
+        if self.eval_n < 1 or self.eval_every < 1:
+            raise UsageError(f"--eval-n and --eval-every must be positive, got {self.eval_n} and {self.eval_every}")
+        if not 0.0 <= self.full_mask <= 1.0:
+            raise UsageError(f"--full-mask must be a probability between 0 and 1, got {self.full_mask}")
+        if self.hard_absent_every < 0:
+            raise UsageError(f"--hard-absent-every must be >= 0 (0: off), got {self.hard_absent_every}")
+        if self.identity_loss < 0:
+            raise UsageError(f"--identity-loss must be >= 0, got {self.identity_loss}")
+        if self.summary_block is not None and (self.summary_block < 1 or self.summary_len % self.summary_block):
+            raise UsageError(f"--summary-block must be a positive divisor of --summary-len ({self.summary_len}), "
+                             f"got {self.summary_block}")
+        if self.summary_full_mask is not None and not 0.0 <= self.summary_full_mask <= 1.0:
+            raise UsageError(f"--summary-full-mask must be a probability between 0 and 1, got "
+                             f"{self.summary_full_mask}")
+        return TrainConfig(
+            out=str(self.out), steps=self.steps, batch_size=self.batch_size, lr=self.lr, min_len=self.min_len,
+            max_len=self.max_len, curriculum_steps=self.curriculum_steps, d_model=self.d_model,
+            n_layers=self.n_layers, n_heads=self.n_heads, mlp_hidden_size=3 * self.d_model, threads=self.threads,
+            seed=self.seed, answer_len=self.answer_len, full_mask=self.full_mask,
+            position_window=self.position_window, distractors=distractor_range, eval_n=self.eval_n,
+            eval_every=self.eval_every, sources=source_mix, summary_len=self.summary_len,
+            eval_source=self.eval_source, summary_full_mask=self.summary_full_mask, identity_loss=self.identity_loss,
+            summary_block=self.summary_block, summary_lengths=summary_range, mix=mix,
+            init_from=str(self.init_from) if self.init_from else None, grow_layers=self.grow_layers,
+            freeze_old=self.freeze_old, rope_theta=self.rope_theta, stop_after=self.stop_after,
+            hard_absent_every=self.hard_absent_every)

@@ -15,7 +15,7 @@ from maskkv_cli.prompting.parts import LEAD_SENTENCES, lead_sentences
 from maskkv_cli.tasks.sources import load_source
 from maskkv_cli.tasks.synthetic import absent_key_twin, generate_tasks, present_keys
 from maskkv_cli.tasks.taskio import Task
-from maskkv_cli.training.config import ABSENT_PAIR, TrainConfig, _max_len_at
+from maskkv_cli.training.config import ABSENT_PAIR, TrainConfig, max_len_at
 from maskkv_cli.training.hard_keys import pick_absent_key
 from maskkv_cli.training.padding import left_padded
 
@@ -115,7 +115,7 @@ class Batcher:
 
     def batch(self, step: int, rng: random.Random) -> TrainBatch:
         """One batch of examples of one context length (and one answer region: needles or lead summaries)."""
-        length = rng.randint(self.cfg.min_len, _max_len_at(self.cfg, step))
+        length = rng.randint(self.cfg.min_len, max_len_at(self.cfg, step))
         summary = self.summary_share > 0 and (not self.kinds or rng.random() < self.summary_share)
         if summary and self.cfg.summary_lengths:
             length = rng.randint(*self.cfg.summary_lengths)

@@ -33,8 +33,8 @@ from maskkv_cli.prompting import chat_prompt_ids, document_question, load_tokeni
 from maskkv_cli.tasks.sources import load_source
 from maskkv_cli.tasks.synthetic import UNANSWERABLE_KINDS, generate_tasks
 from maskkv_cli.tasks.taskio import Task
-from maskkv_cli.training.config import ABSENT_PAIR, TrainConfig, TrainEvent, _lr  # noqa: E402
-from maskkv_cli.training.examples import Batcher, skipped_positions, tokenizer_texts  # noqa: E402
+from maskkv_cli.training.config import ABSENT_PAIR, TrainConfig, TrainEvent, learning_rate
+from maskkv_cli.training.examples import Batcher, skipped_positions, tokenizer_texts
 from maskkv_cli.training.growth import freeze_all_but_new, grow_depth
 from maskkv_cli.training.hard_keys import absent_confusion, off_diagonal_mean
 from maskkv_cli.training.heap import keep_freed_memory
@@ -209,7 +209,7 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
     losses: list[float] = []
     for step in range(start, cfg.steps):
         for group in opt.param_groups:
-            group["lr"] = _lr(cfg, step)
+            group["lr"] = learning_rate(cfg, step)
         if hard_every and (step == start or step % hard_every == 0):
             # its own random stream, so the batches' draws do not depend on when it runs
             batcher.confusion = absent_confusion(model, tok, probe_text, random.Random(f"{cfg.seed}:{step}"),
@@ -234,7 +234,7 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
                   else evaluate(model, tok, tasks, cfg.answer_len) for kind, tasks in eval_sets.items()}
         elapsed = elapsed0 + time.perf_counter() - t0
         if ev is not None or done % 10 == 0:
-            row = {"step": done, "loss": sum(losses) / len(losses), "lr": _lr(cfg, step), "length": length,
+            row = {"step": done, "loss": sum(losses) / len(losses), "lr": learning_rate(cfg, step), "length": length,
                    "elapsed_s": elapsed, **({"eval": ev} if ev else {}),
                    **({"absent_confusion": confusion} if confusion is not None else {})}
             history.append(row)

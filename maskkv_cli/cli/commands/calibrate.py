@@ -128,7 +128,8 @@ def calibrate(
 
     import torch
 
-    from maskkv_cli.models.loading import load_model, read_config, resolve_model_path
+    from maskkv_cli.models.loading import load_model, read_config
+    from maskkv_cli.paths import resolve_model_path
     from maskkv_cli.prompting import load_tokenizer
 
     folder = resolve_model_path(path)
