@@ -1,13 +1,23 @@
-"""What ``maskkv ask`` and ``maskkv summarize`` share: the stderr console and its live panel, a document's warnings
-as notes, and ``pipeline.ask`` with the live panel following it."""
+"""What the commands that answer share: the stderr console and its live panel, the start of a run over a document
+(``document_run``: the document read, its warnings as notes, the model loaded, under the live panel),
+``pipeline.ask`` with the live panel following it, and one answer printed with its confidence."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from maskkv_cli.cli.common import live_display_on, note
+import typer
 
-__all__ = ["ask_live", "consoles", "warn_document"]
+from maskkv_cli.cli.common import live_display_on, note
+from maskkv_cli.cli.model_choice import pull_first
+from maskkv_cli.cli.run_options import RunOptions
+from maskkv_cli.devices import resolve_device
+
+__all__ = ["DocumentRun", "ask_live", "consoles", "document_run", "echo_answer", "warn_document"]
 
 
 def consoles(quiet: bool, as_json: bool) -> tuple[Any, bool]:
@@ -31,3 +41,41 @@ def ask_live(session: Any, context: str, question: str, gen: Any, cache: Any, lo
     answer = ask(session, context, question, gen, cache, long=long, on_event=live, on_prompt=live.prompt_ready)
     live.answered(answer)
     return answer
+
+
+@dataclass
+class DocumentRun:
+    live: Any  # the live panel (``cli.render.LiveRun``); phases and the sampler's events go to it
+    live_on: bool  # whether the panel shows (else progress lines may go to stderr)
+    doc: Any  # the ``Document`` read
+    session: Any  # the loaded ``Session``
+
+
+@contextmanager
+def document_run(document: Path, password: str | None, opts: RunOptions) -> Iterator[DocumentRun]:
+    """Offer to pull a model not on disk, then, under the live panel, read the document (its warnings become
+    notes) and load the model on the device the panel measures (resolved once from ``auto``)."""
+    from maskkv_cli.cli.render import LiveRun
+    from maskkv_cli.documents.store import DocumentStore
+
+    err, live_on = consoles(opts.quiet, opts.as_json)
+    pull_first(opts.model, opts.yes, opts.quiet, opts.as_json)
+    device = resolve_device(opts.device)
+    with LiveRun(err, live_on, device) as live:
+        live.phase("parse", str(document))
+        doc, _ = DocumentStore().ingest(document, password=password)
+        warn_document(doc, opts.quiet, opts.as_json)
+        live.phase("load model")
+        yield DocumentRun(live, live_on, doc, opts.load_session(device))
+
+
+def echo_answer(text: str, confidence: Any, what: str, embedded: bool, quiet: bool) -> None:
+    """One answer on stdout and its confidence line on stderr; an empty answer is a note on stderr instead (even
+    with --quiet, since it stands for the answer)."""
+    from maskkv_cli.cli.render import answer_lines
+
+    out, line = answer_lines(text, confidence, what, embedded)
+    if out is not None:
+        typer.echo(out)
+    if out is None or not quiet:
+        typer.echo(line, err=True)

@@ -8,12 +8,10 @@ from typing import Annotated, Any
 
 import typer
 
-from maskkv_cli.cli.asking import ask_live, consoles, warn_document
+from maskkv_cli.cli.asking import ask_live, document_run
 from maskkv_cli.cli.common import fail, guarded, note, one_line_stats
-from maskkv_cli.cli.model_choice import pull_first
 from maskkv_cli.cli.options import LongOpt, PasswordOpt, QuestionsFileOpt
 from maskkv_cli.cli.run_options import CACHE, MODEL, OUTPUT, SAMPLER, RunOptions, run_options
-from maskkv_cli.devices import resolve_device
 
 
 def _questions(question: str | None, extra: list[str] | None, questions_file: Path | None) -> list[str]:
@@ -56,22 +54,11 @@ def ask(
 
         maskkv ask book.txt "Where is the treasure?" --long rope-scale --json
     """
-    from maskkv_cli.documents.store import DocumentStore
-
     qs = _questions(question, more, questions_file)
     cache = opts.cache()
     quiet, as_json = opts.quiet, opts.as_json
-    err, live_on = consoles(quiet, as_json)
-    pull_first(opts.model, opts.yes, quiet, as_json)
-    from maskkv_cli.cli.render import LiveRun
-
-    device = resolve_device(opts.device)  # once: the panel reads the memory of the device the session runs on
-    with LiveRun(err, live_on, device) as live:
-        live.phase("parse", str(document))
-        doc, _ = DocumentStore().ingest(document, password=password)
-        warn_document(doc, quiet, as_json)
-        live.phase("load model")
-        session = opts.load_session(device)
+    with document_run(document, password, opts) as run:
+        live, doc, session = run.live, run.doc, run.session
         gen = opts.generation(session.generation_defaults)
         results = []
         shown: set[str] = set()

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from maskkv_cli.cli.asking import echo_answer
 from maskkv_cli.cli.common import fail, guarded, live_display_on, note
 from maskkv_cli.cli.options import CfgOpt, RemaskOpt
 from maskkv_cli.cli.run_options import CACHE, MODEL, OUTPUT, SAMPLER, RunOptions, run_options
@@ -51,7 +52,6 @@ def generate(
     for message in answer.notes:
         note(message, quiet, as_json)
     stats = answer.result.stats
-    from maskkv_cli.cli.render import answer_lines
     from maskkv_cli.models.catalog import is_embedded_model
 
     embedded = is_embedded_model(session.model_path)
@@ -61,10 +61,6 @@ def generate(
         typer.echo(json.dumps({"answer": answer.text, **confidence_fields(answer, "answer", embedded),
                                "model": session.model_path, "budget": answer.budget, "stats": stats.as_dict()}))
         return
-    out, line = answer_lines(answer.text, answer.confidence, "answer", embedded)
-    if out is not None:
-        typer.echo(out)
-    if out is None or not quiet:
-        typer.echo(line, err=True)
+    echo_answer(answer.text, answer.confidence, "answer", embedded, quiet)
     if not quiet:
         Console(stderr=False).print(stats_table(stats))

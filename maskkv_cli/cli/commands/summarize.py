@@ -9,12 +9,10 @@ from typing import Annotated
 
 import typer
 
-from maskkv_cli.cli.asking import ask_live, consoles, warn_document
+from maskkv_cli.cli.asking import ask_live, document_run, echo_answer
 from maskkv_cli.cli.common import fail, guarded
-from maskkv_cli.cli.model_choice import pull_first
 from maskkv_cli.cli.options import PasswordOpt, length_option
 from maskkv_cli.cli.run_options import CACHE, MODEL, OUTPUT, SAMPLER, RunOptions, run_options
-from maskkv_cli.devices import resolve_device
 
 
 @guarded
@@ -34,23 +32,14 @@ def summarize(
 
         maskkv summarize book.txt --length 300 --budget 128 --json
     """
-    from maskkv_cli.cli.render import LiveRun
-    from maskkv_cli.documents.store import DocumentStore
     from maskkv_cli.prompting.parts import merge_instruction, part_instruction, split_parts
 
     if length <= 0:
         raise fail(f"--length must be a positive number of words, got {length}", 2)
     cache = opts.cache()
     quiet, as_json = opts.quiet, opts.as_json
-    err, live_on = consoles(quiet, as_json)
-    pull_first(opts.model, opts.yes, quiet, as_json)
-    device = resolve_device(opts.device)  # once: the panel reads the memory of the device the session runs on
-    with LiveRun(err, live_on, device) as live:
-        live.phase("parse", str(document))
-        doc, _ = DocumentStore().ingest(document, password=password)
-        warn_document(doc, quiet, as_json)
-        live.phase("load model")
-        session = opts.load_session(device)
+    with document_run(document, password, opts) as run:
+        live, doc, session = run.live, run.doc, run.session
         if session.summary_length:
             # a model trained on lead summaries (the embedded one) writes them at the length it was trained on
             gen_tokens = session.summary_length
@@ -66,7 +55,7 @@ def summarize(
         summaries = []
         for i, part in enumerate(parts, 1):
             live.phase(f"part {i}/{len(parts)}", f"pages {part.first_page}-{part.last_page}")
-            if not quiet and not as_json and not live_on:
+            if not quiet and not as_json and not run.live_on:
                 typer.echo(f"part {i}/{len(parts)} (pages {part.first_page}-{part.last_page}, {part.tokens} tokens)",
                            err=True)
             a = ask_live(session, part.text, part_instruction(length), gen, cache, "truncate", live)
@@ -90,10 +79,4 @@ def summarize(
         typer.echo(json.dumps({"document": str(document), "pages": len(doc.pages), "summary": final.text,
                                **confidence_fields(final, "summary", embedded), "parts": summaries}))
         return
-    from maskkv_cli.cli.render import answer_lines
-
-    out, line = answer_lines(final.text, final.confidence, "summary", embedded)
-    if out is not None:
-        typer.echo(out)
-    if out is None or not quiet:
-        typer.echo(line, err=True)
+    echo_answer(final.text, final.confidence, "summary", embedded, quiet)
