@@ -28,7 +28,7 @@ DOCUMENTED = [
     ("maskkv_cli.policies", "get_policy"),
     ("maskkv_cli.policies.base", "register"),
     ("maskkv_cli.kv.budgets", "distribute_exact"),
-    ("maskkv_cli.policies.calibration", "resolve_importance"),
+    ("maskkv_cli.engine.plan", "resolve_importance"),
     ("maskkv_cli.stats", "now"),
     ("maskkv_cli.cli", "app"),
 ]

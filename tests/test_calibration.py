@@ -16,20 +16,20 @@ import maskkv_cli.sampling.common as sampler_mod
 from maskkv_cli.cli import app
 from maskkv_cli.engine.forward import StoredView, prefill, response_logits
 from maskkv_cli.engine.importance import ImportanceResult, layer_importance, measure_importance
+from maskkv_cli.engine.plan import resolve_importance
 from maskkv_cli.errors import UsageError
 from maskkv_cli.kv.budgets import boundary_layer_budgets
-from maskkv_cli.models.llada import LLaDA
-from maskkv_cli.paths import config_file
-from maskkv_cli.policies import PolicyOptions, get_policy
-from maskkv_cli.policies.calibration import (
+from maskkv_cli.models.calibration import (
     find_profile,
     load_profile,
     make_profile,
     model_key,
     profile_path,
-    resolve_importance,
     save_profile,
 )
+from maskkv_cli.models.llada import LLaDA
+from maskkv_cli.paths import config_file
+from maskkv_cli.policies import PolicyOptions, get_policy
 from maskkv_cli.sampling.llada import GenerationConfig, generate
 
 GEN = GenerationConfig(gen_length=16, steps=8, block_length=8)

@@ -3,7 +3,7 @@
 ``I(l) = 1 - mean cos(h_in, h_out)`` over every token of every calibration input, where ``h_in`` is the
 hidden state entering layer l's attention sub-layer and ``h_out = h_in + attention output`` (before the
 MLP), in fp32 (the paper's layer level; docs/policies.md, "Layer budgets of `maskkv`"). ``maskkv calibrate``
-stores the result as a calibration profile (``maskkv_cli.policies.calibration``).
+stores the result as a calibration profile (``maskkv_cli.models.calibration``).
 """
 
 from __future__ import annotations

@@ -24,7 +24,9 @@ from maskkv_cli.kv.budgets import resolve_budget
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import Policy, PolicyOptions, get_policy, uses_importance
 
-__all__ = ["CacheConfig", "CachePlan", "check_layer_budgets", "plan_cache"]
+__all__ = ["LAYER_BUDGET_MODES", "CacheConfig", "CachePlan", "check_layer_budgets", "plan_cache", "resolve_importance"]
+
+LAYER_BUDGET_MODES = (*LAYER_BUDGET_CHOICES, "off")  # what resolve_importance takes: "off" is "uniform"
 
 
 def check_layer_budgets(mode: str) -> str:
@@ -104,12 +106,50 @@ class CachePlan:
                    step_options or StepOptions())
 
 
+def resolve_importance(
+    model_path: str | os.PathLike[str],
+    options: PolicyOptions,
+    policy_name: str,
+    mode: str = "auto",
+) -> tuple[PolicyOptions, str | None]:
+    """Options with ``importance`` set for ``mode``, and a one-line note for the user (or None).
+
+    - ``auto``: the model's calibration profile if there is a usable one, else uniform layer budgets. An
+      ``importance`` already set in ``options`` is kept as it is.
+    - ``uniform`` (alias ``off``): uniform layer budgets (``importance`` None), no note.
+    - ``online``: ``importance`` None (the plan stays uniform); the caller must run the prefill with
+      ``online_importance=True`` so that the budgets come from the current input.
+    Only the policies that use layer importance (``maskkv`` and its variants) read it; for the others
+    ``options`` come back unchanged, no note.
+    """
+    if mode not in LAYER_BUDGET_MODES:
+        raise UsageError(f"--layer-budgets must be one of auto, online, uniform; got {mode!r}")
+    if not uses_importance(policy_name):
+        return options, None
+    if mode in ("uniform", "off"):
+        return replace(options, importance=None), None
+    if mode == "online":
+        return replace(options, importance=None), (
+            "layer budgets from this input's own layer importance (online): the full prompt K/V of every layer "
+            "stays resident during the prefill")
+    if options.importance is not None:
+        return options, None
+    from maskkv_cli.models.calibration import find_profile, profile_path
+
+    path = profile_path(model_path)
+    profile, reason = find_profile(model_path)
+    if profile is not None:
+        return replace(options, importance=profile.importance), f"using calibration profile {path} for layer budgets"
+    hint = f"run `maskkv calibrate --model {model_path}`"
+    if reason is not None:
+        return options, f"ignoring calibration profile {path}: {reason}; uniform layer budgets ({hint} to redo it)"
+    return options, f"no calibration profile for this model: uniform layer budgets ({hint} to create one)"
+
+
 def _importance_choice(model_path: str | os.PathLike[str] | None, cache: CacheConfig,
                        policy_uses_importance: bool) -> tuple[PolicyOptions, str | None, str | None]:
     """(policy options, importance source, note) for the cache's ``layer_budgets`` mode; the source None lets
     ``CachePlan.build`` name it from the options."""
-    from maskkv_cli.policies.calibration import resolve_importance
-
     if not policy_uses_importance:
         return cache.options, None, None
     if model_path is None:  # no folder to look a profile up in: the options' own importance, else uniform

@@ -114,8 +114,8 @@ def calibrate(
     from rich.console import Console
 
     from maskkv_cli.engine.importance import measure_importance
+    from maskkv_cli.models.calibration import make_profile, save_profile
     from maskkv_cli.models.catalog import resolve_default_model
-    from maskkv_cli.policies.calibration import make_profile, save_profile
     from maskkv_cli.prompting.calibration import calibration_inputs
 
     if samples < 1 or max_tokens < 1:

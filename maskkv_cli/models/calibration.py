@@ -1,13 +1,10 @@
 """The per-model calibration profiles: the layer importance MaskKV's boundary-aware layer budgets start from.
 
 ``I(l)`` is measured by ``maskkv_cli.engine.importance`` (``maskkv calibrate``). A profile stores it per model as
-JSON under
-``config_file().parent / "calibration" / "<key>.json"``; the key is the model folder's name plus a short hash of
-its ``config.json``, so two different models in folders of the same name never share a profile.
-
-``resolve_importance`` is what a command calls: it fills ``PolicyOptions.importance`` from the profile
-(``auto``), leaves the budgets uniform (``uniform``/``off``) or defers to the prefill (``online``), and returns
-the one-line note to show the user.
+JSON under ``config_file().parent / "calibration" / "<key>.json"``; the key is the model folder's name plus a
+short hash of its ``config.json``, so two different models in folders of the same name never share a profile.
+This module is the store (what a model's profile is, where it lives, whether it fits the model); whether a run
+uses it is the cache plan's decision (``engine.plan.resolve_importance``).
 """
 
 from __future__ import annotations
@@ -17,34 +14,28 @@ import json
 import math
 import os
 import re
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from maskkv_cli.defaults import LAYER_BUDGET_CHOICES
-from maskkv_cli.errors import UsageError
 from maskkv_cli.fileio import atomic_write_text
 from maskkv_cli.paths import config_file
-from maskkv_cli.policies.base import PolicyOptions, uses_importance
 
-if TYPE_CHECKING:  # the measurement runs in the engine, one layer above the policies
+if TYPE_CHECKING:  # the measurement runs in the engine, above the models
     from maskkv_cli.engine.importance import ImportanceResult
 
 __all__ = [
-    "LAYER_BUDGET_CHOICES",
-    "LAYER_BUDGET_MODES",
     "CalibrationProfile",
     "find_profile",
     "load_profile",
     "make_profile",
     "model_key",
+    "profile_dir",
     "profile_path",
-    "resolve_importance",
     "save_profile",
 ]
 
-LAYER_BUDGET_MODES = (*LAYER_BUDGET_CHOICES, "off")  # "off" is an alias of "uniform"
 _FIELDS = ("model", "model_path", "n_layers", "importance", "inputs", "tokens", "created", "maskkv_version")
 
 
@@ -184,41 +175,3 @@ def find_profile(model_path: str | os.PathLike[str]) -> tuple[CalibrationProfile
 def load_profile(model_path: str | os.PathLike[str]) -> CalibrationProfile | None:
     """The model's calibration profile, or None when there is none or it is unusable (see ``find_profile``)."""
     return find_profile(model_path)[0]
-
-
-def resolve_importance(
-    model_path: str | os.PathLike[str],
-    options: PolicyOptions,
-    policy_name: str,
-    mode: str = "auto",
-) -> tuple[PolicyOptions, str | None]:
-    """Options with ``importance`` set for ``mode``, and a one-line note for the user (or None).
-
-    - ``auto``: the model's calibration profile if there is a usable one, else uniform layer budgets. An
-      ``importance`` already set in ``options`` is kept as it is.
-    - ``uniform`` (alias ``off``): uniform layer budgets (``importance`` None), no note.
-    - ``online``: ``importance`` None (the plan stays uniform); the caller must run the prefill with
-      ``online_importance=True`` so that the budgets come from the current input.
-    Only the policies that use layer importance (``maskkv`` and its variants) read it; for the others
-    ``options`` come back unchanged, no note.
-    """
-    if mode not in LAYER_BUDGET_MODES:
-        raise UsageError(f"--layer-budgets must be one of auto, online, uniform; got {mode!r}")
-    if not uses_importance(policy_name):
-        return options, None
-    if mode in ("uniform", "off"):
-        return replace(options, importance=None), None
-    if mode == "online":
-        return replace(options, importance=None), (
-            "layer budgets from this input's own layer importance (online): the full prompt K/V of every layer "
-            "stays resident during the prefill")
-    if options.importance is not None:
-        return options, None
-    path = profile_path(model_path)
-    profile, reason = find_profile(model_path)
-    if profile is not None:
-        return replace(options, importance=profile.importance), f"using calibration profile {path} for layer budgets"
-    hint = f"run `maskkv calibrate --model {model_path}`"
-    if reason is not None:
-        return options, f"ignoring calibration profile {path}: {reason}; uniform layer budgets ({hint} to redo it)"
-    return options, f"no calibration profile for this model: uniform layer budgets ({hint} to create one)"
