@@ -153,8 +153,11 @@ def test_no_state_leaks_between_runs(tiny_model):
     before = {k: v.clone() for k, v in tiny_model.state_dict().items()}
     ids = random_ids(tiny_model)
     first = generate(tiny_model, ids, GEN, get_policy("full")).tokens
-    for policy in EVICTING:
-        generate(tiny_model, ids, GEN, get_policy(policy), 4)
+    evicted = {policy: generate(tiny_model, ids, GEN, get_policy(policy), 4).tokens for policy in EVICTING}
+    other = random_ids(tiny_model, 40, seed=5)
+    for policy in EVICTING:  # another input and budget in between, then the first again: the same tokens
+        generate(tiny_model, other, GEN, get_policy(policy), 9)
+        assert torch.equal(generate(tiny_model, ids, GEN, get_policy(policy), 4).tokens, evicted[policy]), policy
     assert torch.equal(generate(tiny_model, ids, GEN, get_policy("full")).tokens, first)
     after = tiny_model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
