@@ -11,10 +11,12 @@ import torch
 
 from maskkv_cli.engine.plan import CacheConfig, plan_cache
 from maskkv_cli.models.config import ModelConfig, read_model_defaults
+from maskkv_cli.models.families import family
 from maskkv_cli.models.loading import load_model
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.paths import resolve_model_path
 from maskkv_cli.prompting import chat_prompt_ids, decode_answer, document_question, load_tokenizer, stop_ids
+from maskkv_cli.prompting.chat import use_chat_format
 from maskkv_cli.prompting.fit import FittedContext
 from maskkv_cli.sampling import DreamOptions, Event, GenerationConfig, GenerationResult, sample
 from maskkv_cli.sampling.confidence import Confidence, answer_confidence
@@ -58,7 +60,7 @@ class Session:
         from ``generation_config.json``), Dream's options, the documents' token ids. A session that plans without
         weights (``batch.cells.PlanningSession``) sets up only this."""
         self.model_path = model_path
-        self.tokenizer: Any = load_tokenizer(model_path)
+        self.tokenizer: Any = use_chat_format(load_tokenizer(model_path), family(config.family).chat_format)
         self.base_theta = config.rope_theta
         self.dream = dream or DreamOptions()  # Dream's own sampler settings; LLaDA's loop has none
         defaults = read_model_defaults(folder)
@@ -104,7 +106,7 @@ class Session:
         cache: CacheConfig,
         on_event: Callable[[Event], None] | None = None,
     ) -> Answer:
-        plan = plan_cache(self.model, cache, len(ids), self.model_path)
+        plan = plan_cache(self.model, cache, len(ids), self.model_path, block_length=gen.block_length)
         prompt = torch.tensor([ids], dtype=torch.long, device=self.device)
         result = sample(self.model, prompt, gen, plan, on_event, dream=self.dream)
         cfg = self.model.config

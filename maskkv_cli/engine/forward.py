@@ -87,7 +87,30 @@ class StoredView(LayerView):
 
 def _stored_view(view: LayerView) -> StoredView:
     q = torch.empty(view.q.shape, dtype=view.q.dtype, device="meta")
-    return StoredView(view.layer, view.n_layers, q, view.k, view.prompt_len, view.scale, view._mask_mass)
+    return StoredView(view.layer, view.n_layers, q, view.k, view.prompt_len, view.scale, view._mask_mass,
+                      mask_start=view.mask_start, visible=view.visible)
+
+
+def block_causal_visible(start: int, stop: int, total: int, block: int, device: torch.device | str) -> Tensor:
+    """Bool (stop - start, total): query position i sees key position j iff j's block is not after i's (blocks of
+    ``block`` positions counted from 0: a block sees itself and every earlier block)."""
+    queries = torch.arange(start, stop, device=device) // block
+    keys = torch.arange(total, device=device) // block
+    return keys[None, :] <= queries[:, None]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A prefill sequence laid out otherwise than ``[prompt ; masks]`` over a bidirectional model: a block-causal
+    model's first response block, whose start ``prompt_len`` (the end of the evictable prompt entries) may lie
+    inside the prompt."""
+
+    block: int  # attention is block-causal with blocks of this many positions from position 0
+    mask_start: int  # the first mask position: the mask queries that vote are [mask_start, T)
+    response_slots: int  # the cache's response slot: every block position from ``prompt_len`` on
+
+    def visible(self, total: int, device: torch.device | str) -> Callable[[int, int], Tensor]:
+        return lambda start, stop: block_causal_visible(start, stop, total, self.block, device)
 
 
 def plain_logits(model: DiffusionLM, ids: Tensor, rows: Tensor) -> Tensor:
@@ -119,7 +142,7 @@ def row_fn(fn: Callable[..., Tensor], x: Tensor, rope: Rope | None = None) -> Ca
 
 
 def attend_in_chunks(block: Block, x: Tensor, k: Tensor, v: Tensor, rope: Rope, chunk: int,
-                     shift: bool) -> Tensor | None:
+                     shift: bool, visible: Callable[[int, int], Tensor] | None = None) -> Tensor | None:
     """``x += attn_proj(SDPA(q, k, v))`` in place, ``chunk`` query rows at a time.
 
     Each chunk's queries are computed from x's rows before those rows are updated (k and v were computed from the
@@ -131,7 +154,7 @@ def attend_in_chunks(block: Block, x: Tensor, k: Tensor, v: Tensor, rope: Rope, 
     for start in range(0, t, chunk):
         stop = min(t, start + chunk)
         q = block.queries(x[:, start:stop], rope.rows(start, stop))
-        o = attention(q, k, v)
+        o = attention(q, k, v, None if visible is None else visible(start, stop)[None, None])
         del q
         attn = block.attn_proj(o)
         del o
@@ -188,8 +211,10 @@ def prefill(
     mlp_chunk: int = MLP_CHUNK,
     online_importance: bool = False,
     query_chunk: int = QUERY_CHUNK,
+    layout: Layout | None = None,
 ) -> tuple[Tensor, PromptCache, list[LayerRecord]]:
     """Step 0 with eviction. ``layer_budgets`` None keeps every prompt entry (the full prefix cache).
+    ``layout``: a block-causal model's first block (see ``Layout``); None: ``[prompt ; masks]``, bidirectional.
 
     Returns logits at sequence positions ``rows``, the compressed cache and one record per layer.
 
@@ -214,9 +239,9 @@ def prefill(
         budget = _online_budget(layer_budgets, len(model.blocks))
         if budget < prompt_len:
             return _prefill_online(model, ids, prompt_len, policy, layer_budgets, budget, rows, mlp_chunk,
-                                   query_chunk)
+                                   query_chunk, layout)
         layer_budgets = None  # the whole prompt fits: no eviction, exactly the full cache
-    cache = PromptCache(prompt_len, ids.shape[1] - prompt_len)
+    cache = PromptCache(prompt_len, _response_slots(ids, prompt_len, layout))
     records: list[LayerRecord] = []
     group = model.config.group_size
 
@@ -232,15 +257,19 @@ def prefill(
         cache.layers.append(layer)
 
     logits, importance = _stream_layers(model, ids, prompt_len, rows, policy, layer_budgets, keep, mlp_chunk,
-                                        query_chunk, measure=online_importance)
+                                        query_chunk, measure=online_importance, layout=layout)
     for rec, value in zip(records, importance, strict=False):
         rec.importance = value
     return logits, cache, records
 
 
+def _response_slots(ids: Tensor, prompt_len: int, layout: Layout | None) -> int:
+    return ids.shape[1] - prompt_len if layout is None else layout.response_slots
+
+
 def _prefill_online(model: DiffusionLM, ids: Tensor, prompt_len: int, policy: Policy, uniform: list[int],
-                    budget: int, rows: Tensor, mlp_chunk: int,
-                    query_chunk: int) -> tuple[Tensor, PromptCache, list[LayerRecord]]:
+                    budget: int, rows: Tensor, mlp_chunk: int, query_chunk: int,
+                    layout: Layout | None) -> tuple[Tensor, PromptCache, list[LayerRecord]]:
     """Online layer budgets: every layer is scored as it runs and kept whole (K/V, scores, mask-query mass);
     after the last layer the budgets come from this input's I(l) and each layer is selected, freeing its full
     K/V as it goes (layer 0 first)."""
@@ -251,8 +280,8 @@ def _prefill_online(model: DiffusionLM, ids: Tensor, prompt_len: int, policy: Po
         pending.append((_stored_view(view), q_mask, scores, k, v))
 
     logits, importance = _stream_layers(model, ids, prompt_len, rows, policy, uniform, hold, mlp_chunk, query_chunk,
-                                        measure=True)
-    cache = PromptCache(prompt_len, ids.shape[1] - prompt_len)
+                                        measure=True, layout=layout)
+    cache = PromptCache(prompt_len, _response_slots(ids, prompt_len, layout))
     records: list[LayerRecord] = []
     budgets = boundary_layer_budgets(importance, budget, policy.options.beta, policy.options.boundary,
                                      max_budget=prompt_len)
@@ -273,7 +302,7 @@ LayerSink = Callable[[LayerView, Tensor | None, Tensor | None, Tensor, Tensor], 
 
 def _stream_layers(model: DiffusionLM, ids: Tensor, prompt_len: int, rows: Tensor, policy: Policy,
                    layer_budgets: list[int] | None, sink: LayerSink, mlp_chunk: int, query_chunk: int,
-                   measure: bool) -> tuple[Tensor, list[float]]:
+                   measure: bool, layout: Layout | None = None) -> tuple[Tensor, list[float]]:
     """The layer-streamed pass both modes share; logits at sequence positions ``rows`` and, with ``measure``,
     each layer's I(l) over every token of ``ids``.
 
@@ -287,18 +316,21 @@ def _stream_layers(model: DiffusionLM, ids: Tensor, prompt_len: int, rows: Tenso
     scale = 1.0 / math.sqrt(model.config.head_dim)
     n_layers = len(model.blocks)
     shifts: list[Tensor] = []
+    visible = None if layout is None else layout.visible(t, ids.device)
+    mask_start = prompt_len if layout is None else layout.mask_start
     for i, block in enumerate(model.blocks):
         x, rope = on_layer_device(model, i, x, rope)
         rows_q = row_fn(block.queries, x, rope)
         k = chunked_rows(row_fn(block.keys, x, rope), t, mlp_chunk)  # (B, H_kv, T, D)
         shape = (x.shape[0], model.config.n_heads, t, model.config.head_dim)
-        view = LayerView(i, n_layers, torch.empty(shape, device="meta"), k, prompt_len, scale, compute_q=rows_q)
+        view = LayerView(i, n_layers, torch.empty(shape, device="meta"), k, prompt_len, scale, compute_q=rows_q,
+                         mask_start=mask_start, visible=visible)
         scores = None if layer_budgets is None else policy.scores(view, layer_budgets[i])  # (B, H_kv, M)
         v = chunked_rows(row_fn(block.values, x), t, mlp_chunk)
-        q_mask = rows_q(prompt_len, t) if scores is not None and policy.residual_spread > 0 else None
+        q_mask = rows_q(mask_start, t) if scores is not None and policy.residual_spread > 0 else None
         sink(view, q_mask, scores, k, v)
         del view, scores, q_mask
-        shift = attend_in_chunks(block, x, k, v, rope, query_chunk, measure)
+        shift = attend_in_chunks(block, x, k, v, rope, query_chunk, measure, visible)
         if shift is not None:
             shifts.append(shift)
         del k, v, rows_q
@@ -311,28 +343,38 @@ def _stream_layers(model: DiffusionLM, ids: Tensor, prompt_len: int, rows: Tenso
 
 
 def response_hidden(model: DiffusionLM, cache: PromptCache, response: Tensor, rope: Rope,
-                    rows: Tensor | None = None) -> Tensor:
+                    rows: Tensor | None = None, offset: int = 0) -> Tensor:
     """One denoising step over the response only (B, L): every row's keys/values go into the cache's response
-    slot; the last layer runs on response rows ``rows`` only (all L when None). Hidden states (B, len(rows), d)."""
+    slot; the last layer runs on response rows ``rows`` only (all L when None). Hidden states (B, len(rows), d).
+
+    ``offset``: the rows are response positions [offset, offset + L) of a longer response slot (a block-causal
+    model's current block): they attend to the kept prompt entries and response positions before
+    ``offset + L`` only (the blocks before and their own)."""
     x = model.embed(response)  # (B, L, d)
     last = len(model.blocks) - 1
     for i, block in enumerate(model.blocks):
         layer: LayerCache = cache.layers[i]
         x, rope = on_layer_device(model, i, x, rope)
         q, k, v = block.qkv(x, rope)  # q (B, H, L, D); k, v (B, H_kv, L, D)
-        layer.write_response(k, v)
+        layer.write_response(k, v, offset)
         if i == last and rows is not None:  # only the rows whose logits are needed go on
             rows = rows.to(x.device)
             q, x = q[:, :, rows], x[:, rows]
-        o = attention(q, layer.k, layer.v, layer.bias)
+        keys, values, bias = layer.k, layer.v, layer.bias
+        end = layer.prompt_slots + offset + response.shape[1]
+        if end < keys.shape[2]:  # later blocks are not visible yet
+            keys, values = keys[:, :, :end], values[:, :, :end]
+            bias = None if bias is None else bias[..., :end]
+        o = attention(q, keys, values, bias)
         x = x + block.attn_proj(o)
         x = x + block.mlp(x)
     return x
 
 
-def response_logits(model: DiffusionLM, cache: PromptCache, response: Tensor, rows: Tensor) -> Tensor:
+def response_logits(model: DiffusionLM, cache: PromptCache, response: Tensor, rows: Tensor,
+                    offset: int = 0) -> Tensor:
     """One denoising step over the response only (B, L); logits (B, len(rows), V) from the hidden states at
-    response rows ``rows`` (the sampler accounts for a model's logit shift)."""
-    m = cache.prompt_len
-    rope = model.rope(torch.arange(m, m + response.shape[1], device=response.device))
-    return model.head(response_hidden(model, cache, response, rope, rows))
+    response rows ``rows`` (the sampler accounts for a model's logit shift). ``offset``: see ``response_hidden``."""
+    start = cache.prompt_len + offset
+    rope = model.rope(torch.arange(start, start + response.shape[1], device=response.device))
+    return model.head(response_hidden(model, cache, response, rope, rows, offset))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from maskkv_cli.engine.forward import MLP_CHUNK, attention_shift
+from maskkv_cli.engine.forward import MLP_CHUNK, attention_shift, block_causal_visible
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.base import dense_hidden
 from maskkv_cli.models.protocol import DiffusionLM
@@ -35,13 +35,15 @@ def measure_importance(
     batches: Iterable[Tensor],
     on_batch: Callable[[int, int], None] | None = None,
     mlp_chunk: int = MLP_CHUNK,
+    block: int | None = None,
 ) -> ImportanceResult:
     """``I(l)`` over ``batches`` of token ids, each (B, T) or (T,); every token of every input weighs the same.
 
     The layers run through the model's one dense loop (``models.base.dense_hidden``), whose blocks compute
     q, k and v with the same hooks as the prefill, so the values match the online measurement of
     ``prefill(..., online_importance=True)`` on the same input in every dtype and under GQA.
-    ``on_batch(inputs_done, tokens_done)`` is called after each batch (progress displays).
+    ``on_batch(inputs_done, tokens_done)`` is called after each batch (progress displays). ``block``: attention
+    is block-causal with blocks of this length (a block-causal model, as it generates); None: bidirectional.
     """
     sums = torch.zeros(len(model.blocks), dtype=torch.float64, device=model.device)
 
@@ -56,7 +58,8 @@ def measure_importance(
         b, t = ids.shape
         if t == 0:
             continue
-        dense_hidden(model, ids, mlp_chunk=mlp_chunk, on_attention=add_shift)
+        mask = None if block is None else block_causal_visible(0, t, t, block, ids.device)
+        dense_hidden(model, ids, mlp_chunk=mlp_chunk, on_attention=add_shift, attn_mask=mask)
         inputs += b
         tokens += b * t
         if on_batch is not None:

@@ -70,7 +70,9 @@ class CachePlan:
     policy: Policy
     budget: int | None  # entries per head per layer asked for (None: keep the whole prompt)
     prompt_len: int  # tokens of the prompt
-    split: int  # prompt positions that are cached: prompt_len - logit_shift (Dream's last token runs with masks)
+    # prompt positions that are cached: prompt_len - logit_shift (Dream's last token runs with masks); for a
+    # block-causal model the prompt's whole blocks (its tail shares the first response block with the masks)
+    split: int
     layer_budgets: tuple[int, ...] | None  # the per-layer plan before the prefill; None: nothing is evicted
     online: bool  # the prefill measures this input's layer importance (and, when evicting, plans from it)
     importance_source: str | None  # profile, online, options, uniform; None: the policy does not use I(l)
@@ -85,17 +87,23 @@ class CachePlan:
     @classmethod
     def build(cls, model: DiffusionLM, policy: Policy, budget: int | None, prompt_len: int, *,
               online: bool = False, step_options: StepOptions | None = None, importance_source: str | None = None,
-              note: str | None = None) -> CachePlan:
+              note: str | None = None, block_length: int | None = None) -> CachePlan:
         """The plan for ``policy`` at ``budget`` over a prompt of ``prompt_len`` tokens.
 
         The run evicts when the policy evicts and the budget is below the cached segment (``prompt_len`` minus
-        the model's logit shift); a budget that covers it reproduces the full cache exactly. ``importance_source``
-        defaults to what the policy's options and ``online`` say."""
+        the model's logit shift; for a block-causal model, whose ``block_length`` the sampler uses, the prompt's
+        whole blocks); a budget that covers it reproduces the full cache exactly. ``importance_source`` defaults
+        to what the policy's options and ``online`` say."""
         if prompt_len < 1:
             raise UsageError("the prompt is empty")
-        split = prompt_len - model.config.logit_shift
-        if policy.uses_cache and split < 1:
-            raise UsageError("the prompt is too short for a prefix cache; use --policy none")
+        if model.config.block_causal:
+            if not block_length:
+                raise ValueError("a block-causal model's cache plan needs the sampler's block length")
+            split = prompt_len // block_length * block_length  # may be 0: the first block holds the whole prompt
+        else:
+            split = prompt_len - model.config.logit_shift
+            if policy.uses_cache and split < 1:
+                raise UsageError("the prompt is too short for a prefix cache; use --policy none")
         evicts = policy.evicts and budget is not None and budget < split
         layer_budgets = tuple(policy.layer_budgets(len(model.blocks), budget, split)) if evicts else None  # type: ignore[arg-type]
         importance = policy.options.importance
@@ -167,7 +175,7 @@ def _importance_choice(model_path: str | os.PathLike[str] | None, cache: CacheCo
 
 def plan_cache(model: DiffusionLM, cache: CacheConfig, prompt_len: int,
                model_path: str | os.PathLike[str] | None = None,
-               step_options: StepOptions | None = None) -> CachePlan:
+               step_options: StepOptions | None = None, block_length: int | None = None) -> CachePlan:
     """The plan for ``cache`` over a prompt of ``prompt_len`` tokens of ``model`` (loaded from ``model_path``,
     where its calibration profile is looked up for ``layer_budgets="auto"``)."""
     budget = cache.resolved_budget(prompt_len)
@@ -177,4 +185,4 @@ def plan_cache(model: DiffusionLM, cache: CacheConfig, prompt_len: int,
         budget = DEFAULT_BUDGET
     return CachePlan.build(model, policy, budget, prompt_len, online=cache.layer_budgets == "online"
                            and policy.uses_importance, step_options=step_options, importance_source=source,
-                           note=note)
+                           note=note, block_length=block_length)

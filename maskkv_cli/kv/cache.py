@@ -25,9 +25,11 @@ class LayerCache:
     bias: Tensor | None  # (B, H_q, 1, K + L) additive mask (0 / -inf) in the compute dtype; None = dense
     residual: Tensor | None = None  # (B, H) bool: heads whose last prompt slot is a residual entry (residual.py)
 
-    def write_response(self, k: Tensor, v: Tensor) -> None:
-        self.k[:, :, self.prompt_slots :].copy_(k)
-        self.v[:, :, self.prompt_slots :].copy_(v)
+    def write_response(self, k: Tensor, v: Tensor, offset: int = 0) -> None:
+        """Write k, v (B, H_kv, n, D) into the response slot from response position ``offset`` on."""
+        start = self.prompt_slots + offset
+        self.k[:, :, start : start + k.shape[2]].copy_(k)
+        self.v[:, :, start : start + v.shape[2]].copy_(v)
 
     @property
     def seq_len(self) -> int:

@@ -25,17 +25,25 @@ def logit_chunks(q: Tensor, k: Tensor, scale: float, chunk_elements: int = CHUNK
         yield torch.matmul(qg[:, :, :, start : start + rows].float(), kt).mul_(scale)
 
 
-def attention_mass(q: Tensor, k: Tensor, scale: float, chunk_elements: int = CHUNK_ELEMENTS) -> Tensor:
-    """Sum over the queries ``q`` (B, H, R, D) of softmax(q k^T * scale) over all keys k (B, H_kv, T, D).
+def attention_mass(q: Tensor, k: Tensor, scale: float, chunk_elements: int = CHUNK_ELEMENTS,
+                   visible: Tensor | None = None) -> Tensor:
+    """Sum over the queries ``q`` (B, H, R, D) of softmax(q k^T * scale) over the keys k (B, H_kv, T, D).
 
     Returns (B, H_kv, T) fp32: how much attention each key receives from these queries. With GQA
-    (H = g * H_kv) the sums are averaged over the g query heads that share a key/value head.
+    (H = g * H_kv) the sums are averaged over the g query heads that share a key/value head. ``visible``
+    (R, T) bool limits each query to the keys it attends to in the model (a block-causal model's prompt rows);
+    None: every key.
     """
     b, h = q.shape[:2]
     hkv, t = k.shape[1], k.shape[2]
     out = torch.zeros(b, hkv, h // hkv, t, dtype=torch.float32, device=q.device)
+    start = 0
     for logits in logit_chunks(q, k, scale, chunk_elements):
+        rows = logits.shape[3]
+        if visible is not None:
+            logits.masked_fill_(~visible[start : start + rows].to(logits.device), float("-inf"))
         out += logits.softmax(dim=-1).sum(dim=3)
+        start += rows
     return out.mean(dim=2)
 
 

@@ -58,6 +58,20 @@ def apply_rope(x: Tensor, rope: Rope) -> Tensor:
     return (x32 * rope.cos + rotated * rope.sin).to(x.dtype)
 
 
+def rotate_in_dtype(x: Tensor, rope: Rope, rotary_dim: int | None = None) -> Tensor:
+    """RoPE as the Qwen2-style upstream models apply it (Dream, LLaDA2, LLaDA-MoE): in fp32 (``apply_rope``) for
+    fp32 activations; in half precision the fp32 tables are cast to the activation dtype and the rotation runs in
+    it. With ``rotary_dim`` below the head dim only the first ``rotary_dim`` dims are rotated (half-split within
+    them) and the rest pass through (the tables then have ``rotary_dim`` columns)."""
+    if rotary_dim is not None and rotary_dim < x.shape[-1]:
+        return torch.cat((rotate_in_dtype(x[..., :rotary_dim], rope), x[..., rotary_dim:]), dim=-1)
+    if x.dtype == torch.float32:
+        return apply_rope(x, rope)
+    c, s = rope.cos.to(x.dtype), rope.sin.to(x.dtype)
+    half = x.shape[-1] // 2
+    return x * c + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * s
+
+
 class RMSNorm(nn.Module):
     """RMSNorm computed in fp32, cast back to the input dtype, then scaled."""
 
@@ -176,15 +190,18 @@ LayerHook = Callable[[int, Tensor, Tensor], None]  # (layer, input hidden state,
 
 def dense_hidden(model: DiffusionModel, ids: Tensor, key_mask: Tensor | None = None,
                  positions: Tensor | None = None, mlp_chunk: int | None = None,
-                 on_attention: LayerHook | None = None) -> Tensor:
-    """The dense bidirectional forward over ids (B, T): final hidden states (B, T, d) before the head.
+                 on_attention: LayerHook | None = None, attn_mask: Tensor | None = None) -> Tensor:
+    """The dense forward over ids (B, T): final hidden states (B, T, d) before the head.
 
-    ``key_mask`` (B, T) bool marks real tokens (padding in training batches); ``positions`` (T,) are the RoPE
-    positions (default 0..T-1); ``mlp_chunk`` bounds the MLP's rows at once; ``on_attention(i, x, attn)`` sees
-    each layer's attention input and output (the layer importance is measured through it)."""
+    ``key_mask`` (B, T) bool marks real tokens (padding in training batches); ``attn_mask`` (T, T) bool says which
+    keys each query may see (a block-causal model's generation window; None: bidirectional); ``positions`` (T,)
+    are the RoPE positions (default 0..T-1); ``mlp_chunk`` bounds the MLP's rows at once; ``on_attention(i, x,
+    attn)`` sees each layer's attention input and output (the layer importance is measured through it)."""
     x = model.embed(ids)
     rope = model.rope(torch.arange(ids.shape[1], device=ids.device) if positions is None else positions)
     mask = None if key_mask is None else key_mask[:, None, None, :]
+    if attn_mask is not None:
+        mask = attn_mask[None, None] if mask is None else mask & attn_mask[None, None]
     for i, block in enumerate(model.blocks):
         x, rope = on_layer_device(model, i, x, rope)
         hook = None if on_attention is None else (lambda h, a, i=i: on_attention(i, h, a))  # type: ignore[misc]
@@ -202,6 +219,7 @@ class DiffusionModel(nn.Module):
 
     config: ModelConfig
     layer_devices: list[torch.device] | None = None  # one device per layer under a device map (``placement.py``)
+    optional_keys: tuple[str, ...] = ()  # checkpoint key endings a checkpoint may leave out (loaded as zeros)
 
     @property
     def blocks(self) -> nn.ModuleList:
@@ -214,7 +232,8 @@ class DiffusionModel(nn.Module):
         raise NotImplementedError
 
     def rope(self, positions: Tensor) -> Rope:
-        return rope_tables(positions, self.config.head_dim, self.config.rope_theta)
+        """Tables for the rotated dims of each head (all of them unless ``partial_rotary_factor`` < 1)."""
+        return rope_tables(positions, self.config.rotary_dim, self.config.rope_theta)
 
     def forward(self, ids: Tensor, key_mask: Tensor | None = None, rows: Tensor | None = None,
                 positions: Tensor | None = None) -> Tensor:

@@ -13,19 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from maskkv_cli.models.base import DiffusionBlock, DiffusionModel, RMSNorm, Rope, apply_rope
+from maskkv_cli.models.base import DiffusionBlock, DiffusionModel, RMSNorm, Rope, rotate_in_dtype
 from maskkv_cli.models.config import ModelConfig
-
-
-def rotate(x: Tensor, rope: Rope) -> Tensor:
-    """RoPE as upstream Dream (Qwen2) applies it: in fp32 (``apply_rope``) for fp32 activations; in half
-    precision the fp32 cos/sin tables are cast to the activation dtype and the rotation runs in that dtype, so
-    bf16/fp16 logits match what Dream's own code gives."""
-    if x.dtype == torch.float32:
-        return apply_rope(x, rope)
-    c, s = rope.cos.to(x.dtype), rope.sin.to(x.dtype)
-    half = x.shape[-1] // 2
-    return x * c + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * s
 
 
 class Attention(nn.Module):
@@ -72,7 +61,7 @@ class DreamBlock(DiffusionBlock):
         return self.heads(self.self_attn.v_proj(n), self.n_kv_heads)
 
     def rotate(self, t: Tensor, rope: Rope) -> Tensor:
-        return rotate(t, rope)
+        return rotate_in_dtype(t, rope)  # as upstream Dream (Qwen2): bf16/fp16 logits match Dream's own code
 
     def attn_proj(self, o: Tensor) -> Tensor:
         b, _, t, _ = o.shape

@@ -15,9 +15,21 @@ import torch
 from torch import nn
 
 from maskkv_cli.errors import ModelLoadError, UsageError
-from maskkv_cli.models.config import ModelConfig, dream_from_hf, dream_to_hf, llada_from_hf, llada_to_hf
+from maskkv_cli.models.config import (
+    ModelConfig,
+    dream_from_hf,
+    dream_to_hf,
+    llada2_from_hf,
+    llada2_to_hf,
+    llada_from_hf,
+    llada_moe_from_hf,
+    llada_moe_to_hf,
+    llada_to_hf,
+)
 from maskkv_cli.models.dream import Dream
 from maskkv_cli.models.llada import LLaDA
+from maskkv_cli.models.llada2 import LLaDA2
+from maskkv_cli.models.llada_moe import LLaDAMoE
 from maskkv_cli.models.protocol import DiffusionLM
 
 __all__ = ["FAMILY_TABLE", "DiffusionLM", "Family", "build_model", "config_from_hf", "config_to_hf", "family",
@@ -28,15 +40,27 @@ __all__ = ["FAMILY_TABLE", "DiffusionLM", "Family", "build_model", "config_from_
 class Family:
     name: str  # ModelConfig.family
     model_class: type[nn.Module]
-    sampler: str  # the denoising loop (``sampling.SAMPLERS``): "llada" (blocks) or "dream" (one block, its rules)
+    # the denoising loop (``sampling.SAMPLERS``): "llada" (semi-autoregressive blocks over a bidirectional
+    # model), "dream" (one block, its rules), "llada2" (block diffusion: block-causal, threshold commits, editing)
+    sampler: str
     model_types: tuple[str, ...]  # ``config.json`` ``model_type`` values (lower case) this family reads
     from_hf: Callable[[dict[str, Any], str], ModelConfig]  # config.json -> ModelConfig
     to_hf: Callable[[ModelConfig], dict[str, Any]]  # ModelConfig -> config.json
+    chat_format: str = "llada"  # the chat template when the tokenizer has none (``prompting.chat.TEMPLATES``)
+    claims: Callable[[dict[str, Any]], bool] = lambda data: True  # among families sharing a model_type: this one?
 
 
+def _has_experts(data: dict[str, Any]) -> bool:
+    return bool(data.get("num_experts")) and int(data["num_experts"]) > 0
+
+
+# Order matters where model_types overlap: LLaDA-MoE (``llada`` with experts) is tried before LLaDA-8B.
 FAMILY_TABLE: dict[str, Family] = {
+    "llada_moe": Family("llada_moe", LLaDAMoE, "llada", ("llada", "lladamoe"), llada_moe_from_hf, llada_moe_to_hf,
+                        chat_format="ling", claims=_has_experts),
     "llada": Family("llada", LLaDA, "llada", ("llada", ""), llada_from_hf, llada_to_hf),
     "dream": Family("dream", Dream, "dream", ("dream",), dream_from_hf, dream_to_hf),
+    "llada2": Family("llada2", LLaDA2, "llada2", ("llada2_moe",), llada2_from_hf, llada2_to_hf, chat_format="ling"),
 }
 
 
@@ -51,9 +75,9 @@ def config_from_hf(data: dict[str, Any], source: str = "config.json") -> ModelCo
     """A ``config.json`` in a family's upstream format (chosen by ``model_type``) as a ``ModelConfig``."""
     model_type = str(data.get("model_type", "")).lower()
     for fam in FAMILY_TABLE.values():
-        if model_type in fam.model_types:
+        if model_type in fam.model_types and fam.claims(data):
             return fam.from_hf(data, source)
-    supported = ", ".join(repr(t) for fam in FAMILY_TABLE.values() for t in fam.model_types if t)
+    supported = ", ".join(dict.fromkeys(repr(t) for fam in FAMILY_TABLE.values() for t in fam.model_types if t))
     raise ModelLoadError(f"{source}: model_type {data.get('model_type')!r} is not supported (supported: {supported})")
 
 

@@ -22,7 +22,7 @@ from torch import nn
 
 from maskkv_cli.errors import ModelLoadError
 from maskkv_cli.models.config import ModelConfig
-from maskkv_cli.models.families import build_model, config_from_hf, config_to_hf, parameter_shapes
+from maskkv_cli.models.families import build_model, config_from_hf, config_to_hf, family, parameter_shapes
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.paths import resolve_model_path
 
@@ -49,7 +49,21 @@ def read_config(folder: Path) -> ModelConfig:
         data = json.loads((folder / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ModelLoadError(f"cannot read {folder / 'config.json'}: {exc}") from None
+    if isinstance(data, dict):
+        data = {**_generation_ids(folder), **data}  # config.json's own ids win
     return config_from_hf(data, source=str(folder / "config.json"))
+
+
+ID_FIELDS = ("mask_token_id", "eos_token_id", "bos_token_id", "pad_token_id")
+
+
+def _generation_ids(folder: Path) -> dict[str, object]:
+    """Special token ids from ``generation_config.json`` (LLaDA2 configs carry none of their own)."""
+    try:
+        data = json.loads((folder / "generation_config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return {k: data[k] for k in ID_FIELDS if isinstance(data, dict) and data.get(k) is not None}
 
 
 def weight_files(folder: Path) -> dict[str, Path]:
@@ -114,10 +128,17 @@ def load_model(
         with safe_open(str(file), framework="pt") as f:
             for key in f.keys():
                 found[key] = tuple(f.get_slice(key).get_shape())
-    check_keys(parameter_shapes(cfg), found, str(folder))
+    expected = parameter_shapes(cfg)
+    optional = getattr(family(cfg.family).model_class, "optional_keys", ())
+    left_out = [k for k in expected if k not in found and k.endswith(optional)] if optional else []
+    check_keys({k: v for k, v in expected.items() if k not in left_out}, found, str(folder))
     with torch.device("meta"):
         model = build_model(cfg)
     modules = dict(model.named_modules())
+    for key in left_out:  # e.g. a router's expert bias that a checkpoint does not carry: zeros, as upstream inits it
+        owner, _, leaf = model.parameter_name(key).rpartition(".")
+        modules[owner]._parameters[leaf] = nn.Parameter(torch.zeros(expected[key], device=device, dtype=dt),
+                                                        requires_grad=False)
     for file in sorted(set(files.values())):
         with safe_open(str(file), framework="pt", device=_safetensors_device(device)) as f:
             for key in f.keys():

@@ -55,6 +55,10 @@ class LayerView:
     scale: float
     _mask_mass: Tensor | None = field(default=None, repr=False)
     compute_q: Callable[[int, int], Tensor] | None = field(default=None, repr=False)
+    # The first mask query (default ``prompt_len``; a block-causal model's first block also holds the prompt's
+    # tail after the evictable entries), and which keys the queries of rows [start, stop) see (None: all).
+    mask_start: int | None = None
+    visible: Callable[[int, int], Tensor] | None = field(default=None, repr=False)
 
     @property
     def response_len(self) -> int:
@@ -69,7 +73,8 @@ class LayerView:
     def mask_mass(self) -> Tensor:
         """(B, H, T): attention each key receives from the mask (response) queries, softmax over all keys."""
         if self._mask_mass is None:
-            self._mask_mass = self.query_mass(self.prompt_len, self.q.shape[2])
+            first = self.prompt_len if self.mask_start is None else self.mask_start
+            self._mask_mass = self.query_mass(first, self.q.shape[2])
         return self._mask_mass
 
     def query_mass(self, start: int, stop: int) -> Tensor:
@@ -77,11 +82,15 @@ class LayerView:
 
         Computed queries come ``QUERY_BLOCK`` rows at a time (the masses of disjoint query sets add up)."""
         if self.compute_q is None or stop - start <= QUERY_BLOCK:
-            return attention_mass(self.queries(start, stop), self.k, self.scale)
-        total = attention_mass(self.queries(start, start + QUERY_BLOCK), self.k, self.scale)
+            return self._mass(start, stop)
+        total = self._mass(start, start + QUERY_BLOCK)
         for first in range(start + QUERY_BLOCK, stop, QUERY_BLOCK):
-            total += attention_mass(self.queries(first, min(stop, first + QUERY_BLOCK)), self.k, self.scale)
+            total += self._mass(first, min(stop, first + QUERY_BLOCK))
         return total
+
+    def _mass(self, start: int, stop: int) -> Tensor:
+        visible = None if self.visible is None else self.visible(start, stop)
+        return attention_mass(self.queries(start, stop), self.k, self.scale, visible=visible)
 
     def prompt_preference(self) -> Tensor:
         """(B, H) P_h: share of the mask queries' attention mass that lands on the prompt."""

@@ -55,6 +55,27 @@ def llada_template(messages: list[dict[str, str]], add_generation_prompt: bool =
     return "".join(parts)
 
 
+# The Ling chat format of LLaDA2.x and LLaDA-MoE (their released tokenizers carry it as ``chat_template``): a
+# system turn that turns thinking off unless the messages bring one, then HUMAN / ASSISTANT turns.
+LING_TEMPLATE = (
+    "{%- if messages[0]['role'] != 'system' -%}<role>SYSTEM</role>detailed thinking off<|role_end|>{%- endif -%}"
+    "{%- for m in messages -%}<role>{{ {'system': 'SYSTEM', 'user': 'HUMAN', 'assistant': 'ASSISTANT'}[m['role']] }}"
+    "</role>{{ m['content'] }}<|role_end|>{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<role>ASSISTANT</role>{%- endif -%}"
+)
+CHAT_FORMATS = ("llada", "ling")
+
+
+def use_chat_format(tokenizer: Any, chat_format: str) -> Any:
+    """Give a tokenizer without a chat template its model family's format (``llada`` needs none: it is
+    ``llada_template``, the fallback of ``chat_prompt_ids``); a tokenizer with a template keeps its own."""
+    if chat_format not in CHAT_FORMATS:
+        raise ValueError(f"unknown chat format {chat_format!r}")
+    if chat_format == "ling" and not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = LING_TEMPLATE
+    return tokenizer
+
+
 def chat_prompt_ids(tokenizer: Any, user_text: str, system: str | None = None) -> list[int]:
     """Token ids of one user turn in the chat template plus the assistant header."""
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user_text}]

@@ -128,15 +128,20 @@ def calibrate(
 
     import torch
 
+    from maskkv_cli.models.config import read_model_defaults
+    from maskkv_cli.models.families import family
     from maskkv_cli.models.loading import load_model, read_config
     from maskkv_cli.paths import resolve_model_path
     from maskkv_cli.prompting import load_tokenizer
+    from maskkv_cli.prompting.chat import use_chat_format
 
     folder = resolve_model_path(path)
     cfg = read_config(folder)
     if gen_length is None:
         gen_length = _default_gen_length(folder)
-    tokenizer = load_tokenizer(path)
+    tokenizer = use_chat_format(load_tokenizer(path), family(cfg.family).chat_format)
+    # a block-causal model is measured as it runs: in blocks (its stored block length, else 32)
+    block = read_model_defaults(folder).generation.get("block_length", 32) if cfg.block_causal else None
     inputs = calibration_inputs(tokenizer, texts, max_tokens, samples, gen_length, cfg.mask_token_id)
     llada = load_model(path, device=resolve_device(device), dtype=None if dtype == "auto" else dtype)
     batches = (torch.tensor([seq], dtype=torch.long) for seq in inputs)
@@ -148,9 +153,10 @@ def calibrate(
         with Progress(TextColumn("[bold]calibrating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err, transient=True) as progress:
             task = progress.add_task("calibrating", total=len(inputs))
-            result = measure_importance(llada, batches, on_batch=lambda n, _t: progress.update(task, completed=n))
+            result = measure_importance(llada, batches, on_batch=lambda n, _t: progress.update(task, completed=n),
+                                        block=block)
     else:
-        result = measure_importance(llada, batches)
+        result = measure_importance(llada, batches, block=block)
     profile = make_profile(path, result)
     saved = save_profile(profile)
 

@@ -1,0 +1,123 @@
+"""LLaDA2.x (``model_type: llada2_moe``): block diffusion with a mixture of experts.
+
+A Ling-style transformer: fused q/k/v projection (rows: the query heads, then the key heads, then the value
+heads), RMSNorm over each head of q and k before RoPE, RoPE on the first half of each head's dims (half-split,
+``partial_rotary_factor``), grouped-query attention, the first ``first_k_dense_replace`` layers with a dense
+SwiGLU MLP and the others with a mixture of experts (``models/moe.py``: sigmoid router with group-limited
+top-k, a shared expert). Attention is block-causal when generating (a block sees itself and every earlier
+block; ``ModelConfig.attention``); the plain ``forward`` without a mask is bidirectional, as upstream.
+Logits are not shifted.
+
+Parameter names follow the upstream checkpoint (``model.word_embeddings``, ``model.layers.{i}.attention.
+{query_key_value,query_layernorm,key_layernorm,dense}``, ``model.layers.{i}.mlp.{gate,experts.{e},
+shared_experts}``, ``model.norm``, ``lm_head``) except that each layer's MLP module is ``mlp_layers`` here
+(``mlp`` is the method the engine calls); ``checkpoint_key`` maps the names.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from maskkv_cli.models.base import DiffusionBlock, DiffusionModel, RMSNorm, Rope, rotate_in_dtype
+from maskkv_cli.models.config import ModelConfig
+from maskkv_cli.models.moe import feed_forward_module
+
+
+class LLaDA2Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        hd, heads = cfg.head_dim, cfg.n_heads + 2 * cfg.n_kv_heads  # type: ignore[operator]
+        self.query_key_value = nn.Linear(cfg.d_model, heads * hd, bias=False)
+        if cfg.qk_norm:
+            self.query_layernorm = RMSNorm(hd, cfg.rms_norm_eps)
+            self.key_layernorm = RMSNorm(hd, cfg.rms_norm_eps)
+        self.dense = nn.Linear(cfg.n_heads * hd, cfg.d_model, bias=False)
+
+
+class LLaDA2Block(DiffusionBlock):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__(cfg)
+        self.rotary_dim = cfg.rotary_dim
+        self.qk_norm = cfg.qk_norm
+        self.attention = LLaDA2Attention(cfg)
+        self.mlp_layers = feed_forward_module(cfg, layer)
+        self.input_layernorm = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
+
+    def attention_input(self, x: Tensor) -> Tensor:
+        return self.input_layernorm(x)
+
+    def _rows(self, n: Tensor, first: int, count: int) -> Tensor:
+        """Heads ``first .. first + count`` of the fused projection (only those rows of its weight are used)."""
+        w = self.attention.query_key_value.weight[first * self.head_dim : (first + count) * self.head_dim]
+        return self.heads(torch.nn.functional.linear(n, w), count)
+
+    def q_heads(self, n: Tensor) -> Tensor:
+        q = self._rows(n, 0, self.n_heads)
+        return self.attention.query_layernorm(q) if self.qk_norm else q
+
+    def k_heads(self, n: Tensor) -> Tensor:
+        k = self._rows(n, self.n_heads, self.n_kv_heads)
+        return self.attention.key_layernorm(k) if self.qk_norm else k
+
+    def v_heads(self, n: Tensor) -> Tensor:
+        return self._rows(n, self.n_heads + self.n_kv_heads, self.n_kv_heads)
+
+    def rotate(self, t: Tensor, rope: Rope) -> Tensor:
+        return rotate_in_dtype(t, rope, self.rotary_dim)
+
+    def attn_proj(self, o: Tensor) -> Tensor:
+        b, _, t, _ = o.shape
+        return self.attention.dense(o.transpose(1, 2).reshape(b, t, -1))
+
+    def feed_forward(self, x: Tensor) -> Tensor:
+        return self.mlp_layers(self.post_attention_layernorm(x))
+
+
+class LLaDA2(DiffusionModel):
+    """``model(ids (B, T)) -> logits (B, T, vocab)``; position i predicts token i."""
+
+    optional_keys = (".mlp.gate.expert_bias",)  # zeros when a checkpoint leaves the router's bias out
+
+    @staticmethod
+    def checkpoint_key(name: str) -> str:
+        return name.replace(".mlp_layers.", ".mlp.")
+
+    @staticmethod
+    def parameter_name(key: str) -> str:
+        return key.replace(".mlp.", ".mlp_layers.")
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = nn.ModuleDict({
+            "word_embeddings": nn.Embedding(cfg.vocab_size, cfg.d_model),
+            "layers": nn.ModuleList(LLaDA2Block(cfg, i) for i in range(cfg.n_layers)),
+            "norm": RMSNorm(cfg.d_model, cfg.rms_norm_eps),
+        })
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        return self.model["layers"]  # type: ignore[return-value]
+
+    def embed(self, ids: Tensor) -> Tensor:
+        return self.model["word_embeddings"](ids)
+
+    def head(self, x: Tensor) -> Tensor:
+        """Final norm and LM head, logits in fp32 (as upstream returns them)."""
+        return self.lm_head(self.model["norm"](x)).float()
+
+    def place_ends(self, first: torch.device, last: torch.device) -> None:
+        self.model["word_embeddings"].to(first)
+        self.model["norm"].to(last)
+        self.lm_head.to(last)
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
