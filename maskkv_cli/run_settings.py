@@ -9,13 +9,14 @@ prompt, so the session builds it per prompt (``engine.plan.plan_cache``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.engine.plan import CacheConfig
 from maskkv_cli.policies.base import PolicyOptions
 from maskkv_cli.sampling.dream import DreamOptions
 from maskkv_cli.sampling.llada import GenerationConfig
+from maskkv_cli.sampling.llada2 import LLaDA2Options
 
 DEFAULT_GEN_LENGTH = 128  # response tokens when neither the user nor the model says
 DEFAULT_BLOCK_LENGTH = 32
@@ -56,8 +57,10 @@ class RunSettings:
     remasking: str = "low_confidence"
     threshold: float | None = None
     alg: str = "entropy"  # Dream only
-    top_p: float | None = None  # Dream only
-    top_k: int | None = None  # Dream only
+    top_p: float | None = None  # Dream and LLaDA2 (sampling with a temperature)
+    top_k: int | None = None  # Dream and LLaDA2
+    editing_threshold: float | None = None  # LLaDA2.1's token editing (None: the model's default, else off)
+    max_post_steps: int | None = None  # LLaDA2.1 (None: the model's default, else 16)
 
     def cache(self) -> CacheConfig:
         return CacheConfig(policy=self.policy, budget=self.budget, ratio=self.ratio,
@@ -65,6 +68,14 @@ class RunSettings:
 
     def dream(self) -> DreamOptions:
         return DreamOptions(alg=self.alg, top_p=self.top_p, top_k=self.top_k)
+
+    def llada2(self, defaults: LLaDA2Options | None = None) -> LLaDA2Options:
+        """LLaDA2's options: these settings where given, else ``defaults`` (the model's stored ones)."""
+        base = defaults or LLaDA2Options()
+        return replace(base, top_p=self.top_p, top_k=self.top_k,
+                       editing_threshold=base.editing_threshold if self.editing_threshold is None
+                       else self.editing_threshold,
+                       max_post_steps=base.max_post_steps if self.max_post_steps is None else self.max_post_steps)
 
     def generation(self, defaults: dict[str, int] | None = None) -> GenerationConfig:
         """The lengths as given, gaps filled from the model's stored defaults (``resolve_generation``)."""

@@ -20,6 +20,7 @@ from maskkv_cli.prompting.chat import use_chat_format
 from maskkv_cli.prompting.fit import FittedContext
 from maskkv_cli.sampling import DreamOptions, Event, GenerationConfig, GenerationResult, sample
 from maskkv_cli.sampling.confidence import Confidence, answer_confidence
+from maskkv_cli.sampling.llada2 import llada2_defaults
 
 DOCUMENTS_REMEMBERED = 4  # documents whose token ids a session keeps (``Session.document_ids``)
 
@@ -67,6 +68,7 @@ class Session:
         self.generation_defaults = defaults.generation
         self.summary_length = defaults.summary_length
         self.summary_block = defaults.summary_block
+        self.llada2 = llada2_defaults(defaults.sampler)  # LLaDA2's sampler settings (its loop only reads them)
         self._documents: dict[str, list[int]] = {}  # text -> token ids (``document_ids``), oldest first
 
     @property
@@ -108,7 +110,7 @@ class Session:
     ) -> Answer:
         plan = plan_cache(self.model, cache, len(ids), self.model_path, block_length=gen.block_length)
         prompt = torch.tensor([ids], dtype=torch.long, device=self.device)
-        result = sample(self.model, prompt, gen, plan, on_event, dream=self.dream)
+        result = sample(self.model, prompt, gen, plan, on_event, dream=self.dream, llada2=self.llada2)
         cfg = self.model.config
         tokens = result.tokens[0].tolist()
         stops = stop_ids(self.tokenizer, cfg)

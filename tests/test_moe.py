@@ -91,8 +91,8 @@ def test_grouped_experts_equal_a_token_by_token_loop():
     ("llada-moe-tiny", ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
                         "model.layers.0.self_attn.k_norm.weight", "model.layers.0.mlp.up_proj.weight",
                         "model.layers.1.mlp.gate.weight", "model.layers.1.mlp.expert_bias",
-                        "model.layers.1.mlp.experts.3.gate_proj.weight", "model.layers.1.shared_expert.down_proj.weight",
-                        "lm_head.weight"]),
+                        "model.layers.1.mlp.experts.3.gate_proj.weight",
+                        "model.layers.1.shared_expert.down_proj.weight", "lm_head.weight"]),
 ])
 def test_upstream_layout_round_trip(tmp_path, name, keys):
     model = build_model(named_config(name)).init_weights(seed=1, std=0.2).eval()

@@ -93,8 +93,8 @@ BlockOpt = Annotated[int | None, block_length_option(
     "Tokens per semi-autoregressive block [default: 32].", show_default=False)]
 TemperatureOpt = Annotated[float, typer.Option("--temperature", "-t", help="0 = greedy (argmax).")]
 ThresholdOpt = Annotated[float | None, typer.Option(
-    "--threshold", help="Parallel decoding: commit every masked token of the block with confidence above this.",
-    show_default=False)]
+    "--threshold", help="Parallel decoding: commit every masked token of the block with confidence above this "
+    "[LLaDA2: the model's, else 0.95].", show_default=False)]
 CfgOpt = Annotated[float, typer.Option("--cfg", help="Classifier-free guidance scale (0 = off).")]
 RemaskOpt = Annotated[str, typer.Option("--remasking", help="low_confidence or random.")]
 DeviceOpt = Annotated[str, device_option("cpu, cuda, cuda:1, ... (auto: cuda if available).")]
@@ -115,8 +115,16 @@ DeviceMapOpt = Annotated[str | None, typer.Option(
     "each layer's compressed cache stays on its device.", show_default=False)]
 AlgOpt = Annotated[str, typer.Option(
     "--alg", help="Dream only: confidence rule (origin, maskgit_plus, topk_margin, entropy).")]
-TopPOpt = Annotated[float | None, typer.Option("--top-p", help="Dream only: nucleus sampling.", show_default=False)]
-TopKOpt = Annotated[int | None, typer.Option("--top-k", help="Dream only: top-k sampling.", show_default=False)]
+TopPOpt = Annotated[float | None, typer.Option("--top-p", help="Dream and LLaDA2: nucleus sampling.",
+                                               show_default=False)]
+TopKOpt = Annotated[int | None, typer.Option("--top-k", help="Dream and LLaDA2: top-k sampling.", show_default=False)]
+EditingOpt = Annotated[float | None, typer.Option(
+    "--editing-threshold", help="LLaDA2.1: token editing, re-write a written token whose new choice is more probable "
+    "than this (LLaDA2.1's quality setting: 0.5; 1 runs its loop without edits) [default: the model's, else off: "
+    "LLaDA2.0's sampler].", show_default=False)]
+PostStepsOpt = Annotated[int | None, typer.Option(
+    "--max-post-steps", help="LLaDA2.1: steps a block may keep editing after its last mask [default: the model's, "
+    "else 16].", show_default=False)]
 
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Download a --model ORG/NAME that is not on this machine "
                                       "without asking (`maskkv pull`).")]

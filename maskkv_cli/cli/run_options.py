@@ -21,11 +21,13 @@ from maskkv_cli.cli.options import (
     DeviceMapOpt,
     DeviceOpt,
     DtypeOpt,
+    EditingOpt,
     GenLengthOpt,
     JsonOpt,
     LayerBudgetsOpt,
     ModelOpt,
     PolicyOpt,
+    PostStepsOpt,
     QuietOpt,
     RatioOpt,
     SeedOpt,
@@ -58,6 +60,8 @@ class RunOptions:
     alg: str = "entropy"
     top_p: float | None = None
     top_k: int | None = None
+    editing_threshold: float | None = None
+    max_post_steps: int | None = None
     seed: int = 0
     device: str = "auto"
     device_map: str | None = None
@@ -82,8 +86,11 @@ class RunOptions:
         """Resolve, offer to pull and load the model on ``device`` (already resolved from ``auto``)."""
         from maskkv_cli.cli.model_choice import load_session
 
-        return load_session(self.model, device, self.dtype, self.quiet, self.as_json, self.device_map, self.yes,
-                            dream=self.settings().dream(), **more)
+        settings = self.settings()
+        session = load_session(self.model, device, self.dtype, self.quiet, self.as_json, self.device_map, self.yes,
+                               dream=settings.dream(), **more)
+        session.llada2 = settings.llada2(session.llada2)  # the options given over the model's stored defaults
+        return session
 
     def generation(self, defaults: dict[str, int], **more: Any) -> Any:
         """The ``GenerationConfig`` of these options, gaps filled from the model's ``defaults``."""
@@ -108,6 +115,8 @@ DECLARED: dict[str, tuple[Any, Any]] = {
     "alg": (AlgOpt, "entropy"),
     "top_p": (TopPOpt, None),
     "top_k": (TopKOpt, None),
+    "editing_threshold": (EditingOpt, None),
+    "max_post_steps": (PostStepsOpt, None),
     "seed": (SeedOpt, 0),
     "device": (DeviceOpt, "auto"),
     "device_map": (DeviceMapOpt, None),
@@ -118,7 +127,8 @@ DECLARED: dict[str, tuple[Any, Any]] = {
 }
 MODEL = ("model", "device", "device_map", "dtype", "yes")
 CACHE = ("policy", "layer_budgets", "budget", "ratio")
-SAMPLER = ("gen_length", "steps", "block_length", "temperature", "threshold", "alg", "top_p", "top_k", "seed")
+SAMPLER = ("gen_length", "steps", "block_length", "temperature", "threshold", "alg", "top_p", "top_k",
+           "editing_threshold", "max_post_steps", "seed")
 OUTPUT = ("as_json", "quiet")
 
 

@@ -283,7 +283,7 @@ def llada2_to_hf(cfg: ModelConfig) -> dict[str, Any]:
         "architectures": ["LLaDA2MoeModelLM"], "model_type": "llada2_moe", "hidden_size": cfg.d_model,
         "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
         "head_dim": cfg.head_dim, "intermediate_size": cfg.mlp_hidden_size, "vocab_size": cfg.vocab_size,
-        "rope_theta": cfg.rope_theta, "partial_rotary_factor": cfg.partial_rotary_factor, "rope_scaling": None,
+        "rope_theta": cfg.rope_theta, "partial_rotary_factor": cfg.partial_rotary_factor,
         "max_position_embeddings": cfg.max_sequence_length, "rms_norm_eps": cfg.rms_norm_eps,
         "use_qk_norm": cfg.qk_norm, "use_qkv_bias": False, "use_bias": False, "hidden_act": "silu",
         "tie_word_embeddings": False, "mask_token_id": cfg.mask_token_id, "eos_token_id": cfg.eos_token_id,
@@ -343,7 +343,7 @@ def llada_moe_to_hf(cfg: ModelConfig) -> dict[str, Any]:
         "num_experts_per_tok": moe.top_k, "moe_layer_freq": [int(m) for m in moe.layers],
         "moe_router_enable_expert_bias": moe.expert_bias, "moe_router_score_function": "softmax",
         "vocab_size": cfg.vocab_size, "rope_theta": cfg.rope_theta, "partial_rotary_factor": cfg.partial_rotary_factor,
-        "rope_scaling": None, "max_position_embeddings": cfg.max_sequence_length, "rms_norm_eps": cfg.rms_norm_eps,
+        "max_position_embeddings": cfg.max_sequence_length, "rms_norm_eps": cfg.rms_norm_eps,
         "qk_layernorm": cfg.qk_norm, "attention_bias": cfg.attention_bias, "clip_qkv": cfg.clip_qkv,
         "hidden_act": "silu", "tie_word_embeddings": False, "mask_token_id": cfg.mask_token_id,
         "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.pad_token_id, "torch_dtype": "bfloat16",
@@ -418,6 +418,7 @@ def named_config(name: str) -> ModelConfig:
 
 # ----- maskkv's own defaults stored with a model (the ``maskkv`` section of its generation_config.json) ---------
 GENERATION_KEYS = ("gen_length", "steps", "block_length")
+SAMPLER_KEYS = ("threshold", "editing_threshold", "max_post_steps")
 
 
 @dataclass(frozen=True)
@@ -427,6 +428,9 @@ class ModelDefaults:
     generation: dict[str, int] = field(default_factory=dict)  # gen_length / steps / block_length
     summary_length: int | None = None  # tokens of the lead summary the model was trained to write
     summary_block: int | None = None  # the block length its summaries were trained to be decoded in
+    # LLaDA2's sampler settings as the checkpoint's generation_config.json gives them (top level, or under
+    # ``maskkv``): threshold, editing_threshold (LLaDA2.1's token editing), max_post_steps
+    sampler: dict[str, float] = field(default_factory=dict)
 
 
 def _positive(value: object) -> int | None:
@@ -440,9 +444,12 @@ def read_model_defaults(folder: Path) -> ModelDefaults:
         data = json.loads((folder / "generation_config.json").read_text())
     except (OSError, json.JSONDecodeError):
         return ModelDefaults()
-    section = data.get("maskkv") if isinstance(data, dict) else None
-    if not isinstance(section, dict):
+    if not isinstance(data, dict):
         return ModelDefaults()
+    section = data.get("maskkv")
+    section = section if isinstance(section, dict) else {}
+    sampler = {k: float(v) for k in SAMPLER_KEYS for v in (section.get(k, data.get(k)),)
+               if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0}
     generation = {k: v for k in GENERATION_KEYS if (v := _positive(section.get(k))) is not None}
     return ModelDefaults(generation, _positive(section.get("summary_length")),
-                         _positive(section.get("summary_block_length")))
+                         _positive(section.get("summary_block_length")), sampler)

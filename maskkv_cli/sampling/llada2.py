@@ -78,6 +78,13 @@ class LLaDA2Options:
             raise UsageError("--max-post-steps must be >= 0 (and minimal_topk >= 1)")
 
 
+def llada2_defaults(stored: dict[str, float]) -> LLaDA2Options:
+    """The options a checkpoint's generation_config.json sets (``models.config.ModelDefaults.sampler``)."""
+    post = stored.get("max_post_steps")
+    return LLaDA2Options(threshold=stored.get("threshold"), editing_threshold=stored.get("editing_threshold"),
+                         max_post_steps=DEFAULT_MAX_POST_STEPS if post is None else int(post))
+
+
 class BlockForward:
     """A block's logits at one step, as the cache plan says (see the module doc); the attributes ``StepMeter``
     reads (``cache``, ``split``, ``batch``, ``setup_s``, ``step_options``) are those of ``common.CachedForward``."""

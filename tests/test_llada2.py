@@ -1,0 +1,147 @@
+"""LLaDA2 (block diffusion, block-causal attention): the sampler over its cache and the invariants of eviction.
+
+Every case runs a tiny random LLaDA2 in fp32. The reference is the policy ``none`` loop, which recomputes the
+whole window with the block-causal mask at every step (what upstream's ``generate`` does); the upstream code was
+checked against it outside the suite (docs/models.md)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from prompts import EVICTING
+from typer.testing import CliRunner
+
+import maskkv_cli.models.base as model_base
+from maskkv_cli.engine.forward import block_causal_visible
+from maskkv_cli.models.base import dense_hidden
+from maskkv_cli.models.config import named_config
+from maskkv_cli.models.families import build_model
+from maskkv_cli.models.loading import save_model
+from maskkv_cli.policies import get_policy
+from maskkv_cli.sampling import GenerationConfig, LLaDA2Options, generate
+
+GEN = GenerationConfig(gen_length=24, steps=24, block_length=8, threshold=0.5)
+EDIT = LLaDA2Options(editing_threshold=0.5, max_post_steps=4)
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def llada2(tiny_tokenizer):
+    cfg = named_config("llada2-tiny").with_(vocab_size=len(tiny_tokenizer))
+    return build_model(cfg).init_weights(seed=3, std=0.25).eval()
+
+
+def ids_of(model, n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(6, model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("options", [None, EDIT], ids=["2.0", "2.1"])
+@pytest.mark.parametrize("prompt_len", [5, 16, 29])  # inside the first block, a whole block, a block and a tail
+def test_full_cache_gives_the_no_cache_tokens(llada2, options, prompt_len):
+    for seed in range(3):
+        ids = ids_of(llada2, prompt_len, seed)
+        plain = generate(llada2, ids, GEN, get_policy("none"), llada2=options)
+        full = generate(llada2, ids, GEN, get_policy("full"), llada2=options)
+        assert torch.equal(full.tokens, plain.tokens)
+
+
+@pytest.mark.parametrize("policy", EVICTING)
+def test_budget_at_least_the_prompt_reproduces_full(llada2, policy):
+    ids = ids_of(llada2, 29)
+    full = generate(llada2, ids, GEN, get_policy("full")).tokens
+    for budget in (29, 64):
+        out = generate(llada2, ids, GEN, get_policy(policy), budget)
+        assert torch.equal(out.tokens, full), (policy, budget)
+        assert out.layer_budgets is None and not out.plan.evicts
+
+
+def test_maskkv_evicts_the_prompts_whole_blocks(llada2):
+    ids = ids_of(llada2, 37)  # blocks of 8: 32 prompt positions are cached, 5 share the first block with masks
+    out = generate(llada2, ids, GEN, get_policy("maskkv"), 6)
+    assert out.plan.split == 32 and out.plan.evicts
+    cfg = llada2.config
+    for rec in out.records:
+        assert rec.head_budgets.shape == (1, cfg.n_kv_heads)  # per key/value head, as for Dream
+        for h in range(cfg.n_kv_heads):
+            kept = rec.positions[0, h, : int(rec.head_budgets[0, h])]
+            assert len(set(kept.tolist())) == len(kept) and int(kept.max()) < 32
+    assert sum(int(r.head_budgets.sum()) for r in out.records) == 6 * cfg.n_layers * cfg.n_kv_heads
+
+
+def test_later_steps_attend_to_the_kept_entries_and_the_blocks_so_far(llada2, monkeypatch):
+    seen: list[tuple[int, int]] = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        seen.append((q.shape[2], k.shape[2]))
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(model_base.F, "scaled_dot_product_attention", spy)
+    out = generate(llada2, ids_of(llada2, 32), GEN, get_policy("maskkv"), 6)
+    n_layers = llada2.config.n_layers
+    prefill, later = seen[:n_layers], seen[n_layers:]
+    assert all(k == 32 + 8 for _, k in prefill)  # step 0: the prompt and the first block, exactly
+    slots = [int(r.head_budgets.max()) for r in sorted(out.records, key=lambda r: r.layer)]  # longest kept head
+    for i, (q, k) in enumerate(later):
+        assert q <= 8  # the current block's rows only
+        assert k - slots[i % n_layers] in (8, 16, 24)  # the kept entries, then one more block at a time
+
+
+def test_a_block_does_not_see_later_blocks(llada2):
+    ids = ids_of(llada2, 24)
+    changed = ids.clone()
+    changed[0, 17:] = 7  # every position of the third block
+    mask = block_causal_visible(0, 24, 24, 8, "cpu")
+    with torch.no_grad():
+        a = dense_hidden(llada2, ids, attn_mask=mask)
+        b = dense_hidden(llada2, changed, attn_mask=mask)
+    assert torch.allclose(a[:, :16], b[:, :16], atol=1e-5)  # (expert groups of other sizes: rounding only)
+    assert (a[:, 16:] - b[:, 16:]).abs().max() > 0.1
+
+
+def test_editing_rewrites_tokens_and_the_loop_ends(llada2):
+    """With an editing threshold of 0 every written token whose choice changes is re-written: LLaDA2.1's loop then
+    differs from LLaDA2.0's on some prompt; it still ends (at most ``max_post_steps`` steps after a block's last
+    mask)."""
+    differ = 0
+    for seed in range(4):
+        ids = ids_of(llada2, 13, seed)
+        steps: list = []
+        plain = generate(llada2, ids, GEN, get_policy("full"))
+        edited = generate(llada2, ids, GEN, get_policy("full"), on_event=steps.append,
+                          llada2=LLaDA2Options(editing_threshold=0.0, max_post_steps=2))
+        assert steps[-1].kind == "done" and len(steps) <= 4 * (8 + 2 + 1) + 1  # 4 blocks, 8 masks, 2 post steps
+        differ += not torch.equal(plain.tokens, edited.tokens)
+    assert differ > 0
+
+
+def test_threshold_commits_several_tokens_per_step(llada2):
+    ids = ids_of(llada2, 16)
+    events: list = []
+    generate(llada2, ids, GenerationConfig(gen_length=24, steps=24, block_length=8, threshold=0.0),
+             get_policy("full"), on_event=events.append)
+    committed = [e.committed for e in events if e.kind in ("prefill", "step")]
+    assert committed[0] == 8  # every mask of the block is above threshold 0
+    assert len(committed) <= 3 + 3  # a step per block (and a block-finishing pass is not a step)
+
+
+def test_ask_on_a_llada2_folder(tmp_path, llada2, tiny_tokenizer):
+    """The command line end to end: the Ling chat format (the tiny tokenizer has none), the default threshold,
+    eviction, and ``maskkv models`` listing the checkpoint."""
+    from maskkv_cli.cli import app
+
+    folder = save_model(llada2, tmp_path / "llada2", tiny_tokenizer)
+    doc = tmp_path / "doc.txt"
+    doc.write_text("The river runs past the old mill. " * 12)
+    result = runner.invoke(app, ["ask", str(doc), "Where does the river run?", "--model", str(folder), "-n", "16",
+                                 "--block-length", "8", "--budget", "8", "--json"])
+    assert result.exit_code == 0, result.output
+    answer = json.loads(result.stdout)["answers"][0]
+    assert answer["budget"] == 8 and answer["stats"]["kv_entries"] == 8 * 3 * 2
+    result = runner.invoke(app, ["ask", str(doc), "Where?", "--model", str(folder), "-n", "16", "--block-length", "8",
+                                 "--editing-threshold", "0.5", "--max-post-steps", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    listed = runner.invoke(app, ["models", "--json"])
+    assert listed.exit_code == 0 and "llada2" in listed.stdout
