@@ -145,3 +145,33 @@ def test_ask_on_a_llada2_folder(tmp_path, llada2, tiny_tokenizer):
     assert result.exit_code == 0, result.output
     listed = runner.invoke(app, ["models", "--json"])
     assert listed.exit_code == 0 and "llada2" in listed.stdout
+
+
+def test_pull_a_llada2_checkpoint_from_the_local_hub(tmp_path, llada2, tiny_tokenizer, monkeypatch):
+    """``maskkv pull inclusionAI/LLaDA2.0-mini`` against a hub on 127.0.0.1 (tests/hubserver.py): the upstream
+    layout with its remote code, of which only config, tokenizer and safetensors are fetched; then --model by
+    id answers and ``maskkv models`` lists it."""
+    from hubserver import FakeHub
+    from test_hub import point_hub_at
+
+    from maskkv_cli.cli import app
+
+    repo = "inclusionAI/LLaDA2.0-mini"
+    folder = save_model(llada2, tmp_path / "upstream", tiny_tokenizer)
+    (folder / "modeling_llada2_moe.py").write_text("raise SystemExit('remote code must never be fetched')\n")
+    (folder / "configuration_llada2_moe.py").write_text("raise SystemExit('remote code')\n")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    with FakeHub({repo: folder}) as fake:
+        point_hub_at(fake.endpoint, tmp_path / "hf", monkeypatch)
+        pulled = runner.invoke(app, ["pull", repo])
+        assert pulled.exit_code == 0, pulled.output
+        assert not any(r["path"].endswith(".py") for r in fake.downloads())
+    doc = tmp_path / "doc.txt"
+    doc.write_text("The river runs past the old mill. " * 6)
+    asked = runner.invoke(app, ["ask", str(doc), "Where?", "--model", repo, "-n", "8", "--block-length", "8", "--json"])
+    assert asked.exit_code == 0, asked.output
+    listed = json.loads(runner.invoke(app, ["models", "--json"]).stdout)["models"]
+    assert any(m["name"] == repo and m["family"] == "llada2" and m["loadable"] for m in listed)
