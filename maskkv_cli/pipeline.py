@@ -27,6 +27,9 @@ class Prompt:
 
     ids: list[int]
     fitted: FittedContext
+    # leading ids that are the template's start and the document, whatever the question (computed for
+    # block-causal models only, whose document prefix is then computed once: ``engine/prefix.py``); 0: unknown
+    document_len: int = 0
 
 
 def prepare(session: Session, context: str, question: str, gen_length: int, long: str = "truncate") -> Prompt:
@@ -40,7 +43,9 @@ def prepare(session: Session, context: str, question: str, gen_length: int, long
     total = overhead + len(doc_ids) + gen_length if long == "rope-scale" else None
     fitted = fit_context(session.tokenizer, context, room, long, cfg.head_dim, session.base_theta, session.window,
                          total, doc_ids)
-    return Prompt(session.prompt_ids(document_question(fitted.text, question)), fitted)
+    ids = session.prompt_ids(document_question(fitted.text, question))
+    document_len = session.document_prompt_len(fitted.text, ids) if cfg.block_causal else 0
+    return Prompt(ids, fitted, document_len)
 
 
 def ask(
@@ -60,7 +65,7 @@ def ask(
     session.set_rope_factor(prompt.fitted.rope_factor)
     if on_prompt is not None:
         on_prompt(prompt)
-    answer = session.answer_ids(prompt.ids, gen, cache, on_event)
+    answer = session.answer_ids(prompt.ids, gen, cache, on_event, document_len=prompt.document_len)
     return replace(answer, fitted=prompt.fitted)
 
 

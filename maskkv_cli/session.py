@@ -10,11 +10,13 @@ from typing import Any
 import torch
 
 from maskkv_cli.engine.plan import CacheConfig, plan_cache
+from maskkv_cli.engine.prefix import PrefixStore, compute_prefix
 from maskkv_cli.models.config import ModelConfig, read_model_defaults
 from maskkv_cli.models.families import family
 from maskkv_cli.models.loading import load_model
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.paths import resolve_model_path
+from maskkv_cli.policies.base import get_policy
 from maskkv_cli.prompting import chat_prompt_ids, decode_answer, document_question, load_tokenizer, stop_ids
 from maskkv_cli.prompting.chat import use_chat_format
 from maskkv_cli.prompting.fit import FittedContext
@@ -70,6 +72,8 @@ class Session:
         self.summary_block = defaults.summary_block
         self.llada2 = llada2_defaults(defaults.sampler)  # LLaDA2's sampler settings (its loop only reads them)
         self._documents: dict[str, list[int]] = {}  # text -> token ids (``document_ids``), oldest first
+        self._probes: dict[str, list[int]] = {}  # the last document's empty-question prompt (``document_prompt_len``)
+        self._prefix: tuple[tuple[object, ...], PrefixStore] | None = None  # the last computed document prefix
 
     @property
     def window(self) -> int:
@@ -94,6 +98,24 @@ class Session:
                 del self._documents[next(iter(self._documents))]
         return ids
 
+    def document_prompt_len(self, document: str, ids: list[int]) -> int:
+        """How many leading ``ids`` (a prompt about ``document``) are the template's start and the document: the
+        ids they share with the prompt of an empty question (encoded once per document)."""
+        probe = self._probes.get(document)
+        if probe is None:
+            probe = self.prompt_ids(document_question(document, ""))
+            self._probes = {document: probe}  # the last document's
+        return next((i for i, (a, b) in enumerate(zip(ids, probe, strict=False)) if a != b), min(len(ids), len(probe)))
+
+    def prefix_store(self, ids: list[int], block: int) -> PrefixStore:
+        """The computed prefix ``ids`` of a block-causal model (``engine/prefix.py``), kept for the next question
+        about the same document (one at a time: it holds a layer's worth of activations per token)."""
+        key = (tuple(ids), block, self.model.config.rope_theta)
+        if self._prefix is None or self._prefix[0] != key:
+            self._prefix = None  # free the last one before computing the next
+            self._prefix = (key, compute_prefix(self.model, ids, block))
+        return self._prefix[1]
+
     def prompt_overhead(self, question: str) -> int:
         """Tokens of the chat template and the question around an empty document."""
         return len(chat_prompt_ids(self.tokenizer, document_question("", question)))
@@ -107,8 +129,16 @@ class Session:
         gen: GenerationConfig,
         cache: CacheConfig,
         on_event: Callable[[Event], None] | None = None,
+        document_len: int = 0,
     ) -> Answer:
-        plan = plan_cache(self.model, cache, len(ids), self.model_path, block_length=gen.block_length)
+        """Answer the prompt ``ids``. ``document_len``: its leading ids that are a document's (``pipeline.prepare``):
+        a block-causal model computes that document's whole blocks once for every question asked of it."""
+        block = gen.block_length
+        prefix = None
+        whole = min(document_len, len(ids)) // block * block
+        if self.model.config.block_causal and whole and get_policy(cache.policy).uses_cache:
+            prefix = self.prefix_store(ids[:whole], block)
+        plan = plan_cache(self.model, cache, len(ids), self.model_path, block_length=block, prefix=prefix)
         prompt = torch.tensor([ids], dtype=torch.long, device=self.device)
         result = sample(self.model, prompt, gen, plan, on_event, dream=self.dream, llada2=self.llada2)
         cfg = self.model.config

@@ -175,3 +175,50 @@ def test_pull_a_llada2_checkpoint_from_the_local_hub(tmp_path, llada2, tiny_toke
     assert asked.exit_code == 0, asked.output
     listed = json.loads(runner.invoke(app, ["models", "--json"]).stdout)["models"]
     assert any(m["name"] == repo and m["family"] == "llada2" and m["loadable"] for m in listed)
+
+
+def test_prefill_from_a_stored_prefix_equals_the_whole_prefill(llada2):
+    """The rows after a computed document prefix see the same keys and values: step-0 logits within rounding,
+    the same selection for every policy."""
+    from maskkv_cli.engine.forward import Layout, prefill
+    from maskkv_cli.engine.prefix import compute_prefix
+
+    ids = ids_of(llada2, 37)
+    x = torch.cat([ids, torch.full((1, 3), llada2.config.mask_token_id)], 1)  # the first block: 37..40
+    layout = Layout(block=8, mask_start=37, response_slots=8)
+    rows = torch.arange(37, 40)
+    store = compute_prefix(llada2, ids[0, :24].tolist(), 8)
+    for policy in ("full", "maskkv", "snapkv"):
+        budgets = None if policy == "full" else [6] * llada2.config.n_layers
+        with torch.no_grad():
+            whole, cache_a, rec_a = prefill(llada2, x, 32, get_policy(policy), budgets, rows, layout=layout)
+            part, cache_b, rec_b = prefill(llada2, x, 32, get_policy(policy), budgets, rows, layout=layout,
+                                           prefix=store)
+        assert torch.allclose(whole, part, atol=1e-4)
+        for a, b in zip(rec_a, rec_b, strict=True):
+            assert (a.positions is None and b.positions is None) or torch.equal(a.positions, b.positions)
+
+
+def test_one_document_many_questions_computes_it_once(tmp_path, llada2, tiny_tokenizer, monkeypatch):
+    """``ask -q`` over one document: its blocks run once for all questions, and each answer equals the one a fresh
+    session gives to that question alone."""
+    import maskkv_cli.session as session_mod
+    from maskkv_cli.engine.plan import CacheConfig
+    from maskkv_cli.pipeline import ask
+    from maskkv_cli.session import Session
+
+    folder = save_model(llada2, tmp_path / "llada2", tiny_tokenizer)
+    calls: list[int] = []
+    real = session_mod.compute_prefix
+    monkeypatch.setattr(session_mod, "compute_prefix", lambda *a, **k: calls.append(1) or real(*a, **k))
+    doc = "The river runs past the old mill. Trains come twice a day. " * 5
+    questions = ["Where does the river run?", "When do trains come?", "What is near the mill?"]
+    gen = GenerationConfig(gen_length=16, steps=16, block_length=8)
+    cache = CacheConfig(policy="maskkv", budget=12)
+    shared = Session(str(folder))
+    together = [ask(shared, doc, q, gen, cache) for q in questions]
+    assert len(calls) == 1 and together[0].result.plan.prefix is not None
+    for q, answer in zip(questions, together, strict=True):
+        alone = ask(Session(str(folder)), doc, q, gen, cache)
+        assert torch.equal(alone.result.tokens, answer.result.tokens) and alone.text == answer.text
+    assert len(calls) == 1 + len(questions)

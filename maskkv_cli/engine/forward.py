@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -23,6 +24,9 @@ from maskkv_cli.kv.cache import LayerCache, PromptCache, add_residual, dense_lay
 from maskkv_cli.kv.residual import attention_spread, diffuse_heads, kept_mask, residual_entries
 from maskkv_cli.models.base import Rope, attention, dense_hidden, on_layer_device
 from maskkv_cli.models.protocol import Block, DiffusionLM
+
+if TYPE_CHECKING:
+    from maskkv_cli.engine.prefix import PrefixStore
 from maskkv_cli.policies.base import LayerView, Policy
 
 MLP_CHUNK = 2048  # rows of the MLP (and of the k/v projections) computed at once in the prefill
@@ -142,19 +146,21 @@ def row_fn(fn: Callable[..., Tensor], x: Tensor, rope: Rope | None = None) -> Ca
 
 
 def attend_in_chunks(block: Block, x: Tensor, k: Tensor, v: Tensor, rope: Rope, chunk: int,
-                     shift: bool, visible: Callable[[int, int], Tensor] | None = None) -> Tensor | None:
+                     shift: bool, visible: Callable[[int, int], Tensor] | None = None,
+                     offset: int = 0) -> Tensor | None:
     """``x += attn_proj(SDPA(q, k, v))`` in place, ``chunk`` query rows at a time.
 
     Each chunk's queries are computed from x's rows before those rows are updated (k and v were computed from the
     whole x before this call), so the result equals one whole-length attention; only k, v and x are whole-length.
-    With ``shift`` the attention shift of every row (``attention_shift``) is summed and returned.
+    With ``shift`` the attention shift of every row (``attention_shift``) is summed and returned. ``offset``: x's
+    rows are sequence positions [offset, offset + T) (rows after a stored prefix); ``rope`` covers those.
     """
     t = x.shape[1]
     total = torch.zeros((), dtype=torch.float64, device=x.device) if shift else None
     for start in range(0, t, chunk):
         stop = min(t, start + chunk)
         q = block.queries(x[:, start:stop], rope.rows(start, stop))
-        o = attention(q, k, v, None if visible is None else visible(start, stop)[None, None])
+        o = attention(q, k, v, None if visible is None else visible(offset + start, offset + stop)[None, None])
         del q
         attn = block.attn_proj(o)
         del o
@@ -212,9 +218,11 @@ def prefill(
     online_importance: bool = False,
     query_chunk: int = QUERY_CHUNK,
     layout: Layout | None = None,
+    prefix: PrefixStore | None = None,
 ) -> tuple[Tensor, PromptCache, list[LayerRecord]]:
     """Step 0 with eviction. ``layer_budgets`` None keeps every prompt entry (the full prefix cache).
     ``layout``: a block-causal model's first block (see ``Layout``); None: ``[prompt ; masks]``, bidirectional.
+    ``prefix``: the prompt's first positions as computed before (``engine/prefix.py``; block-causal models).
 
     Returns logits at sequence positions ``rows``, the compressed cache and one record per layer.
 
@@ -239,7 +247,7 @@ def prefill(
         budget = _online_budget(layer_budgets, len(model.blocks))
         if budget < prompt_len:
             return _prefill_online(model, ids, prompt_len, policy, layer_budgets, budget, rows, mlp_chunk,
-                                   query_chunk, layout)
+                                   query_chunk, layout, prefix)
         layer_budgets = None  # the whole prompt fits: no eviction, exactly the full cache
     cache = PromptCache(prompt_len, _response_slots(ids, prompt_len, layout))
     records: list[LayerRecord] = []
@@ -256,8 +264,8 @@ def prefill(
             records.append(_record(view.layer, lb, layer, policy.preference(view), None))
         cache.layers.append(layer)
 
-    logits, importance = _stream_layers(model, ids, prompt_len, rows, policy, layer_budgets, keep, mlp_chunk,
-                                        query_chunk, measure=online_importance, layout=layout)
+    logits, importance = stream_layers(model, ids, prompt_len, rows, policy, layer_budgets, keep, mlp_chunk,
+                                       query_chunk, measure=online_importance, layout=layout, prefix=prefix)
     for rec, value in zip(records, importance, strict=False):
         rec.importance = value
     return logits, cache, records
@@ -268,8 +276,8 @@ def _response_slots(ids: Tensor, prompt_len: int, layout: Layout | None) -> int:
 
 
 def _prefill_online(model: DiffusionLM, ids: Tensor, prompt_len: int, policy: Policy, uniform: list[int],
-                    budget: int, rows: Tensor, mlp_chunk: int, query_chunk: int,
-                    layout: Layout | None) -> tuple[Tensor, PromptCache, list[LayerRecord]]:
+                    budget: int, rows: Tensor, mlp_chunk: int, query_chunk: int, layout: Layout | None,
+                    prefix: PrefixStore | None) -> tuple[Tensor, PromptCache, list[LayerRecord]]:
     """Online layer budgets: every layer is scored as it runs and kept whole (K/V, scores, mask-query mass);
     after the last layer the budgets come from this input's I(l) and each layer is selected, freeing its full
     K/V as it goes (layer 0 first)."""
@@ -279,8 +287,8 @@ def _prefill_online(model: DiffusionLM, ids: Tensor, prompt_len: int, policy: Po
         assert scores is not None
         pending.append((_stored_view(view), q_mask, scores, k, v))
 
-    logits, importance = _stream_layers(model, ids, prompt_len, rows, policy, uniform, hold, mlp_chunk, query_chunk,
-                                        measure=True, layout=layout)
+    logits, importance = stream_layers(model, ids, prompt_len, rows, policy, uniform, hold, mlp_chunk, query_chunk,
+                                       measure=True, layout=layout, prefix=prefix)
     cache = PromptCache(prompt_len, _response_slots(ids, prompt_len, layout))
     records: list[LayerRecord] = []
     budgets = boundary_layer_budgets(importance, budget, policy.options.beta, policy.options.boundary,
@@ -300,18 +308,24 @@ def _prefill_online(model: DiffusionLM, ids: Tensor, prompt_len: int, policy: Po
 LayerSink = Callable[[LayerView, Tensor | None, Tensor | None, Tensor, Tensor], None]  # view, mask q, scores, k, v
 
 
-def _stream_layers(model: DiffusionLM, ids: Tensor, prompt_len: int, rows: Tensor, policy: Policy,
+def stream_layers(model: DiffusionLM, ids: Tensor, prompt_len: int, rows: Tensor, policy: Policy | None,
                    layer_budgets: list[int] | None, sink: LayerSink, mlp_chunk: int, query_chunk: int,
-                   measure: bool, layout: Layout | None = None) -> tuple[Tensor, list[float]]:
+                   measure: bool, layout: Layout | None = None, prefix: PrefixStore | None = None,
+                   capture: PrefixStore | None = None) -> tuple[Tensor, list[float]]:
     """The layer-streamed pass both modes share; logits at sequence positions ``rows`` and, with ``measure``,
     each layer's I(l) over every token of ``ids``.
 
     Per layer only x, k, v (and the votes' fp32 keys) are whole-length: k first, then the policy's scores (they
     need k and some queries, computed on demand; none without ``layer_budgets``), then v, then
     ``sink(view, mask queries, scores, k, v)`` (select, or hold until the last layer), then attention, the output
-    projection and the residual in query chunks, and the MLP in row chunks."""
+    projection and the residual in query chunks, and the MLP in row chunks.
+
+    ``prefix``: the first ``prefix.length`` positions of ``ids`` were computed before (a block-causal model's
+    document, ``engine/prefix.py``): their keys, values and layer inputs come from the store and only the rows
+    after them run. ``capture``: store this pass's layer inputs, keys, values and attention shifts in it."""
     t = ids.shape[1]
-    x = model.embed(ids)  # (B, T, d)
+    p = 0 if prefix is None else prefix.length
+    x = model.embed(ids[:, p:])  # (B, T - p, d)
     rope = model.rope(torch.arange(t, device=ids.device))
     scale = 1.0 / math.sqrt(model.config.head_dim)
     n_layers = len(model.blocks)
@@ -320,23 +334,36 @@ def _stream_layers(model: DiffusionLM, ids: Tensor, prompt_len: int, rows: Tenso
     mask_start = prompt_len if layout is None else layout.mask_start
     for i, block in enumerate(model.blocks):
         x, rope = on_layer_device(model, i, x, rope)
-        rows_q = row_fn(block.queries, x, rope)
-        k = chunked_rows(row_fn(block.keys, x, rope), t, mlp_chunk)  # (B, H_kv, T, D)
+        own = rope if p == 0 else rope.rows(p, t)  # the tables of x's rows
+        if capture is not None:
+            capture.inputs.append(x.clone())
+        rows_q = row_fn(block.queries, x, own) if prefix is None else prefix.queries(block, i, x, rope)
+        k = chunked_rows(row_fn(block.keys, x, own), t - p, mlp_chunk)  # (B, H_kv, T - p, D)
+        if prefix is not None:
+            k = prefix.whole(prefix.keys, i, k)
         shape = (x.shape[0], model.config.n_heads, t, model.config.head_dim)
         view = LayerView(i, n_layers, torch.empty(shape, device="meta"), k, prompt_len, scale, compute_q=rows_q,
                          mask_start=mask_start, visible=visible)
-        scores = None if layer_budgets is None else policy.scores(view, layer_budgets[i])  # (B, H_kv, M)
-        v = chunked_rows(row_fn(block.values, x), t, mlp_chunk)
-        q_mask = rows_q(mask_start, t) if scores is not None and policy.residual_spread > 0 else None
+        scores = None if layer_budgets is None or policy is None else policy.scores(view, layer_budgets[i])
+        v = chunked_rows(row_fn(block.values, x), t - p, mlp_chunk)
+        if prefix is not None:
+            v = prefix.whole(prefix.values, i, v)
+        if capture is not None:
+            capture.keys.append(k.clone())
+            capture.values.append(v.clone())
+        needs_q = scores is not None and policy is not None and policy.residual_spread > 0
+        q_mask = rows_q(mask_start, t) if needs_q else None
         sink(view, q_mask, scores, k, v)
         del view, scores, q_mask
-        shift = attend_in_chunks(block, x, k, v, rope, query_chunk, measure, visible)
+        shift = attend_in_chunks(block, x, k, v, own, query_chunk, measure, visible, offset=p)
         if shift is not None:
-            shifts.append(shift)
+            if capture is not None:
+                capture.shifts.append(shift.clone())
+            shifts.append(shift if prefix is None else shift + prefix.shifts[i].to(shift.device) * x.shape[0])
         del k, v, rows_q
-        for start in range(0, t, mlp_chunk):  # the MLP in row chunks, added in place
+        for start in range(0, t - p, mlp_chunk):  # the MLP in row chunks, added in place
             x[:, start : start + mlp_chunk] += block.mlp(x[:, start : start + mlp_chunk])
-    logits = model.head(x[:, rows.to(x.device)])
+    logits = model.head(x[:, (rows.to(x.device) - p)])
     del x
     tokens = ids.shape[0] * t
     return logits, [float(s) / tokens for s in shifts]

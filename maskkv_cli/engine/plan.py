@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from maskkv_cli.defaults import DEFAULT_BUDGET, DEFAULT_POLICY, LAYER_BUDGET_CHOICES
 from maskkv_cli.engine.step_runner import StepOptions
@@ -23,6 +24,9 @@ from maskkv_cli.errors import UsageError
 from maskkv_cli.kv.budgets import resolve_budget
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import Policy, PolicyOptions, get_policy, uses_importance
+
+if TYPE_CHECKING:
+    from maskkv_cli.engine.prefix import PrefixStore
 
 __all__ = ["LAYER_BUDGET_MODES", "CacheConfig", "CachePlan", "check_layer_budgets", "plan_cache", "resolve_importance"]
 
@@ -79,6 +83,7 @@ class CachePlan:
     importance: tuple[float, ...] | None  # the I(l) the layer budgets come from when not measured online
     note: str | None  # one line for the user about the layer budgets, when the run evicts
     step_options: StepOptions = StepOptions()
+    prefix: PrefixStore | None = None  # a block-causal model's document prefix computed before (engine/prefix.py)
 
     @property
     def evicts(self) -> bool:
@@ -87,7 +92,8 @@ class CachePlan:
     @classmethod
     def build(cls, model: DiffusionLM, policy: Policy, budget: int | None, prompt_len: int, *,
               online: bool = False, step_options: StepOptions | None = None, importance_source: str | None = None,
-              note: str | None = None, block_length: int | None = None) -> CachePlan:
+              note: str | None = None, block_length: int | None = None,
+              prefix: PrefixStore | None = None) -> CachePlan:
         """The plan for ``policy`` at ``budget`` over a prompt of ``prompt_len`` tokens.
 
         The run evicts when the policy evicts and the budget is below the cached segment (``prompt_len`` minus
@@ -109,9 +115,12 @@ class CachePlan:
         importance = policy.options.importance
         if importance_source is None and policy.uses_importance:
             importance_source = "online" if online else "options" if importance is not None else "uniform"
+        if prefix is not None and (not model.config.block_causal or prefix.length > split
+                                   or prefix.block != block_length or not policy.uses_cache):
+            prefix = None  # only a cached block-causal run over the same blocks can start from it
         return cls(policy, budget, prompt_len, split, layer_budgets, online, importance_source,
                    None if online or importance is None else tuple(importance), note if evicts else None,
-                   step_options or StepOptions())
+                   step_options or StepOptions(), prefix)
 
 
 def resolve_importance(
@@ -175,7 +184,8 @@ def _importance_choice(model_path: str | os.PathLike[str] | None, cache: CacheCo
 
 def plan_cache(model: DiffusionLM, cache: CacheConfig, prompt_len: int,
                model_path: str | os.PathLike[str] | None = None,
-               step_options: StepOptions | None = None, block_length: int | None = None) -> CachePlan:
+               step_options: StepOptions | None = None, block_length: int | None = None,
+               prefix: PrefixStore | None = None) -> CachePlan:
     """The plan for ``cache`` over a prompt of ``prompt_len`` tokens of ``model`` (loaded from ``model_path``,
     where its calibration profile is looked up for ``layer_budgets="auto"``)."""
     budget = cache.resolved_budget(prompt_len)
@@ -185,4 +195,4 @@ def plan_cache(model: DiffusionLM, cache: CacheConfig, prompt_len: int,
         budget = DEFAULT_BUDGET
     return CachePlan.build(model, policy, budget, prompt_len, online=cache.layer_budgets == "online"
                            and policy.uses_importance, step_options=step_options, importance_source=source,
-                           note=note, block_length=block_length)
+                           note=note, block_length=block_length, prefix=prefix)

@@ -111,7 +111,7 @@ class BlockForward:
             layout = Layout(block=self.block, mask_start=self.plan.prompt_len, response_slots=self.total - self.split)
             logits, self.cache, self.records = prefill(model, x[:, :end], self.split, self.plan.policy,
                                                        self.layer_budgets, start + rows, layout=layout,
-                                                       online_importance=self.plan.online)
+                                                       online_importance=self.plan.online, prefix=self.plan.prefix)
             if self.plan.online and self.layer_budgets is not None:
                 self.layer_budgets = [r.layer_budget for r in self.records]
             return logits
