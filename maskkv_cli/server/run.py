@@ -1,6 +1,6 @@
 """Running the app with uvicorn: in the foreground (``maskkv serve``), or in a background thread (``BackgroundServer``,
-for tests and notebooks). The listening socket is bound here, before uvicorn starts, so that port 0 means a free
-port whose number is known at once."""
+for tests and notebooks). The listening socket is bound first (``bind``), before the model loads and uvicorn starts:
+an address in use fails at once, and port 0 means a free port whose number is known at once."""
 
 from __future__ import annotations
 
@@ -50,11 +50,10 @@ def uvicorn_server(app: Any, log_level: str, access_log: bool) -> Any:
     return uvicorn.Server(config)
 
 
-def serve(app: Any, host: str, port: int, on_ready: Callable[[str], None] | None = None, *,
+def serve(app: Any, sock: socket.socket, on_ready: Callable[[str], None] | None = None, *,
           log_level: str = "info", access_log: bool = True) -> None:
-    """Serve ``app`` on ``host``:``port`` until interrupted (Ctrl-C or SIGTERM: open requests get ``GRACE_S``
-    seconds, then are cancelled). ``on_ready`` gets the URL once the socket listens."""
-    sock = bind(host, port)
+    """Serve ``app`` on the listening socket ``sock`` (``bind``) until interrupted (Ctrl-C or SIGTERM: open requests
+    get ``GRACE_S`` seconds, then are cancelled); the socket is closed at the end. ``on_ready`` gets the URL."""
     try:
         if on_ready is not None:
             on_ready(url_of(sock))
