@@ -54,7 +54,7 @@ def usage(done: Completion) -> dict[str, int]:
 
 def sse(data: dict[str, Any] | str) -> bytes:
     """One server-sent event (``data: ...`` and a blank line)."""
-    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
     return f"data: {text}\n\n".encode()
 
 

@@ -39,7 +39,8 @@ class QueueFull(Exception):
     """No room in the queue; ``retry_after`` is an estimate, in whole seconds, of when there will be."""
 
     def __init__(self, retry_after: int, capacity: int) -> None:
-        super().__init__(f"the server is busy ({capacity} requests in its queue)")
+        super().__init__(f"the server is busy: {capacity} request{'s are' if capacity > 1 else ' is'} running or "
+                         "waiting, its limit")
         self.retry_after = retry_after
         self.capacity = capacity
 

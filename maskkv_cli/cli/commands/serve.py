@@ -99,4 +99,5 @@ def serve(
     try:
         run_server(app, sock, on_ready=ready, log_level="warning" if opts.quiet else "info")
     except KeyboardInterrupt:  # Ctrl-C after the graceful shutdown (uvicorn raises the signal again): a normal end
-        typer.echo("maskkv serve: stopped", err=True)
+        pass
+    typer.echo("maskkv serve: stopped", err=True)
