@@ -273,6 +273,13 @@ def test_nothing_a_request_does_stops_the_server(server, client, document_id, mo
     error = assert_openai_error(post_json(server, "/v1/chat/completions", {"messages": [
         {"role": "user", "content": "hi"}]}), 500)
     assert error["type"] == "server_error" and "RuntimeError: the engine broke" in error["message"]
+    # and one outside the generation, in the route itself
+    import maskkv_cli.server.app as app_module
+
+    monkeypatch.setattr(app_module, "list_documents", broken)
+    error = assert_openai_error(request(server, "GET", "/v1/documents",
+                                        headers={"Authorization": f"Bearer {API_KEY}"}), 500)
+    assert "RuntimeError: the engine broke" in error["message"]
     monkeypatch.undo()
     answer = client.chat.completions.create(**ask(document_id))
     assert answer.choices[0].message.content == NEEDLE_ANSWER
@@ -330,6 +337,21 @@ def test_a_full_queue_gets_429_and_a_client_that_leaves_cancels_its_generation(s
     assert after["refused"] == before["refused"] + 2 and after["answered"] == before["answered"]
     assert took < 5
     assert client.chat.completions.create(**ask(document_id)).choices[0].message.content == NEEDLE_ANSWER
+
+
+def test_a_client_that_leaves_before_a_plain_answer_cancels_its_generation(server, document_id):
+    before = health(server)["queue"]
+    body = json.dumps({"max_tokens": SLOW_TOKENS, "messages": [{"role": "user", "content": QUESTION}],
+                       "maskkv": {"documents": [document_id]}}).encode()
+    parts = urlsplit(server)
+    with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        wait_for(lambda: health(server)["queue"]["running"] == 1, what="the request running")
+    took = wait_for(lambda: health(server)["queue"]["running"] == 0, timeout=5, what="the generation stopping")
+    after = health(server)["queue"]
+    assert after["cancelled"] == before["cancelled"] + 1 and after["answered"] == before["answered"]
+    assert took < 5
 
 
 def test_a_request_over_its_time_limit_gets_504(session, store_root, document_id):
