@@ -52,10 +52,11 @@ def _register() -> None:
     from maskkv_cli.cli.commands.policies import policies
     from maskkv_cli.cli.commands.profile import profile
     from maskkv_cli.cli.commands.pull import models, pull
+    from maskkv_cli.cli.commands.serve import serve
     from maskkv_cli.cli.commands.summarize import summarize
     from maskkv_cli.cli.commands.train import train_tiny
 
-    for command in (generate, policies, calibrate, ingest, ask, summarize, profile, pull, models, batch):
+    for command in (generate, policies, calibrate, ingest, ask, summarize, profile, pull, models, batch, serve):
         app.command()(command)
     app.command("train-tiny")(train_tiny)
     app.command()(demo)

@@ -36,6 +36,9 @@ class Event:
     committed: int = 0  # tokens committed by this step
     masked_left: int = 0
     elapsed_s: float = 0.0
+    # (B, gen_length) the response after this step, the mask id where nothing is committed yet (prefill and step
+    # events; a view of the sampler's sequence: copy what you keep). ``maskkv serve`` streams committed text from it.
+    tokens: Tensor | None = None
 
 
 @dataclass
@@ -137,7 +140,7 @@ class StepMeter:
             self.stats.step_s.append(t1 - t0)
         left = int((x[:, self.prompt_len :] == self.model.config.mask_token_id).sum())
         self.emit(Event("prefill" if self.steps == 0 else "step", block, n_blocks, self.steps, int(commit.sum()),
-                        left, t1 - self.start - setup))
+                        left, t1 - self.start - setup, x[:, self.prompt_len :]))
         self.steps += 1
 
     def done(self) -> None:

@@ -1,0 +1,95 @@
+"""Documents for the server: an upload goes through the ingest path into the document store (the one ``maskkv
+ingest`` fills), and a request names documents only by their store id, never by a path on the server."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from maskkv_cli.documents import EXTENSIONS, Document
+from maskkv_cli.documents.store import DocumentStore, StoreEntry
+from maskkv_cli.errors import DocumentError
+from maskkv_cli.server.errors import APIError, bad_request, not_found
+
+__all__ = ["entry_json", "ingest_upload", "list_documents", "resolve_documents", "safe_filename", "upload_field"]
+
+UNSAFE = re.compile(r"[^A-Za-z0-9._ -]+")
+SUPPORTED = ", ".join(EXTENSIONS)
+
+
+def safe_filename(name: str) -> str:
+    """The upload's file name without folders or odd characters, keeping its extension (which says its kind)."""
+    base = UNSAFE.sub("_", Path(name.replace("\\", "/")).name).strip(" .")
+    return base[-120:] or "document.txt"
+
+
+def created_at(iso: str) -> int:
+    try:
+        return int(datetime.fromisoformat(iso).timestamp())
+    except ValueError:
+        return 0
+
+
+def entry_json(entry: StoreEntry) -> dict[str, Any]:
+    return {"id": entry.sha256, "object": "document", "filename": entry.name, "kind": entry.kind,
+            "pages": entry.pages, "chars": entry.chars, "created_at": created_at(entry.ingested_at)}
+
+
+def list_documents(store: DocumentStore) -> dict[str, Any]:
+    return {"object": "list", "data": [entry_json(e) for e in store.list()]}
+
+
+def ingest_upload(store: DocumentStore, filename: str, data: bytes, password: str | None) -> dict[str, Any]:
+    """Read an uploaded file as ``maskkv ingest`` reads one (same checks, same errors) and store it; the answer
+    carries the document's ``id``. Runs in a thread: parsing a PDF takes a while."""
+    name = safe_filename(filename)
+    suffix = Path(name).suffix.lower()
+    if suffix and suffix not in EXTENSIONS:
+        raise bad_request(f"{name}: unsupported file type {suffix!r}; upload one of {SUPPORTED} (or a plain-text "
+                          "file with no extension)", "file", "unsupported_file")
+    folder = Path(tempfile.mkdtemp(prefix="maskkv-upload-"))
+    try:
+        path = folder / name
+        path.write_bytes(data)
+        try:
+            doc, already = store.ingest(path, password=password, must_store=True)
+        except DocumentError as exc:
+            raise bad_request(str(exc), "file", "unreadable_document") from None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return {"id": doc.sha256, "object": "document", "filename": doc.name, "kind": doc.kind, "pages": len(doc.pages),
+            "chars": doc.n_chars, "already_stored": already, "warnings": list(doc.warnings)}
+
+
+def resolve_documents(store: DocumentStore, ids: tuple[str, ...]) -> list[Document]:
+    """The stored documents with these ids (a SHA-256, or a prefix of 6+ hex digits that only one has)."""
+    docs: list[Document] = []
+    stored: list[str] | None = None
+    for key in ids:
+        sha = key
+        if len(key) < 64:
+            stored = stored if stored is not None else [e.sha256 for e in store.list()]
+            matches = [s for s in stored if s.startswith(key)]
+            if len(matches) > 1:
+                raise bad_request(f"the id {key!r} is the start of {len(matches)} stored documents' ids; give more of "
+                                  "it (GET /v1/documents lists them)", "maskkv.documents")
+            sha = matches[0] if matches else ""
+        doc = store.get(sha) if sha else None
+        if doc is None:
+            raise not_found(f"no stored document has the id {key!r}; upload it with POST /v1/documents or list the "
+                            "ids with GET /v1/documents", "maskkv.documents")
+        docs.append(doc)
+    return docs
+
+
+def upload_field(form: Any) -> tuple[str, Any]:
+    """The form's ``file`` part (an upload), or a 400 saying how to send one."""
+    upload = form.get("file")
+    if upload is None or isinstance(upload, str) or not hasattr(upload, "read"):
+        raise APIError(400, "send the document as a multipart/form-data file field named file, e.g. "
+                       "curl -F file=@report.pdf http://127.0.0.1:8000/v1/documents", param="file")
+    return upload.filename or "document.txt", upload

@@ -1,0 +1,153 @@
+"""One generation at a time, behind a bounded queue.
+
+The model runs in one worker thread (the batched engine of the batch issue will replace it; until then one request
+runs at a time). ``Runner.submit`` admits a request or refuses it at once when ``1 + queue`` requests are already
+in (``QueueFull``, which the app answers with 429 and ``Retry-After``). Each admitted request is a ``Job``: its work
+runs in the worker with a ``check`` to call between denoising steps, which stops the generation when the client has
+gone (``Job.cancel``) or the request's time limit has passed (the limit counts from admission, waiting included).
+A job cancelled while it waits never runs.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+__all__ = ["Cancelled", "Job", "QueueFull", "Runner", "TimedOut"]
+
+T = TypeVar("T")
+
+
+class Cancelled(Exception):
+    """The client went away; the generation stopped between two denoising steps."""
+
+
+class TimedOut(Exception):
+    """The request ran past its time limit."""
+
+    def __init__(self, limit_s: float) -> None:
+        super().__init__(f"the request ran past the server's time limit of {limit_s:g} s")
+        self.limit_s = limit_s
+
+
+class QueueFull(Exception):
+    """No room in the queue; ``retry_after`` is an estimate, in whole seconds, of when there will be."""
+
+    def __init__(self, retry_after: int, capacity: int) -> None:
+        super().__init__(f"the server is busy: {capacity} request{'s are' if capacity > 1 else ' is'} running or "
+                         "waiting, its limit")
+        self.retry_after = retry_after
+        self.capacity = capacity
+
+
+class Job(Generic[T]):
+    """One admitted request: its work, its deadline, its cancellation flag, and the future of its result."""
+
+    def __init__(self, limit_s: float) -> None:
+        self.limit_s = limit_s
+        self.deadline = time.monotonic() + limit_s
+        self.cancelled = threading.Event()
+        self.future: Future[T] = Future()
+
+    def cancel(self) -> None:
+        """Ask the generation to stop at its next step (or never to start)."""
+        self.cancelled.set()
+
+    def check(self) -> None:
+        """Raise ``Cancelled`` or ``TimedOut`` when the job must stop; called by the work between steps."""
+        if self.cancelled.is_set():
+            raise Cancelled()
+        if time.monotonic() > self.deadline:
+            raise TimedOut(self.limit_s)
+
+
+@dataclass
+class Counts:
+    """What the runner has done since it started (``GET /health`` shows them)."""
+
+    running: int = 0
+    waiting: int = 0
+    answered: int = 0
+    refused: int = 0  # 429: the queue was full
+    cancelled: int = 0  # the client went away
+    timed_out: int = 0
+    failed: int = 0  # an error answered to the client (a bad document, an engine error, ...)
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+class Runner:
+    """The worker thread and its bounded queue (``queue``: requests that may wait behind the running one)."""
+
+    def __init__(self, queue: int, limit_s: float) -> None:
+        if queue < 0:
+            raise ValueError("queue must be >= 0")
+        self.capacity = 1 + queue
+        self.limit_s = limit_s
+        self.counts = Counts()
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="maskkv-generate")
+        self._live: set[Job[Any]] = set()
+        self._mean_s = 1.0  # running mean of a job's time, for Retry-After
+        self._closed = False
+
+    def submit(self, work: Callable[[Job[T]], T]) -> Job[T]:
+        """Admit ``work`` (called in the worker with its ``Job``) or raise ``QueueFull`` at once."""
+        with self._lock:
+            busy = self.counts.running + self.counts.waiting
+            if self._closed or busy >= self.capacity:
+                self.counts.refused += 1
+                raise QueueFull(max(1, math.ceil(self._mean_s * busy)), self.capacity)
+            job: Job[T] = Job(self.limit_s)
+            self.counts.waiting += 1
+            self._live.add(job)
+        self._pool.submit(self._run, job, work)
+        return job
+
+    def _run(self, job: Job[T], work: Callable[[Job[T]], T]) -> None:
+        with self._lock:
+            self.counts.waiting -= 1
+            if not job.future.set_running_or_notify_cancel():  # its future was cancelled while it waited
+                self.counts.cancelled += 1
+                self._live.discard(job)
+                return
+            self.counts.running += 1
+        start = time.monotonic()
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            job.check()
+            result = work(job)
+        except BaseException as exc:  # handed to the waiting request, which answers it
+            error = exc
+        outcome = "answered" if error is None else {Cancelled: "cancelled", TimedOut: "timed_out"}.get(
+            type(error), "failed")
+        with self._lock:  # the figures first: whoever waits on the future sees them up to date
+            self.counts.running -= 1
+            setattr(self.counts, outcome, getattr(self.counts, outcome) + 1)
+            self._live.discard(job)
+            if error is None:
+                self._mean_s = 0.8 * self._mean_s + 0.2 * (time.monotonic() - start)
+        if error is None:
+            job.future.set_result(result)
+        else:
+            job.future.set_exception(error)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return {**self.counts.as_dict(), "capacity": self.capacity}
+
+    def close(self) -> None:
+        """Refuse new work, stop the running and waiting jobs at their next check, and wait for the worker."""
+        with self._lock:
+            self._closed = True
+            live = list(self._live)
+        for job in live:
+            job.cancel()
+        self._pool.shutdown(wait=True)

@@ -1,0 +1,178 @@
+"""The server's parts without a server: reading a chat request, the committed text a stream sends, the queue."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("starlette", reason="the serve extra is not installed: pip install -e '.[serve]'")
+
+from maskkv_cli.server.answering import CommittedText, cut_at_stop, pending_stop  # noqa: E402
+from maskkv_cli.server.chat_request import conversation_question, parse_chat  # noqa: E402
+from maskkv_cli.server.errors import APIError  # noqa: E402
+from maskkv_cli.server.runner import Cancelled, QueueFull, Runner, TimedOut  # noqa: E402
+
+# ------------------------------------------------------------------------------------------- requests
+
+
+def test_a_chat_request_reads_openai_fields_and_the_maskkv_object() -> None:
+    req = parse_chat(b'{"model": "gpt-4o", "messages": [{"role": "user", "content": [{"type": "text",'
+                     b' "text": "Who?"}]}],'
+                     b' "max_completion_tokens": 32, "temperature": 0.5, "seed": 7, "stop": "END", "stream": true,'
+                     b' "stream_options": {"include_usage": true}, "top_p": 0.9, "user": "u1",'
+                     b' "maskkv": {"policy": "snapkv", "budget": 64, "threshold": 0.9, "documents": ["ABCDEF12"],'
+                     b' "long": "rope-scale"}}')
+    assert (req.question, req.max_tokens, req.temperature, req.seed, req.stop) == ("Who?", 32, 0.5, 7, ("END",))
+    assert req.stream and req.include_usage and req.model == "gpt-4o"
+    ext = req.maskkv
+    assert (ext.policy, ext.budget, ext.threshold, ext.documents, ext.long) == ("snapkv", 64, 0.9, ("abcdef12",),
+                                                                                 "rope-scale")
+
+
+def test_one_user_message_is_the_question_and_earlier_turns_come_before_it() -> None:
+    assert conversation_question([{"role": "user", "content": "  Who wrote it? "}]) == "  Who wrote it? "
+    asked = conversation_question([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                                   {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Who?"}])
+    assert asked == "System: Be brief.\nUser: Hi\nAssistant: Hello.\n\nWho?"
+
+
+@pytest.mark.parametrize(("body", "param", "words"), [
+    (b'{"messages": []}', "messages", "non-empty"),
+    (b'{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}', "messages[0]", "text parts"),
+    (b'{"messages": [{"role": "user", "content": "   "}]}', "messages", "empty"),
+    (b'{"messages": [{"role": "user", "content": "q"}], "seed": true}', "seed", "integer"),
+    (b'{"messages": [{"role": "user", "content": "q"}], "stop": ["a", "b", "c", "d", "e"]}', "stop", "up to 4"),
+    (b'{"messages": [{"role": "user", "content": "q"}], "logprobs": true}', "logprobs", "confidence"),
+    (b'{"messages": [{"role": "user", "content": "q"}], "stream_options": 3}', "stream_options", "object"),
+    (b'{"messages": [{"role": "user", "content": "q"}], "maskkv": []}', "maskkv", "object"),
+    (b'{"messages": [{"role": "user", "content": "q"}], "maskkv": {"ratio": 0}}', "maskkv.ratio", "(0, 1]"),
+    (b'{"messages": [{"role": "user", "content": "q"}], "maskkv": {"threshold": 1}}', "maskkv.threshold", "[0, 1)"),
+    (b'{"messages": [{"role": "user", "content": "q"}], "maskkv": {"long": "cut"}}', "maskkv.long", "truncate"),
+    (b'{"messages": [{"role": "user", "content": "q"}], "maskkv": {"documents": ["abc"]}}', "maskkv.documents",
+     "6 to 64"),
+    (b'{"messages": [{"role": "user", "content": "q"}], "maskkv": {"documents": "/etc/passwd"}}',
+     "maskkv.documents", "not a document id"),
+])
+def test_a_wrong_field_is_named_in_one_line(body: bytes, param: str, words: str) -> None:
+    with pytest.raises(APIError) as caught:
+        parse_chat(body)
+    error = caught.value
+    assert error.status == 400 and error.param == param and words in error.message and "\n" not in error.message
+
+
+# ------------------------------------------------------------------------------------------- streamed text
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from maskkv_cli.models.catalog import shipped_model
+    from maskkv_cli.prompting import load_tokenizer
+
+    return load_tokenizer(shipped_model())
+
+
+MASK, EOS = 5, 1
+
+
+def committed(tokenizer, answer: str, order: list[int] | None = None, stops: tuple[str, ...] = ()) -> tuple[
+        list[str], CommittedText, list[int]]:
+    """Commit ``answer``'s tokens (then EOS padding) in ``order`` (default left to right) one step at a time."""
+    ids = tokenizer.encode(answer, add_special_tokens=False) + [EOS, EOS]
+    pieces: list[str] = []
+    text = CommittedText(tokenizer, {EOS}, MASK, stops, pieces.append)
+    state = [MASK] * len(ids)
+    for i in order or range(len(ids)):
+        state[i] = ids[i]
+        text.update(state)
+    return pieces, text, ids
+
+
+def test_committed_text_is_sent_as_it_grows_and_adds_up_to_the_answer(tokenizer) -> None:
+    answer = "On a warm morning of early summer, a flowering lime tree hums."
+    pieces, text, ids = committed(tokenizer, answer)
+    assert len(pieces) > 5 and "".join(pieces) == answer
+    assert text.finish(answer) == (answer, False) and "".join(pieces) == answer
+
+
+def test_a_token_committed_out_of_order_waits_for_the_ones_before_it(tokenizer) -> None:
+    answer = "The special magic number for harbor is 4821."
+    n = len(tokenizer.encode(answer, add_special_tokens=False)) + 2
+    order = list(range(n - 1, -1, -1))  # right to left: nothing is final until the first token is
+    pieces, _, _ = committed(tokenizer, answer, order)
+    assert pieces == [answer]
+
+
+def test_a_stop_string_cuts_the_stream_and_its_start_is_held_back(tokenizer) -> None:
+    pieces, text, _ = committed(tokenizer, "alpha beta END gamma", stops=("END",))
+    assert "".join(pieces) == "alpha beta "  # "E", then "EN", were held back: they might have begun the stop
+    assert text.finish("alpha beta END gamma") == ("alpha beta ", True)
+    assert "".join(pieces) == "alpha beta "  # nothing after the stop string, ever
+    assert cut_at_stop("x END y STOP", ("STOP", "END")) == ("x ", True)
+    assert pending_stop("the answer is E", ("END",)) == 1 and pending_stop("the answer", ("END",)) == 0
+
+
+# ------------------------------------------------------------------------------------------- the queue
+
+
+def test_the_queue_admits_one_running_and_its_waiting_room_then_refuses() -> None:
+    runner = Runner(queue=1, limit_s=30)
+    gate = threading.Event()
+    try:
+        first = runner.submit(lambda job: gate.wait(10) and "first")
+        second = runner.submit(lambda job: "second")
+        with pytest.raises(QueueFull) as caught:
+            runner.submit(lambda job: "third")
+        assert caught.value.retry_after >= 1 and caught.value.capacity == 2
+        gate.set()
+        assert (first.future.result(10), second.future.result(10)) == ("first", "second")
+        counts = runner.snapshot()
+        assert (counts["answered"], counts["refused"], counts["running"], counts["waiting"]) == (2, 1, 0, 0)
+    finally:
+        gate.set()
+        runner.close()
+
+
+def test_a_cancelled_job_stops_at_its_next_check_and_a_waiting_one_never_runs() -> None:
+    runner = Runner(queue=1, limit_s=30)
+    started = threading.Event()
+    ran: list[str] = []
+
+    def steps(job):
+        started.set()
+        for _ in range(1000):
+            job.check()
+            time.sleep(0.01)
+        return "finished"
+
+    try:
+        running = runner.submit(steps)
+        waiting = runner.submit(lambda job: ran.append("waiting"))
+        assert started.wait(10)
+        waiting.cancel()
+        running.cancel()
+        with pytest.raises(Cancelled):
+            running.future.result(10)
+        with pytest.raises(Cancelled):
+            waiting.future.result(10)
+        assert ran == [] and runner.snapshot()["cancelled"] == 2
+    finally:
+        runner.close()
+
+
+def test_the_time_limit_counts_from_admission() -> None:
+    runner = Runner(queue=0, limit_s=0.2)
+
+    def slow(job):
+        while True:
+            job.check()
+            time.sleep(0.01)
+
+    try:
+        job = runner.submit(slow)
+        with pytest.raises(TimedOut):
+            job.future.result(10)
+        assert runner.snapshot()["timed_out"] == 1
+    finally:
+        runner.close()
