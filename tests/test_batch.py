@@ -232,10 +232,11 @@ def test_a_job_that_fails_while_answering_is_a_row_and_the_run_goes_on(
 
     real = Session.answer_ids
 
-    def answer_ids(self: Session, ids: list[int], gen: object, cache: object, on_event: object = None) -> object:
+    def answer_ids(self: Session, ids: list[int], gen: object, cache: object, on_event: object = None,
+                   **more: object) -> object:
         if "Who?" in self.tokenizer.decode(ids):
             raise OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB\nmore detail")
-        return real(self, ids, gen, cache)  # type: ignore[arg-type]
+        return real(self, ids, gen, cache, **more)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Session, "answer_ids", answer_ids)
     specs = [JobSpec("long", str(corpus["story"]), "Who?"), JobSpec("short", str(corpus["notes"]), "What?")]

@@ -222,3 +222,25 @@ def test_one_document_many_questions_computes_it_once(tmp_path, llada2, tiny_tok
         alone = ask(Session(str(folder)), doc, q, gen, cache)
         assert torch.equal(alone.result.tokens, answer.result.tokens) and alone.text == answer.text
     assert len(calls) == 1 + len(questions)
+
+
+def test_bench_speed_and_reuse_on_a_llada2_shape(tmp_path):
+    """``bench speed`` runs LLaDA2's loop with the limit line of block-causal steps; ``bench reuse`` answers every
+    question both ways, with the same answers."""
+    from maskkv_cli.cli import app
+
+    args = ["bench", "speed", "--config", "llada2-tiny", "--prompt-lengths", "40", "--policies", "none,full,maskkv",
+            "--budgets", "8", "--gen-length", "16", "--steps", "16", "--block-length", "8", "--none-steps", "2",
+            "--in-process", "--out", str(tmp_path / "speed"), "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)["results"]
+    assert [r["method"] for r in rows] == ["none", "full", "maskkv@8"] and all(r["limit_s"] > 0 for r in rows)
+    assert rows[1]["steps_run"] == rows[2]["steps_run"] == 16  # one token per step: every block's quota, no stop
+    assert rows[2]["limit_keys"] == 8 + 16  # the budget plus the response slot (blocks from position 40 to 56)
+    result = runner.invoke(app, ["bench", "reuse", "--config", "llada2-tiny", "--doc-tokens", "64",
+                                 "--questions-per-doc", "2", "--repeats", "1", "--budget", "8", "--gen-length", "8",
+                                 "--block-length", "8", "--json"])
+    assert result.exit_code == 0, result.output
+    row = json.loads(result.stdout)
+    assert row["answers_equal"] == 2 and row["prefix_bytes"] > 0 and row["separate_s"] > 0

@@ -12,6 +12,11 @@ run only on the rows whose logits the sampler needs (the masked positions of the
 
 For ``none`` (no cache) every step is a full forward: the limit is ``steps`` times one timed full forward
 (extrapolated).
+
+A block-causal model (LLaDA2) runs block by block: the limit is one bare forward over ``[prompt ; first
+block]`` (block-causal), then for every later step a bare forward of the current block over ``keys`` plus the
+blocks so far, and for every finished block but the last one pass of its final tokens (the exact keys and
+values the blocks after it need). Steps follow LLaDA2.0's quota with no token above the threshold.
 """
 
 from __future__ import annotations
@@ -21,19 +26,33 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from maskkv_cli.engine.forward import MLP_CHUNK
+from maskkv_cli.engine.forward import MLP_CHUNK, block_causal_visible
 from maskkv_cli.models.base import attention, dense_hidden
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.sampling.llada import GenerationConfig, transfer_schedule
 from maskkv_cli.stats import now
 
 
-def rows_schedule(gen: GenerationConfig) -> list[tuple[int, int]]:
+def rows_schedule(gen: GenerationConfig, prompt_len: int | None = None) -> list[tuple[int, int]]:
     """(block, masked tokens of that block) at each step the sampler runs (step 0 first, no threshold).
 
     The count is the number of rows whose logits the step needs; steps after a block is finished are not run.
-    """
+    With ``prompt_len`` the blocks are a block-causal model's (counted from position 0, the first one shared with
+    the prompt's tail; block 0 is the first response block) and the steps per block are capped as LLaDA2.0 caps
+    them."""
     out: list[tuple[int, int]] = []
+    if prompt_len is not None:
+        bl = gen.block_length
+        first, total = prompt_len // bl, -(-(prompt_len + gen.gen_length) // bl)
+        steps = min(gen.steps_per_block, gen.gen_length)
+        for blk in range(total - first):
+            left = (first + 1) * bl - prompt_len if blk == 0 else bl
+            for k in transfer_schedule(bl, steps):
+                if left <= 0:
+                    break
+                out.append((blk, left))
+                left -= k
+        return out
     for blk in range(gen.n_blocks):
         left = gen.block_length
         for k in transfer_schedule(gen.block_length, gen.steps_per_block):
@@ -75,18 +94,21 @@ class BareSteps:
         return self.keys + self.response_len
 
     @torch.no_grad()
-    def step(self, response: Tensor, rows: Tensor) -> Tensor:
-        """One response-only forward of ``response`` (B, L); logits at response positions ``rows``."""
+    def step(self, response: Tensor, rows: Tensor, offset: int = 0) -> Tensor:
+        """One response-only forward of ``response`` (B, n): response positions [offset, offset + n) (all L when
+        ``offset`` is 0 and n is L), over the keys before ``offset + n``; logits at its rows ``rows``."""
         model = self.model
         x = model.embed(response)
         last = len(model.blocks) - 1
+        end = self.keys + offset + response.shape[1]
+        rope = self.rope.rows(offset, offset + response.shape[1])
         for i, block in enumerate(model.blocks):
-            q, k, v = block.qkv(x, self.rope)
-            self.k[i][:, :, self.keys :].copy_(k)
-            self.v[i][:, :, self.keys :].copy_(v)
+            q, k, v = block.qkv(x, rope)
+            self.k[i][:, :, self.keys + offset : end].copy_(k)
+            self.v[i][:, :, self.keys + offset : end].copy_(v)
             if i == last:
                 q, x = q[:, :, rows], x[:, rows]
-            o = attention(q, self.k[i], self.v[i])
+            o = attention(q, self.k[i][:, :, :end], self.v[i][:, :, :end])
             x = x + block.attn_proj(o)
             x = x + block.mlp(x)
         return model.head(x)
@@ -113,6 +135,8 @@ class LimitTiming:
 def measure_limit(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, keys: int | None,
                   seed: int = 0) -> LimitTiming:
     """Time the limit for ``prompt`` (B, M): ``keys`` entries per head (budget or M), or None for no cache."""
+    if model.config.block_causal:
+        return _block_limit(model, prompt, gen, keys, seed)
     dev = model.device
     bsz, m = prompt.shape
     mask = torch.full((bsz, gen.gen_length), model.config.mask_token_id, dtype=prompt.dtype, device=dev)
@@ -133,3 +157,45 @@ def measure_limit(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, key
         steps.append(now(dev) - t0)
     del bare
     return LimitTiming(prefill_s, steps, prefill_s + sum(steps), min(keys, m), min(keys, m) + gen.gen_length)
+
+
+@torch.no_grad()
+def _block_limit(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, keys: int | None, seed: int) -> LimitTiming:
+    """The limit of a block-causal model (see the module doc)."""
+    dev, bl = model.device, gen.block_length
+    bsz, m = prompt.shape
+    split, total = m // bl * bl, -(-(m + gen.gen_length) // bl) * bl
+    mask_id = model.config.mask_token_id
+    ids = torch.cat([prompt.to(dev), torch.full((bsz, total - m), mask_id, dtype=prompt.dtype, device=dev)], 1)
+    sched = rows_schedule(gen, m)
+
+    def window(blk: int, n: int) -> float:
+        """One bare block-causal forward over everything up to the end of block ``blk`` (its last n rows)."""
+        end = split + (blk + 1) * bl
+        t0 = now(dev)
+        visible = block_causal_visible(0, end, end, bl, dev)
+        hidden = dense_hidden(model, ids[:, :end], mlp_chunk=MLP_CHUNK, attn_mask=visible)
+        model.head(hidden[:, end - n : end])
+        return now(dev) - t0
+
+    prefill_s = window(*sched[0])
+    if keys is None:  # every step recomputes its window: one timed forward per block, times its steps
+        per_block = {blk: window(blk, n) for blk, n in dict(sched).items()}
+        total_s = sum(per_block[blk] for blk, _ in sched)
+        return LimitTiming(prefill_s, [], total_s, None, None, extrapolated=len(sched) > 1)
+    kept = min(keys, split)
+    bare = BareSteps(model, split, kept, total - split, bsz, seed)
+    steps: list[float] = []
+    for i, (blk, n) in enumerate(sched):
+        offset = blk * bl
+        block = ids[:, split + offset : split + offset + bl]
+        if i and blk != sched[i - 1][0]:  # the block before is finished: its final tokens pass once
+            t0 = now(dev)
+            bare.step(ids[:, split + offset - bl : split + offset], torch.arange(1, device=dev), offset - bl)
+            steps.append(now(dev) - t0)
+        if i:
+            t0 = now(dev)
+            bare.step(block, torch.arange(bl - n, bl, device=dev), offset)
+            steps.append(now(dev) - t0)
+    del bare
+    return LimitTiming(prefill_s, steps, prefill_s + sum(steps), kept, kept + total - split)

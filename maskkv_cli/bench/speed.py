@@ -39,6 +39,7 @@ from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.engine.step_runner import StepOptions
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.protocol import DiffusionLM
+from maskkv_cli.sampling.llada2 import LLaDA2Options
 from maskkv_cli.stats import now, read_current, read_peak, reset_peak, rss_bytes
 
 WARMUP_PROMPT = 256  # prompt tokens of the warm-up run (or the case's own length when shorter)
@@ -100,8 +101,14 @@ def _gen_config(case: SpeedCase, gen_length: int | None = None, steps: int | Non
                             block_length=min(case.block_length, gen_length or case.gen_length), seed=case.seed)
 
 
+# LLaDA2 runs the same steps whatever random weights give: no token is ever above the threshold (each step
+# commits its quota) and decoding goes on after an end-of-text token; the limit line counts those steps.
+FIXED_STEPS = LLaDA2Options(threshold=1.0, stop_at_eos=False)
+
+
 def _plan(model: DiffusionLM, policy: Any, budget: int | None, prompt: torch.Tensor, case: SpeedCase) -> CachePlan:
-    return CachePlan.build(model, policy, budget, prompt.shape[1], step_options=StepOptions.from_label(case.step_mode))
+    return CachePlan.build(model, policy, budget, prompt.shape[1], step_options=StepOptions.from_label(case.step_mode),
+                           block_length=min(case.block_length, case.gen_length))
 
 
 def _warmup(model: DiffusionLM, case: SpeedCase, policy: Any, budget: int | None) -> float:
@@ -114,7 +121,7 @@ def _warmup(model: DiffusionLM, case: SpeedCase, policy: Any, budget: int | None
     g = _gen_config(case, gen_length=case.block_length, steps=min(4, case.steps))  # one block, a few steps
     prompt = random_prompt(model.config, m, case.seed + 1, dev)
     b = None if budget is None else max(1, min(budget, m // 2))
-    sample(model, prompt, g, _plan(model, policy, b, prompt, case))
+    sample(model, prompt, g, _plan(model, policy, b, prompt, case), llada2=FIXED_STEPS)
     if case.limit:
         measure_limit(model, prompt, g, None if not policy.uses_cache else (b if b is not None else m), case.seed)
     return now(dev) - t0
@@ -133,7 +140,8 @@ def _run_none(model: DiffusionLM, prompt: torch.Tensor, gen: Any, policy: Any, t
                 raise _Stop
 
     try:
-        sample(model, prompt, gen, CachePlan.build(model, policy, None, prompt.shape[1]), on_event)
+        sample(model, prompt, gen, CachePlan.build(model, policy, None, prompt.shape[1], block_length=gen.block_length),
+               on_event, llada2=FIXED_STEPS)
     except _Stop:
         pass
     diffs = [b - a for a, b in zip(marks, marks[1:], strict=False)]
@@ -162,7 +170,7 @@ def run_case(case: SpeedCase) -> dict[str, Any]:
     if policy.evicts and budget is None:
         raise UsageError(f"policy {case.policy} needs a budget")
     gen = _gen_config(case)
-    sched = rows_schedule(gen)
+    sched = rows_schedule(gen, case.prompt_len if model.config.block_causal else None)
     warm_s = _warmup(model, case, policy, budget) if case.warmup else 0.0
     prompt = random_prompt(cfg, case.prompt_len, case.seed, dev)
     peak_reset = reset_peak(dev)
@@ -178,7 +186,7 @@ def run_case(case: SpeedCase) -> dict[str, Any]:
         total_s = prefill_s + (len(sched) - 1) * step_s
         steps_run, steps_timed, extrapolated = len(sched), 1 + len(later), True
     else:
-        result = sample(model, prompt, gen, _plan(model, policy, budget, prompt, case))
+        result = sample(model, prompt, gen, _plan(model, policy, budget, prompt, case), llada2=FIXED_STEPS)
         st = result.stats
         setup_s = st.setup_s
         prefill_s, step_s, total_s = st.prefill_s, st.median_step_s, st.total_s

@@ -42,7 +42,7 @@ def _register() -> None:
     """Every command, in the order ``maskkv --help`` lists them: one module per command in ``cli/commands/``."""
     from maskkv_cli.cli.commands.ask import ask
     from maskkv_cli.cli.commands.batch import batch
-    from maskkv_cli.cli.commands.bench import memory, speed
+    from maskkv_cli.cli.commands.bench import memory, reuse, speed
     from maskkv_cli.cli.commands.bench_quality import export_tasks, quality
     from maskkv_cli.cli.commands.calibrate import calibrate
     from maskkv_cli.cli.commands.demo import demo
@@ -69,6 +69,7 @@ def _register() -> None:
     )
     bench_app.command()(speed)
     bench_app.command()(memory)
+    bench_app.command()(reuse)
     bench_app.command("quality")(quality)
     bench_app.command("tasks")(export_tasks)
     app.add_typer(bench_app, name="bench")

@@ -394,6 +394,13 @@ NAMED_CONFIGS: dict[str, ModelConfig] = {
         d_model=2048, n_layers=16, n_heads=16, mlp_hidden_size=1024, vocab_size=157184, rope_theta=50000.0,
         max_sequence_length=8192, **_LING, family="llada_moe", qk_norm=True,  # type: ignore[arg-type]
         moe=MoEConfig(64, 8, 1024, (True,) * 16, router="softmax", expert_bias=False)),
+    # LLaDA2's structure at a size the CPU benchmarks can run (8 layers, 32 experts): speed ratios, not quality.
+    "llada2-small": ModelConfig(
+        d_model=1024, n_layers=8, n_heads=16, n_kv_heads=4, mlp_hidden_size=2816, vocab_size=157184,
+        rope_theta=600000.0, max_sequence_length=32768, rms_norm_eps=1e-6, **_LING,  # type: ignore[arg-type]
+        family="llada2", head_dim_override=64, partial_rotary_factor=0.5, qk_norm=True, attention="block_causal",
+        moe=MoEConfig(32, 4, 512, (False,) + (True,) * 7, shared_hidden=512, n_group=4, topk_group=2,
+                      routed_scaling=2.5)),
     # For tests: the same structures, tiny.
     "llada2-tiny": ModelConfig(
         d_model=64, n_layers=3, n_heads=4, n_kv_heads=2, mlp_hidden_size=96, vocab_size=512, rope_theta=10000.0,

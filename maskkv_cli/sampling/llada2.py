@@ -68,6 +68,7 @@ class LLaDA2Options:
     minimal_topk: int = 1  # caps the steps per block at gen_length // minimal_topk (LLaDA2.0)
     top_p: float | None = None
     top_k: int | None = None
+    stop_at_eos: bool = True  # False: every block runs (benchmarks: the same work whatever the tokens)
 
     def __post_init__(self) -> None:
         for name in ("threshold", "editing_threshold"):
@@ -246,7 +247,7 @@ class BlockDenoising:
             else:
                 self.run_block_21(blk)
             end = (blk + 1) * self.block
-            if bool((self.x[:, self.m : end] == self.eos_id).any(dim=1).all()):
+            if self.options.stop_at_eos and bool((self.x[:, self.m : end] == self.eos_id).any(dim=1).all()):
                 break  # every row has its end-of-text token: nothing after it changes the answer
             if blk + 1 < self.n_blocks:
                 self.forward.finish_block(self.x, blk * self.block)

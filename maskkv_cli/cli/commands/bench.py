@@ -25,6 +25,7 @@ from maskkv_cli.cli.options import (
     JsonOpt,
     MemoryPoliciesOpt,
     OutOpt,
+    PolicyOpt,
     QuietOpt,
     SeedOpt,
     SpeedPoliciesOpt,
@@ -208,3 +209,46 @@ def memory(
     if not quiet:
         sys.stderr.write(f"results: {folder.path}\n")
 
+
+
+@guarded
+def reuse(
+    doc_tokens: Annotated[str, typer.Option("--doc-tokens", help="Tokens of the document (e.g. 4k).")] = "4k",
+    questions: Annotated[int, typer.Option("--questions-per-doc", help="Questions asked of the document.")] = 8,
+    config: Annotated[str, config_option("Named block-causal model shape with random weights.")] = "llada2-small",
+    budget: Annotated[int, budget_option("Entries per head the policy keeps.", "-b")] = 256,
+    policy: PolicyOpt = "maskkv",
+    gen_length: BenchGenOpt = 32,
+    block_length: BenchBlockOpt = 32,
+    repeats: Annotated[int, typer.Option("--repeats", help="Runs of each way; the median is reported.")] = 3,
+    dtype: DtypeOpt = "auto",
+    threads: ThreadsOpt = 1,
+    seed: SeedOpt = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """One document and several questions on a block-causal model (LLaDA2): the document computed once and reused
+    against every question asked on its own, in one run, on the CPU; time, peak live tensor bytes, equal answers.
+
+    Examples:
+
+        maskkv bench reuse
+
+        maskkv bench reuse --doc-tokens 1k --questions-per-doc 4 --repeats 1 --json
+    """
+    from maskkv_cli.bench.reuse import ReuseCase, run_reuse
+    from maskkv_cli.sizes import human_size
+
+    case = ReuseCase(config=config, doc_tokens=parse_count(doc_tokens, "--doc-tokens"), questions=questions,
+                     gen_length=gen_length, block_length=block_length, policy=policy, budget=budget, repeats=repeats,
+                     threads=threads, dtype=dtype, seed=seed)
+    row = run_reuse(case)
+    if as_json:
+        typer.echo(json.dumps(row))
+        return
+    head = ["way", "seconds", "peak live tensors"]
+    body = [["separate asks", f"{row['separate_s']:.2f}", human_size(row["separate_peak_bytes"], binary=True)],
+            ["document reused", f"{row['reused_s']:.2f}", human_size(row["reused_peak_bytes"], binary=True)]]
+    _print_table(f"maskkv bench reuse ({config}, {case.doc_tokens}-token document, {questions} questions, "
+                 f"{policy}@{budget})", head, body)
+    typer.echo(f"speed-up {row['speedup']:.2f}x; stored prefix {human_size(row['prefix_bytes'], binary=True)}; "
+               f"{row['answers_equal']} of {questions} answers token for token equal")

@@ -1,0 +1,103 @@
+"""``maskkv bench reuse``: one document, many questions on a block-causal model, against as many separate asks.
+
+A random-weight model of a named shape (``llada2-small`` by default) answers ``questions`` questions about one
+``doc_tokens``-token document (random token ids; the question ids differ per question) twice, in the same
+process, one after the other:
+
+- **separate**: every question's prompt runs whole (the prefill over the document and the question, then the
+  blocks), as when each question is asked on its own without a stored prefix;
+- **reused**: the document's whole blocks run once (``engine.prefix.compute_prefix``, timed with the rest) and
+  each question's prefill runs only its own rows over them.
+
+Both use the same policy and budget (MaskKV at 256 entries per head by default: each question still evicts from
+the document with its own votes). Reported: total seconds of each (median of ``repeats`` runs, after a warm-up),
+the speed-up, the peak of live tensor bytes above the weights (``live_bytes.LiveBytes``: exact, the allocator
+aside) of each, the stored prefix's bytes, and how many answers are token for token the same in both.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from maskkv_cli.bench.cases import load_bench_model, random_prompt
+from maskkv_cli.bench.live_bytes import LiveBytes
+from maskkv_cli.errors import UsageError
+
+
+@dataclass(frozen=True)
+class ReuseCase:
+    config: str = "llada2-small"
+    doc_tokens: int = 4096
+    questions: int = 8
+    question_tokens: int = 24
+    gen_length: int = 32
+    block_length: int = 32
+    policy: str = "maskkv"
+    budget: int = 256
+    repeats: int = 3
+    threads: int = 1
+    dtype: str = "auto"
+    seed: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _run(model: Any, prompts: list[torch.Tensor], doc: list[int], case: ReuseCase,
+         reuse: bool) -> tuple[float, int, list[torch.Tensor], int]:
+    """(seconds, peak live bytes, each answer's tokens, stored prefix bytes) of answering every prompt."""
+    from maskkv_cli.engine.plan import CachePlan
+    from maskkv_cli.engine.prefix import compute_prefix
+    from maskkv_cli.policies import get_policy
+    from maskkv_cli.sampling import GenerationConfig, sample
+
+    gen = GenerationConfig(gen_length=case.gen_length, steps=case.gen_length, block_length=case.block_length)
+    whole = len(doc) // case.block_length * case.block_length
+    answers: list[torch.Tensor] = []
+    stored = 0
+    with LiveBytes() as live:
+        started = time.perf_counter()
+        prefix = compute_prefix(model, doc[:whole], case.block_length) if reuse and whole else None
+        if prefix is not None:
+            stored = prefix.nbytes()
+        for prompt in prompts:
+            plan = CachePlan.build(model, get_policy(case.policy), case.budget, prompt.shape[1],
+                                   block_length=case.block_length, prefix=prefix)
+            answers.append(sample(model, prompt, gen, plan).tokens)
+        seconds = time.perf_counter() - started
+        del prefix
+    return seconds, live.peak, answers, stored
+
+
+@torch.no_grad()
+def run_reuse(case: ReuseCase) -> dict[str, Any]:
+    """Measure ``case`` in this process (see the module doc); the row of figures."""
+    torch.set_num_threads(case.threads)
+    if min(case.doc_tokens, case.questions, case.question_tokens, case.gen_length, case.repeats) < 1:
+        raise UsageError("document tokens, questions, question tokens, gen length and repeats must be positive")
+    model = load_bench_model(case.config, None, torch.device("cpu"), case.dtype, case.seed)
+    if not model.config.block_causal:
+        raise UsageError(f"--config {case.config} is not block-causal; reuse is for LLaDA2 shapes (llada2-small, "
+                         "llada2-mini)")
+    doc = random_prompt(model.config, case.doc_tokens, case.seed, torch.device("cpu"))[0].tolist()
+    prompts = [torch.tensor([doc + random_prompt(model.config, case.question_tokens, case.seed + 1 + i,
+                                                 torch.device("cpu"))[0].tolist()])
+               for i in range(case.questions)]
+    warm = prompts[0][:, -min(prompts[0].shape[1], 2 * case.block_length):]
+    _run(model, [warm], warm[0].tolist()[: case.block_length], case, True)  # kernels and allocator warmed up
+    separate, reused = [], []
+    for _ in range(case.repeats):  # alternate, so that a slow phase of the machine hits both
+        separate.append(_run(model, prompts, doc, case, False))
+        reused.append(_run(model, prompts, doc, case, True))
+    same = sum(torch.equal(a, b) for a, b in zip(separate[0][2], reused[0][2], strict=True))
+    sep_s = statistics.median(r[0] for r in separate)
+    reu_s = statistics.median(r[0] for r in reused)
+    return {**case.as_dict(), "separate_s": round(sep_s, 4), "reused_s": round(reu_s, 4),
+            "speedup": round(sep_s / reu_s, 3), "separate_peak_bytes": max(r[1] for r in separate),
+            "reused_peak_bytes": max(r[1] for r in reused), "prefix_bytes": reused[0][3],
+            "answers_equal": same, "runs": case.repeats}
