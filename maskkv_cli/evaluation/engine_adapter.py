@@ -73,6 +73,7 @@ class Engine:
         self.mask_id: int = cfg.mask_token_id
         self.family: str = cfg.family
         self.device: torch.device = self.session.device
+        self.last_ids: list[int] = []  # the previous request's prompt (its shared start is a document, see answer)
 
     def chat_text(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """Messages rendered with the model's chat template (LLaDA's when the tokenizer has none)."""
@@ -113,7 +114,13 @@ def answer(engine: Engine, ids: list[int], gen_length: int, settings: Settings,
     ids = middle_cut(ids, room)  # LongBench's middle cut when the prompt is too long
     run = settings.run(temperature)
     gen, cache = run.answer_generation(gen_length), run.cache()
-    result = engine.session.answer_ids(ids, gen, cache)
+    # A block-causal model computes the start this prompt shares with the previous one once (the harness asks
+    # the tasks' questions of a document one after another): the split depends on the order of the requests, so
+    # an answer may differ from the same request alone by rounding, not by what is computed.
+    shared = next((i for i, (a, b) in enumerate(zip(ids, engine.last_ids, strict=False)) if a != b),
+                  min(len(ids), len(engine.last_ids)))
+    engine.last_ids = list(ids)
+    result = engine.session.answer_ids(ids, gen, cache, document_len=shared)
     run = result.result.stats
     stats = {
         "budget": result.budget,
