@@ -12,10 +12,11 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from maskkv_cli.errors import ModelLoadError
+from maskkv_cli.models.base import SwiGLU
 from maskkv_cli.models.config import MoEConfig, named_config
 from maskkv_cli.models.families import build_model, config_from_hf
 from maskkv_cli.models.loading import load_model, save_model
-from maskkv_cli.models.moe import SwiGLU, route_sigmoid_groups, route_softmax, run_experts
+from maskkv_cli.models.moe import route_sigmoid_groups, route_softmax, run_experts
 
 SIG = MoEConfig(n_experts=8, top_k=2, expert_hidden=4, layers=(True,), n_group=4, topk_group=2, routed_scaling=2.5)
 

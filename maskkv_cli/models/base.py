@@ -18,8 +18,8 @@ logits of policy ``none``, the layer-importance measurement and the limit line a
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import NamedTuple, Self
+from collections.abc import Callable, Iterable
+from typing import ClassVar, NamedTuple, Self
 
 import torch
 import torch.nn.functional as F
@@ -70,6 +70,19 @@ def rotate_in_dtype(x: Tensor, rope: Rope, rotary_dim: int | None = None) -> Ten
     c, s = rope.cos.to(x.dtype), rope.sin.to(x.dtype)
     half = x.shape[-1] // 2
     return x * c + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * s
+
+
+class SwiGLU(nn.Module):
+    """``down(silu(gate(x)) * up(x))``; parameter names as in every upstream checkpoint."""
+
+    def __init__(self, d_model: int, hidden: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(d_model, hidden, bias=False)
+        self.up_proj = nn.Linear(d_model, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class RMSNorm(nn.Module):
@@ -254,6 +267,47 @@ class DiffusionModel(nn.Module):
     def init_weights(self, seed: int = 0, std: float = 0.02) -> Self:
         init_parameters(self, seed, std)
         return self
+
+
+class HFLayoutModel(DiffusionModel):
+    """A model in the Hugging Face layout (Dream, LLaDA2, LLaDA-MoE): ``model.<embedding>``, ``model.layers``,
+    ``model.norm`` and an untied ``lm_head``; the family gives the blocks and the embedding's name."""
+
+    embedding_name: ClassVar[str] = "embed_tokens"
+
+    def __init__(self, cfg: ModelConfig, blocks: Iterable[nn.Module]) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = nn.ModuleDict({
+            self.embedding_name: nn.Embedding(cfg.vocab_size, cfg.d_model),
+            "layers": nn.ModuleList(blocks),
+            "norm": RMSNorm(cfg.d_model, cfg.rms_norm_eps),
+        })
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        return self.model["layers"]  # type: ignore[return-value]
+
+    def embed(self, ids: Tensor) -> Tensor:
+        return self.model[self.embedding_name](ids)
+
+    def head(self, x: Tensor) -> Tensor:
+        """Final norm and LM head of hidden states (the logit shift, if any, is the caller's)."""
+        return self.lm_head(self.model["norm"](x))
+
+    def place_ends(self, first: torch.device, last: torch.device) -> None:
+        self.model[self.embedding_name].to(first)
+        self.model["norm"].to(last)
+        self.lm_head.to(last)
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
 
 
 def init_parameters(model: nn.Module, seed: int, std: float) -> None:

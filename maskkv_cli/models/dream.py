@@ -9,11 +9,9 @@ Position i is predicted from hidden state i - 1 (``config.logit_shift == 1``); t
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from maskkv_cli.models.base import DiffusionBlock, DiffusionModel, RMSNorm, Rope, rotate_in_dtype
+from maskkv_cli.models.base import DiffusionBlock, HFLayoutModel, RMSNorm, Rope, SwiGLU, rotate_in_dtype
 from maskkv_cli.models.config import ModelConfig
 
 
@@ -27,14 +25,6 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.n_heads * hd, cfg.d_model, bias=False)
 
 
-class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.d_model, cfg.mlp_hidden_size, bias=False)
-        self.up_proj = nn.Linear(cfg.d_model, cfg.mlp_hidden_size, bias=False)
-        self.down_proj = nn.Linear(cfg.mlp_hidden_size, cfg.d_model, bias=False)
-
-
 class DreamBlock(DiffusionBlock):
     """Dream's layer: RMSNorm, q/k/v projections with biases and ``n_kv_heads`` key/value heads, Qwen2's RoPE
     (``rotate``), a gated SiLU MLP."""
@@ -42,7 +32,7 @@ class DreamBlock(DiffusionBlock):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
         self.self_attn = Attention(cfg)
-        self.mlp_layers = MLP(cfg)
+        self.mlp_layers = SwiGLU(cfg.d_model, cfg.mlp_hidden_size)
         self.input_layernorm = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
 
@@ -68,12 +58,10 @@ class DreamBlock(DiffusionBlock):
         return self.self_attn.o_proj(o.transpose(1, 2).reshape(b, t, -1))
 
     def feed_forward(self, x: Tensor) -> Tensor:
-        n = self.post_attention_layernorm(x)
-        m = self.mlp_layers
-        return m.down_proj(F.silu(m.gate_proj(n)) * m.up_proj(n))
+        return self.mlp_layers(self.post_attention_layernorm(x))
 
 
-class Dream(DiffusionModel):
+class Dream(HFLayoutModel):
     """``model(ids (B, T)) -> logits (B, T, vocab)``, already shifted (position i predicted from i - 1)."""
 
     @staticmethod
@@ -86,35 +74,4 @@ class Dream(DiffusionModel):
         return key.replace(".mlp.", ".mlp_layers.")
 
     def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.config = cfg
-        self.model = nn.ModuleDict({
-            "embed_tokens": nn.Embedding(cfg.vocab_size, cfg.d_model),
-            "layers": nn.ModuleList(DreamBlock(cfg) for _ in range(cfg.n_layers)),
-            "norm": RMSNorm(cfg.d_model, cfg.rms_norm_eps),
-        })
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-
-    @property
-    def blocks(self) -> nn.ModuleList:
-        return self.model["layers"]  # type: ignore[return-value]
-
-    def embed(self, ids: Tensor) -> Tensor:
-        return self.model["embed_tokens"](ids)
-
-    def head(self, x: Tensor) -> Tensor:
-        """Norm and LM head of hidden states (no shift: callers pick hidden state i - 1 for position i)."""
-        return self.lm_head(self.model["norm"](x))
-
-    def place_ends(self, first: torch.device, last: torch.device) -> None:
-        self.model["embed_tokens"].to(first)
-        self.model["norm"].to(last)
-        self.lm_head.to(last)
-
-    @property
-    def device(self) -> torch.device:
-        return self.lm_head.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
+        super().__init__(cfg, (DreamBlock(cfg) for _ in range(cfg.n_layers)))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from maskkv_cli.models.base import DiffusionBlock, DiffusionModel, RMSNorm, Rope, rotate_in_dtype
+from maskkv_cli.models.base import DiffusionBlock, HFLayoutModel, RMSNorm, Rope, rotate_in_dtype
 from maskkv_cli.models.config import ModelConfig
 from maskkv_cli.models.moe import feed_forward_module
 
@@ -75,9 +75,10 @@ class LLaDA2Block(DiffusionBlock):
         return self.mlp_layers(self.post_attention_layernorm(x))
 
 
-class LLaDA2(DiffusionModel):
+class LLaDA2(HFLayoutModel):
     """``model(ids (B, T)) -> logits (B, T, vocab)``; position i predicts token i."""
 
+    embedding_name = "word_embeddings"
     optional_keys = (".mlp.gate.expert_bias",)  # zeros when a checkpoint leaves the router's bias out
 
     @staticmethod
@@ -89,35 +90,8 @@ class LLaDA2(DiffusionModel):
         return key.replace(".mlp.", ".mlp_layers.")
 
     def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.config = cfg
-        self.model = nn.ModuleDict({
-            "word_embeddings": nn.Embedding(cfg.vocab_size, cfg.d_model),
-            "layers": nn.ModuleList(LLaDA2Block(cfg, i) for i in range(cfg.n_layers)),
-            "norm": RMSNorm(cfg.d_model, cfg.rms_norm_eps),
-        })
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-
-    @property
-    def blocks(self) -> nn.ModuleList:
-        return self.model["layers"]  # type: ignore[return-value]
-
-    def embed(self, ids: Tensor) -> Tensor:
-        return self.model["word_embeddings"](ids)
+        super().__init__(cfg, (LLaDA2Block(cfg, i) for i in range(cfg.n_layers)))
 
     def head(self, x: Tensor) -> Tensor:
         """Final norm and LM head, logits in fp32 (as upstream returns them)."""
-        return self.lm_head(self.model["norm"](x)).float()
-
-    def place_ends(self, first: torch.device, last: torch.device) -> None:
-        self.model["word_embeddings"].to(first)
-        self.model["norm"].to(last)
-        self.lm_head.to(last)
-
-    @property
-    def device(self) -> torch.device:
-        return self.lm_head.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
+        return super().head(x).float()

@@ -14,10 +14,9 @@ shared expert all live in ``mlp_layers`` (``checkpoint_key`` maps the names).
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
-from maskkv_cli.models.base import DiffusionBlock, DiffusionModel, RMSNorm, Rope, rotate_in_dtype
+from maskkv_cli.models.base import DiffusionBlock, HFLayoutModel, RMSNorm, Rope, rotate_in_dtype
 from maskkv_cli.models.config import ModelConfig
 from maskkv_cli.models.moe import feed_forward_module
 
@@ -76,7 +75,7 @@ class LLaDAMoEBlock(DiffusionBlock):
         return self.mlp_layers(self.post_attention_layernorm(x))
 
 
-class LLaDAMoE(DiffusionModel):
+class LLaDAMoE(HFLayoutModel):
     """``model(ids (B, T)) -> logits (B, T, vocab)``; position i predicts token i."""
 
     @staticmethod
@@ -92,34 +91,4 @@ class LLaDAMoE(DiffusionModel):
         return key
 
     def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.config = cfg
-        self.model = nn.ModuleDict({
-            "embed_tokens": nn.Embedding(cfg.vocab_size, cfg.d_model),
-            "layers": nn.ModuleList(LLaDAMoEBlock(cfg, i) for i in range(cfg.n_layers)),
-            "norm": RMSNorm(cfg.d_model, cfg.rms_norm_eps),
-        })
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-
-    @property
-    def blocks(self) -> nn.ModuleList:
-        return self.model["layers"]  # type: ignore[return-value]
-
-    def embed(self, ids: Tensor) -> Tensor:
-        return self.model["embed_tokens"](ids)
-
-    def head(self, x: Tensor) -> Tensor:
-        return self.lm_head(self.model["norm"](x))
-
-    def place_ends(self, first: torch.device, last: torch.device) -> None:
-        self.model["embed_tokens"].to(first)
-        self.model["norm"].to(last)
-        self.lm_head.to(last)
-
-    @property
-    def device(self) -> torch.device:
-        return self.lm_head.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
+        super().__init__(cfg, (LLaDAMoEBlock(cfg, i) for i in range(cfg.n_layers)))

@@ -22,20 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from maskkv_cli.models.base import SwiGLU
 from maskkv_cli.models.config import ModelConfig, MoEConfig
-
-
-class SwiGLU(nn.Module):
-    """``down(silu(gate(x)) * up(x))``; parameter names as in every upstream checkpoint."""
-
-    def __init__(self, d_model: int, hidden: int) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(d_model, hidden, bias=False)
-        self.up_proj = nn.Linear(d_model, hidden, bias=False)
-        self.down_proj = nn.Linear(hidden, d_model, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Router(nn.Module):
