@@ -82,6 +82,10 @@ def parse_document(data: bytes, *, source: str, kind: str, password: str | None 
         pages, notes = load_text(data, display, kind)
     else:
         raise ValueError(f"unknown document kind {kind!r}")
+    from maskkv_cli.documents.textlayer import screen_pages
+
+    pages, damaged = screen_pages(pages, display)
+    notes = [*notes, *damaged]
     return Document(
         source=source,
         kind=kind,
