@@ -200,8 +200,8 @@ class DocumentStore:
                     f"'{key}' is too short to match a hash; give at least {MIN_PREFIX} characters "
                     "or the document's file name."
                 )
-            raise UsageError(
-                f"No stored document matches '{key}'; list the stored documents to see their "
+            raise MaskKVError(  # not found: exit 1, as every other missing thing
+                f"No stored document matches '{key}'; `maskkv ingest --list` shows the stored documents' "
                 "hashes and names."
             )
         if len(matches) > 1:

@@ -90,11 +90,14 @@ def _list(store: Any, as_json: bool) -> None:
 
 
 def _error_line(outcome: Any) -> str:
-    """``error: PATH reason``: messages that start with the file's name get its full path instead."""
-    name, message = outcome.path.name, str(outcome.error)
-    if name and message.startswith(name + " "):
-        return f"error: {outcome.path}{message[len(name):]}"
-    return f"error: {outcome.path}: {message}"
+    """``error: PATH: reason``, naming the file once: a message that names the path as given is printed as it is,
+    one that starts with the file's name gets the path in its place."""
+    path, name, message = str(outcome.path), outcome.path.name, str(outcome.error)
+    if path in message:
+        return f"error: {message}"
+    if name and (message.startswith(name + " ") or message.startswith(name + ":")):
+        return f"error: {path}{message[len(name):]}"
+    return f"error: {path}: {message}"
 
 
 def _line(outcome: Any) -> str:
