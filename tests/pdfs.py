@@ -243,3 +243,30 @@ def text_layer_corpus(seed: int, per_kind: int = 12) -> list[tuple[str, str, byt
         for kind in kinds:
             out += [(label, kind, font_pdf([corpus_page(kind, rng, paragraphs)])) for _ in range(per_kind)]
     return out
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# A long PDF for reading in parts: text the embedded model never saw (the held-out standard-library docstrings).
+
+
+def long_pdf_pages(pages: int = 36, lines_per_page: int = 20, fact: str | None = None,
+                   fact_page: int = 1) -> list[list[str]]:
+    """The lines of a ``pages``-page document typeset from the held-out standard-library docstrings
+    (``tasks.sources``'s ``stdlib-heldout``): a running header, ``lines_per_page`` wrapped lines, a page number;
+    ``fact`` (a sentence) as a line of its own in the middle of page ``fact_page``."""
+    import textwrap
+
+    from maskkv_cli.tasks.sources import load_source
+
+    body: list[str] = []
+    for paragraph in load_source("stdlib-heldout"):
+        body += textwrap.wrap(paragraph, 78) + [""]
+        if len(body) >= pages * lines_per_page:
+            break
+    out = []
+    for number in range(1, pages + 1):
+        lines = body[(number - 1) * lines_per_page: number * lines_per_page]
+        if fact is not None and number == fact_page:
+            lines.insert(len(lines) // 2, fact)
+        out.append(["Python Library Notes", "", *lines, "", f"Page {number}"])
+    return out

@@ -60,12 +60,18 @@ def note(message: str | None, quiet: bool, as_json: bool) -> None:
 
 
 
-def one_line_stats(stats: Any) -> str:
+def one_line_stats(stats: Any, prompts: int = 1) -> str:
+    """A run's statistics in one line; ``prompts``: how many prompts it took (a document read in parts), whose
+    prompt tokens, prefill and steps are summed and whose cache is the largest of one."""
     from maskkv_cli.sizes import human_size
 
     kept, full = human_size(stats.kv_bytes, binary=True), human_size(stats.kv_full_bytes, binary=True)
     kv = f"KV {kept} of {full} ({stats.compression:.1f}x smaller)" if stats.kv_bytes else "no KV cache"
-    return (f"{stats.policy}: prompt {stats.prompt_len} tokens, prefill {stats.prefill_s:.2f} s, "
+    if prompts > 1:
+        kv = f"{kv} per part"
+    prompt = f"{prompts} prompts of {stats.prompt_len} tokens in all" if prompts > 1 else \
+        f"prompt {stats.prompt_len} tokens"
+    return (f"{stats.policy}: {prompt}, prefill {stats.prefill_s:.2f} s, "
             f"{stats.steps_run} steps, {stats.total_s:.2f} s, {stats.tokens_per_s:.1f} tokens/s, {kv}")
 
 
