@@ -96,7 +96,11 @@ def profile(
         for w in doc.warnings:
             note(w, quiet, as_json)
         live.phase("load model")
+        import time
+
+        started = time.perf_counter()
         session = opts.load_session(device)
+        load_s = time.perf_counter() - started
         gen = opts.generation(session.generation_defaults)
         live.phase("warm-up")
         report = profile_document(
@@ -104,6 +108,7 @@ def profile(
             focus=focus, warmup=warmup, on_run=lambda i, n, spec: live.phase(f"run {i + 1}/{n}", spec.label),
             on_event=live, on_prompt=live.prompt_ready, on_answer=live.answered,
         )
+        report.load_s = load_s
         live.phase("write")
         if plot is not None:
             from maskkv_cli.cli.render_profile import plot_png
