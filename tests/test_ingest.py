@@ -230,6 +230,7 @@ def test_discover_order_dedup_and_skips(tmp_path: Path) -> None:
     assert [p.name for p in found.skipped] == ["x.csv"]
 
 
+@pytest.mark.filterwarnings("ignore::maskkv_cli.documents.tokens.TokenCountWarning")  # no tokenizer: an estimate
 def test_ingest_all_yields_one_outcome_per_file_and_never_raises(tmp_path: Path) -> None:
     files = [good_pdf(tmp_path / "a.pdf", "a"), bad_pdf(tmp_path / "b.pdf"), tmp_path / "nope.txt",
              good_pdf(tmp_path / "c.pdf", "c")]
