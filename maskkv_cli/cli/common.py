@@ -58,6 +58,39 @@ def note(message: str | None, quiet: bool, as_json: bool) -> None:
         sys.stderr.write(f"note: {message}\n")
 
 
+# Notes about a model's setup that stay true from one command to the next (``engine.plan.resolve_importance``'s
+# calibration notes): shown the first time on this machine only, not on every command.
+ONCE = ("no calibration profile for this model", "using calibration profile")
+NOTES_SHOWN = "notes-shown.json"
+
+
+def note_once(message: str | None, quiet: bool, as_json: bool) -> None:
+    """``note``, except that a note of ``ONCE`` is shown only the first time this exact message would be shown on
+    this machine (remembered in ``MASKKV_HOME``); a store that cannot be read or written shows it again."""
+    if not message or quiet or as_json:
+        return
+    if message.startswith(ONCE):
+        import hashlib
+        import json
+
+        from maskkv_cli.fileio import atomic_write_text
+        from maskkv_cli.paths import maskkv_home
+
+        path = maskkv_home() / NOTES_SHOWN
+        key = hashlib.sha256(message.encode()).hexdigest()[:16]
+        try:
+            shown = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+        except (OSError, ValueError):
+            shown = []
+        if key in shown:
+            return
+        try:
+            atomic_write_text(path, json.dumps([*shown, key]))
+        except OSError:
+            pass
+    note(message, quiet, as_json)
+
+
 
 
 def one_line_stats(stats: Any, prompts: int = 1) -> str:

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from maskkv_cli.cli.asking import ask_live, document_run
-from maskkv_cli.cli.common import fail, guarded, note, one_line_stats
+from maskkv_cli.cli.common import fail, guarded, note_once, one_line_stats
 from maskkv_cli.cli.options import LongOpt, PasswordOpt, QuestionsFileOpt
 from maskkv_cli.cli.run_options import CACHE, MODEL, OUTPUT, SAMPLER, RunOptions, run_options
 from maskkv_cli.prompting.fit import DEFAULT_LONG
@@ -55,6 +55,9 @@ def ask(
 
         maskkv ask book.txt "Where is the treasure?" --long truncate --json
     """
+    from maskkv_cli.documents.reading import check_source
+
+    check_source(document)  # a wrong path fails at once, before anything heavy is imported or loaded
     qs = _questions(question, more, questions_file)
     cache = opts.cache()
     quiet, as_json = opts.quiet, opts.as_json
@@ -69,7 +72,7 @@ def ask(
             for message in [answer.fitted.rule, *answer.notes]:
                 if message and message not in shown:
                     shown.add(message)
-                    note(message, quiet, as_json)
+                    note_once(message, quiet, as_json)
             results.append((q, answer))
     from maskkv_cli.models.catalog import is_embedded_model
     from maskkv_cli.pipeline import answer_row

@@ -36,6 +36,10 @@ def summarize(
 
         maskkv summarize book.txt --length 300 --budget 128 --json
     """
+    from maskkv_cli.documents.reading import check_source
+
+    check_source(document)  # a wrong path fails at once, before anything heavy is imported or loaded
+
     from maskkv_cli.pipeline import used_every_token
     from maskkv_cli.prompting.parts import (
         adds_nothing,
