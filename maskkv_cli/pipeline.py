@@ -38,8 +38,8 @@ from maskkv_cli.session import Answer, Session
 from maskkv_cli.stats import RunStats
 
 __all__ = ["CLAIMS", "Answer", "PartsAnswer", "Prompt", "Session", "add_pages", "answer_row", "ask", "ask_in_parts",
-           "choose_part", "claim", "confidence_fields", "parts_stats", "prepare", "reading_fields", "room_for_text",
-           "says_absent", "spans_pages", "trained_question", "used_every_token"]
+           "choose_part", "claim", "common_source", "confidence_fields", "parts_stats", "prepare", "reading_fields",
+           "room_for_text", "says_absent", "spans_pages", "trained_question", "used_every_token"]
 
 
 @dataclass(frozen=True)
@@ -142,11 +142,18 @@ def ask_in_parts(
     rule = (f"document is {len(ids)} tokens, longer than the {room} the window leaves: read in {len(windows)} parts "
             f"of up to {room} tokens, each sharing {windows[0][1] - windows[1][0]} with the next")
     fitted = replace(chosen.fitted, rule=rule, read=((0, chars),), parts=len(windows),
-                     source=tuple(a.fitted.source[0] for a in source))
+                     source=common_source([a.fitted.source[0] for a in source]))
     notes = list(dict.fromkeys(n for a in answers for n in a.notes))
     stats = parts_stats([a.result.stats for a in answers])
     return PartsAnswer(chosen.text, sum(a.prompt_len for a in answers), chosen.budget,
                        replace(chosen.result, stats=stats), notes, chosen.confidence, fitted, parts=answers)
+
+
+def common_source(spans: Sequence[Span]) -> tuple[Span, ...]:
+    """Where an answer given by these parts came from: the characters they all share when they overlap (two
+    neighbouring parts that found the same fact both hold it, in their overlap), else each of their spans."""
+    start, end = max(a for a, _ in spans), min(b for _, b in spans)
+    return ((start, end),) if len(spans) > 1 and start < end else tuple(spans)
 
 
 def used_every_token(session: Session, answer: Answer) -> bool:

@@ -78,6 +78,20 @@ BODY = [
 ]
 
 
+def write_objects(objects: list[bytes]) -> bytes:
+    """A PDF file of ``objects`` (object 1 the catalog), numbered from 1, with a correct cross-reference table."""
+    out = bytearray(b"%PDF-1.7\n")
+    offsets = []
+    for number, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
+    return bytes(out)
+
+
 def raw_pdf(streams: list[tuple[bytes, bytes]]) -> bytes:
     """A PDF written by hand, one page per ``(stream dictionary, stream bytes)`` content stream.
 
@@ -93,16 +107,7 @@ def raw_pdf(streams: list[tuple[bytes, bytes]]) -> bytes:
                        b"/Resources << /Font << /F1 %d 0 R >> >> /Contents %d 0 R >>" % (font, 4 + 2 * i))
         objects.append(head + b"\nstream\n" + data + b"\nendstream")
     objects.append(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>")
-    out = bytearray(b"%PDF-1.7\n")
-    offsets = []
-    for number, body in enumerate(objects, 1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
-    return bytes(out)
+    return write_objects(objects)
 
 
 def text_stream(line: str) -> tuple[bytes, bytes]:
@@ -159,16 +164,7 @@ def font_pdf(pages: list[list[list[tuple[str, str]]]]) -> bytes:
     objects.append(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>")
     objects.append(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /ToUnicode %d 0 R >>" % (first_font + 2))
     objects.append(b"<< /Length %d >>\nstream\n" % len(_PUA_CMAP) + _PUA_CMAP + b"\nendstream")
-    out = bytearray(b"%PDF-1.7\n")
-    offsets = []
-    for number, body in enumerate(objects, 1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
-    return bytes(out)
+    return write_objects(objects)
 
 
 # The kinds of page in the corpus, by label. Clean pages hold real text, some with the odd unreadable glyph real

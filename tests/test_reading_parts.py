@@ -63,6 +63,14 @@ def test_not_in_the_document_only_when_every_part_says_so() -> None:
     assert choose_part(low_guess)[0].text == "77"  # a guess is shown (it will be marked LOW CONFIDENCE)
 
 
+def test_an_answer_from_two_neighbouring_parts_comes_from_their_overlap() -> None:
+    from maskkv_cli.pipeline import common_source
+
+    assert common_source([(0, 100), (90, 190)]) == ((90, 100),)
+    assert common_source([(0, 100)]) == ((0, 100),)
+    assert common_source([(0, 100), (180, 280)]) == ((0, 100), (180, 280))  # far apart: each of them
+
+
 def test_parts_stats_sum_the_work_and_keep_the_largest_cache() -> None:
     total = parts_stats([stats(1.0, 10), stats(2.0, 30)])
     assert total.total_s == 3.0 and total.steps_run == 16 and total.prompt_len == 200 and total.gen_length == 16
