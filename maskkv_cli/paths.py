@@ -24,6 +24,15 @@ def config_file() -> Path:
     return Path(base) / "maskkv" / "config.toml"
 
 
+def shipped_model_folder() -> Path | None:
+    """The trained tiny model shipped inside the package (``assets/tiny-llada``), when present; found without
+    importing any model code (``ingest`` counts tokens with its tokenizer)."""
+    from importlib import resources
+
+    path = Path(str(resources.files("maskkv_cli") / "assets" / "tiny-llada"))
+    return path if (path / "config.json").is_file() else None
+
+
 def hf_cache_dir() -> Path:
     if os.environ.get("HF_HUB_CACHE"):
         return Path(os.environ["HF_HUB_CACHE"])

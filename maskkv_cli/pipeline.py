@@ -1,24 +1,45 @@
 """The core use case: a question about a text becomes an answer.
 
-``ask`` fits the text to the model's window (cut its middle, or keep it and scale RoPE), builds the prompt (the
-chat template around the text and the question) and runs the sampler with the chosen cache policy. ``ask``,
-``summarize``, ``profile``, ``demo`` and ``bench quality`` all go through here; ``prepare`` is the first half
-on its own, for callers that build a prompt once and answer it under several cache settings.
+``ask`` fits the text to the model's window and runs the sampler with the chosen cache policy. A text longer than
+the window is, by default, read in parts (``--long parts``): overlapping windows of it, each asked the question
+(the text encoded once), the answer taken from the part(s) that answer with the highest confidence, "not in the
+document" only when every part says so. It can instead be cut in the middle (``truncate``) or kept whole under
+scaled RoPE (``rope-scale``). ``ask``, ``summarize``, ``profile``, ``demo``, ``batch`` and ``bench quality`` all
+go through here; ``prepare`` is the one-prompt half on its own, for callers that build a prompt once and answer it
+under several cache settings.
+
+Every answer records what was read (``Answer.fitted``: the characters of the text the model saw, the part(s) the
+answer came from), and ``answer_row`` says what kind of statement it is (``claim``): an answer, "not in the
+document" as a finding, or an absence that holds only for what was read or for a model not shown to say it
+reliably.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from maskkv_cli.engine.plan import CacheConfig
-from maskkv_cli.prompting import document_question
-from maskkv_cli.prompting.fit import FittedContext, fit_context
+from maskkv_cli.prompting import NO_ANSWER, document_question, stop_ids
+from maskkv_cli.prompting.fit import (
+    DEFAULT_LONG,
+    PART_OVERLAP,
+    FittedContext,
+    Span,
+    char_offset,
+    fit_context,
+    part_windows,
+)
 from maskkv_cli.sampling import Event, GenerationConfig
+from maskkv_cli.sampling.confidence import LOW_CONFIDENCE_STATISTIC, Confidence
 from maskkv_cli.session import Answer, Session
+from maskkv_cli.stats import RunStats
 
-__all__ = ["Answer", "Prompt", "Session", "answer_row", "ask", "confidence_fields", "prepare"]
+__all__ = ["CLAIMS", "Answer", "PartsAnswer", "Prompt", "Session", "add_pages", "answer_row", "ask", "ask_in_parts",
+           "choose_part", "claim", "common_source", "confidence_fields", "parts_stats", "prepare", "reading_fields",
+           "room_for_text", "says_absent", "spans_pages", "trained_question", "used_every_token"]
 
 
 @dataclass(frozen=True)
@@ -32,9 +53,22 @@ class Prompt:
     document_len: int = 0
 
 
+@dataclass
+class PartsAnswer(Answer):
+    """An answer read from a text in parts: the chosen answer, and every part's own answer in text order."""
+
+    parts: list[Answer] = field(default_factory=list)
+
+
+def room_for_text(session: Session, question: str, gen_length: int) -> int:
+    """Tokens of text one prompt holds beside the chat template, the question and ``gen_length`` answer tokens."""
+    return session.window - session.prompt_overhead(question) - gen_length
+
+
 def prepare(session: Session, context: str, question: str, gen_length: int, long: str = "truncate") -> Prompt:
     """Fit ``context`` into what the window leaves beside the question and ``gen_length`` response tokens, and
-    build the chat prompt of document then question. ``long``: ``truncate`` or ``rope-scale``."""
+    build the chat prompt of document then question. ``long``: ``truncate`` or ``rope-scale`` (one prompt; a text
+    that fits is the same under every mode)."""
     cfg = session.model.config
     overhead = session.prompt_overhead(question)
     room = session.window - overhead - gen_length
@@ -55,18 +89,169 @@ def ask(
     gen: GenerationConfig,
     cache: CacheConfig,
     *,
-    long: str = "truncate",
+    long: str = DEFAULT_LONG,
     on_event: Callable[[Event], None] | None = None,
     on_prompt: Callable[[Prompt], None] | None = None,
+    on_part: Callable[[int, int], None] | None = None,
 ) -> Answer:
-    """Answer ``question`` about ``context``: fit, prompt, sample. ``on_prompt`` sees the prompt before the
-    prefill starts; ``on_event`` gets the sampler's progress. The answer carries the fitted context."""
+    """Answer ``question`` about ``context``: fit, prompt, sample. ``on_prompt`` sees each prompt before its
+    prefill starts; ``on_event`` gets the sampler's progress; ``on_part(i, n)`` is told when part ``i`` of ``n``
+    starts (a text read in parts). The answer carries the fitted context and what was read."""
+    if long == "parts":
+        ids = session.document_ids(context)
+        room = room_for_text(session, question, gen.gen_length)
+        if len(ids) > room:
+            return ask_in_parts(session, context, ids, room, question, gen, cache, on_event=on_event,
+                                on_prompt=on_prompt, on_part=on_part)
+        long = "truncate"  # it fits: the one prompt every mode builds
     prompt = prepare(session, context, question, gen.gen_length, long)
     session.set_rope_factor(prompt.fitted.rope_factor)
     if on_prompt is not None:
         on_prompt(prompt)
     answer = session.answer_ids(prompt.ids, gen, cache, on_event, document_len=prompt.document_len)
     return replace(answer, fitted=prompt.fitted)
+
+
+def ask_in_parts(
+    session: Session,
+    context: str,
+    ids: Sequence[int],
+    room: int,
+    question: str,
+    gen: GenerationConfig,
+    cache: CacheConfig,
+    *,
+    overlap: int = PART_OVERLAP,
+    on_event: Callable[[Event], None] | None = None,
+    on_prompt: Callable[[Prompt], None] | None = None,
+    on_part: Callable[[int, int], None] | None = None,
+) -> PartsAnswer:
+    """Ask ``question`` of every window of ``room`` tokens of ``context`` (token ``ids``), each sharing ``overlap``
+    tokens with the next, and answer from the part(s) ``choose_part`` picks."""
+    windows = part_windows(len(ids), room, min(overlap, room // 4))
+    chars = len(context)
+    session.set_rope_factor(1)
+    answers: list[Answer] = []
+    for i, (start, end) in enumerate(windows, 1):
+        if on_part is not None:
+            on_part(i, len(windows))
+        text = session.tokenizer.decode(list(ids[start:end]))
+        span = (char_offset(session.tokenizer, ids, start, context),
+                chars if end == len(ids) else char_offset(session.tokenizer, ids, end, context))
+        fitted = FittedContext(text, end - start, 0, 1, "", (span,), chars, source=(span,), mode="parts")
+        prompt = Prompt(session.prompt_ids(document_question(text, question)), fitted)
+        if on_prompt is not None:
+            on_prompt(prompt)
+        answers.append(replace(session.answer_ids(prompt.ids, gen, cache, on_event), fitted=fitted))
+    chosen, source = choose_part(answers)
+    rule = (f"document is {len(ids)} tokens, longer than the {room} the window leaves: read in {len(windows)} parts "
+            f"of up to {room} tokens, each sharing {windows[0][1] - windows[1][0]} with the next")
+    fitted = replace(chosen.fitted, rule=rule, read=((0, chars),), parts=len(windows),
+                     source=common_source([a.fitted.source[0] for a in source]))
+    notes = list(dict.fromkeys(n for a in answers for n in a.notes))
+    stats = parts_stats([a.result.stats for a in answers])
+    return PartsAnswer(chosen.text, sum(a.prompt_len for a in answers), chosen.budget,
+                       replace(chosen.result, stats=stats), notes, chosen.confidence, fitted, parts=answers)
+
+
+def common_source(spans: Sequence[Span]) -> tuple[Span, ...]:
+    """Where an answer given by these parts came from: the characters they all share when they overlap (two
+    neighbouring parts that found the same fact both hold it, in their overlap), else each of their spans."""
+    start, end = max(a for a, _ in spans), min(b for _, b in spans)
+    return ((start, end),) if len(spans) > 1 and start < end else tuple(spans)
+
+
+def used_every_token(session: Session, answer: Answer) -> bool:
+    """Whether ``answer`` ran to its last token without an end-of-text token: its token budget cut it."""
+    stops = stop_ids(session.tokenizer, session.model.config)
+    return not any(t in stops for t in answer.result.tokens[0].tolist())
+
+
+def _normal(text: str) -> str:
+    return " ".join(text.split()).casefold()
+
+
+def says_absent(text: str) -> bool:
+    """Whether an answer is the "not in the document" of a model trained to say it (``NO_ANSWER``)."""
+    return _normal(text) == _normal(NO_ANSWER)
+
+
+def _rank(conf: Confidence | None) -> tuple[float, float]:
+    """How sure an answer is, for choosing among parts: the statistic the low-confidence rule uses, then the other."""
+    if conf is None:
+        return (-1.0, -1.0)
+    return (conf.min, conf.mean) if LOW_CONFIDENCE_STATISTIC == "min" else (conf.mean, conf.min)
+
+
+def choose_part(answers: Sequence[Answer]) -> tuple[Answer, list[Answer]]:
+    """(the answer to give, the parts it came from) for the parts' answers of one question, in text order.
+
+    Parts that give an answer (neither empty nor "not in the document") are grouped by their text; the group whose
+    most confident part is the most confident of all wins (ties: the first in the text), and the answer is that
+    part's, from every part of the group. When no part gives an answer: "not in the document" when every part says
+    so (the least confident of them, from every part), else no answer (an empty part's)."""
+    if not answers:
+        raise ValueError("no part to choose from")
+    groups: dict[str, list[Answer]] = {}
+    for answer in answers:
+        if answer.text.strip() and not says_absent(answer.text):
+            groups.setdefault(_normal(answer.text), []).append(answer)
+    if groups:
+        best = max(groups.values(), key=lambda group: max(_rank(a.confidence) for a in group))
+        return max(best, key=lambda a: _rank(a.confidence)), best
+    if all(says_absent(a.text) for a in answers):
+        return min(answers, key=lambda a: _rank(a.confidence)), list(answers)
+    empty = next(a for a in answers if not a.text.strip())
+    return empty, list(answers)
+
+
+def parts_stats(stats: Sequence[RunStats]) -> RunStats:
+    """One run's statistics for a text read in several prompts: times, steps, answer and prompt tokens summed;
+    memory and the cache kept are the largest of one prompt (the parts run one after another)."""
+    first, largest = stats[0], max(stats, key=lambda s: s.kv_full_bytes)
+    return replace(first, prompt_len=sum(s.prompt_len for s in stats), gen_length=sum(s.gen_length for s in stats),
+                   steps_run=sum(s.steps_run for s in stats), prefill_s=sum(s.prefill_s for s in stats),
+                   step_s=[t for s in stats for t in s.step_s], total_s=sum(s.total_s for s in stats),
+                   peak_mem_bytes=max(s.peak_mem_bytes for s in stats), kv_entries=largest.kv_entries,
+                   kv_bytes=largest.kv_bytes, kv_full_bytes=largest.kv_full_bytes,
+                   setup_s=sum(s.setup_s for s in stats))
+
+
+# ------------------------------------------------------------------------------------------- what an answer says
+
+# The question form the embedded model was trained to answer (``tasks.synthetic.QUESTION_SINGLE``): only of these
+# is its "not in the document" a measured finding (docs/tiny-model.md: 91% of absent keys, never for a present one).
+_TRAINED_QUESTION = re.compile(r"what is the special magic number for [^\s?]+\s*\?", re.IGNORECASE)
+
+# What an answer states: ``answer`` (the model gave one), ``absent`` ("not in the document", as a finding: every
+# character read within the model's window, by a model shown to say so reliably, to a question of the form it was
+# shown on), ``absent-in-read`` (said of a document partly cut), ``absent-unverified`` (said of all of it by a model
+# or under a RoPE scaling not shown to say it reliably), ``untrained-question`` (the embedded model, asked a question
+# of another form than it was trained on: its answer says nothing about the document), ``empty`` (no answer).
+CLAIMS = ("answer", "absent", "absent-in-read", "absent-unverified", "untrained-question", "empty")
+
+
+def trained_question(question: str) -> bool:
+    """Whether ``question`` has the form the embedded model was trained on ("What is the special magic number for
+    KEY?")."""
+    return _TRAINED_QUESTION.fullmatch(question.strip()) is not None
+
+
+def claim(answer: Answer, question: str, embedded: bool) -> str:
+    """What kind of statement ``answer`` (to ``question``; ``embedded``: from the embedded model) is: one of
+    ``CLAIMS``."""
+    if not answer.text.strip():
+        return "empty"
+    if embedded and not trained_question(question):
+        return "untrained-question"
+    if not says_absent(answer.text):
+        return "answer"
+    fitted = answer.fitted
+    if fitted is not None and not fitted.complete:
+        return "absent-in-read"
+    if not embedded or (fitted is not None and fitted.rope_factor > 1):
+        return "absent-unverified"
+    return "absent"
 
 
 def confidence_fields(answer: Answer, what: str, embedded: bool) -> dict[str, Any]:
@@ -80,10 +265,53 @@ def confidence_fields(answer: Answer, what: str, embedded: bool) -> dict[str, An
     return fields
 
 
-def answer_row(answer: Answer, embedded: bool) -> dict[str, Any]:
-    """The fields of one answer that ``ask --json`` and a batch row share: its text and confidence, the budget,
-    the prompt and dropped tokens, the RoPE factor and the run statistics."""
+def spans_pages(spans: Sequence[Span], pages: Sequence[tuple[int, int, int]]) -> list[int]:
+    """The numbers of the pages (``Document.page_spans()``: number, start, end) that the character spans touch."""
+    return [number for number, start, end in pages
+            if any(a < max(end, start + 1) and b > start for a, b in spans)]
+
+
+def reading_fields(fitted: FittedContext | None, pages: Sequence[tuple[int, int, int]] | None) -> dict[str, Any]:
+    """``read``: the mode, whether everything was read, the character spans read and (with the document's page
+    spans) the pages read and not read, the parts; ``source``: the spans (and pages) the answer came from."""
+    if fitted is None:
+        return {}
+    read: dict[str, Any] = {"mode": fitted.mode, "complete": fitted.complete, "chars": fitted.chars,
+                            "spans": [list(s) for s in fitted.read], "parts": fitted.parts}
+    fields: dict[str, Any] = {"read": read, "source": {"spans": [list(s) for s in fitted.source]}}
+    if pages is not None:
+        add_pages(fields, pages)
+    return fields
+
+
+def add_pages(row: dict[str, Any], pages: Sequence[tuple[int, int, int]]) -> None:
+    """Name by page (``Document.page_spans()``) what a row's ``read``, ``source`` and parts' spans cover: the pages
+    read and not read, and the pages each answer came from (a batch names them where the document is known)."""
+    read = row.get("read")
+    if read is None:
+        return
+    seen = spans_pages(read["spans"], pages)
+    read.update(pages=seen, pages_not_read=[number for number, _, _ in pages if number not in seen],
+                pages_total=len(pages))
+    for source in [row["source"], *row.get("parts", [])]:
+        source["pages"] = spans_pages(source["spans"], pages)
+
+
+def answer_row(answer: Answer, embedded: bool, question: str = "",
+               pages: Sequence[tuple[int, int, int]] | None = None) -> dict[str, Any]:
+    """The fields of one answer that ``ask --json`` and a batch row share: its text, what kind of statement it is
+    (``claim``, for ``question``), its confidence, what was read (with ``pages``, a document's page spans, by
+    page), the budget, the prompt and dropped tokens, the RoPE factor and the run statistics; for a text read in
+    parts, each part's answer."""
     fitted = answer.fitted
-    return {"answer": answer.text, **confidence_fields(answer, "answer", embedded), "budget": answer.budget,
-            "prompt_tokens": answer.prompt_len, "dropped_tokens": fitted.dropped if fitted else 0,
-            "rope_factor": fitted.rope_factor if fitted else 1, "stats": answer.result.stats.as_dict()}
+    row = {"answer": answer.text, "claim": claim(answer, question, embedded),
+           **confidence_fields(answer, "answer", embedded), **reading_fields(fitted, None),
+           "budget": answer.budget, "prompt_tokens": answer.prompt_len,
+           "dropped_tokens": fitted.dropped if fitted else 0, "rope_factor": fitted.rope_factor if fitted else 1,
+           "stats": answer.result.stats.as_dict()}
+    if isinstance(answer, PartsAnswer):
+        row["parts"] = [{"answer": a.text, "confidence": a.confidence.as_dict() if a.confidence else None,
+                         **reading_fields(a.fitted, None)["source"]} for a in answer.parts]
+    if pages is not None:
+        add_pages(row, pages)
+    return row

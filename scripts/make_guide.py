@@ -32,12 +32,16 @@ def run(cmd: str, env: dict[str, str], cwd: Path) -> str:
 def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="maskkv-guide-"))
     env = dict(os.environ, MASKKV_HOME=str(tmp / "home"), MASKKV_CONFIG=str(tmp / "config.toml"), COLUMNS="100",
-               OMP_NUM_THREADS="1", TERM="dumb")
+               OMP_NUM_THREADS="1", TERM="dumb", PATH=f"{Path(BIN).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     env.pop("MASKKV_MODEL", None)
     sys.path.insert(0, str(ROOT / "tests"))
-    from pdfs import BODY, bomb_stream, make_pdf, raw_pdf  # the PDF builders of the tests
+    from pdfs import BODY, bomb_stream, font_pdf, long_pdf_pages, make_pdf, raw_pdf  # the tests' PDF builders
 
     (tmp / "harbour.pdf").write_bytes(make_pdf(BODY))
+    # a 36-page report (text the embedded model never saw) with one fact on page 23, longer than the window
+    (tmp / "report.pdf").write_bytes(make_pdf(long_pdf_pages(36, fact="The special magic number for harbor is "
+                                                              "4821.", fact_page=23)))
+    (tmp / "questions.txt").write_text("What is the special magic number for harbor?\nWho wrote this report?\n")
     from maskkv_cli.tasks.synthetic import absent_key_twin, generate_tasks
 
     task = generate_tasks("niah_single", 1, 350, seed=7)[0]
@@ -50,6 +54,9 @@ def main() -> None:
     (papers / "2024" / "minutes.pdf").write_bytes(make_pdf([["Minutes: the budget was approved."]] * 3))
     (papers / "2024" / "broken.pdf").write_bytes(make_pdf(BODY)[:200])
     (papers / "2024" / "bomb.pdf").write_bytes(raw_pdf([bomb_stream(80_000_000)]))
+    lines = [[("ok", "The harbour master keeps the tide tables.")]] * 3
+    cut = font_pdf([lines] * 4)  # a download stopped before the fonts at the end of the file
+    (papers / "2024" / "no-fonts.pdf").write_bytes(cut[: cut.index(b"/Type /Font") - 20])
     (papers / "reading-list.txt").write_text("Read the harbour report before Thursday.\n")
     (papers / "slides.pptx").write_bytes(b"PK\x03\x04 not a format maskkv reads")
     # `maskkv pull` runs against the tests' local Hub endpoint serving the embedded model (no network needed)
@@ -68,7 +75,8 @@ def main() -> None:
     for part in parts[1:]:
         cmd, rest = part.split("\n```", 1)
         cmd = cmd.strip()
-        text = run(cmd, env, tmp).replace(hub.endpoint, "http://127.0.0.1:PORT")
+        text = run(cmd.replace("http://127.0.0.1:PORT", hub.endpoint), env, tmp).replace(hub.endpoint,
+                                                                                         "http://127.0.0.1:PORT")
         out.append("```console\n$ " + cmd + "\n" + text + "\n```" + rest)
     hub.close()
     (ROOT / "docs" / "guide.md").write_text("".join(out))

@@ -25,7 +25,7 @@ BUDGETS = (4, 8)
 QUESTION = "What is the special magic number for apple?"
 # Keys whose values are measurements of this run on this machine (time, memory), not behaviour.
 VOLATILE = {"prefill_s", "step_s", "total_s", "setup_s", "median_step_s", "tokens_per_s", "peak_mem_bytes",
-            "mem_kind", "seconds", "seconds_per_sample", "memory_note", "device"}
+            "mem_kind", "seconds", "seconds_per_sample", "memory_note", "device", "warmup_s", "load_s"}
 
 
 def build_models(folder: Path) -> dict[str, Any]:

@@ -127,13 +127,46 @@ def test_batch_answers_equal_ask_and_a_broken_pdf_is_a_recorded_failure(tmp_path
                                     *[a for q in QUESTIONS for a in ("-q", q)]])
         assert asked.exit_code == 0, asked.output
         answers = json.loads(asked.stdout)["answers"]
-        fields = ("answer", "confidence", "note", "budget", "prompt_tokens", "dropped_tokens", "rope_factor")
+        fields = ("answer", "claim", "confidence", "note", "read", "source", "budget", "prompt_tokens",
+                  "dropped_tokens", "rope_factor")
         want = {a["question"]: tuple(a.get(f) for f in fields) for a in answers}
         got = {r["question"]: tuple(r[f] for f in fields) for r in rows if r["document"] == str(doc)}
         assert got == want
     config = json.loads((out / "config.json").read_text())
     assert config["dtype"] == "fp32" and config["device"] == "cpu" and "machine" in config
     assert "## Failed" in (out / "summary.md").read_text()
+
+
+def test_summary_and_console_line_show_each_answer_s_confidence(tmp_path: Path, corpus: dict[str, Path],
+                                                                 tiny_dir: Path) -> None:
+    jobs = _jobs_file(tmp_path / "jobs.jsonl", [corpus["story"]], QUESTIONS)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["batch", str(jobs), "--out", str(out), "--model", str(tiny_dir), *FAST])
+    assert result.exit_code == 0, result.output
+    rows, _ = read_rows(out / "answers.jsonl")
+    low = sum(1 for r in rows if r["confidence"] and r["confidence"]["low"])
+    assert low > 0  # the random test model guesses
+    assert f"2 answered (0 from earlier runs, {low} LOW CONFIDENCE)" in result.stderr
+    summary = (out / "summary.md").read_text()
+    assert "| id | document | question | answer | confidence | read |" in summary
+    for r in rows:
+        conf = r["confidence"]
+        cell = "-" if conf is None else f"{'LOW ' if conf['low'] else ''}{conf['mean']:.2f} / {conf['min']:.2f}"
+        assert f"| {cell} | all 5 pages |" in summary
+
+
+def test_batch_with_the_embedded_model_labels_questions_of_another_form(tmp_path: Path,
+                                                                         corpus: dict[str, Path]) -> None:
+    jobs = _jobs_file(tmp_path / "jobs.jsonl", [corpus["notes"]],
+                      ["What is the special magic number for apple?", "Who wrote this?"])
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["batch", str(jobs), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "1 not of the embedded model's question form" in result.stderr
+    summary = (out / "summary.md").read_text()
+    assert "| What is the special magic number for apple? | 48213 | 0.99 / 0.96 | its 1 page |" in summary
+    assert "| (not shown: untrained question) | untrained question | its 1 page |" in summary
+    assert "1 question(s) are not of the form the embedded model was trained on" in summary
 
 
 def test_rerun_skips_finished_repairs_a_torn_line_and_retries_failures(tmp_path: Path, corpus: dict[str, Path],

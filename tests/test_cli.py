@@ -108,6 +108,11 @@ def test_demo_runs_on_a_given_model(tiny_dir):
     assert [r["policy"] for r in data["runs"]] == [DEFAULT_POLICY, "full"]
     assert data["runs"][0]["budget"] == 16
     assert "\x1b" not in result.stdout
+    assert data["load_s"] > 0 and data["warmup_s"] > 0  # one-time costs, apart from the timed runs
+    shown = runner.invoke(app, ["demo", "--model", str(tiny_dir), "--length", "120"])
+    assert shown.exit_code == 0, shown.output
+    assert "timed after a warm-up run of each (" in shown.stdout and "one-time costs, not counted); model load" \
+        in shown.stdout
 
 
 def test_decode_drops_control_characters(tiny_tokenizer):

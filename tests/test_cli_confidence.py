@@ -49,9 +49,11 @@ def test_absent_key_is_not_in_the_document(doc):
 def test_several_questions_carry_their_confidence_on_stdout(doc):
     shown = run("ask", doc, "-q", "What is the special magic number for apple?", "-q", "Who is the licensor?")
     assert shown.exit_code == 0, shown.output
-    blocks = shown.stdout.strip().split("\n\n")
-    assert len(blocks) == 2 and all(b.splitlines()[2].lstrip().startswith(("confidence:", "LOW CONFIDENCE"))
-                                    for b in blocks)
+    needle, other = shown.stdout.strip().split("\n\n")
+    assert needle.splitlines()[2].lstrip().startswith(("confidence:", "LOW CONFIDENCE"))
+    # the embedded model asked a question of another form: no answer shown, and no confidence of 1.00 beside it
+    assert other.splitlines()[1] == "A: (no answer, see the note below)" and len(other.splitlines()) == 2
+    assert "only answers questions of the form" in shown.stderr
 
 
 def test_empty_answer_is_a_note_not_a_blank(doc, monkeypatch):
@@ -83,3 +85,12 @@ def test_summary_confidence_per_part_and_empty_parts_skip_the_merge(tmp_path, mo
     assert len(calls) == len(data["parts"])  # no merge run over nothing
     quiet = run("summarize", long_doc, "--length", "20", "--steps", "8", "--block-length", "32", "--quiet")
     assert quiet.exit_code == 0 and quiet.stdout == "" and "the model gave no summary" in quiet.stderr
+
+
+def test_quiet_keeps_the_low_confidence_mark_and_drops_the_rest(doc, tiny_dir):
+    guess = run("ask", doc, "What is the special magic number for apple?", "--model", tiny_dir, "--quiet",
+                "-n", "8", "--steps", "8", "--block-length", "8")
+    assert guess.exit_code == 0, guess.output
+    assert guess.stderr.startswith("LOW CONFIDENCE (") and len(guess.stderr.splitlines()) == 1  # the random model
+    sure = run("ask", doc, "What is the special magic number for apple?", "--quiet")
+    assert sure.stdout.strip() == "4821" and sure.stderr == ""

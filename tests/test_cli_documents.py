@@ -72,17 +72,37 @@ def test_ask_questions_file_and_policy(pdf, tiny_dir, tmp_path):
     assert all(a["budget"] == 16 and a["stats"]["kv_bytes"] < a["stats"]["kv_full_bytes"] for a in data["answers"])
 
 
-def test_long_document_is_truncated_with_a_note(tiny_dir, tmp_path):
+def test_a_long_document_is_read_in_parts_by_default(tiny_dir, tmp_path):
     doc = tmp_path / "long.txt"
     doc.write_text(("The river runs past the mill. " * 40 + "\n\n") * 30)
     result = run("ask", doc, "Where does the river run?", "--model", tiny_dir, *FAST)
     assert result.exit_code == 0, result.output
+    assert "read in" in result.stderr and "parts of up to" in result.stderr and "dropped" not in result.stderr
+    answer = json.loads(run("ask", doc, "Where?", "--model", tiny_dir, "--json", *FAST).stdout)["answers"][0]
+    read = answer["read"]
+    assert read["mode"] == "parts" and read["complete"] is True and read["pages_not_read"] == []
+    assert read["parts"] == len(answer["parts"]) > 1 and answer["dropped_tokens"] == 0
+    assert read["pages"] == list(range(1, read["pages_total"] + 1))
+    assert answer["source"]["pages"] and set(answer["source"]["pages"]) <= set(read["pages"])
+
+
+def test_a_cut_document_says_so_on_the_answer_line(tiny_dir, tmp_path):
+    doc = tmp_path / "long.txt"
+    doc.write_text(("The river runs past the mill. " * 40 + "\n\n") * 30)
+    result = run("ask", doc, "Where does the river run?", "--model", tiny_dir, "--long", "truncate", *FAST)
+    assert result.exit_code == 0, result.output
     assert "dropped" in result.stderr and "from the middle" in result.stderr
-    data = json.loads(run("ask", doc, "Where?", "--model", tiny_dir, "--json", *FAST).stdout)
+    (line,) = result.stdout.splitlines()
+    assert "[read pages 1" in line
+    assert line.endswith("were cut (--long truncate; the default --long parts reads them all)]")
+    data = json.loads(run("ask", doc, "Where?", "--model", tiny_dir, "--json", "--long", "truncate", *FAST).stdout)
     answer = data["answers"][0]
     assert answer["dropped_tokens"] > 0 and answer["prompt_tokens"] <= 1024
+    assert answer["read"]["complete"] is False and answer["read"]["pages_not_read"]
+    assert answer["read"]["pages"][0] == 1 and answer["read"]["pages"][-1] == data["document"]["pages"]
     scaled = json.loads(run("ask", doc, "Where?", "--model", tiny_dir, "--json", "--long", "rope-scale", *FAST).stdout)
     assert scaled["answers"][0]["dropped_tokens"] == 0 and scaled["answers"][0]["rope_factor"] > 1
+    assert scaled["answers"][0]["read"]["complete"] is True
 
 
 def test_summarize_parts(pdf, tiny_dir):

@@ -238,3 +238,42 @@ def test_sharded_checkpoint_fetches_the_index_and_its_shards_only(tmp_path, tiny
     assert "consolidated.safetensors" not in names
     assert set(shards) | {"model.safetensors.index.json", "config.json"} <= set(names)
     load_model(result.path)
+
+
+def test_a_cached_model_is_pulled_without_the_hub_when_it_cannot_be_reached(server, hf_env, monkeypatch):
+    first = pull(REPO)
+    with FakeHub({}) as fake:
+        dead = fake.endpoint
+    point_hub_at(dead, hf_env.parent, monkeypatch)  # the network is gone; HF_HUB_OFFLINE is not set
+    again = pull(REPO)
+    assert again.offline and again.path == first.path and "cannot be reached" in again.note
+    shown = runner.invoke(app, ["pull", REPO])
+    assert shown.exit_code == 0, shown.output
+    assert "cannot be reached" in shown.stderr and "using the cached copy" in shown.stderr
+    with pytest.raises(HubError, match="cannot reach"):  # not cached: still an error, with what to do
+        pull("other-org/other-model")
+
+
+@pytest.mark.parametrize("given, expected", [
+    ("GSAI-ML/LLaDA-8B-Instruct", ("GSAI-ML/LLaDA-8B-Instruct", None)),
+    ("https://huggingface.co/GSAI-ML/LLaDA-8B-Instruct", ("GSAI-ML/LLaDA-8B-Instruct", None)),
+    ("https://huggingface.co/GSAI-ML/LLaDA-8B-Instruct/", ("GSAI-ML/LLaDA-8B-Instruct", None)),
+    ("huggingface.co/GSAI-ML/LLaDA-8B-Instruct/tree/v1.0", ("GSAI-ML/LLaDA-8B-Instruct", "v1.0")),
+    ("https://hf.co/GSAI-ML/LLaDA-8B-Instruct/blob/main/config.json", ("GSAI-ML/LLaDA-8B-Instruct", "main")),
+    ("https://huggingface.co/models/GSAI-ML/LLaDA-8B-Instruct", ("GSAI-ML/LLaDA-8B-Instruct", None)),
+])
+def test_a_model_page_address_is_read_as_its_id(given, expected):
+    assert hub.parse_repo(given) == expected
+
+
+@pytest.mark.parametrize("given", ["https://example.com/GSAI-ML/LLaDA-8B-Instruct",
+                                   "https://huggingface.co/datasets/org/data", "https://huggingface.co/GSAI-ML"])
+def test_other_addresses_are_refused_in_one_line(given):
+    with pytest.raises(HubError, match="is not the address of a model on the Hugging Face Hub"):
+        hub.parse_repo(given)
+
+
+def test_cli_pull_takes_the_page_address(server):
+    result = runner.invoke(app, ["pull", f"{server.endpoint}/{REPO}/tree/main"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip().endswith(COMMIT) and f"use it with --model {REPO}" in result.stderr

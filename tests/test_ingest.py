@@ -230,6 +230,7 @@ def test_discover_order_dedup_and_skips(tmp_path: Path) -> None:
     assert [p.name for p in found.skipped] == ["x.csv"]
 
 
+@pytest.mark.filterwarnings("ignore::maskkv_cli.documents.tokens.TokenCountWarning")  # no tokenizer: an estimate
 def test_ingest_all_yields_one_outcome_per_file_and_never_raises(tmp_path: Path) -> None:
     files = [good_pdf(tmp_path / "a.pdf", "a"), bad_pdf(tmp_path / "b.pdf"), tmp_path / "nope.txt",
              good_pdf(tmp_path / "c.pdf", "c")]
@@ -357,3 +358,20 @@ def test_ctrl_c_reports_what_was_done_and_leaves_no_temp_file(tmp_path: Path) ->
     assert len(store.list()) == 2
     assert run("ingest", folder).stdout.splitlines()[-1] == "4 stored, 2 already in the store"
     assert stored_sources() == [f.name for f in files]
+
+
+def test_errors_name_the_file_once(tmp_path: Path) -> None:
+    missing, odd = tmp_path / "missing.pdf", tmp_path / "notes.xyz"
+    odd.write_text("x")
+    result = run("ingest", missing, odd, bad_pdf(tmp_path / "bad.pdf"))
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 3
+    for line, path in zip(lines, (missing, odd, tmp_path / "bad.pdf"), strict=True):
+        assert str(path) in line and line.count(path.name) == 1, line
+
+
+def test_removing_a_document_that_is_not_stored_exits_1_as_other_not_found_errors() -> None:
+    result = run("ingest", "--remove", "nope")
+    assert result.exit_code == 1
+    assert result.stderr.strip() == ("error: No stored document matches 'nope'; `maskkv ingest --list` shows the "
+                                     "stored documents' hashes and names.")

@@ -309,16 +309,38 @@ def test_profile_document_resets_cuda_peaks_between_runs(monkeypatch):
     config = named_config("tiny")
     session = SimpleNamespace(device=torch.device("cuda"), model_path="m", tokenizer=None,
                               model=SimpleNamespace(config=config))
-    fitted = SimpleNamespace(text="doc", dropped=0, rope_factor=1, rule="")
+    from maskkv_cli.prompting.fit import FittedContext
+
+    fitted = FittedContext("doc", 1, 0, 1, "", ((0, 3),), 3, source=((0, 3),))
     seen: list[str] = []
 
     def ask(session, context, question, gen, cache, **hooks):
         seen.append(cache.policy)
         result = SimpleNamespace(stats=RunStats(cache.policy, 10, 8), records=[], layer_budgets=None)
-        return SimpleNamespace(text="ok", prompt_len=10, budget=None, result=result, notes=[], fitted=fitted)
+        return SimpleNamespace(text="ok", prompt_len=10, budget=None, result=result, notes=[], fitted=fitted,
+                               confidence=None)
 
     monkeypatch.setattr("maskkv_cli.pipeline.ask", ask)
     report = profile_document(session, _doc("doc"), "Q?", None, [RunSpec("none"), RunSpec("full")], warmup=False)
     assert seen == ["none", "full"] and len(resets) == 2
     assert "reset before each run" in report.memory_note and report.focus is None
     assert report.runs[0].pages is None and "no prompt cache" in report.runs[0].pages_note
+
+
+def test_the_table_shows_each_run_s_confidence_and_the_warm_up_apart(pdf, tiny_dir):
+    result = run(pdf, "What does the keeper write?", "--model", tiny_dir, "--policies", "full,maskkv",
+                 "--budgets", "16", *FAST)
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.stdout.split())  # the caption wraps
+    assert "conf." in out and "LOW 0." in out  # the random test model guesses, and the table says so
+    assert re.search(r"model load \d+\.\d+ (s|ms); warm-up: full ran once on this prompt first", out)
+    assert "not in the table" in out
+    assert out.count("LOW CONFIDENCE (") == 2  # under each answer, with its numbers
+    data = json.loads(run(pdf, "Q?", "--model", tiny_dir, "--policies", "full", "--json", *FAST).stdout)
+    assert data["warmup_s"] > 0 and data["load_s"] > 0 and data["runs"][0]["confidence"]["low"] is True
+    cold = " ".join(run(pdf, "Q?", "--model", tiny_dir, "--policies", "full", "--no-warmup", *FAST).stdout.split())
+    assert "no warm-up (--no-warmup): the first row includes one-time costs" in cold
+
+
+def test_profile_reads_one_prompt_so_parts_are_refused(pdf, tiny_dir):
+    one_line_error(run(pdf, "Q?", "--model", tiny_dir, "--long", "parts", *FAST), 2, "profile measures one prompt")

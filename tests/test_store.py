@@ -15,7 +15,7 @@ import pytest
 
 from maskkv_cli.documents import Document, Page
 from maskkv_cli.documents.store import DocumentStore, default_root
-from maskkv_cli.errors import DocumentError, UsageError
+from maskkv_cli.errors import DocumentError, MaskKVError, UsageError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -129,9 +129,10 @@ def test_remove_errors(tmp_path: Path) -> None:
         store.remove("notes.txt")
     with pytest.raises(UsageError, match="too short to match a hash; give at least 6 characters"):
         store.remove("abc")
-    with pytest.raises(UsageError, match="No stored document matches 'missing.pdf'"):
+    with pytest.raises(MaskKVError, match="No stored document matches 'missing.pdf'") as missing:
         store.remove("missing.pdf")
-    with pytest.raises(UsageError, match="No stored document matches 'ffffff'"):
+    assert missing.value.exit_code == 1  # not found, as every other missing thing; not a usage error
+    with pytest.raises(MaskKVError, match="No stored document matches 'ffffff'"):
         store.remove("ffffff")
     with pytest.raises(UsageError, match="Give a document to remove"):
         store.remove("  ")

@@ -46,4 +46,4 @@ def answer_job(session: Any, text: str, question: str, settings: AnswerSettings)
     session.dream = run.dream()
     answer = ask(session, text, question, gen, cache, long=settings.long)
     notes = [m for m in (answer.fitted.rule, *answer.notes) if m]
-    return {**answer_row(answer, is_embedded_model(session.model_path)), "notes": notes}
+    return {**answer_row(answer, is_embedded_model(session.model_path), question), "notes": notes}

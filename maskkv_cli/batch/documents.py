@@ -16,6 +16,7 @@ class LoadedDocument:
     sha256: str  # of the file's bytes; "" when the file could not be read
     text: str
     error: str | None = None  # one line, when it could not be read or parsed
+    pages: tuple[tuple[int, int, int], ...] = ()  # (number, start, end) of each page in ``text``
 
 
 def load_documents(paths: Iterable[str], password: str | None = None,
@@ -31,7 +32,8 @@ def load_documents(paths: Iterable[str], password: str | None = None,
         for outcome in ingest_all(DocumentStore(), [Path(p) for p in dict.fromkeys(paths)], password=password):
             path = str(outcome.path)
             if outcome.document is not None:
-                loaded[path] = LoadedDocument(path, outcome.document.sha256, outcome.document.text)
+                doc = outcome.document
+                loaded[path] = LoadedDocument(path, doc.sha256, doc.text, pages=tuple(doc.page_spans()))
             else:
                 message = outcome.error or "could not be read"
                 if outcome.path.name not in message:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from maskkv_cli.errors import UsageError
+from maskkv_cli.prompting.fit import DEFAULT_LONG
 
 JOB_FIELDS = ("id", "document", "question", "policy", "budget", "gen_length")
 
@@ -36,7 +37,7 @@ class AnswerSettings:
     temperature: float = 0.0
     threshold: float | None = None
     seed: int = 0
-    long: str = "truncate"
+    long: str = DEFAULT_LONG  # as ask: a document longer than the window is read in parts
     alg: str = "entropy"  # Dream only
     top_p: float | None = None  # Dream only
     top_k: int | None = None  # Dream only

@@ -19,7 +19,9 @@ from maskkv_cli.batch.folder import CONFIG_FILE, SUMMARY_FILE, AnswersFolder
 from maskkv_cli.batch.jobs import AnswerSettings, Job, JobSpec, job_settings, plan_jobs
 from maskkv_cli.batch.worker import WorkerSpec
 from maskkv_cli.devices import machine_info, resolve_device
+from maskkv_cli.documents.model import format_page_ranges, pages_label
 from maskkv_cli.errors import UsageError
+from maskkv_cli.reports.answers import answer_line, cell_confidence, untrained_note
 
 
 @dataclass(frozen=True)
@@ -67,12 +69,14 @@ class BatchResult:
     failures: list[dict[str, Any]] = field(default_factory=list)
     runner: str = ""
     answered: int = 0  # jobs run by a worker now (``ran`` also counts documents that failed to parse)
+    low: int = 0  # answers (of every job, this run's and earlier ones) marked LOW CONFIDENCE
+    untrained: int = 0  # the embedded model asked a question of another form than it was trained on
 
     def as_dict(self) -> dict[str, Any]:
         return {"out": str(self.folder), "jobs": self.total, "ok": self.ok, "failed": self.failed,
                 "reused": self.reused, "ran": self.ran, "answered": self.answered, "duplicates": self.duplicates,
                 "seconds": round(self.seconds, 3), "jobs_per_minute": round(self.jobs_per_minute, 2),
-                "runner": self.runner,
+                "runner": self.runner, "low_confidence": self.low, "untrained_questions": self.untrained,
                 "failures": [{"id": r["id"], "document": r["document"], "error": r["error"]} for r in self.failures]}
 
 
@@ -83,10 +87,18 @@ def resolve_dtype(dtype: str, device_kind: str) -> str:
     return "bf16" if device_kind == "cuda" else "fp32"
 
 
-def _row(job: Job, fields: dict[str, Any], attempts: int, gen_length: int | None) -> dict[str, Any]:
+def _row(job: Job, fields: dict[str, Any], attempts: int, gen_length: int | None,
+         pages: Sequence[tuple[int, int, int]] = ()) -> dict[str, Any]:
+    """A row of answers.jsonl: the job, and what answering it gave (what was read named by page when ``pages``,
+    the document's page spans, are known)."""
+    if pages and fields.get("read"):
+        from maskkv_cli.pipeline import add_pages
+
+        add_pages(fields, pages)
     return {"key": job.key, "id": job.id, "document": job.document, "document_sha": job.document_sha,
-            "question": job.question, "answer": fields.get("answer"), "confidence": fields.get("confidence"),
-            "note": fields.get("note"), "policy": job.settings.policy,
+            "question": job.question, "answer": fields.get("answer"), "claim": fields.get("claim"),
+            "confidence": fields.get("confidence"), "note": fields.get("note"), "read": fields.get("read"),
+            "source": fields.get("source"), "parts": fields.get("parts"), "policy": job.settings.policy,
             "budget": fields.get("budget", job.settings.budget), "gen_length": gen_length,
             "prompt_tokens": fields.get("prompt_tokens"), "dropped_tokens": fields.get("dropped_tokens"),
             "rope_factor": fields.get("rope_factor"), "stats": fields.get("stats"), "notes": fields.get("notes", []),
@@ -188,7 +200,7 @@ def run_batch(
         counts["ok"] = reused
 
         def report(job: Job, fields: dict[str, Any], attempts: int) -> None:
-            row = _row(job, fields, attempts, job.settings.gen_length)
+            row = _row(job, fields, attempts, job.settings.gen_length, documents[job.document].pages)
             folder.append(row)
             counts["ran"] += 1
             counts["answered"] += attempts > 0  # run by a worker (not a document that failed to parse)
@@ -225,11 +237,15 @@ def run_batch(
                 pool.close()
     finally:
         seconds = time.perf_counter() - (first_sent[0] if first_sent else started)
+        answered_rows = [folder.rows[j.key] for j in jobs if j.key in folder.rows and not folder.rows[j.key]["error"]]
         result = BatchResult(folder=out, total=len(jobs), ok=counts["ok"], failed=counts["failed"],
                              reused=sum(1 for job in jobs if job.key in folder.finished), ran=counts["ran"],
                              duplicates=duplicates, seconds=seconds,
                              jobs_per_minute=counts["answered"] / seconds * 60 if first_sent and seconds > 0 else 0.0,
-                             failures=failures, runner=pool_label(pool, runner), answered=counts["answered"])
+                             failures=failures, runner=pool_label(pool, runner), answered=counts["answered"],
+                             low=sum(1 for r in answered_rows if (r.get("confidence") or {}).get("low")
+                                     and r.get("claim") != "untrained-question"),
+                             untrained=sum(1 for r in answered_rows if r.get("claim") == "untrained-question"))
         folder.write_text(SUMMARY_FILE, summary_markdown(result, config_of(model_path, settings),
                                                          [folder.rows[j.key] for j in jobs if j.key in folder.rows]))
         folder.close()
@@ -242,6 +258,32 @@ def pool_label(pool: Any, runner: Runner) -> str:
 
 def config_of(model_path: str, settings: AnswerSettings) -> dict[str, Any]:
     return {"model": model_path, **settings.as_dict()}
+
+
+def _shown(row: dict[str, Any]) -> str:
+    """The answer as ``maskkv ask`` shows it (a cut named on its line), or why there is none."""
+    if row.get("claim") is None:  # a row of a batch run before answers said what they claim
+        return str(row.get("answer") or "")
+    line = answer_line(row)
+    if line is not None:
+        return line
+    return "(no answer)" if row["claim"] == "empty" else "(not shown: untrained question)"
+
+
+def _read_cell(row: dict[str, Any]) -> str:
+    read, source = row.get("read"), row.get("source") or {}
+    if not read:
+        return ""
+    pages = read.get("pages")
+    if read["complete"]:
+        total = read.get("pages_total")
+        what = "all" if pages is None else "its 1 page" if total == 1 else f"all {total} pages"
+        what += f" in {read['parts']} parts" if read["parts"] > 1 else ""
+    else:
+        what = f"pages {format_page_ranges(pages)} of {read['pages_total']} (cut)" if pages is not None else "cut"
+    if read["parts"] > 1 and source.get("pages") and row.get("claim") == "answer":
+        what += f"; from {pages_label(source['pages'])}"
+    return what
 
 
 def summary_markdown(result: BatchResult, config: dict[str, Any], rows: list[dict[str, Any]]) -> str:
@@ -266,7 +308,14 @@ def summary_markdown(result: BatchResult, config: dict[str, Any], rows: list[dic
         lines += ["## Failed", "", "| id | document | error |", "|---|---|---|"]
         lines += [f"| {cell(r['id'])} | {cell(Path(r['document']).name)} | {cell(r['error'])} |" for r in failed]
         lines.append("")
-    lines += ["## Answers", "", "| id | document | question | answer |", "|---|---|---|---|"]
-    lines += [f"| {cell(r['id'])} | {cell(Path(r['document']).name)} | {cell(r['question'])} | {cell(r['answer'])} |"
+    lines += ["## Answers", "",
+              "Confidence: mean / lowest token probability, LOW when the lowest is under the model's cut. Read: the "
+              "pages the model read (all, or what a cut left), and the pages the answer came from.", "",
+              "| id | document | question | answer | confidence | read |", "|---|---|---|---|---|---|"]
+    lines += [f"| {cell(r['id'])} | {cell(Path(r['document']).name)} | {cell(r['question'])} | "
+              f"{cell(_shown(r))} | {cell_confidence(r)} | {cell(_read_cell(r))} |"
               for r in rows if not r.get("error")]
+    if result.untrained:
+        lines += ["", f"{result.untrained} question(s) are not of the form the embedded model was trained on: "
+                  + untrained_note("")]
     return "\n".join(lines) + "\n"

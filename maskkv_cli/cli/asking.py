@@ -38,7 +38,8 @@ def ask_live(session: Any, context: str, question: str, gen: Any, cache: Any, lo
     """``pipeline.ask`` with the live display following its prompt, steps and cache."""
     from maskkv_cli.pipeline import ask
 
-    answer = ask(session, context, question, gen, cache, long=long, on_event=live, on_prompt=live.prompt_ready)
+    answer = ask(session, context, question, gen, cache, long=long, on_event=live, on_prompt=live.prompt_ready,
+                 on_part=live.part)
     live.answered(answer)
     return answer
 

@@ -58,14 +58,53 @@ def note(message: str | None, quiet: bool, as_json: bool) -> None:
         sys.stderr.write(f"note: {message}\n")
 
 
+# Notes about a model's setup that stay true from one command to the next (``engine.plan.resolve_importance``'s
+# calibration notes): shown the first time on this machine only, not on every command.
+ONCE = ("no calibration profile for this model", "using calibration profile")
+NOTES_SHOWN = "notes-shown.json"
 
 
-def one_line_stats(stats: Any) -> str:
+def note_once(message: str | None, quiet: bool, as_json: bool) -> None:
+    """``note``, except that a note of ``ONCE`` is shown only the first time this exact message would be shown on
+    this machine (remembered in ``MASKKV_HOME``); a store that cannot be read or written shows it again."""
+    if not message or quiet or as_json:
+        return
+    if message.startswith(ONCE):
+        import hashlib
+        import json
+
+        from maskkv_cli.fileio import atomic_write_text
+        from maskkv_cli.paths import maskkv_home
+
+        path = maskkv_home() / NOTES_SHOWN
+        key = hashlib.sha256(message.encode()).hexdigest()[:16]
+        try:
+            shown = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+        except (OSError, ValueError):
+            shown = []
+        if key in shown:
+            return
+        try:
+            atomic_write_text(path, json.dumps([*shown, key]))
+        except OSError:
+            pass
+    note(message, quiet, as_json)
+
+
+
+
+def one_line_stats(stats: Any, prompts: int = 1) -> str:
+    """A run's statistics in one line; ``prompts``: how many prompts it took (a document read in parts), whose
+    prompt tokens, prefill and steps are summed and whose cache is the largest of one."""
     from maskkv_cli.sizes import human_size
 
     kept, full = human_size(stats.kv_bytes, binary=True), human_size(stats.kv_full_bytes, binary=True)
     kv = f"KV {kept} of {full} ({stats.compression:.1f}x smaller)" if stats.kv_bytes else "no KV cache"
-    return (f"{stats.policy}: prompt {stats.prompt_len} tokens, prefill {stats.prefill_s:.2f} s, "
+    if prompts > 1:
+        kv = f"{kv} per part"
+    prompt = f"{prompts} prompts of {stats.prompt_len} tokens in all" if prompts > 1 else \
+        f"prompt {stats.prompt_len} tokens"
+    return (f"{stats.policy}: {prompt}, prefill {stats.prefill_s:.2f} s, "
             f"{stats.steps_run} steps, {stats.total_s:.2f} s, {stats.tokens_per_s:.1f} tokens/s, {kv}")
 
 

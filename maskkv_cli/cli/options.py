@@ -105,8 +105,9 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", help="No progress display and
 PasswordOpt = Annotated[str | None, typer.Option("--password", help="Password of an encrypted PDF.",
                                                  show_default=False)]
 LongOpt = Annotated[str, typer.Option(
-    "--long", help="Documents longer than the window: truncate (keep start and end, cut the middle) or rope-scale "
-    "(NTK-style RoPE base scaling, keeps everything).")]
+    "--long", help="Documents longer than the window: parts (read all of it in overlapping parts, each asked; the "
+    "answer from the most confident), truncate (keep start and end, cut the middle: faster, the answer says what "
+    "was cut) or rope-scale (NTK-style RoPE base scaling, one prompt beyond the window).")]
 LayerBudgetsOpt = Annotated[str, typer.Option(
     "--layer-budgets", help="MaskKV layer budgets: auto (the model's calibration profile if present, else uniform), "
     "online (from this input; holds the full cache during the prefill), uniform.")]
@@ -228,4 +229,5 @@ PlotOpt = Annotated[Path | None, typer.Option(
 HtmlOpt = Annotated[Path | None, typer.Option(
     "--html", help="Also write a self-contained HTML report to this file.", show_default=False)]
 WarmupOpt = Annotated[bool, typer.Option(
-    "--warmup/--no-warmup", help="Run the first policy once on the question alone before measuring.")]
+    "--warmup/--no-warmup", help="Run the first policy once on this prompt before measuring (its time is shown "
+    "apart: one-time costs).")]

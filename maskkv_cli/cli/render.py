@@ -23,17 +23,10 @@ def answer_lines(text: str, confidence: Any, what: str, embedded: bool) -> tuple
 
 def confidence_line(conf: Any) -> str:
     """One line for the display: the two numbers of a ``sampling.confidence.Confidence``, and a warning when the
-    chosen statistic is under the cut."""
-    from maskkv_cli.sampling.confidence import LOW_CONFIDENCE, LOW_CONFIDENCE_STATISTIC
+    chosen statistic is under the cut (``reports.answers.confidence_words``)."""
+    from maskkv_cli.reports.answers import confidence_words
 
-    if conf is None:
-        return "confidence: none (no answer tokens)"
-    numbers = f"mean {conf.mean:.2f}, min {conf.min:.2f} over {conf.tokens} tokens"
-    if conf.low:
-        why = "the mean" if LOW_CONFIDENCE_STATISTIC == "mean" else "a token"
-        return (f"LOW CONFIDENCE ({numbers}; {why} below {LOW_CONFIDENCE:.2f}): the model is probably guessing, "
-                f"check the answer in the document")
-    return f"confidence: {numbers}"
+    return confidence_words(conf.as_dict() if conf is not None else None)
 
 
 def stats_rows(stats: Any) -> list[tuple[str, str]]:
@@ -108,6 +101,7 @@ class LiveRun:
         self.detail = ""
         self.tokens_per_s = 0.0
         self.cache = ""
+        self.part_label = ""  # "part 2/8, " while a document is read in parts
         self.live: Any = None
 
     def __enter__(self) -> LiveRun:
@@ -152,9 +146,13 @@ class LiveRun:
         self.cache = text
         self.refresh()
 
+    def part(self, i: int, n: int) -> None:
+        """``pipeline.ask``'s ``on_part``: part ``i`` of ``n`` of a document read in parts starts."""
+        self.part_label = f"part {i}/{n}, "
+
     def prompt_ready(self, prompt: Any) -> None:
         """``pipeline.ask``'s ``on_prompt``: the prefill of this many prompt tokens starts."""
-        self.phase("prefill", f"{len(prompt.ids)} prompt tokens")
+        self.phase("prefill", f"{self.part_label}{len(prompt.ids)} prompt tokens")
 
     def answered(self, answer: Any) -> None:
         """Show how much of the full prompt cache the answer's run kept."""
@@ -168,7 +166,7 @@ class LiveRun:
             self.phase_name = "denoising"
         elif event.kind == "done":
             return
-        self.detail = f"block {event.block + 1}/{event.n_blocks}, step {event.step + 1}, " \
+        self.detail = f"{self.part_label}block {event.block + 1}/{event.n_blocks}, step {event.step + 1}, " \
                       f"{event.masked_left} masked left"
         done_tokens = event.step + 1
         self.tokens_per_s = done_tokens / event.elapsed_s if event.elapsed_s > 0 else 0.0

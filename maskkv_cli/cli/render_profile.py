@@ -16,7 +16,9 @@ from rich.text import Text
 
 from maskkv_cli.errors import MaskKVError
 from maskkv_cli.fileio import atomic_write_bytes, open_file_mode
+from maskkv_cli.models.catalog import empty_note, is_embedded_model
 from maskkv_cli.policies.base import uses_importance
+from maskkv_cli.reports.answers import answer_line, context_line
 from maskkv_cli.reports.pagemap import OUTSIDE, PageCount, group_pages
 from maskkv_cli.reports.profile_report import ProfileReport, RunProfile, quantize
 from maskkv_cli.sizes import human_size
@@ -72,10 +74,12 @@ def runs_table(report: ProfileReport) -> Table:
     first = report.runs[0]
     title = (f"{len(report.runs)} run(s), prompt {first.prompt_len} tokens, full prompt KV cache "
              f"{human_size(first.stats.kv_full_bytes, binary=True)}; second lines: ratio to the first row")
-    table = Table(title=title, title_justify="left", caption=report.memory_note, caption_justify="left",
+    table = Table(title=title, title_justify="left", caption=f"{timing_note(report)}\n{report.memory_note}",
+                  caption_justify="left",
                   box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
     for name, justify in (("run", "left"), ("prefill", "right"), ("step", "right"), ("tok/s", "right"),
-                          ("total", "right"), ("peak mem", "right"), ("KV kept", "right"), ("smaller", "right")):
+                          ("total", "right"), ("peak mem", "right"), ("KV kept", "right"), ("smaller", "right"),
+                          ("conf.", "right")):
         table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     base = first.stats
     for i, run in enumerate(report.runs):
@@ -98,8 +102,32 @@ def runs_table(report: ProfileReport) -> Table:
                       cell(human_size(s.peak_mem_bytes, binary=True), s.peak_mem_bytes, base.peak_mem_bytes),
                       cell(human_size(s.kv_bytes, binary=True) if s.kv_bytes else "no cache", s.kv_bytes,
                            base.kv_bytes),
-                      f"{s.compression:.1f}x" if s.kv_bytes else "-")
+                      f"{s.compression:.1f}x" if s.kv_bytes else "-",
+                      confidence_cell(run.row))
     return table
+
+
+def confidence_cell(row: dict) -> Text:
+    """The answer's lowest token probability (the statistic of the LOW CONFIDENCE cut), red and marked when under
+    it; ``n/a`` for the embedded model asked a question of another form, ``-`` for no answer."""
+    conf = row.get("confidence")
+    if row.get("claim") == "untrained-question":
+        return Text("n/a")
+    if not conf:
+        return Text("-")
+    if conf["low"]:
+        return Text(f"LOW {conf['min']:.2f}", style="bold red")
+    return Text(f"{conf['min']:.2f}")
+
+
+def timing_note(report: ProfileReport) -> str:
+    """What the times include: the model's load and the warm-up run are one-time costs, outside the table."""
+    load = f"model load {seconds_text(report.load_s)}; " if report.load_s is not None else ""
+    if report.warmup_s is None:
+        return (f"{load}no warm-up (--no-warmup): the first row includes one-time costs (thread pools, allocator, "
+                "kernel choice)")
+    return (f"{load}warm-up: {report.runs[0].spec.label} ran once on this prompt first ({seconds_text(report.warmup_s)}"
+            ", one-time costs included), not in the table")
 
 
 def heatmap(matrix: Sequence[Sequence[float]], title: str, unit: str, color: bool, max_width: int) -> Text:
@@ -205,10 +233,14 @@ def report_renderables(report: ProfileReport, width: int, color: bool) -> list[R
     answers = Text()
     answers.append("answers\n", style="bold")
     for run in report.runs:
-        line = " ".join(run.answer.split()) or "(empty)"
+        shown = answer_line(run.row) if run.row else run.answer
+        line = " ".join((shown or "(no answer)").split()) or "(empty)"
         room = max(10, width - len(run.spec.label) - 4)
         answers.append(f"  {run.spec.label}: ", style="bold")
         answers.append((line[: room - 1] + "…" if len(line) > room else line) + "\n")
+        if run.row:
+            context = context_line(run.row, empty_note("answer", is_embedded_model(report.model)))
+            answers.append(f"    {context}\n", style="bold red" if context.startswith("LOW") else "dim")
     out.append(answers)
     run = report.focus_run
     if run is None:

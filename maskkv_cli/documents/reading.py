@@ -43,8 +43,10 @@ def detect_kind(path: Path, head: bytes | None = None) -> str:
     )
 
 
-def read_source(path: str | Path) -> tuple[Path, str, bytes]:
-    """Check and read a document file; return ``(path, kind, bytes)`` or raise DocumentError."""
+def check_source(path: str | Path) -> Path:
+    """The document's path when it can be one (it exists, is a file, has a supported extension or none); else
+    DocumentError. Light (no file is read, nothing heavy imported): commands check their document first, so that a
+    wrong path fails at once, before the model is loaded."""
     p = Path(path).expanduser()
     if not p.exists():
         raise DocumentError(f"File not found: {p}. Check the path and try again.")
@@ -52,6 +54,12 @@ def read_source(path: str | Path) -> tuple[Path, str, bytes]:
         raise DocumentError(f"{p} is a directory; pass a single document file ({SUPPORTED_HINT}).")
     if p.suffix:
         detect_kind(p)  # reject an unsupported extension before reading the file
+    return p
+
+
+def read_source(path: str | Path) -> tuple[Path, str, bytes]:
+    """Check and read a document file; return ``(path, kind, bytes)`` or raise DocumentError."""
+    p = check_source(path)
     try:
         data = p.read_bytes()
     except PermissionError:
@@ -82,6 +90,10 @@ def parse_document(data: bytes, *, source: str, kind: str, password: str | None 
         pages, notes = load_text(data, display, kind)
     else:
         raise ValueError(f"unknown document kind {kind!r}")
+    from maskkv_cli.documents.textlayer import screen_pages
+
+    pages, damaged = screen_pages(pages, display)
+    notes = [*notes, *damaged]
     return Document(
         source=source,
         kind=kind,
@@ -91,4 +103,4 @@ def parse_document(data: bytes, *, source: str, kind: str, password: str | None 
     )
 
 
-__all__ = ["EXTENSIONS", "detect_kind", "load_document", "parse_document", "read_source"]
+__all__ = ["EXTENSIONS", "check_source", "detect_kind", "load_document", "parse_document", "read_source"]

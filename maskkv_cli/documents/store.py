@@ -26,7 +26,8 @@ from maskkv_cli.errors import MaskKVError, UsageError
 from maskkv_cli.fileio import atomic_file
 from maskkv_cli.paths import maskkv_home
 
-FORMAT_VERSION = 1
+# 2: pages with a damaged text layer are dropped (``textlayer.py``); entries of format 1 are parsed again.
+FORMAT_VERSION = 2
 MIN_PREFIX = 6
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
 _HEX_RE = re.compile(r"[0-9a-fA-F]+")
@@ -127,7 +128,7 @@ class DocumentStore:
         if not _SHA_RE.fullmatch(sha256):
             return None
         data = self._read(self.path_for(sha256))
-        if data is None:
+        if data is None or data.get("format") != FORMAT_VERSION:  # an older reader's entry: parse the file again
             return None
         try:
             return Document.from_dict(data)
@@ -199,8 +200,8 @@ class DocumentStore:
                     f"'{key}' is too short to match a hash; give at least {MIN_PREFIX} characters "
                     "or the document's file name."
                 )
-            raise UsageError(
-                f"No stored document matches '{key}'; list the stored documents to see their "
+            raise MaskKVError(  # not found: exit 1, as every other missing thing
+                f"No stored document matches '{key}'; `maskkv ingest --list` shows the stored documents' "
                 "hashes and names."
             )
         if len(matches) > 1:

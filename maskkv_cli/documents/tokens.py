@@ -145,6 +145,20 @@ def _encode_with(tokenizer: _Encoder, text: str) -> int:
     return len(ids)
 
 
+def folder_tokenizer(folder: Path) -> Any | None:
+    """The tokenizer of a model folder read with the ``tokenizers`` library when the folder has ``tokenizer.json``
+    (no transformers, no torch; it counts as the model's own tokenizer does), else None."""
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception:  # a file the library cannot read: the caller falls back to the full tokenizer
+        return None
+
+
 def count_tokens(text: str, tokenizer: _Encoder | None = None) -> tuple[int, str]:
     """Return ``(count, method)`` for ``text``.
 

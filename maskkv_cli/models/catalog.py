@@ -8,17 +8,17 @@ table and tokenizer checked from the files' headers, no tensor is read), or why 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 from safetensors import safe_open
 
 from maskkv_cli.defaults import PULL_HINT, REAL_MODEL, configured_model
-from maskkv_cli.errors import MaskKVError
+from maskkv_cli.errors import MaskKVError, ModelLoadError, ModelNotDownloaded
 from maskkv_cli.fileio import atomic_write_text
 from maskkv_cli.models.loading import check_keys, read_config, weight_files
-from maskkv_cli.paths import hf_cache_dir, maskkv_home
+from maskkv_cli.paths import config_file, hf_cache_dir, maskkv_home, resolve_model_path, shipped_model_folder
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 REMEMBERED = "models.json"
@@ -31,17 +31,27 @@ TINY_RANDOM_NOTE = (
 
 def shipped_model() -> Path | None:
     """The trained tiny model shipped inside the package, when present."""
-    folder = resources.files("maskkv_cli") / "assets" / "tiny-llada"
-    path = Path(str(folder))
-    return path if (path / "config.json").is_file() else None
+    return shipped_model_folder()
 
 
 def resolve_default_model(model: str | None) -> tuple[str, str | None]:
-    """(model path or id, a one-line note to show the user or None)."""
+    """(model path or id, a one-line note to show the user or None). A default model set in ``MASKKV_MODEL`` or the
+    config file that is not there fails naming where it was set (an ORG/NAME not downloaded yet is offered for
+    pulling by the caller, as ``--model ORG/NAME``)."""
     if model:
         return model, None
     configured = configured_model()
     if configured:
+        try:
+            resolve_model_path(configured)
+        except ModelNotDownloaded:
+            pass
+        except ModelLoadError as exc:
+            if os.environ.get("MASKKV_MODEL"):
+                raise ModelLoadError(f"MASKKV_MODEL={configured} names no usable model ({exc}); set it to a "
+                                     "checkpoint folder or ORG/NAME, unset it, or pass --model") from None
+            raise ModelLoadError(f"`model = \"{configured}\"` in {config_file()} names no usable model ({exc}); fix "
+                                 "or remove that line, or pass --model") from None
         return configured, None
     shipped = shipped_model()
     if shipped is not None:

@@ -69,7 +69,8 @@ class PullResult:
     path: Path
     files: tuple[RemoteFile, ...]
     fetched_bytes: int  # what this pull had to download (0 when everything was cached)
-    offline: bool = False
+    offline: bool = False  # the cached copy was used without asking the Hub
+    note: str = ""  # why (HF_HUB_OFFLINE, or the Hub could not be reached), for the user
 
 
 def endpoint() -> str:
@@ -85,6 +86,27 @@ def is_repo_id(text: str) -> bool:
     """``org/name`` (what ``--model`` treats as a Hub id when no such folder exists)."""
     parts = text.split("/")
     return len(parts) == 2 and all(parts) and not text.startswith((".", "/", "~")) and " " not in text
+
+
+def parse_repo(text: str) -> tuple[str, str | None]:
+    """``(ORG/NAME, revision or None)`` from a model id or its page's address: ``https://huggingface.co/ORG/NAME``,
+    with ``/tree/REV`` (a branch, tag or commit), ``hf.co/...``, or the ``HF_ENDPOINT`` mirror's; a plain id is
+    returned as it is. Raises HubError for an address that is not a model's page."""
+    from urllib.parse import unquote, urlsplit
+
+    raw = text.strip()
+    if "://" not in raw and not raw.startswith(("huggingface.co/", "hf.co/", "www.huggingface.co/")):
+        return raw, None
+    url = urlsplit(raw if "://" in raw else "https://" + raw)
+    hosts = {"huggingface.co", "www.huggingface.co", "hf.co", urlsplit(endpoint()).netloc}
+    parts = [unquote(p) for p in url.path.split("/") if p]
+    if parts[:1] == ["models"]:
+        parts = parts[1:]
+    if url.netloc not in hosts or len(parts) < 2 or parts[0] in ("datasets", "spaces"):
+        raise HubError(f"{raw} is not the address of a model on the Hugging Face Hub; give ORG/NAME or "
+                       f"https://huggingface.co/ORG/NAME")
+    revision = parts[3] if len(parts) >= 4 and parts[2] in ("tree", "blob", "resolve") else None
+    return f"{parts[0]}/{parts[1]}", revision
 
 
 def repo_folder(repo_id: str, cache_dir: Path | None = None) -> Path:
@@ -189,6 +211,13 @@ def _translate(exc: Exception, repo_id: str, revision: str | None) -> MaskKVErro
                     f"HF_ENDPOINT, or copy the model folder here and pass --model PATH")
 
 
+def _answered(exc: Exception) -> bool:
+    """Whether the Hub answered (an HTTP status: missing, gated, denied) rather than could not be reached."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    return isinstance(exc, HfHubHTTPError)
+
+
 def _have_token() -> bool:
     """Whether huggingface_hub will send a token (HF_TOKEN, or the file ``hf auth login`` writes)."""
     from huggingface_hub import get_token
@@ -221,7 +250,8 @@ def pull(repo_id: str, revision: str | None = None,
                            f"({repo_folder(repo_id, cache_dir)}); unset HF_HUB_OFFLINE on a connected machine and "
                            f"run `{pull_command(repo_id, revision)}`")
         emit(PullEvent("done"))
-        return PullResult(repo_id, rev, snap.name, snap, (), 0, offline=True)
+        return PullResult(repo_id, rev, snap.name, snap, (), 0, offline=True,
+                          note="HF_HUB_OFFLINE is set: using the cached copy")
 
     from huggingface_hub import HfApi, hf_hub_download
 
@@ -229,7 +259,14 @@ def pull(repo_id: str, revision: str | None = None,
     try:
         info = api.model_info(repo_id, revision=rev, files_metadata=True)
     except Exception as exc:
-        raise _translate(exc, repo_id, revision) from None
+        error = _translate(exc, repo_id, revision)
+        snap = None if _answered(exc) else cached_snapshot(repo_id, rev, cache_dir)
+        if snap is None:
+            raise error from None
+        emit(PullEvent("done"))  # the Hub cannot be reached, and the model is cached: that copy is the model
+        return PullResult(repo_id, rev, snap.name, snap, (), 0, offline=True,
+                          note=f"{endpoint()} cannot be reached ({type(exc).__name__}): using the cached copy, which "
+                               "may be older than the Hub's")
     commit = info.sha or rev
     if info.gated and not _have_token() and cached_snapshot(repo_id, commit, cache_dir) is None:
         raise HubError(f"{repo_id} is gated: accept its terms at {endpoint()}/{repo_id} and set HF_TOKEN to a token "

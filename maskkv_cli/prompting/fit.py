@@ -1,4 +1,5 @@
-"""Inputs longer than the model's window: middle truncation (LongBench's rule) or NTK-style RoPE scaling.
+"""Inputs longer than the model's window: read in parts (overlapping windows, each asked the question: the default
+of ``ask``), middle truncation (LongBench's rule) or NTK-style RoPE scaling; and what of the text was read.
 
 RoPE scaling follows LongLLaDA (training-free): multiply the RoPE base by
 ``lambda = ceil(((T_target / 2pi) ** (d / d_c)) / theta)`` with the critical dimension
@@ -14,7 +15,11 @@ from typing import Any
 
 from maskkv_cli.errors import UsageError
 
-LONG_MODES = ("truncate", "rope-scale")
+LONG_MODES = ("parts", "truncate", "rope-scale")
+DEFAULT_LONG = "parts"  # ``ask`` and ``batch`` read the whole document unless told to cut or scale it
+# Tokens each part of a long document shares with the next (``--long parts``): a fact cut by one part's edge is
+# whole in the next. Chosen on the embedded model (scripts/parts_reading.py, sample A; docs/evaluation.md).
+PART_OVERLAP = 128
 
 
 def middle_halves(ids: Sequence[int], limit: int) -> tuple[list[int], list[int]]:
@@ -45,13 +50,51 @@ def rope_scale_factor(head_dim: int, theta: float, train_len: int, target_len: i
     return max(1, math.ceil(new_base / theta))
 
 
+def part_windows(n: int, size: int, overlap: int) -> list[tuple[int, int]]:
+    """Token windows ``[start, end)`` of ``size`` tokens over ``n`` tokens, each sharing ``overlap`` with the next;
+    the last ends at ``n`` (it may share more with the one before). One window when ``n <= size``."""
+    if size <= 0:
+        raise UsageError("the question and answer leave no room for the document in the model's window")
+    if n <= size:
+        return [(0, n)]
+    step = max(1, size - max(0, min(overlap, size - 1)))
+    starts = list(range(0, n - size, step))
+    return [(a, a + size) for a in starts] + [(n - size, n)]
+
+
+Span = tuple[int, int]  # characters [start, end) of a context
+
+
 @dataclass(frozen=True)
 class FittedContext:
+    """How a context went into the prompt, and what of it the model read."""
+
     text: str  # the context as it goes into the prompt
     tokens: int  # its length in tokens
     dropped: int  # tokens cut from the middle
     rope_factor: int  # RoPE base multiplier (1 = unchanged)
     rule: str  # one line for the user
+    read: tuple[Span, ...] = ()  # the characters of the whole context the model read (all parts together)
+    chars: int = 0  # characters of the whole context
+    parts: int = 1  # prompts the context was read in (``parts``: more than one when it is longer than the window)
+    source: tuple[Span, ...] = ()  # the characters the answer came from: the part(s) that gave it, else ``read``
+    mode: str = "whole"  # whole (it fits), parts, truncate or rope-scale
+
+    @property
+    def complete(self) -> bool:
+        """Whether every character of the context was read."""
+        covered = 0
+        for start, end in sorted(self.read):
+            if start > covered:
+                return False
+            covered = max(covered, end)
+        return covered >= self.chars
+
+
+def char_offset(tokenizer: Any, ids: Sequence[int], at: int, text: str) -> int:
+    """Where token ``at`` of ``ids`` (the encoding of ``text``) starts in ``text``: the length of the decoded
+    tokens before it (exact for byte-level tokenizers, whose decoding gives the text back), within the text."""
+    return min(len(text), len(tokenizer.decode(list(ids[:at])))) if at > 0 else 0
 
 
 def fit_context(tokenizer: Any, context: str, budget: int, mode: str, head_dim: int, theta: float,
@@ -63,19 +106,25 @@ def fit_context(tokenizer: Any, context: str, budget: int, mode: str, head_dim: 
         raise UsageError(f"--long must be one of {', '.join(LONG_MODES)}, got {mode!r}")
     if ids is None:
         ids = tokenizer.encode(context, add_special_tokens=False)
-    n = len(ids)
+    n, chars = len(ids), len(context)
+    whole = ((0, chars),)
     if n <= budget:
-        return FittedContext(context, n, 0, 1, "")
+        return FittedContext(context, n, 0, 1, "", whole, chars, source=whole)
     if mode == "rope-scale":
         factor = rope_scale_factor(head_dim, theta, train_len, total_len or n)
         return FittedContext(context, n, 0, factor,
                              f"document is {n} tokens, longer than the {train_len}-token window: RoPE base scaled "
-                             f"x{factor} (NTK-style, LongLLaDA rule); quality may drop far beyond the window")
+                             f"x{factor} (NTK-style, LongLLaDA rule); quality may drop far beyond the window",
+                             whole, chars, source=whole, mode=mode)
+    if mode == "parts":
+        raise ValueError("a context longer than the window is read in parts by pipeline.ask, not fitted")
     if budget <= 0:
         raise UsageError("the question and answer leave no room for the document in the model's window")
     head_ids, tail_ids = middle_halves(ids, budget)
     head, tail = len(head_ids), len(tail_ids)
-    text = tokenizer.decode(head_ids) + "\n...\n" + tokenizer.decode(tail_ids)
-    return FittedContext(text, budget, n - budget, 1,
+    head_text, tail_text = tokenizer.decode(head_ids), tokenizer.decode(tail_ids)
+    read = ((0, min(len(head_text), chars)), (max(0, chars - len(tail_text)), chars))
+    return FittedContext(head_text + "\n...\n" + tail_text, budget, n - budget, 1,
                          f"document is {n} tokens, the window leaves {budget}: kept the first {head} and last "
-                         f"{tail} tokens, dropped {n - budget} from the middle (use --long rope-scale to keep all)")
+                         f"{tail} tokens, dropped {n - budget} from the middle (the default --long parts reads "
+                         f"it all)", read, chars, source=read, mode=mode)

@@ -71,3 +71,42 @@ def part_instruction(words: int) -> str:
 def merge_instruction(words: int) -> str:
     return f"The text above is a list of summaries of consecutive parts of one document. Write one summary of " \
            f"the whole document in about {words} words."
+
+
+# Tokens per word of English summaries, to turn ``--length`` words into the final pass's token budget.
+TOKENS_PER_WORD = 1.6
+
+
+def summary_tokens(words: int, block: int) -> int:
+    """The token budget of a summary of about ``words`` words: a whole number of ``block``-token blocks."""
+    return max(block, -(-int(words * TOKENS_PER_WORD) // block) * block)
+
+
+def _vocabulary(text: str) -> set[str]:
+    return {w.strip(".,;:!?\"'()[]").casefold() for w in text.split()}
+
+
+def trim_summary(text: str, words: int | None, source: str, ran_out: bool) -> str:
+    """``text`` at most ``words`` words long (None: any), never ending inside a word: a last word that the token
+    budget cut (``ran_out``: the answer used every token) or that is only the start of a word of ``source`` is
+    dropped, and a cut keeps whole sentences when one ends in the second half of what is kept."""
+    kept = text.split()
+    known = _vocabulary(source)
+    last = kept[-1].strip(".,;:!?\"'()[]").casefold() if kept else ""
+    cut_word = ran_out and not kept[-1].endswith((".", "!", "?")) if kept else False
+    prefix_only = bool(last) and last not in known and any(w.startswith(last) and w != last for w in known)
+    if cut_word or prefix_only:
+        kept = kept[:-1]
+    if words is not None and len(kept) > words:
+        kept = kept[:words]
+        ends = [i for i, w in enumerate(kept) if w.endswith((".", "!", "?"))]
+        if ends and ends[-1] + 1 >= len(kept) // 2:
+            kept = kept[: ends[-1] + 1]
+    return " ".join(kept)
+
+
+def adds_nothing(final: str, summaries: list[str]) -> bool:
+    """Whether a final summary only repeats the parts' summaries (its text is found in theirs, as the lead of the
+    joined leads is): then the parts' summaries say more than it."""
+    flat = " ".join(final.split()).casefold()
+    return bool(flat) and flat in " ".join(" ".join(summaries).split()).casefold()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -117,6 +117,8 @@ class RunProfile:
     rope_factor: int = 1
     notes: list[str] = field(default_factory=list)
     residual: list[list[int]] | None = None  # layers x heads: 1 = the head holds a residual entry
+    # what ``pipeline.answer_row`` says of the answer: its claim, confidence, what was read (by page) and where from
+    row: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         pages: dict[str, Any] = (self.pages.as_dict() if self.pages is not None
@@ -127,7 +129,8 @@ class RunProfile:
             "dropped_tokens": self.dropped_tokens, "rope_factor": self.rope_factor, "stats": self.stats.as_dict(),
             "layer_budgets": self.layer_budgets, "head_budgets": self.head_budgets, "preference": self.preference,
             "importance": self.importance, "importance_source": self.importance_source, "pages": pages,
-            "residual_heads": self.residual,
+            "residual_heads": self.residual, "claim": self.row.get("claim"),
+            "confidence": self.row.get("confidence"), "read": self.row.get("read"),
         }
 
 
@@ -142,6 +145,8 @@ class ProfileReport:
     memory_note: str
     notes: list[str] = field(default_factory=list)
     heads: str = "heads"  # what a heatmap column is: "heads", or "KV heads" for a GQA model
+    warmup_s: float | None = None  # the warm-up run (the first run on this prompt, outside the measurements)
+    load_s: float | None = None  # loading the model (the command sets it)
 
     @property
     def focus_run(self) -> RunProfile | None:
@@ -150,7 +155,7 @@ class ProfileReport:
     def as_dict(self) -> dict[str, Any]:
         return {"document": self.document, "model": self.model, "question": self.question, "device": self.device,
                 "memory_note": self.memory_note, "focus": self.focus, "heads": self.heads,
-                "runs": [r.as_dict() for r in self.runs]}
+                "warmup_s": self.warmup_s, "load_s": self.load_s, "runs": [r.as_dict() for r in self.runs]}
 
 
 def memory_note(device: torch.device) -> str:
@@ -199,11 +204,14 @@ def profile_document(
 
     Each run is ``pipeline.ask`` (``long`` says how a document longer than the window is fitted); ``on_event``
     and ``on_prompt`` go to it, ``on_answer`` sees each run's answer.
-    ``warmup`` first runs the first spec once on the question alone (one block), outside the measurements, so
-    the first row does not pay one-time costs. ``focus`` picks the run drawn as pictures; by default the first
-    that evicts.
+    ``warmup`` first runs the first spec once on this prompt, outside the measurements, so that no row pays the
+    one-time costs of a first run (thread pools, the allocator growing, kernels chosen for these shapes); its time
+    is the report's ``warmup_s``. ``focus`` picks the run drawn as pictures; by default the first that evicts.
     """
-    from maskkv_cli.pipeline import ask
+    import time
+
+    from maskkv_cli.models.catalog import is_embedded_model
+    from maskkv_cli.pipeline import answer_row, ask
     from maskkv_cli.run_settings import RunSettings
 
     if not specs:
@@ -213,9 +221,16 @@ def profile_document(
         return RunSettings(policy=spec.policy, budget=spec.budget, ratio=spec.ratio, seed=seed,
                            layer_budgets=layer_budgets).cache()
 
+    if long == "parts":
+        raise UsageError("profile measures one prompt: --long truncate or rope-scale (ask reads a long document in "
+                         "parts)")
+    warmup_s = None
     if warmup:
-        short = replace(gen, gen_length=gen.block_length, steps=max(1, gen.steps_per_block))
-        session.answer_ids(session.prompt_ids(question), short, config(specs[0]))
+        started = time.perf_counter()
+        ask(session, doc.text, question, gen, config(specs[0]), long=long)
+        warmup_s = time.perf_counter() - started
+    embedded = is_embedded_model(str(session.model_path))
+    spans = doc.page_spans()
     runs: list[RunProfile] = []
     for i, spec in enumerate(specs):
         if on_run is not None:
@@ -243,6 +258,7 @@ def profile_document(
             pages_note=mapped if isinstance(mapped, str) else None,
             dropped_tokens=fitted.dropped, rope_factor=fitted.rope_factor, notes=notes,
             residual=residual_matrix(records) if records else None,
+            row=answer_row(answer, embedded, question, spans),
         ))
     if focus is None:
         focus = next((i for i, r in enumerate(runs) if r.evicted), None)
@@ -254,4 +270,4 @@ def profile_document(
         report_notes.append(f"GQA model: the cache and the heatmap are per key/value head ({cfg.n_kv_heads} KV heads, "
                             f"{cfg.group_size} query heads each; votes averaged over each group)")
     return ProfileReport(document, str(session.model_path), question, str(session.device), runs, focus,
-                         memory_note(session.device), report_notes, heads)
+                         memory_note(session.device), report_notes, heads, warmup_s)

@@ -9,9 +9,10 @@ from typing import Annotated, Any
 import typer
 
 from maskkv_cli.cli.asking import ask_live, document_run
-from maskkv_cli.cli.common import fail, guarded, note, one_line_stats
+from maskkv_cli.cli.common import fail, guarded, note_once, one_line_stats
 from maskkv_cli.cli.options import LongOpt, PasswordOpt, QuestionsFileOpt
 from maskkv_cli.cli.run_options import CACHE, MODEL, OUTPUT, SAMPLER, RunOptions, run_options
+from maskkv_cli.prompting.fit import DEFAULT_LONG
 
 
 def _questions(question: str | None, extra: list[str] | None, questions_file: Path | None) -> list[str]:
@@ -39,7 +40,7 @@ def ask(
                                                    "document is parsed and the model loaded once.",
                                                    show_default=False)] = None,
     questions_file: QuestionsFileOpt = None,
-    long: LongOpt = "truncate",
+    long: LongOpt = DEFAULT_LONG,
     password: PasswordOpt = None,
     *,
     opts: RunOptions,
@@ -52,8 +53,11 @@ def ask(
 
         maskkv ask report.pdf -q "Who wrote it?" -q "When?" --budget 128
 
-        maskkv ask book.txt "Where is the treasure?" --long rope-scale --json
+        maskkv ask book.txt "Where is the treasure?" --long truncate --json
     """
+    from maskkv_cli.documents.reading import check_source
+
+    check_source(document)  # a wrong path fails at once, before anything heavy is imported or loaded
     qs = _questions(question, more, questions_file)
     cache = opts.cache()
     quiet, as_json = opts.quiet, opts.as_json
@@ -68,46 +72,51 @@ def ask(
             for message in [answer.fitted.rule, *answer.notes]:
                 if message and message not in shown:
                     shown.add(message)
-                    note(message, quiet, as_json)
-            results.append((q, answer, answer.fitted))
+                    note_once(message, quiet, as_json)
+            results.append((q, answer))
     from maskkv_cli.models.catalog import is_embedded_model
     from maskkv_cli.pipeline import answer_row
 
     embedded = is_embedded_model(session.model_path)
+    spans = doc.page_spans()
+    rows = [{"question": q, **answer_row(a, embedded, q, spans), "policy": cache.policy} for q, a in results]
     if as_json:
         typer.echo(json.dumps({
             "document": {"source": str(document), "sha256": doc.sha256, "pages": len(doc.pages),
                          "chars": doc.n_chars},
             "model": session.model_path,
-            "answers": [{"question": q, **answer_row(a, embedded), "policy": cache.policy} for q, a, _ in results],
+            "answers": rows,
         }))
         return
-    _print_answers(results, quiet, embedded)
+    _print_answers(rows, [a for _, a in results], quiet, embedded)
 
 
-def _print_answers(results: list[tuple[str, Any, Any]], quiet: bool, embedded: bool) -> None:
-    """One answer: the text on stdout, its confidence on stderr. Several: Q/A/confidence blocks on stdout.
-    An empty answer is never a blank line: a note says so (even with --quiet, since it stands for the answer)."""
-    from maskkv_cli.cli.render import answer_lines
+def _print_answers(rows: list[dict[str, Any]], answers: list[Any], quiet: bool, embedded: bool) -> None:
+    """One answer: the line that stands for it on stdout (a cut says so on that line), its confidence and where it
+    came from on stderr. Several: Q/A/confidence blocks on stdout. An answer that cannot be shown (none, or the
+    embedded model's "not in the document" to a question it was not trained on) is never a blank line: a note
+    says why; that note and a LOW CONFIDENCE mark are part of the answer and stay with --quiet."""
+    from maskkv_cli.models.catalog import empty_note
+    from maskkv_cli.reports.answers import NO_ANSWER_SHOWN, answer_line, context_line
 
-    empty_notes: list[str] = []
-    for q, a, _ in results:
-        out, line = answer_lines(a.text, a.confidence, "answer", embedded)
-        if len(results) > 1:
-            typer.echo(f"Q: {q}")
-            typer.echo(f"A: {out if out is not None else '(no answer, see the note below)'}")
+    notes: list[str] = []
+    for row, answer in zip(rows, answers, strict=True):
+        out, line = answer_line(row), context_line(row, empty_note("answer", embedded))
+        if len(rows) > 1:
+            typer.echo(f"Q: {row['question']}")
+            typer.echo(f"A: {out if out is not None else NO_ANSWER_SHOWN}")
             if out is not None:
                 typer.echo(f"   {line}")
             else:
-                empty_notes.append(line)
+                notes.append(line)
             typer.echo("")
         elif out is not None:
             typer.echo(out)
-            if not quiet:
+            if not quiet or line.startswith("LOW CONFIDENCE"):
                 typer.echo(line, err=True)
         else:
-            empty_notes.append(line)
+            notes.append(line)
         if not quiet:
-            typer.echo(one_line_stats(a.result.stats), err=True)
-    if empty_notes:
-        typer.echo(empty_notes[0], err=True)
+            typer.echo(one_line_stats(answer.result.stats, answer.fitted.parts), err=True)
+    for line in dict.fromkeys(notes):
+        typer.echo(line, err=True)

@@ -40,6 +40,7 @@ from maskkv_cli.cli.options import (
 )
 from maskkv_cli.cli.parsing import parse_devices
 from maskkv_cli.defaults import DEFAULT_POLICY
+from maskkv_cli.prompting.fit import DEFAULT_LONG, LONG_MODES
 
 
 class _Progress:
@@ -110,7 +111,7 @@ def batch(
     alg: AlgOpt = "entropy",
     top_p: TopPOpt = None,
     top_k: TopKOpt = None,
-    long: LongOpt = "truncate",
+    long: LongOpt = DEFAULT_LONG,
     password: PasswordOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
@@ -139,7 +140,6 @@ def batch(
     from maskkv_cli.batch.jobs import AnswerSettings, cross_product, read_jobs_file, read_questions
     from maskkv_cli.batch.run import Runner, run_batch
     from maskkv_cli.cli.model_choice import choose_model
-    from maskkv_cli.prompting.fit import LONG_MODES
     from maskkv_cli.run_settings import RunSettings
 
     if out is None:
@@ -171,7 +171,9 @@ def batch(
         typer.echo(json.dumps(result.as_dict()))
     elif not quiet:
         rate = f" at {result.jobs_per_minute:.1f} jobs/min" if result.answered else ""
-        sys.stderr.write(f"{result.ok} answered ({result.reused} from earlier runs), {result.failed} failed, "
+        flags = "".join([f", {result.low} LOW CONFIDENCE" if result.low else "",
+                         f", {result.untrained} not of the embedded model's question form" if result.untrained else ""])
+        sys.stderr.write(f"{result.ok} answered ({result.reused} from earlier runs{flags}), {result.failed} failed, "
                          f"{result.answered} run now{rate}; results: {out}\n")
         for row in result.failures[:10]:
             sys.stderr.write(f"  failed {row['id']}: {row['error']}\n")

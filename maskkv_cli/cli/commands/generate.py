@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from maskkv_cli.cli.asking import echo_answer
-from maskkv_cli.cli.common import fail, guarded, live_display_on, note
+from maskkv_cli.cli.common import fail, guarded, live_display_on, note_once
 from maskkv_cli.cli.options import CfgOpt, RemaskOpt
 from maskkv_cli.cli.run_options import CACHE, MODEL, OUTPUT, SAMPLER, RunOptions, run_options
 from maskkv_cli.devices import resolve_device
@@ -50,7 +50,7 @@ def generate(
     else:
         answer = session.answer(prompt, gen, cache)
     for message in answer.notes:
-        note(message, quiet, as_json)
+        note_once(message, quiet, as_json)
     stats = answer.result.stats
     from maskkv_cli.models.catalog import is_embedded_model
 

@@ -90,11 +90,14 @@ def _list(store: Any, as_json: bool) -> None:
 
 
 def _error_line(outcome: Any) -> str:
-    """``error: PATH reason``: messages that start with the file's name get its full path instead."""
-    name, message = outcome.path.name, str(outcome.error)
-    if name and message.startswith(name + " "):
-        return f"error: {outcome.path}{message[len(name):]}"
-    return f"error: {outcome.path}: {message}"
+    """``error: PATH: reason``, naming the file once: a message that names the path as given is printed as it is,
+    one that starts with the file's name gets the path in its place."""
+    path, name, message = str(outcome.path), outcome.path.name, str(outcome.error)
+    if path in message:
+        return f"error: {message}"
+    if name and (message.startswith(name + " ") or message.startswith(name + ":")):
+        return f"error: {path}{message[len(name):]}"
+    return f"error: {path}: {message}"
 
 
 def _line(outcome: Any) -> str:
@@ -104,13 +107,43 @@ def _line(outcome: Any) -> str:
     return f"{outcome.path}: {pages}, {doc.n_chars} chars, {outcome.tokens} tokens; {state} as {doc.sha256[:12]}"
 
 
+def _tokenizer(model: str | None) -> tuple[Any, str | None]:
+    """The tokenizer tokens are counted with, and how to say so: ``--model``'s, else the model ``ask`` uses by default
+    (``MASKKV_MODEL``, the config file, else the embedded one), so that both count alike; (None, None) when there is
+    none on this machine (tiktoken or an estimate then)."""
+    from maskkv_cli.defaults import configured_model
+    from maskkv_cli.documents.tokens import folder_tokenizer
+    from maskkv_cli.errors import ModelLoadError
+    from maskkv_cli.paths import resolve_model_path, shipped_model_folder
+
+    if model:
+        folder = resolve_model_path(model)
+    else:
+        try:
+            configured = configured_model()
+            folder = resolve_model_path(configured) if configured else shipped_model_folder()
+        except ModelLoadError:  # a default model that is not there: ask says so; counting does not need it
+            folder = shipped_model_folder()
+        if folder is None:
+            return None, None
+    tokenizer = folder_tokenizer(folder)
+    if tokenizer is None:
+        from maskkv_cli.prompting import load_tokenizer
+
+        tokenizer = load_tokenizer(folder)
+    if model:
+        return tokenizer, None
+    return tokenizer, f"the tokenizer of {folder.name} (the model ask uses by default, so ask counts the same)"
+
+
 @guarded
 def ingest(
     paths: Annotated[list[Path] | None, typer.Argument(
         help="PDF, text or Markdown files, or folders (searched recursively for .pdf, .txt and .md files; "
         ".text and .markdown too).", show_default=False)] = None,
-    model: Annotated[str | None, model_option("Count tokens with this model's tokenizer (default: tiktoken if "
-                                              "cached locally, else an estimate).", "-m", show_default=False)] = None,
+    model: Annotated[str | None, model_option("Count tokens with this model's tokenizer (default: the model ask uses "
+                                              "by default; tiktoken or an estimate when there is none).", "-m",
+                                              show_default=False)] = None,
     password: PasswordOpt = None,
     list_: Annotated[bool, typer.Option("--list", help="List the documents in the store.")] = False,
     remove: Annotated[str | None, typer.Option("--remove", help="Remove a document (sha prefix or file name).",
@@ -149,12 +182,7 @@ def ingest(
         return
     if not paths:
         raise fail("give one or more files or folders to ingest, or --list / --remove", 2)
-    tokenizer = None
-    if model:
-        from maskkv_cli.models.catalog import resolve_default_model
-        from maskkv_cli.prompting import load_tokenizer
-
-        tokenizer = load_tokenizer(resolve_default_model(model)[0])
+    tokenizer, counted_by = _tokenizer(model)
     import warnings
 
     from maskkv_cli.documents.tokens import TokenCountWarning
@@ -182,7 +210,7 @@ def ingest(
                 if doc is None:
                     sys.stderr.write(_error_line(outcome) + "\n")
                     continue
-                methods.add(str(outcome.token_method))
+                methods.add(counted_by or str(outcome.token_method))
                 for w in doc.warnings:
                     note(w, quiet, as_json)
                 sys.stdout.write(_line(outcome) + "\n")

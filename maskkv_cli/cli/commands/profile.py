@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from maskkv_cli.cli.common import fail, guarded, live_display_on, note
+from maskkv_cli.cli.common import fail, guarded, live_display_on, note, note_once
 from maskkv_cli.cli.options import (
     HeatmapOpt,
     HtmlOpt,
@@ -67,6 +67,10 @@ def profile(
 
         maskkv profile report.pdf --json > profile.json
     """
+    from maskkv_cli.documents.reading import check_source
+
+    check_source(document)  # a wrong path fails at once, before anything heavy is imported or loaded
+
     from rich.console import Console
 
     from maskkv_cli.cli.parsing import choose_focus, parse_runs
@@ -96,7 +100,11 @@ def profile(
         for w in doc.warnings:
             note(w, quiet, as_json)
         live.phase("load model")
+        import time
+
+        started = time.perf_counter()
         session = opts.load_session(device)
+        load_s = time.perf_counter() - started
         gen = opts.generation(session.generation_defaults)
         live.phase("warm-up")
         report = profile_document(
@@ -104,6 +112,7 @@ def profile(
             focus=focus, warmup=warmup, on_run=lambda i, n, spec: live.phase(f"run {i + 1}/{n}", spec.label),
             on_event=live, on_prompt=live.prompt_ready, on_answer=live.answered,
         )
+        report.load_s = load_s
         live.phase("write")
         if plot is not None:
             from maskkv_cli.cli.render_profile import plot_png
@@ -112,7 +121,7 @@ def profile(
         if html is not None:
             write_html(report, html)
     for message in report.notes:
-        note(message, quiet, as_json)
+        note_once(message, quiet, as_json)
     if as_json:
         typer.echo(json.dumps(report.as_dict()))
         return

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from maskkv_cli.cli.common import guarded
+from maskkv_cli.cli.common import fail, guarded
 from maskkv_cli.cli.model_choice import run_pull
 from maskkv_cli.cli.options import JsonOpt, QuietOpt
 from maskkv_cli.sizes import human_size
@@ -16,7 +16,8 @@ from maskkv_cli.sizes import human_size
 
 @guarded
 def pull(
-    repo_id: Annotated[str, typer.Argument(help="Hugging Face model id, ORG/NAME.", show_default=False)],
+    repo_id: Annotated[str, typer.Argument(help="Hugging Face model id, ORG/NAME, or its page's address "
+                                           "(https://huggingface.co/ORG/NAME[/tree/REVISION]).", show_default=False)],
     revision: Annotated[str | None, typer.Option("--revision", "-r", help="Branch, tag or commit [default: main].",
                                                  show_default=False)] = None,
     as_json: JsonOpt = False,
@@ -36,16 +37,24 @@ def pull(
         maskkv pull Dream-org/Dream-v0-Instruct-7B --revision main
 
         HF_TOKEN=hf_... maskkv pull GSAI-ML/LLaDA-1.5
+
+        maskkv pull https://huggingface.co/GSAI-ML/LLaDA-8B-Instruct
     """
+    from maskkv_cli.models.hub import parse_repo
+
+    repo_id, in_address = parse_repo(repo_id)
+    if in_address and revision and in_address != revision:
+        raise fail(f"the address names revision {in_address} and --revision {revision}; give one", 2)
+    revision = revision or in_address
     result = run_pull(repo_id, revision, quiet, as_json)
     if as_json:
         typer.echo(json.dumps({"repo_id": result.repo_id, "revision": result.revision, "commit": result.commit,
                                "path": str(result.path), "downloaded_bytes": result.fetched_bytes,
-                               "offline": result.offline,
+                               "offline": result.offline, "note": result.note or None,
                                "files": [{"name": f.name, "size": f.size} for f in result.files]}))
         return
     if result.offline:
-        what = "HF_HUB_OFFLINE is set: using the cached copy"
+        what = result.note
     elif result.fetched_bytes:
         what = f"downloaded {human_size(result.fetched_bytes)}"
     else:

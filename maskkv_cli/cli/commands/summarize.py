@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from maskkv_cli.cli.asking import ask_live, document_run, echo_answer
-from maskkv_cli.cli.common import fail, guarded
+from maskkv_cli.cli.common import fail, guarded, note
 from maskkv_cli.cli.options import PasswordOpt, length_option
 from maskkv_cli.cli.run_options import CACHE, MODEL, OUTPUT, SAMPLER, RunOptions, run_options
 
@@ -19,12 +19,16 @@ from maskkv_cli.cli.run_options import CACHE, MODEL, OUTPUT, SAMPLER, RunOptions
 @run_options(*CACHE, *[n for n in SAMPLER if n != "gen_length"], *MODEL, *OUTPUT)
 def summarize(
     document: Annotated[Path, typer.Argument(help="PDF, text or Markdown file.", show_default=False)],
-    length: Annotated[int, length_option("Target length of the summary in words.")] = 150,
+    length: Annotated[int, length_option("Length of the summary in words: the final summary's token budget (about "
+                                         "1.6 tokens a word) and its most words.")] = 150,
     password: PasswordOpt = None,
     *,
     opts: RunOptions,
 ) -> None:
     """Summarize a document of any length: summarize parts (whole pages), then the summaries.
+
+    When the final pass only repeats the parts' summaries (a model that writes lead summaries, as the embedded one),
+    the parts' summaries are shown, each with its pages.
 
     Examples:
 
@@ -32,7 +36,19 @@ def summarize(
 
         maskkv summarize book.txt --length 300 --budget 128 --json
     """
-    from maskkv_cli.prompting.parts import merge_instruction, part_instruction, split_parts
+    from maskkv_cli.documents.reading import check_source
+
+    check_source(document)  # a wrong path fails at once, before anything heavy is imported or loaded
+
+    from maskkv_cli.pipeline import used_every_token
+    from maskkv_cli.prompting.parts import (
+        adds_nothing,
+        merge_instruction,
+        part_instruction,
+        split_parts,
+        summary_tokens,
+        trim_summary,
+    )
 
     if length <= 0:
         raise fail(f"--length must be a positive number of words, got {length}", 2)
@@ -40,13 +56,16 @@ def summarize(
     quiet, as_json = opts.quiet, opts.as_json
     with document_run(document, password, opts) as run:
         live, doc, session = run.live, run.doc, run.session
-        if session.summary_length:
-            # a model trained on lead summaries (the embedded one) writes them at the length it was trained on
+        lead = bool(session.summary_length)
+        if lead:
+            # a model trained on lead summaries (the embedded one) writes each part's at the length it was trained on
             gen_tokens = session.summary_length
             block = opts.block_length or session.summary_block or gen_tokens
+            final_tokens = min(gen_tokens, summary_tokens(length, opts.block_length or session.summary_block or 8))
+            final_block = opts.block_length or session.summary_block or final_tokens
         else:
-            block = opts.block_length or 32
-            gen_tokens = max(block, -(-int(length * 1.6) // block) * block)
+            block = final_block = opts.block_length or 32
+            gen_tokens = final_tokens = summary_tokens(length, block)
         gen = opts.with_(gen_length=gen_tokens, block_length=block).generation({})
         room = session.window - session.prompt_overhead(part_instruction(length)) - gen.gen_length
         if room < 64:
@@ -59,24 +78,69 @@ def summarize(
                 typer.echo(f"part {i}/{len(parts)} (pages {part.first_page}-{part.last_page}, {part.tokens} tokens)",
                            err=True)
             a = ask_live(session, part.text, part_instruction(length), gen, cache, "truncate", live)
-            summaries.append({"pages": [part.first_page, part.last_page], "tokens": part.tokens, "summary": a.text,
+            text = trim_summary(a.text, None, part.text, used_every_token(session, a))
+            summaries.append({"pages": [part.first_page, part.last_page], "tokens": part.tokens, "summary": text,
                               "confidence": a.confidence.as_dict() if a.confidence else None})
-        final = parts_answer = a
+        final, source = a, parts[-1].text
         written = [s["summary"] for s in summaries if s["summary"].strip()]
+        final_gen = opts.with_(gen_length=final_tokens, block_length=final_block).generation({})
         if len(summaries) > 1 and written:  # parts that gave no summary add nothing to the merge
             live.phase("merge", f"{len(written)} summaries")
             # a lead-summary model is asked for the lead of the joined summaries (the document's first sentences),
             # the one summary format it was trained on
-            merge = part_instruction(length) if session.summary_length else merge_instruction(length)
-            final = ask_live(session, "\n\n".join(written), merge, gen, cache, "truncate", live)
+            merge = part_instruction(length) if lead else merge_instruction(length)
+            source = "\n\n".join(written)
+            final = ask_live(session, source, merge, final_gen, cache, "truncate", live)
         elif len(summaries) > 1:
-            final = replace(parts_answer, text="", confidence=None)
+            final = replace(a, text="", confidence=None)
+        elif final_tokens != gen_tokens:  # one part: its summary is the summary, asked within the final budget
+            final = ask_live(session, source, part_instruction(length), final_gen, cache, "truncate", live)
+        final = replace(final, text=trim_summary(final.text, length, source, used_every_token(session, final)))
     from maskkv_cli.models.catalog import is_embedded_model
     from maskkv_cli.pipeline import confidence_fields
 
     embedded = is_embedded_model(session.model_path)
+    show_parts = len(summaries) > 1 and adds_nothing(final.text, written)
+    notes = _notes(length, lead, show_parts, final_tokens < summary_tokens(length, 8), embedded)
     if as_json:
         typer.echo(json.dumps({"document": str(document), "pages": len(doc.pages), "summary": final.text,
-                               **confidence_fields(final, "summary", embedded), "parts": summaries}))
+                               **confidence_fields(final, "summary", embedded), "shown": "parts" if show_parts
+                               else "summary", "length": {"words": length, "tokens": final_tokens},
+                               "notes": notes, "parts": summaries}))
         return
-    echo_answer(final.text, final.confidence, "summary", embedded, quiet)
+    for message in notes:
+        note(message, quiet, as_json)
+    if not show_parts:
+        echo_answer(final.text, final.confidence, "summary", embedded, quiet)
+        return
+    from maskkv_cli.documents.model import pages_label
+
+    low: list[int] = []
+    for s in summaries:
+        first, last = s["pages"]
+        typer.echo(f"{pages_label(list(range(first, last + 1)))}: {s['summary'] or '(no summary)'}")
+        if s["confidence"] and s["confidence"]["low"] and s["summary"]:
+            low += range(first, last + 1)
+    if low:  # part of the summaries: kept with --quiet
+        conf = summaries[0]["confidence"] or next(s["confidence"] for s in summaries if s["confidence"])
+        what = "the mean" if conf["statistic"] == "mean" else "a token"
+        typer.echo(f"LOW CONFIDENCE in the summaries of {pages_label(low)} ({what} below {conf['threshold']:.2f}): "
+                   "the model is probably guessing, check them in the document", err=True)
+
+
+def _notes(length: int, lead: bool, show_parts: bool, capped: bool, embedded: bool) -> list[str]:
+    """What the summary is and is not: the model's form (lead summaries), a --length beyond it, the parts shown."""
+    from maskkv_cli.defaults import PULL_HINT, REAL_MODEL
+
+    notes = []
+    if lead:
+        notes.append("this model writes lead summaries only (the first sentences of what it reads, copied: the form "
+                     "it was trained on), not a summary of the whole document"
+                     + (f"; for one: `{PULL_HINT}`, then --model {REAL_MODEL}" if embedded else ""))
+    if capped:
+        notes.append(f"--length {length}: this model writes at most its trained summary length, so the summary "
+                     "is shorter")
+    if show_parts:
+        notes.append("the final pass only repeats the parts' summaries, so each part's summary is shown with its "
+                     "pages (--json has the final one too)")
+    return notes
