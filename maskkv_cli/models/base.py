@@ -144,6 +144,12 @@ class DiffusionBlock(nn.Module):
         raise NotImplementedError
 
     # ----- what the engine calls --------------------------------------------------------------------
+    @staticmethod
+    def merge_heads(o: Tensor) -> Tensor:
+        """(B, H, T, D) -> (B, T, H * D): the attention output as the output projection takes it."""
+        b, _, t, _ = o.shape
+        return o.transpose(1, 2).reshape(b, t, -1)
+
     def heads(self, t: Tensor, n_heads: int) -> Tensor:
         """(B, T, n_heads * D) -> (B, n_heads, T, D)."""
         b, length, _ = t.shape
@@ -187,6 +193,22 @@ class DiffusionBlock(nn.Module):
         x = x + attn
         del attn
         return x + self.mlp(x, mlp_chunk)
+
+
+class HFLayoutBlock(DiffusionBlock):
+    """A block in the Hugging Face layout (Dream, LLaDA2, LLaDA-MoE): ``input_layernorm`` before attention,
+    ``post_attention_layernorm`` and the MLP module ``mlp_layers`` (upstream's ``mlp``; ``mlp`` is the method the
+    engine calls) after it. The family creates them (in its checkpoint's order: random inits follow it)."""
+
+    input_layernorm: RMSNorm
+    post_attention_layernorm: RMSNorm
+    mlp_layers: nn.Module
+
+    def attention_input(self, x: Tensor) -> Tensor:
+        return self.input_layernorm(x)
+
+    def feed_forward(self, x: Tensor) -> Tensor:
+        return self.mlp_layers(self.post_attention_layernorm(x))
 
 
 def on_layer_device(model: nn.Module, i: int, x: Tensor, rope: Rope) -> tuple[Tensor, Rope]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from maskkv_cli.models.base import DiffusionBlock, HFLayoutModel, RMSNorm, Rope, SwiGLU, rotate_in_dtype
+from maskkv_cli.models.base import HFLayoutBlock, HFLayoutModel, RMSNorm, Rope, SwiGLU, rotate_in_dtype
 from maskkv_cli.models.config import ModelConfig
 
 
@@ -25,7 +25,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.n_heads * hd, cfg.d_model, bias=False)
 
 
-class DreamBlock(DiffusionBlock):
+class DreamBlock(HFLayoutBlock):
     """Dream's layer: RMSNorm, q/k/v projections with biases and ``n_kv_heads`` key/value heads, Qwen2's RoPE
     (``rotate``), a gated SiLU MLP."""
 
@@ -35,11 +35,6 @@ class DreamBlock(DiffusionBlock):
         self.mlp_layers = SwiGLU(cfg.d_model, cfg.mlp_hidden_size)
         self.input_layernorm = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
-
-    # Upstream calls the MLP module ``mlp``; here ``mlp`` is the method the engine calls, so the module is
-    # ``mlp_layers`` and ``Dream.checkpoint_key`` maps the names.
-    def attention_input(self, x: Tensor) -> Tensor:
-        return self.input_layernorm(x)
 
     def q_heads(self, n: Tensor) -> Tensor:
         return self.heads(self.self_attn.q_proj(n), self.n_heads)
@@ -54,11 +49,8 @@ class DreamBlock(DiffusionBlock):
         return rotate_in_dtype(t, rope)  # as upstream Dream (Qwen2): bf16/fp16 logits match Dream's own code
 
     def attn_proj(self, o: Tensor) -> Tensor:
-        b, _, t, _ = o.shape
-        return self.self_attn.o_proj(o.transpose(1, 2).reshape(b, t, -1))
+        return self.self_attn.o_proj(self.merge_heads(o))
 
-    def feed_forward(self, x: Tensor) -> Tensor:
-        return self.mlp_layers(self.post_attention_layernorm(x))
 
 
 class Dream(HFLayoutModel):

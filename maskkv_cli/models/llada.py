@@ -50,8 +50,7 @@ class Block(DiffusionBlock):
         return apply_rope(t, rope)  # upstream LLaDA rotates in full precision in every dtype
 
     def attn_proj(self, o: Tensor) -> Tensor:
-        b, _, t, _ = o.shape
-        return self.attn_out(o.transpose(1, 2).reshape(b, t, -1))
+        return self.attn_out(self.merge_heads(o))
 
     def feed_forward(self, x: Tensor) -> Tensor:
         n = self.ff_norm(x)

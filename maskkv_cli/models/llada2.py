@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from maskkv_cli.models.base import DiffusionBlock, HFLayoutModel, RMSNorm, Rope, rotate_in_dtype
+from maskkv_cli.models.base import HFLayoutBlock, HFLayoutModel, RMSNorm, Rope, rotate_in_dtype
 from maskkv_cli.models.config import ModelConfig
 from maskkv_cli.models.moe import feed_forward_module
 
@@ -35,7 +35,7 @@ class LLaDA2Attention(nn.Module):
         self.dense = nn.Linear(cfg.n_heads * hd, cfg.d_model, bias=False)
 
 
-class LLaDA2Block(DiffusionBlock):
+class LLaDA2Block(HFLayoutBlock):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__(cfg)
         self.rotary_dim = cfg.rotary_dim
@@ -44,9 +44,6 @@ class LLaDA2Block(DiffusionBlock):
         self.mlp_layers = feed_forward_module(cfg, layer)
         self.input_layernorm = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
-
-    def attention_input(self, x: Tensor) -> Tensor:
-        return self.input_layernorm(x)
 
     def _rows(self, n: Tensor, first: int, count: int) -> Tensor:
         """Heads ``first .. first + count`` of the fused projection (only those rows of its weight are used)."""
@@ -68,11 +65,8 @@ class LLaDA2Block(DiffusionBlock):
         return rotate_in_dtype(t, rope, self.rotary_dim)
 
     def attn_proj(self, o: Tensor) -> Tensor:
-        b, _, t, _ = o.shape
-        return self.attention.dense(o.transpose(1, 2).reshape(b, t, -1))
+        return self.attention.dense(self.merge_heads(o))
 
-    def feed_forward(self, x: Tensor) -> Tensor:
-        return self.mlp_layers(self.post_attention_layernorm(x))
 
 
 class LLaDA2(HFLayoutModel):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from maskkv_cli.models.base import DiffusionBlock, HFLayoutModel, RMSNorm, Rope, rotate_in_dtype
+from maskkv_cli.models.base import HFLayoutBlock, HFLayoutModel, RMSNorm, Rope, rotate_in_dtype
 from maskkv_cli.models.config import ModelConfig
 from maskkv_cli.models.moe import feed_forward_module
 
@@ -38,7 +38,7 @@ class MoEAttention(nn.Module):
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
 
 
-class LLaDAMoEBlock(DiffusionBlock):
+class LLaDAMoEBlock(HFLayoutBlock):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__(cfg)
         self.rotary_dim, self.qk_norm, self.clip = cfg.rotary_dim, cfg.qk_norm, cfg.clip_qkv
@@ -49,9 +49,6 @@ class LLaDAMoEBlock(DiffusionBlock):
 
     def _clip(self, t: Tensor) -> Tensor:
         return t if self.clip is None else t.clamp(-self.clip, self.clip)
-
-    def attention_input(self, x: Tensor) -> Tensor:
-        return self.input_layernorm(x)
 
     def q_heads(self, n: Tensor) -> Tensor:
         q = self.heads(self.self_attn.q_proj(n), self.n_heads)
@@ -68,11 +65,8 @@ class LLaDAMoEBlock(DiffusionBlock):
         return rotate_in_dtype(t, rope, self.rotary_dim)
 
     def attn_proj(self, o: Tensor) -> Tensor:
-        b, _, t, _ = o.shape
-        return self.self_attn.o_proj(o.transpose(1, 2).reshape(b, t, -1))
+        return self.self_attn.o_proj(self.merge_heads(o))
 
-    def feed_forward(self, x: Tensor) -> Tensor:
-        return self.mlp_layers(self.post_attention_layernorm(x))
 
 
 class LLaDAMoE(HFLayoutModel):
