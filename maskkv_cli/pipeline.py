@@ -38,8 +38,9 @@ from maskkv_cli.session import Answer, Session
 from maskkv_cli.stats import RunStats
 
 __all__ = ["CLAIMS", "Answer", "PartsAnswer", "Prompt", "Session", "add_pages", "answer_row", "ask", "ask_in_parts",
-           "choose_part", "claim", "common_source", "confidence_fields", "parts_stats", "prepare", "reading_fields",
-           "room_for_text", "says_absent", "spans_pages", "trained_question", "used_every_token"]
+           "ask_many", "choose_part", "claim", "common_source", "confidence_fields", "part_prompts", "parts_answer",
+           "parts_stats", "prepare", "prompt_count", "reading_fields", "room_for_text", "says_absent", "spans_pages",
+           "trained_question", "used_every_token"]
 
 
 @dataclass(frozen=True)
@@ -128,30 +129,106 @@ def ask_in_parts(
 ) -> PartsAnswer:
     """Ask ``question`` of every window of ``room`` tokens of ``context`` (token ``ids``), each sharing ``overlap``
     tokens with the next, and answer from the part(s) ``choose_part`` picks."""
-    windows = part_windows(len(ids), room, min(overlap, room // 4))
-    chars = len(context)
+    prompts = part_prompts(session, context, ids, room, question, overlap)
     session.set_rope_factor(1)
     answers: list[Answer] = []
-    for i, (start, end) in enumerate(windows, 1):
+    for i, prompt in enumerate(prompts, 1):
         if on_part is not None:
-            on_part(i, len(windows))
+            on_part(i, len(prompts))
+        if on_prompt is not None:
+            on_prompt(prompt)
+        answers.append(replace(session.answer_ids(prompt.ids, gen, cache, on_event), fitted=prompt.fitted))
+    return parts_answer(context, len(ids), room, answers, overlap)
+
+
+def part_prompts(session: Session, context: str, ids: Sequence[int], room: int, question: str,
+                 overlap: int = PART_OVERLAP) -> list[Prompt]:
+    """The prompts of ``question`` about each window of ``room`` tokens of ``context`` (token ``ids``), each window
+    sharing ``overlap`` tokens with the next, in text order."""
+    windows = part_windows(len(ids), room, min(overlap, room // 4))
+    chars = len(context)
+    prompts = []
+    for start, end in windows:
         text = session.tokenizer.decode(list(ids[start:end]))
         span = (char_offset(session.tokenizer, ids, start, context),
                 chars if end == len(ids) else char_offset(session.tokenizer, ids, end, context))
         fitted = FittedContext(text, end - start, 0, 1, "", (span,), chars, source=(span,), mode="parts")
-        prompt = Prompt(session.prompt_ids(document_question(text, question)), fitted)
-        if on_prompt is not None:
-            on_prompt(prompt)
-        answers.append(replace(session.answer_ids(prompt.ids, gen, cache, on_event), fitted=fitted))
+        prompts.append(Prompt(session.prompt_ids(document_question(text, question)), fitted))
+    return prompts
+
+
+def parts_answer(context: str, n_tokens: int, room: int, answers: Sequence[Answer],
+                 overlap: int = PART_OVERLAP) -> PartsAnswer:
+    """The answer to a question read in parts, from its parts' answers in text order (each with its ``fitted``)."""
     chosen, source = choose_part(answers)
-    rule = (f"document is {len(ids)} tokens, longer than the {room} the window leaves: read in {len(windows)} parts "
-            f"of up to {room} tokens, each sharing {windows[0][1] - windows[1][0]} with the next")
-    fitted = replace(chosen.fitted, rule=rule, read=((0, chars),), parts=len(windows),
-                     source=common_source([a.fitted.source[0] for a in source]))
+    windows = part_windows(n_tokens, room, min(overlap, room // 4))
+    shared = windows[0][1] - windows[1][0]
+    rule = (f"document is {n_tokens} tokens, longer than the {room} the window leaves: read in {len(answers)} parts "
+            f"of up to {room} tokens, each sharing {shared} with the next")
+    fitted = replace(chosen.fitted, rule=rule, read=((0, len(context)),), parts=len(answers),
+                     source=common_source([a.fitted.source[0] for a in source]))  # type: ignore[union-attr]
     notes = list(dict.fromkeys(n for a in answers for n in a.notes))
     stats = parts_stats([a.result.stats for a in answers])
     return PartsAnswer(chosen.text, sum(a.prompt_len for a in answers), chosen.budget,
-                       replace(chosen.result, stats=stats), notes, chosen.confidence, fitted, parts=answers)
+                       replace(chosen.result, stats=stats), notes, chosen.confidence, fitted, parts=list(answers))
+
+
+def prompt_count(session: Session, context: str, question: str, gen_length: int, long: str = DEFAULT_LONG) -> int:
+    """How many prompts ``ask`` builds for ``question`` about ``context``: its parts, else one."""
+    ids = session.document_ids(context)
+    room = room_for_text(session, question, gen_length)
+    if long != "parts" or len(ids) <= room:
+        return 1
+    return len(part_windows(len(ids), room, min(PART_OVERLAP, room // 4)))
+
+
+def ask_many(
+    session: Session,
+    items: Sequence[tuple[str, str]],
+    gen: GenerationConfig,
+    cache: CacheConfig,
+    *,
+    long: str = DEFAULT_LONG,
+    batch_size: int = 1,
+    on_answer: Callable[[int, Answer], None] | None = None,
+) -> list[Answer]:
+    """Answer each ``(context, question)`` as ``ask`` does, every prompt of every question (each part of a text
+    read in parts) denoised up to ``batch_size`` together (``Session.answer_many``): each answer is the one
+    ``ask`` gives it alone. ``on_answer(i, answer)`` as each item's answer is complete. Under ``rope-scale`` (one
+    RoPE base per prompt) the items run one at a time."""
+    if long == "rope-scale" or batch_size <= 1:
+        answers = []
+        for i, (context, question) in enumerate(items):
+            answers.append(ask(session, context, question, gen, cache, long=long))
+            if on_answer is not None:
+                on_answer(i, answers[-1])
+        return answers
+    session.set_rope_factor(1)
+    plans: list[tuple[str, int, int, list[Prompt]]] = []  # kind, document tokens, room, prompts
+    for context, question in items:
+        ids = session.document_ids(context)
+        room = room_for_text(session, question, gen.gen_length)
+        if long == "parts" and len(ids) > room:
+            plans.append(("parts", len(ids), room, part_prompts(session, context, ids, room, question)))
+        else:
+            plans.append(("one", 0, 0, [prepare(session, context, question, gen.gen_length, "truncate")]))
+    flat = [(i, prompt) for i, plan in enumerate(plans) for prompt in plan[3]]
+    got: dict[int, list[Answer | None]] = {i: [None] * len(plan[3]) for i, plan in enumerate(plans)}
+    position = {k: sum(1 for j, _ in flat[:k] if j == i) for k, (i, _) in enumerate(flat)}
+    results: dict[int, Answer] = {}
+
+    def one_done(k: int, answer: Answer) -> None:
+        i, prompt = flat[k]
+        got[i][position[k]] = replace(answer, fitted=prompt.fitted)
+        if all(a is not None for a in got[i]):
+            kind, n_tokens, room, _ = plans[i]
+            done = [a for a in got[i] if a is not None]
+            results[i] = parts_answer(items[i][0], n_tokens, room, done) if kind == "parts" else done[0]
+            if on_answer is not None:
+                on_answer(i, results[i])
+
+    session.answer_many([p.ids for _, p in flat], gen, cache, batch_size, on_answer=one_done)
+    return [results[i] for i in range(len(items))]
 
 
 def common_source(spans: Sequence[Span]) -> tuple[Span, ...]:

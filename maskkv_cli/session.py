@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from maskkv_cli.engine.plan import CacheConfig, plan_cache
+from maskkv_cli.engine.batch_memory import auto_batch_size, batch_memory, free_bytes
+from maskkv_cli.engine.plan import CacheConfig, CachePlan, plan_cache
 from maskkv_cli.engine.prefix import PrefixStore, compute_prefix
 from maskkv_cli.models.config import ModelConfig, read_model_defaults
 from maskkv_cli.models.families import family
@@ -20,7 +21,8 @@ from maskkv_cli.policies.base import get_policy
 from maskkv_cli.prompting import chat_prompt_ids, decode_answer, document_question, load_tokenizer, stop_ids
 from maskkv_cli.prompting.chat import use_chat_format
 from maskkv_cli.prompting.fit import FittedContext
-from maskkv_cli.sampling import DreamOptions, Event, GenerationConfig, GenerationResult, sample
+from maskkv_cli.sampling import DreamOptions, Event, GenerationConfig, GenerationResult, SamplerOptions, sample
+from maskkv_cli.sampling.batched import BatchJob, sample_many
 from maskkv_cli.sampling.confidence import Confidence, answer_confidence
 from maskkv_cli.sampling.llada2 import llada2_defaults
 
@@ -133,14 +135,62 @@ class Session:
     ) -> Answer:
         """Answer the prompt ``ids``. ``document_len``: its leading ids that are a document's (``pipeline.prepare``):
         a block-causal model computes that document's whole blocks once for every question asked of it."""
+        plan = self._plan(ids, gen, cache, document_len)
+        prompt = torch.tensor([ids], dtype=torch.long, device=self.device)
+        result = sample(self.model, prompt, gen, plan, on_event, dream=self.dream, llada2=self.llada2)
+        return self._answer(ids, plan, result)
+
+    def answer_many(self, prompts: Sequence[list[int]], gen: GenerationConfig, cache: CacheConfig,
+                    batch_size: int, on_answer: Callable[[int, Answer], None] | None = None) -> list[Answer]:
+        """Answer every prompt, up to ``batch_size`` of them denoised together (``sampling/batched.py``); each
+        answer is the one ``answer_ids`` gives it alone. ``on_answer(i, answer)`` as each finishes. A block-causal
+        model's prompts run one at a time through ``answer_ids`` (its loop does not share steps)."""
+        if batch_size <= 1 or self.model.config.block_causal or len(prompts) <= 1:
+            answers = []
+            for i, ids in enumerate(prompts):
+                answers.append(self.answer_ids(list(ids), gen, cache))
+                if on_answer is not None:
+                    on_answer(i, answers[-1])
+            return answers
+        plans = [self._plan(list(ids), gen, cache) for ids in prompts]
+        jobs = [BatchJob(torch.tensor([ids], dtype=torch.long, device=self.device), gen, plan)
+                for ids, plan in zip(prompts, plans, strict=True)]
+        done: dict[int, Answer] = {}
+
+        def finished(i: int, result: GenerationResult) -> None:
+            done[i] = self._answer(list(prompts[i]), plans[i], result)
+            if on_answer is not None:
+                on_answer(i, done[i])
+
+        sample_many(self.model, jobs, batch_size, SamplerOptions(self.dream, self.llada2), on_result=finished)
+        return [done[i] for i in range(len(prompts))]
+
+    def batch_size(self, requested: int | None, prompt_lens: Sequence[int], gen: GenerationConfig,
+                   cache: CacheConfig) -> tuple[int, str | None]:
+        """``requested`` sequences at once, or for None (``--batch-size auto``) the largest batch of these prompts
+        that fits the device's free memory by the memory model (``engine/batch_memory.py``), with a line saying
+        so."""
+        if requested is not None:
+            return requested, None
+        if not prompt_lens:
+            return 1, None
+        longest = max(prompt_lens)
+        plan = plan_cache(self.model, cache, longest, self.model_path, block_length=gen.block_length)
+        kept = plan.budget if plan.policy.evicts and plan.budget is not None else longest
+        element = torch.finfo(self.model.dtype).bits // 8
+        memory = batch_memory(self.model.config, longest, gen.gen_length, kept, element)
+        return auto_batch_size(memory, free_bytes(self.device), len(prompt_lens))
+
+    def _plan(self, ids: list[int], gen: GenerationConfig, cache: CacheConfig, document_len: int = 0) -> CachePlan:
         block = gen.block_length
         prefix = None
         whole = min(document_len, len(ids)) // block * block
         if self.model.config.block_causal and whole and get_policy(cache.policy).uses_cache:
             prefix = self.prefix_store(ids[:whole], block)
-        plan = plan_cache(self.model, cache, len(ids), self.model_path, block_length=block, prefix=prefix)
-        prompt = torch.tensor([ids], dtype=torch.long, device=self.device)
-        result = sample(self.model, prompt, gen, plan, on_event, dream=self.dream, llada2=self.llada2)
+        return plan_cache(self.model, cache, len(ids), self.model_path, block_length=block, prefix=prefix)
+
+    def _answer(self, ids: list[int], plan: CachePlan, result: GenerationResult) -> Answer:
+        """The answer to ``ids`` from its generation: text, confidence, the plan's note."""
         cfg = self.model.config
         tokens = result.tokens[0].tolist()
         stops = stop_ids(self.tokenizer, cfg)

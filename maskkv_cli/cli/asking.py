@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from maskkv_cli.cli.common import live_display_on, note
+from maskkv_cli.cli.common import live_display_on, note, note_once
 from maskkv_cli.cli.model_choice import pull_first
 from maskkv_cli.cli.run_options import RunOptions
 from maskkv_cli.devices import resolve_device
@@ -42,6 +42,29 @@ def ask_live(session: Any, context: str, question: str, gen: Any, cache: Any, lo
                  on_part=live.part)
     live.answered(answer)
     return answer
+
+
+def ask_together(session: Any, context: str, questions: list[str], gen: Any, cache: Any, long: str,
+                 requested: int | None, live: Any, quiet: bool, as_json: bool) -> list[Any]:
+    """``pipeline.ask_many``: every question (each part of a long document) denoised up to the batch size together,
+    the live display counting answers; ``requested`` None: the batch size by the memory model, said in a note."""
+    from maskkv_cli.pipeline import ask_many, prompt_count
+
+    n_prompts = sum(prompt_count(session, context, q, gen.gen_length, long) for q in questions)
+    size, why = session.batch_size(requested, [session.window] * n_prompts, gen, cache)
+    if why:
+        note_once(why, quiet, as_json)
+    done = 0
+    live.phase("answer", f"{len(questions)} questions, {size} prompts at a time")
+
+    def answered(i: int, answer: Any) -> None:
+        nonlocal done
+        done += 1
+        live.phase("answer", f"{done}/{len(questions)} answered, {size} prompts at a time")
+        live.answered(answer)
+
+    return ask_many(session, [(context, q) for q in questions], gen, cache, long=long, batch_size=size,
+                    on_answer=answered)
 
 
 @dataclass

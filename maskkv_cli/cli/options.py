@@ -74,6 +74,7 @@ samples_option = declare("--samples")
 config_option = declare("--config")
 threads_option = declare("--threads")
 length_option = declare("--length")
+batch_size_option = declare("--batch-size")
 
 
 ModelOpt = Annotated[str | None, model_option(
@@ -195,6 +196,9 @@ HaystackOpt = Annotated[Path | None, typer.Option(
 
 # ask
 QuestionsFileOpt = Annotated[Path | None, questions_option("A file with one question per line.", show_default=False)]
+AskBatchOpt = Annotated[str, batch_size_option(
+    "Questions (and parts of a long document) denoised together in one forward: a number, or auto (the most that "
+    "fit free memory by the memory model). Each answer is the one it gets alone.")]
 
 # batch
 BatchOutOpt = Annotated[Path | None, out_option(

@@ -10,7 +10,7 @@ only decide which tokens to commit.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 
 import torch
@@ -52,6 +52,32 @@ class GenerationResult:
     plan: CachePlan | None = None  # how the prompt cache was run (policy, budget, importance source, ...)
 
 
+@dataclass(frozen=True)
+class StepRequest:
+    """What a denoising loop asks of the forward at one step: logits of response positions ``rows`` of the
+    sequence ``x`` (B, M + L); ``block_start``: the first position of the block that holds them."""
+
+    x: Tensor
+    rows: Tensor
+    block_start: int | None = None
+
+
+# A denoising loop as a generator: it yields what it needs the forward to compute and is sent the logits back, so
+# that one driver runs it alone (``drive``) and another runs many loops' steps in one forward (``batched.py``).
+Loop = Generator[StepRequest, Tensor, None]
+
+
+def drive(run: Denoising, loop: Loop) -> GenerationResult:
+    """Run one loop to its end with its own forward passes; the result of its generation."""
+    try:
+        request = next(loop)
+        while True:
+            request = loop.send(run.forward(request.x, request.rows, request.block_start))
+    except StopIteration:
+        pass
+    return run.result()
+
+
 class CachedForward:
     """Step 0 and later steps for one policy: plain recompute, or prefill + response-only steps.
 
@@ -77,7 +103,7 @@ class CachedForward:
         """Logits for response positions ``rows`` of the sequence x (B, M + L); ``block_start``: the first
         position of the ``row_window`` block that holds them, when the caller knows it."""
         self.batch = x.shape[0]
-        hidden = rows + self.prompt_len - self.shift  # sequence index of the hidden state feeding each row
+        hidden = self.plain_rows(rows)  # sequence index of the hidden state feeding each row
         if not self.policy.uses_cache:
             logits = plain_logits(self.model, x, hidden)
         elif self.cache is None:
@@ -94,6 +120,19 @@ class CachedForward:
         else:
             logits = response_logits(self.model, self.cache, x[:, self.split :], hidden - self.split)
         return logits.to(x.device)  # a model spread over devices ends on its last one
+
+    @property
+    def steps_alone(self) -> bool:
+        """Whether the next call must run alone: the prefill (step 0) and compiled or captured steps do."""
+        return self.policy.uses_cache and (self.cache is None or self.runner is not None)
+
+    def response_rows(self, rows: Tensor) -> Tensor:
+        """The rows of the response-only pass (``x[:, split:]``) that feed response positions ``rows``."""
+        return rows + self.prompt_len - self.shift - self.split
+
+    def plain_rows(self, rows: Tensor) -> Tensor:
+        """The sequence positions whose hidden states feed response positions ``rows`` (the plain forward)."""
+        return rows + self.prompt_len - self.shift
 
 
 def masked_sequence(model: DiffusionLM, prompt: Tensor, gen_length: int) -> tuple[Tensor, int]:

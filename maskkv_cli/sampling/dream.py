@@ -21,7 +21,16 @@ from maskkv_cli.engine.step_runner import StepOptions
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import Policy
-from maskkv_cli.sampling.common import Denoising, Event, GenerationResult, suppress_mask, top_k_commit
+from maskkv_cli.sampling.common import (
+    Denoising,
+    Event,
+    GenerationResult,
+    Loop,
+    StepRequest,
+    drive,
+    suppress_mask,
+    top_k_commit,
+)
 from maskkv_cli.sampling.llada import GenerationConfig
 from maskkv_cli.stats import now
 
@@ -127,7 +136,18 @@ def generate_dream(
 def denoise_dream(model: DiffusionLM, prompt: Tensor, gen: DreamGenerationConfig, plan: CachePlan,
                   on_event: Callable[[Event], None] | None = None) -> GenerationResult:
     """Dream's loop over ``prompt`` (B, M) with the prompt cache run as ``plan`` says."""
-    run = Denoising(model, prompt, gen.gen_length, gen.seed, plan, on_event)
+    run = dream_run(model, prompt, gen, plan, on_event)
+    return drive(run, dream_loop(run, gen))
+
+
+def dream_run(model: DiffusionLM, prompt: Tensor, gen: DreamGenerationConfig, plan: CachePlan,
+              on_event: Callable[[Event], None] | None = None) -> Denoising:
+    """The generation state Dream's loop runs on."""
+    return Denoising(model, prompt, gen.gen_length, gen.seed, plan, on_event)
+
+
+def dream_loop(run: Denoising, gen: DreamGenerationConfig) -> Loop:
+    """Dream's loop over ``run``: yields each step's ``StepRequest`` and is sent its logits."""
     x, m, rng, device = run.x, run.m, run.rng, run.device
     timesteps = torch.linspace(1, gen.eps, gen.steps + 1, dtype=torch.float64)
     for i in range(gen.steps):
@@ -136,7 +156,7 @@ def denoise_dream(model: DiffusionLM, prompt: Tensor, gen: DreamGenerationConfig
             break
         t0 = now(device)
         rows = torch.nonzero(masked.any(0)).flatten()
-        logits = suppress_mask(run.forward(x, rows), run.mask_id)  # (B, n, V)
+        logits = suppress_mask((yield StepRequest(x, rows)), run.mask_id)  # (B, n, V)
         t, s = float(timesteps[i]), float(timesteps[i + 1])
         last = i == gen.steps - 1
         still = run.still_masked(rows)  # (B, n)
@@ -149,4 +169,3 @@ def denoise_dream(model: DiffusionLM, prompt: Tensor, gen: DreamGenerationConfig
             counts = [int(n) if last else int(int(n) * (1 - s / t)) for n in still.sum(1)]
             commit = top_k_commit(conf, still, counts)
         run.commit(rows, commit, x0, chosen_prob, t0, 0, 1)
-    return run.result()

@@ -24,7 +24,16 @@ from maskkv_cli.engine.step_runner import StepOptions
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import Policy
-from maskkv_cli.sampling.common import Denoising, Event, GenerationResult, suppress_mask, top_k_commit
+from maskkv_cli.sampling.common import (
+    Denoising,
+    Event,
+    GenerationResult,
+    Loop,
+    StepRequest,
+    drive,
+    suppress_mask,
+    top_k_commit,
+)
 from maskkv_cli.stats import now
 
 REMASKING = ("low_confidence", "random")
@@ -107,7 +116,18 @@ def generate(
 def denoise_llada(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, plan: CachePlan,
                   on_event: Callable[[Event], None] | None = None) -> GenerationResult:
     """The LLaDA loop over ``prompt`` (B, M) with the prompt cache run as ``plan`` says."""
-    run = Denoising(model, prompt, gen.gen_length, gen.seed, plan, on_event, gen.block_length)
+    run = llada_run(model, prompt, gen, plan, on_event)
+    return drive(run, llada_loop(run, gen))
+
+
+def llada_run(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, plan: CachePlan,
+              on_event: Callable[[Event], None] | None = None) -> Denoising:
+    """The generation state the LLaDA loop runs on."""
+    return Denoising(model, prompt, gen.gen_length, gen.seed, plan, on_event, gen.block_length)
+
+
+def llada_loop(run: Denoising, gen: GenerationConfig) -> Loop:
+    """The LLaDA loop over ``run``: yields each step's ``StepRequest`` and is sent its logits."""
     x, m, mask_id, rng, device = run.x, run.m, run.mask_id, run.rng, run.device
     bsz = x.shape[0]
     for blk in range(gen.n_blocks):
@@ -126,7 +146,7 @@ def denoise_llada(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, pla
                 un = x.clone()
                 un[:, :m] = mask_id
                 xin = torch.cat([x, un], 0)
-            logits = run.forward(xin, rows, lo)  # (B', n, V)
+            logits = yield StepRequest(xin, rows, lo)  # (B', n, V)
             if gen.cfg_scale > 0:
                 cond, unc = logits.chunk(2, 0)
                 logits = unc + (gen.cfg_scale + 1) * (cond - unc)
@@ -145,4 +165,3 @@ def denoise_llada(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, pla
                 counts = [max(1, int((conf[b] > gen.threshold).sum())) for b in range(bsz)]
             run.commit(rows, top_k_commit(conf, still, counts), x0, chosen_prob, t0, blk, gen.n_blocks)
             j += 1
-    return run.result()

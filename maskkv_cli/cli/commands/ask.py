@@ -8,9 +8,9 @@ from typing import Annotated, Any
 
 import typer
 
-from maskkv_cli.cli.asking import ask_live, document_run
+from maskkv_cli.cli.asking import ask_live, ask_together, document_run
 from maskkv_cli.cli.common import fail, guarded, note_once, one_line_stats
-from maskkv_cli.cli.options import LongOpt, PasswordOpt, QuestionsFileOpt
+from maskkv_cli.cli.options import AskBatchOpt, LongOpt, PasswordOpt, QuestionsFileOpt
 from maskkv_cli.cli.run_options import CACHE, MODEL, OUTPUT, SAMPLER, RunOptions, run_options
 from maskkv_cli.prompting.fit import DEFAULT_LONG
 
@@ -42,6 +42,7 @@ def ask(
     questions_file: QuestionsFileOpt = None,
     long: LongOpt = DEFAULT_LONG,
     password: PasswordOpt = None,
+    batch_size: AskBatchOpt = "auto",
     *,
     opts: RunOptions,
 ) -> None:
@@ -54,26 +55,34 @@ def ask(
         maskkv ask report.pdf -q "Who wrote it?" -q "When?" --budget 128
 
         maskkv ask book.txt "Where is the treasure?" --long truncate --json
+
+        maskkv ask report.pdf --questions questions.txt --batch-size 8
     """
     from maskkv_cli.documents.reading import check_source
+    from maskkv_cli.engine.batch_memory import parse_batch_size
 
     check_source(document)  # a wrong path fails at once, before anything heavy is imported or loaded
+    requested = parse_batch_size(batch_size)
     qs = _questions(question, more, questions_file)
     cache = opts.cache()
     quiet, as_json = opts.quiet, opts.as_json
     with document_run(document, password, opts) as run:
         live, doc, session = run.live, run.doc, run.session
         gen = opts.generation(session.generation_defaults)
-        results = []
+        if len(qs) > 1 and requested != 1 and long != "rope-scale":
+            answers = ask_together(session, doc.text, qs, gen, cache, long, requested, live, quiet, as_json)
+        else:
+            answers = []
+            for i, q in enumerate(qs, 1):
+                live.phase("tokenize", f"question {i}/{len(qs)}")
+                answers.append(ask_live(session, doc.text, q, gen, cache, long, live))
         shown: set[str] = set()
-        for i, q in enumerate(qs, 1):
-            live.phase("tokenize", f"question {i}/{len(qs)}")
-            answer = ask_live(session, doc.text, q, gen, cache, long, live)
+        for answer in answers:
             for message in [answer.fitted.rule, *answer.notes]:
                 if message and message not in shown:
                     shown.add(message)
                     note_once(message, quiet, as_json)
-            results.append((q, answer))
+        results = list(zip(qs, answers, strict=True))
     from maskkv_cli.models.catalog import is_embedded_model
     from maskkv_cli.pipeline import answer_row
 

@@ -16,6 +16,7 @@ import typer
 
 from maskkv_cli.cli.common import guarded, note
 from maskkv_cli.cli.options import (
+    batch_size_option,
     json_option,
     options_command,
     out_option,
@@ -29,7 +30,7 @@ from maskkv_cli.training.config import TrainOptions
 OPTIONS: dict[str, Any] = {
     "out": out_option("Run folder (checkpoints, log); an existing run resumes."),
     "steps": steps_option("Optimizer steps in all."),
-    "batch_size": typer.Option("--batch-size", help="Examples per step."),
+    "batch_size": batch_size_option("Examples per step."),
     "lr": typer.Option("--lr", help="Peak learning rate (AdamW, warm-up then cosine)."),
     "min_len": typer.Option("--min-len", help="Shortest context in tokens."),
     "max_len": typer.Option("--max-len", help="Longest context in tokens (curriculum end)."),

@@ -1,0 +1,98 @@
+"""How much memory a batch of sequences takes, and the largest batch that fits (``--batch-size auto``).
+
+The model (estimates from the shapes, no measurement): each sequence of a batch holds its compressed cache (the
+kept prompt entries per key/value head and its response slot, keys and values, every layer) and its step's
+activations (its response rows through one layer at a time, plus the LM head over its rows); the prefill runs one
+sequence at a time (``sampling/batched.py``), so its peak, the largest transient of the whole run, counts once:
+one layer's whole-length hidden state, keys and values, an attention chunk's fp32 scores and an MLP chunk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from maskkv_cli.errors import UsageError
+from maskkv_cli.models.config import ModelConfig
+
+MAX_AUTO_BATCH = 64  # ``auto`` never goes beyond this many sequences at once
+FREE_SHARE = 0.8  # of the free memory a batch may plan to use (allocator slack, fragmentation, the rest)
+QUERY_CHUNK = 512  # as engine.forward's prefill: query rows attended at once
+MLP_CHUNK = 2048  # as engine.forward's prefill: MLP rows computed at once
+
+
+@dataclass(frozen=True)
+class BatchMemory:
+    """Bytes of one batch by the memory model: per sequence (cache, step) and once (the prefill's peak)."""
+
+    cache_per_sequence: int  # compressed K/V of one sequence, every layer (kept entries + response slot)
+    step_per_sequence: int  # one step's activations of one sequence (its response rows)
+    prefill_peak: int  # the transient of one prefill (they run one at a time)
+
+    def total(self, batch: int) -> int:
+        return batch * (self.cache_per_sequence + self.step_per_sequence) + self.prefill_peak
+
+
+def batch_memory(cfg: ModelConfig, prompt_len: int, gen_length: int, kept: int, element_bytes: int) -> BatchMemory:
+    """The memory model for prompts of ``prompt_len`` tokens, ``gen_length`` response tokens and ``kept`` prompt
+    entries per head (the budget; the prompt length with the full cache), in ``element_bytes`` per value."""
+    n_kv = cfg.n_kv_heads or cfg.n_heads
+    kv_row = 2 * cfg.n_layers * n_kv * cfg.head_dim * element_bytes  # keys and values of one position, all layers
+    cache = kv_row * (min(kept, prompt_len) + gen_length)
+    width = cfg.d_model + 2 * n_kv * cfg.head_dim + cfg.n_heads * cfg.head_dim + 3 * cfg.mlp_hidden_size
+    step = gen_length * width * element_bytes + gen_length * cfg.vocab_size * 4
+    t = prompt_len + gen_length
+    prefill = (t * (cfg.d_model * 2 + 2 * n_kv * cfg.head_dim) * element_bytes
+               + 4 * min(t, QUERY_CHUNK) * t * cfg.n_heads
+               + min(t, MLP_CHUNK) * 3 * cfg.mlp_hidden_size * element_bytes)
+    return BatchMemory(cache, step, prefill)
+
+
+def free_bytes(device: torch.device) -> int:
+    """Free memory of ``device``: the CUDA driver's count, else the system's available memory."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def auto_batch_size(memory: BatchMemory, free: int, jobs: int) -> tuple[int, str]:
+    """The largest batch (at most ``jobs`` and ``MAX_AUTO_BATCH``) whose memory fits ``FREE_SHARE`` of ``free``
+    bytes, and a line saying how it was chosen."""
+    from maskkv_cli.sizes import human_size
+
+    room = int(free * FREE_SHARE) - memory.prefill_peak
+    per = memory.cache_per_sequence + memory.step_per_sequence
+    fits = max(1, room // per) if room > 0 else 1
+    limit = min(fits, MAX_AUTO_BATCH)
+    size = min(limit, max(1, jobs))
+    if size == jobs:
+        reason = f"all {jobs} prompts at once; {limit} would fit"
+    elif limit == fits:
+        reason = "the most that fits"
+    else:
+        reason = f"the cap of {MAX_AUTO_BATCH}; {fits} would fit"
+    return size, (f"batch size auto: {size} ({reason}; by the memory model {human_size(per, binary=True)} per "
+                  f"sequence and {human_size(memory.prefill_peak, binary=True)} for one prefill, of "
+                  f"{human_size(free, binary=True)} free)")
+
+
+def parse_batch_size(value: str | int | None) -> int | None:
+    """``--batch-size``: a positive number, or ``auto`` (None: chosen by ``auto_batch_size``)."""
+    if value is None or str(value).strip().lower() == "auto":
+        return None
+    try:
+        size = int(value)
+    except ValueError:
+        raise UsageError(f"--batch-size must be a positive number or auto, got {value!r}") from None
+    if size < 1:
+        raise UsageError(f"--batch-size must be a positive number or auto, got {value!r}")
+    return size

@@ -1,0 +1,174 @@
+"""Many sequences in one forward: a sequence's tokens never depend on what else is in the batch or on its size."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from golden_cases import BUDGETS, GOLDEN_DIR, build_models, dream_modes, llada_modes, prompt_ids
+from prompts import TEXTS
+
+import maskkv_cli.engine.batched as batched_engine
+from maskkv_cli.engine.batch_memory import auto_batch_size, batch_memory, parse_batch_size
+from maskkv_cli.engine.plan import CachePlan
+from maskkv_cli.errors import UsageError
+from maskkv_cli.policies.base import get_policy, policy_names
+from maskkv_cli.prompting import chat_prompt_ids, document_question
+from maskkv_cli.sampling import DreamOptions, GenerationConfig, SamplerOptions
+from maskkv_cli.sampling.batched import BatchJob, sample_many
+
+OTHERS = [(0, 1, "Where?"), (1, 2, "What is the special magic number for pear?"), (2, 3, "Who?"), (0, 2, "x"),
+          (3, 1, "How many?"), (1, 3, "Why is it so?"), (2, 2, "When")]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return build_models(tmp_path_factory.mktemp("batched"))
+
+
+@pytest.fixture
+def lanes_per_step(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """How many sequences each shared forward ran (so a test knows that batching happened)."""
+    seen: list[int] = []
+    cached, plain = batched_engine.response_logits_many, batched_engine.plain_logits_many
+
+    def count_cached(model, lanes):  # type: ignore[no-untyped-def]
+        seen.append(len(lanes))
+        return cached(model, lanes)
+
+    def count_plain(model, sequences, rows):  # type: ignore[no-untyped-def]
+        seen.append(len(sequences))
+        return plain(model, sequences, rows)
+
+    import maskkv_cli.sampling.batched as batched_sampling
+
+    monkeypatch.setattr(batched_sampling, "response_logits_many", count_cached)
+    monkeypatch.setattr(batched_sampling, "plain_logits_many", count_plain)
+    yield seen
+
+
+def _settings(family: str, gen):  # type: ignore[no-untyped-def]
+    """The shared settings and sampler options of a golden mode (Dream's modes are its own config)."""
+    if family == "llada":
+        return gen, SamplerOptions()
+    shared = GenerationConfig(gen_length=gen.gen_length, steps=gen.steps, block_length=gen.gen_length,
+                              temperature=gen.temperature, seed=gen.seed)
+    return shared, SamplerOptions(dream=DreamOptions(alg=gen.alg, top_p=gen.top_p, top_k=gen.top_k))
+
+
+def _job(model, ids: torch.Tensor, gen: GenerationConfig, policy: str, budget: int) -> BatchJob:  # type: ignore[no-untyped-def]
+    plan = CachePlan.build(model, get_policy(policy), budget, ids.shape[-1], block_length=gen.block_length)
+    return BatchJob(ids, gen, plan)
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_golden_cases_alone_in_a_batch_of_eight_and_repeated(models: dict, family: str,
+                                                             lanes_per_step: list[int]) -> None:
+    """Every golden token case (every policy, both budgets, every decoding mode) gives its recorded tokens in a
+    batch of 8 with prompts of other lengths, policies and budgets, and in a batch of itself repeated."""
+    golden = json.loads((GOLDEN_DIR / "tokens.json").read_text(encoding="utf-8"))
+    tok, model = models["tokenizer"], models[family]
+    ids = prompt_ids(tok)
+    others = [torch.tensor([chat_prompt_ids(tok, document_question("".join(TEXTS[i:i + k]), q))])
+              for i, k, q in OTHERS]
+    assert len({o.shape[1] for o in others} | {ids.shape[1]}) == len(others) + 1  # all lengths differ
+    modes = llada_modes() if family == "llada" else dream_modes()
+    checked = 0
+    for mode, raw in modes.items():
+        gen, options = _settings(family, raw)
+        jobs, keys = [], []
+        for n, (policy, budget) in enumerate((p, b) for p in policy_names() for b in BUDGETS):
+            jobs.append(_job(model, ids, gen, policy, budget))
+            keys.append(f"{family}/{policy}/{budget}/{mode}")
+            other = others[n % len(others)]
+            jobs.append(_job(model, other, gen, policy, budget))
+            keys.append("")
+        for key, result in zip(keys, sample_many(model, jobs, 8, options), strict=True):
+            if key:
+                assert result.tokens[0].tolist() == golden[key], key
+                checked += 1
+        for result in sample_many(model, [jobs[2]] * 8, 8, options):
+            assert result.tokens[0].tolist() == golden[keys[2]]
+    assert checked == len(modes) * len(policy_names()) * len(BUDGETS)
+    assert max(lanes_per_step) == 8  # steps were shared by eight sequences
+
+
+def test_sequences_leave_and_join(models: dict, lanes_per_step: list[int]) -> None:
+    """Sequences that need different numbers of steps (their own schedules, threshold decoding) finish at different
+    times: each that finishes leaves, the next waiting one joins the running batch, and every result is the one it
+    gets alone."""
+    from maskkv_cli.sampling.llada import denoise_llada
+
+    tok, model = models["tokenizer"], models["llada"]
+    gens = [GenerationConfig(gen_length=16, steps=16, block_length=8),
+            GenerationConfig(gen_length=16, steps=4, block_length=8),
+            GenerationConfig(gen_length=16, steps=16, block_length=8, threshold=0.1)]
+    prompts = [torch.tensor([chat_prompt_ids(tok, document_question("".join(TEXTS[i % 4:i % 4 + 1 + i % 3]),
+                                                                    f"Question {i}?"))]) for i in range(9)]
+    jobs = [_job(model, p, gens[i % 3], ["maskkv", "snapkv", "full"][i % 3], 8) for i, p in enumerate(prompts)]
+    finished: list[int] = []
+    results = sample_many(model, jobs, 3, on_result=lambda i, r: finished.append(i))
+    alone = [denoise_llada(model, j.prompt, j.gen, j.plan) for j in jobs]
+    for together, single in zip(results, alone, strict=True):
+        assert together.tokens.tolist() == single.tokens.tolist()
+        assert together.stats.steps_run == single.stats.steps_run
+    assert sorted(finished) == list(range(9)) and finished != list(range(9))  # some finished out of order
+    assert max(lanes_per_step) == 3
+    assert len({s.stats.steps_run for s in alone}) > 1  # the sequences really took different numbers of steps
+
+
+def test_cfg_and_no_cache_lanes(models: dict) -> None:
+    """Guidance (two rows per sequence) and the no-cache policy (whole sequences of one length together)."""
+    from maskkv_cli.sampling.llada import denoise_llada
+
+    tok, model = models["tokenizer"], models["llada"]
+    gen = GenerationConfig(gen_length=8, steps=8, block_length=8, cfg_scale=1.0)
+    prompts = [torch.tensor([chat_prompt_ids(tok, document_question(TEXTS[i], "Where?"))]) for i in range(4)]
+    jobs = [_job(model, p, gen, policy, 8) for p in prompts for policy in ("maskkv", "none")]
+    jobs += [jobs[1]] * 3  # the same no-cache sequence: same length, steps shared
+    for job, result in zip(jobs, sample_many(model, jobs, 5), strict=True):
+        assert result.tokens.tolist() == denoise_llada(model, job.prompt, gen, job.plan).tokens.tolist()
+
+
+def test_ask_many_equals_ask(tiny_dir: Path) -> None:
+    """Questions about one document, one of them read in parts, answered together equal each asked alone."""
+    from maskkv_cli.engine.plan import CacheConfig
+    from maskkv_cli.pipeline import ask, ask_many
+    from maskkv_cli.session import Session
+
+    session = Session(str(tiny_dir))
+    short = TEXTS[0]
+    long = "\n".join(TEXTS[i % 4] * 3 for i in range(40))
+    assert session.count_tokens(long) > session.window
+    gen = GenerationConfig(gen_length=8, steps=8, block_length=8)
+    cache = CacheConfig(policy="maskkv", budget=16)
+    items = [(short, "What is the special magic number for apple?"), (long, "Where does the river run?"),
+             (short, "Who wrote it?")]
+    together = ask_many(session, items, gen, cache, long="parts", batch_size=4)
+    for (context, question), answer in zip(items, together, strict=True):
+        single = ask(session, context, question, gen, cache, long="parts")
+        assert answer.text == single.text
+        assert answer.result.tokens.tolist() == single.result.tokens.tolist()
+        assert answer.fitted == single.fitted
+        assert answer.prompt_len == single.prompt_len
+    assert together[1].fitted.parts > 1
+
+
+def test_batch_size_option_and_memory_model(tiny_config) -> None:  # type: ignore[no-untyped-def]
+    assert parse_batch_size("auto") is None and parse_batch_size("8") == 8
+    for bad in ("0", "-2", "many"):
+        with pytest.raises(UsageError, match="--batch-size"):
+            parse_batch_size(bad)
+    memory = batch_memory(tiny_config, 1000, 32, 64, 4)
+    assert memory.total(2) - memory.total(1) == memory.cache_per_sequence + memory.step_per_sequence
+    per = memory.cache_per_sequence + memory.step_per_sequence
+    free = int((memory.prefill_peak + 5 * per) / 0.8) + 1
+    size, line = auto_batch_size(memory, free, 100)
+    assert size == 5 and "most that fits" in line
+    assert auto_batch_size(memory, free, 3)[0] == 3
+    assert auto_batch_size(memory, 0, 3)[0] == 1
+    # keeping fewer entries makes a sequence smaller
+    assert batch_memory(tiny_config, 1000, 32, 1000, 4).cache_per_sequence > memory.cache_per_sequence
