@@ -279,3 +279,48 @@ def test_a_job_that_fails_while_answering_is_a_row_and_the_run_goes_on(
     rows = {r["id"]: r for r in read_rows(tmp_path / "out" / "answers.jsonl")[0]}
     assert rows["long"]["error"].startswith("the device ran out of memory") and rows["long"]["answer"] is None
     assert rows["short"]["error"] is None and rows["short"]["answer"] is not None
+
+
+def test_batch_sizes_give_the_same_rows_and_a_failing_group_runs_job_by_job(
+        tmp_path: Path, corpus: dict[str, Path], tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Jobs answered in groups (--batch-size 3 and auto) give the rows of one job at a time; a group whose batched
+    run fails is run again job by job, so only the job that fails is a failed row."""
+    import maskkv_cli.batch.worker as worker_module
+    import maskkv_cli.engine.batched as batched_engine
+    import maskkv_cli.sampling.batched as batched_sampling
+
+    specs = [JobSpec(f"j{i}", str(doc), q) for i, (doc, q) in
+             enumerate((d, q) for d in (corpus["story"], corpus["notes"]) for q in [*QUESTIONS, "Where?"])]
+    settings = AnswerSettings(policy="maskkv", budget=16, gen_length=8, steps=8, block_length=8)
+    lanes: list[int] = []
+    real_many = batched_engine.response_logits_many
+    monkeypatch.setattr(batched_sampling, "response_logits_many",
+                        lambda model, given: lanes.append(len(given)) or real_many(model, given))
+    fields = ("answer", "claim", "confidence", "read", "source", "prompt_tokens", "stats")
+
+    def rows(folder: str, size: int | None) -> dict[str, tuple[Any, ...]]:
+        result = run_batch(specs, settings, str(tiny_dir), tmp_path / folder, runner=Runner(batch_size=size))
+        assert (result.ok, result.failed) == (6, 0)
+        got = read_rows(tmp_path / folder / "answers.jsonl")[0]
+        for r in got:
+            r["stats"] = {k: v for k, v in r["stats"].items() if not k.endswith("_s") and "mem" not in k}
+        return {r["key"]: tuple(r[f] for f in fields) for r in got}
+
+    alone = rows("one", 1)
+    assert not lanes
+    assert rows("three", 3) == alone and max(lanes) == 3
+    lanes.clear()
+    assert rows("auto", None) == alone and max(lanes) > 3
+
+    real_answer_jobs = worker_module.answer_jobs
+
+    def failing(session: Any, texts: Any, messages: list[dict[str, Any]], size: Any) -> Any:
+        if any(m["question"] == "Where?" for m in messages):
+            raise RuntimeError("a batched run failed")
+        return real_answer_jobs(session, texts, messages, size)
+
+    monkeypatch.setattr(worker_module, "answer_jobs", failing)
+    result = run_batch(specs, settings, str(tiny_dir), tmp_path / "retry", runner=Runner(batch_size=3))
+    assert (result.ok, result.failed) == (6, 0)  # each job of the failed groups answered alone
+    retried = read_rows(tmp_path / "retry" / "answers.jsonl")[0]
+    assert {r["batch_size"] for r in retried} == {1}

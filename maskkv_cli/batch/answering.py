@@ -47,3 +47,28 @@ def answer_job(session: Any, text: str, question: str, settings: AnswerSettings)
     answer = ask(session, text, question, gen, cache, long=settings.long)
     notes = [m for m in (answer.fitted.rule, *answer.notes) if m]
     return {**answer_row(answer, is_embedded_model(session.model_path), question), "notes": notes}
+
+
+def answer_jobs(session: Any, texts: dict[str, str], messages: list[dict[str, Any]],
+                batch_size: int | None) -> list[dict[str, Any]]:
+    """Answer a group of jobs with equal settings together (``pipeline.ask_many``: every prompt of every job, parts
+    included, denoised up to the batch size at a time; None: the most that fit by the memory model); each job's
+    fields are those ``answer_job`` gives it alone, plus the batch size used."""
+    from maskkv_cli.models.catalog import is_embedded_model
+    from maskkv_cli.pipeline import answer_row, ask_many, prompt_count
+
+    settings = AnswerSettings(**messages[0]["settings"])
+    run = run_settings(settings)
+    gen, cache = run.generation(session.generation_defaults), run.cache()
+    session.dream = run.dream()
+    items = [(texts[m["document_sha"]], m["question"]) for m in messages]
+    n_prompts = sum(prompt_count(session, text, question, gen.gen_length, settings.long) for text, question in items)
+    size, why = session.batch_size(batch_size, [session.window] * n_prompts, gen, cache)
+    answers = ask_many(session, items, gen, cache, long=settings.long, batch_size=size)
+    embedded = is_embedded_model(session.model_path)
+    rows = []
+    for (_, question), answer in zip(items, answers, strict=True):
+        notes = [m for m in (answer.fitted.rule, *answer.notes) if m]
+        rows.append({**answer_row(answer, embedded, question), "notes": notes, "batch_size": size,
+                     "batch_note": why})
+    return rows

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from maskkv_cli.batch.jobs import Job
+from maskkv_cli.batch.jobs import Job, JobGroup, Unit, unit_text
 
 MAX_RETRIES = 2
 
@@ -32,7 +32,7 @@ class Pool(Protocol):
         """Start the workers; return the ids of those ready now (others may report "ready" later)."""
         ...
 
-    def submit(self, worker: int, job: Job, text: str) -> None: ...
+    def submit(self, worker: int, job: Unit, text: Any) -> None: ...
 
     def wait(self) -> list[Event]:
         """Block until at least one event."""
@@ -52,34 +52,38 @@ class Pool(Protocol):
 Report = Callable[[Job, dict[str, Any], int], None]
 
 
-def dispatch(jobs: Sequence[Job], pool: Pool, texts: dict[str, str], report: Report,
+def dispatch(jobs: Sequence[Unit], pool: Pool, texts: dict[str, str], report: Report,
              max_retries: int = MAX_RETRIES, on_submit: Callable[[int, Job], None] | None = None) -> None:
     """Run every job on the pool; ``report(job, fields, attempts)`` is called once per job, in finishing order.
 
-    ``texts`` maps a document's sha to its text. ``on_submit(worker, job)`` is a hook for tests and progress.
+    ``texts`` maps a document's sha to its text. ``on_submit(worker, job)`` is a hook for tests and progress. A
+    ``JobGroup`` is sent to one worker at once and reported job by job; a group that fails as a whole (an error
+    before any of its answers) is run again job by job, so that one job's error stays that job's.
     """
     for job, fields, attempts in results(jobs, pool, texts, max_retries, on_submit):
         report(job, fields, attempts)
 
 
-def results(jobs: Sequence[Job], pool: Pool, texts: dict[str, str], max_retries: int = MAX_RETRIES,
+def results(jobs: Sequence[Unit], pool: Pool, texts: dict[str, str], max_retries: int = MAX_RETRIES,
             on_submit: Callable[[int, Job], None] | None = None) -> Iterator[tuple[Job, dict[str, Any], int]]:
     """``dispatch`` as a generator: ``(job, fields, attempts)`` for every job, as each finishes."""
-    queue = deque(jobs)
+    queue: deque[Unit] = deque(jobs)
     idle = deque(pool.start())
-    busy: dict[int, Job] = {}
+    busy: dict[int, Unit] = {}
     attempts: Counter[str] = Counter()
     while queue or busy:
         while queue and idle:
-            worker, job = idle.popleft(), queue.popleft()
-            pool.submit(worker, job, texts[job.document_sha])
-            busy[worker] = job
+            worker, unit = idle.popleft(), queue.popleft()
+            pool.submit(worker, unit, unit_text(unit, texts))
+            busy[worker] = unit
             if on_submit is not None:
-                on_submit(worker, job)
+                for job in members(unit):
+                    on_submit(worker, job)
         if not busy and not pool.pending():
-            for job in queue:
-                yield job, {"answer": None, "error": "no worker left to run it (every worker was lost)"}, \
-                    attempts[job.key]
+            for unit in queue:
+                for job in members(unit):
+                    yield job, {"answer": None, "error": "no worker left to run it (every worker was lost)"}, \
+                        attempts[unit.key]
             return
         for event in pool.wait():
             if event.kind == "ready":
@@ -87,15 +91,28 @@ def results(jobs: Sequence[Job], pool: Pool, texts: dict[str, str], max_retries:
                 continue
             if event.worker not in busy:  # a worker lost while it was starting: it had no job
                 continue
-            job = busy.pop(event.worker)
+            unit = busy.pop(event.worker)
             if event.kind == "done":
                 idle.append(event.worker)
-                yield job, event.fields, attempts[job.key] + 1
+                if not isinstance(unit, JobGroup):
+                    yield unit, event.fields, attempts[unit.key] + 1
+                elif "group" in event.fields:
+                    shared = {k: event.fields[k] for k in ("worker", "seconds") if k in event.fields}
+                    for job, fields in zip(unit.jobs, event.fields["group"], strict=True):
+                        yield job, {**fields, **shared}, attempts[unit.key] + 1
+                else:  # the group failed as a whole: each job again on its own
+                    queue.extendleft(reversed(unit.jobs))
                 continue
-            attempts[job.key] += 1
-            if attempts[job.key] <= max_retries:
-                queue.appendleft(job)
+            attempts[unit.key] += 1
+            if attempts[unit.key] <= max_retries:
+                queue.appendleft(unit)
             else:
-                yield job, {"answer": None, "error": f"its worker was lost {attempts[job.key]} times (last: "
-                                                     f"{event.reason})"}, attempts[job.key]
+                for job in members(unit):
+                    yield job, {"answer": None, "error": f"its worker was lost {attempts[unit.key]} times (last: "
+                                                         f"{event.reason})"}, attempts[unit.key]
             pool.replace(event.worker)
+
+
+def members(unit: Unit) -> tuple[Job, ...]:
+    """The jobs a unit holds."""
+    return unit.jobs if isinstance(unit, JobGroup) else (unit,)

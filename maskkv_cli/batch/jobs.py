@@ -75,6 +75,59 @@ class Job:
         return {"key": self.key, "id": self.id, "question": self.question, "settings": self.settings.as_dict()}
 
 
+AUTO_GROUP = 16  # jobs sent to a worker at once under --batch-size auto (the worker sizes its batch by memory)
+
+
+@dataclass(frozen=True)
+class JobGroup:
+    """Jobs of equal settings that one worker answers together (``answering.answer_jobs``: their prompts denoised
+    up to ``batch_size`` at a time, each answer the one it gets alone); None: the worker picks by memory."""
+
+    jobs: tuple[Job, ...]
+    batch_size: int | None
+
+    @property
+    def key(self) -> str:
+        return "+".join(job.key for job in self.jobs)
+
+    @property
+    def document_sha(self) -> str:
+        """Its documents' hashes (a worker is sent their texts again only when these change)."""
+        return "+".join(dict.fromkeys(job.document_sha for job in self.jobs))
+
+    def message(self) -> dict[str, Any]:
+        return {"kind": "group", "key": self.key, "batch_size": self.batch_size,
+                "jobs": [{**job.message(), "document_sha": job.document_sha} for job in self.jobs]}
+
+
+Unit = Job | JobGroup  # what a worker is sent at once
+
+
+def group_jobs(jobs: list[Job], batch_size: int | None) -> list[Unit]:
+    """Consecutive jobs (in the given order: one document after another) with equal settings in groups of
+    ``batch_size`` (``AUTO_GROUP`` when None); a batch size of 1 leaves the jobs as they are."""
+    if batch_size == 1:
+        return list(jobs)
+    size = batch_size or AUTO_GROUP
+    units: list[Unit] = []
+    current: list[Job] = []
+    for job in jobs:
+        if current and (len(current) == size or job.settings != current[0].settings):
+            units.append(JobGroup(tuple(current), batch_size))
+            current = []
+        current.append(job)
+    if current:
+        units.append(JobGroup(tuple(current), batch_size))
+    return units
+
+
+def unit_text(unit: Unit, texts: dict[str, str]) -> Any:
+    """What a worker needs besides the message: a job's document text, a group's texts by hash."""
+    if isinstance(unit, JobGroup):
+        return {job.document_sha: texts[job.document_sha] for job in unit.jobs}
+    return texts[unit.document_sha]
+
+
 def _positive_int(value: Any, name: str, where: str) -> int | None:
     if value is None or value == "":
         return None

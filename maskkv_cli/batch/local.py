@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from maskkv_cli.batch.dispatch import Event
-from maskkv_cli.batch.jobs import Job
+from maskkv_cli.batch.jobs import Unit
 from maskkv_cli.batch.worker import Worker, WorkerSpec, one_line_error
 from maskkv_cli.errors import MaskKVError
 
@@ -25,7 +25,7 @@ class InProcessPool:
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
         self.worker: Worker | None = None
-        self._events: list[Event] = []
+        self._queued: list[tuple[int, Unit, Any]] = []
 
     @property
     def kind(self) -> str:
@@ -35,12 +35,13 @@ class InProcessPool:
         self.worker = Worker(self.spec)
         return [0]
 
-    def submit(self, worker: int, job: Job, text: str) -> None:
-        assert self.worker is not None
-        self._events.append(Event("done", worker, self.worker.run(job.message(), text)))
+    def submit(self, worker: int, job: Unit, text: Any) -> None:
+        self._queued.append((worker, job, text))  # run in ``wait``, so that a submit returns at once as elsewhere
 
     def wait(self) -> list[Event]:
-        events, self._events = self._events, []
+        assert self.worker is not None
+        events = [Event("done", worker, self.worker.run(job.message(), text)) for worker, job, text in self._queued]
+        self._queued = []
         return events
 
     def replace(self, worker: int) -> bool:
@@ -127,7 +128,7 @@ class ProcessPool:
                     raise MaskKVError(f"a worker could not start on {self.device_of[event.worker]}: {event.reason}")
         return ready
 
-    def submit(self, worker: int, job: Job, text: str) -> None:
+    def submit(self, worker: int, job: Unit, text: Any) -> None:
         fresh = self.last_sha.get(worker) != job.document_sha
         self.conns[worker].send((job.message(), text if fresh else None))
         self.last_sha[worker] = job.document_sha

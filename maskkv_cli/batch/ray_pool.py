@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from maskkv_cli.batch.dispatch import Event
-from maskkv_cli.batch.jobs import Job
+from maskkv_cli.batch.jobs import Unit
 from maskkv_cli.batch.worker import Worker, WorkerSpec
 from maskkv_cli.errors import MaskKVError, UsageError
 
@@ -111,7 +111,7 @@ class RayPool:
                 ready.append(event.worker)
         return ready
 
-    def submit(self, worker: int, job: Job, text: str) -> None:
+    def submit(self, worker: int, job: Unit, text: Any) -> None:
         ref = self.refs.get(job.document_sha)
         if ref is None:
             ref = self.refs[job.document_sha] = self.ray.put(text)

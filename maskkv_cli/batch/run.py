@@ -16,7 +16,7 @@ from typing import Any
 from maskkv_cli.batch.dispatch import Pool, dispatch
 from maskkv_cli.batch.documents import LoadedDocument, load_documents
 from maskkv_cli.batch.folder import CONFIG_FILE, SUMMARY_FILE, AnswersFolder
-from maskkv_cli.batch.jobs import AnswerSettings, Job, JobSpec, job_settings, plan_jobs
+from maskkv_cli.batch.jobs import AnswerSettings, Job, JobSpec, group_jobs, job_settings, plan_jobs
 from maskkv_cli.batch.worker import WorkerSpec
 from maskkv_cli.devices import machine_info, resolve_device
 from maskkv_cli.documents.model import format_page_ranges, pages_label
@@ -32,6 +32,7 @@ class Runner:
     ray: str | None = None  # "auto" or a cluster address
     workers: int | None = None  # with ray: how many actors (default: one per GPU, else per CPU)
     device: str = "auto"  # this process's device when neither of the above
+    batch_size: int | None = 1  # jobs of equal settings a worker denoises together; None: as many as fit (auto)
 
     @property
     def label(self) -> str:
@@ -71,12 +72,15 @@ class BatchResult:
     answered: int = 0  # jobs run by a worker now (``ran`` also counts documents that failed to parse)
     low: int = 0  # answers (of every job, this run's and earlier ones) marked LOW CONFIDENCE
     untrained: int = 0  # the embedded model asked a question of another form than it was trained on
+    batch_sizes: list[int] = field(default_factory=list)  # the batch sizes the jobs run now were answered at
+    batch_note: str = ""  # how an automatic batch size was chosen (the first worker's line)
 
     def as_dict(self) -> dict[str, Any]:
         return {"out": str(self.folder), "jobs": self.total, "ok": self.ok, "failed": self.failed,
                 "reused": self.reused, "ran": self.ran, "answered": self.answered, "duplicates": self.duplicates,
                 "seconds": round(self.seconds, 3), "jobs_per_minute": round(self.jobs_per_minute, 2),
-                "runner": self.runner, "low_confidence": self.low, "untrained_questions": self.untrained,
+                "runner": self.runner, "batch_sizes": self.batch_sizes, "low_confidence": self.low,
+                "untrained_questions": self.untrained,
                 "failures": [{"id": r["id"], "document": r["document"], "error": r["error"]} for r in self.failures]}
 
 
@@ -103,7 +107,7 @@ def _row(job: Job, fields: dict[str, Any], attempts: int, gen_length: int | None
             "prompt_tokens": fields.get("prompt_tokens"), "dropped_tokens": fields.get("dropped_tokens"),
             "rope_factor": fields.get("rope_factor"), "stats": fields.get("stats"), "notes": fields.get("notes", []),
             "error": fields.get("error"), "worker": fields.get("worker"), "seconds": fields.get("seconds"),
-            "attempts": attempts}
+            "batch_size": fields.get("batch_size", 1), "attempts": attempts}
 
 
 def worker_threads(workers: int) -> int:
@@ -188,6 +192,8 @@ def run_batch(
     started = time.perf_counter()
     folder = AnswersFolder(out).open(job.key for job in jobs)
     counts = {"ok": 0, "failed": 0, "ran": 0, "answered": 0}
+    sizes: set[int] = set()
+    batch_notes: list[str] = []
     failures: list[dict[str, Any]] = []
     first_sent: list[float] = []
     try:
@@ -202,6 +208,10 @@ def run_batch(
         def report(job: Job, fields: dict[str, Any], attempts: int) -> None:
             row = _row(job, fields, attempts, job.settings.gen_length, documents[job.document].pages)
             folder.append(row)
+            if attempts > 0 and not row["error"]:
+                sizes.add(int(row["batch_size"] or 1))
+                if fields.get("batch_note") and not batch_notes:
+                    batch_notes.append(fields["batch_note"])
             counts["ran"] += 1
             counts["answered"] += attempts > 0  # run by a worker (not a document that failed to parse)
             if row["error"]:
@@ -232,7 +242,7 @@ def run_batch(
                     on_submit(pool, worker, job)
 
             try:
-                dispatch(runnable, pool, texts, report, on_submit=submitted)
+                dispatch(group_jobs(runnable, runner.batch_size), pool, texts, report, on_submit=submitted)
             finally:
                 pool.close()
     finally:
@@ -245,7 +255,8 @@ def run_batch(
                              failures=failures, runner=pool_label(pool, runner), answered=counts["answered"],
                              low=sum(1 for r in answered_rows if (r.get("confidence") or {}).get("low")
                                      and r.get("claim") != "untrained-question"),
-                             untrained=sum(1 for r in answered_rows if r.get("claim") == "untrained-question"))
+                             untrained=sum(1 for r in answered_rows if r.get("claim") == "untrained-question"),
+                             batch_sizes=sorted(sizes), batch_note=batch_notes[0] if batch_notes else "")
         folder.write_text(SUMMARY_FILE, summary_markdown(result, config_of(model_path, settings),
                                                          [folder.rows[j.key] for j in jobs if j.key in folder.rows]))
         folder.close()

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from maskkv_cli.batch.answering import answer_job, open_session
+from maskkv_cli.batch.answering import answer_job, answer_jobs, open_session
 from maskkv_cli.batch.jobs import AnswerSettings
 from maskkv_cli.errors import MaskKVError
 
@@ -43,14 +43,21 @@ class Worker:
         self.session = open_session(spec.model_path, spec.device, spec.dtype)
         self.name = name
 
-    def run(self, message: dict[str, Any], text: str) -> dict[str, Any]:
+    def run(self, message: dict[str, Any], text: Any) -> dict[str, Any]:
         """The answering part of a job's row; ``error`` holds a one-line reason when it failed.
 
-        A message of kind "cell" is a ``bench quality`` row's prompts; its answers come back under "answers".
+        A message of kind "cell" is a ``bench quality`` row's prompts; its answers come back under "answers". A
+        message of kind "group" is several jobs answered together (``text``: their documents by hash); each job's
+        fields come back under "group", in order.
         """
         started = time.perf_counter()
         try:
-            if message.get("kind") == "cell":
+            if message.get("kind") == "group":
+                fields = {"group": [{**row, "error": None, "key": m["key"]}
+                                    for row, m in zip(answer_jobs(self.session, text, message["jobs"],
+                                                                  message["batch_size"]), message["jobs"],
+                                                      strict=True)]}
+            elif message.get("kind") == "cell":
                 from maskkv_cli.tasks.cells import answer_prompt
 
                 fields = {"answers": [answer_prompt(self.session, ids, message["gen"], message["cache"])

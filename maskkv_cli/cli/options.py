@@ -196,6 +196,10 @@ HaystackOpt = Annotated[Path | None, typer.Option(
 
 # ask
 QuestionsFileOpt = Annotated[Path | None, questions_option("A file with one question per line.", show_default=False)]
+BatchJobsOpt = Annotated[str, batch_size_option(
+    "Jobs of equal settings a worker denoises together in one forward (consecutive jobs, one document after "
+    "another): a number, or auto (up to 16 jobs sent at once, as many prompts at a time as fit free memory by the "
+    "memory model). Each answer is the one it gets alone.")]
 AskBatchOpt = Annotated[str, batch_size_option(
     "Questions (and parts of a long document) denoised together in one forward: a number, or auto (the most that "
     "fit free memory by the memory model). Each answer is the one it gets alone.")]

@@ -12,6 +12,7 @@ import typer
 from maskkv_cli.cli.common import fail, guarded, live_display_on
 from maskkv_cli.cli.options import (
     AlgOpt,
+    BatchJobsOpt,
     BatchOutOpt,
     BatchQuestionsOpt,
     BlockOpt,
@@ -119,6 +120,7 @@ def batch(
     yes: YesOpt = False,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
+    batch_size: BatchJobsOpt = "auto",
 ) -> None:
     """Answer many questions about many documents; resumable, on several devices or a Ray cluster.
 
@@ -136,10 +138,13 @@ def batch(
         maskkv batch jobs.csv --out runs/r1 --devices cuda:0,cuda:1 --model ~/models/LLaDA-8B-Instruct
 
         maskkv batch jobs.jsonl --out runs/r1 --ray auto --json
+
+        maskkv batch jobs.jsonl --out runs/r1 --batch-size 8
     """
     from maskkv_cli.batch.jobs import AnswerSettings, cross_product, read_jobs_file, read_questions
     from maskkv_cli.batch.run import Runner, run_batch
     from maskkv_cli.cli.model_choice import choose_model
+    from maskkv_cli.engine.batch_memory import parse_batch_size
     from maskkv_cli.run_settings import RunSettings
 
     if out is None:
@@ -151,6 +156,7 @@ def batch(
     if long not in LONG_MODES:
         raise fail(f"--long must be one of {', '.join(LONG_MODES)}, got {long!r}", 2)
     RunSettings(policy=policy, budget=budget, ratio=ratio, seed=seed, layer_budgets=layer_budgets).cache()  # as ask
+    size = parse_batch_size(batch_size)
     names = parse_devices(devices, workers, ray)
     if ray:
         from maskkv_cli.batch.ray_pool import import_ray
@@ -163,14 +169,18 @@ def batch(
                               gen_length=gen_length, steps=steps, block_length=block_length,
                               temperature=temperature, threshold=threshold, seed=seed, long=long, alg=alg,
                               top_p=top_p, top_k=top_k)
-    runner = Runner(devices=names, ray=ray, workers=workers if ray else None, device=device)
+    runner = Runner(devices=names, ray=ray, workers=workers if ray else None, device=device, batch_size=size)
     with _Progress(live_display_on(quiet, as_json)) as progress:
         result = run_batch(specs, settings, path, out, runner=runner, dtype=dtype, password=password,
                            on_progress=progress)
     if as_json:
         typer.echo(json.dumps(result.as_dict()))
     elif not quiet:
-        rate = f" at {result.jobs_per_minute:.1f} jobs/min" if result.answered else ""
+        if result.batch_note:
+            sys.stderr.write(f"note: {result.batch_note}\n")
+        sizes = ",".join(str(n) for n in result.batch_sizes)
+        rate = (f" at {result.jobs_per_minute:.1f} jobs/min" + (f" (batch size {sizes})" if sizes else "")
+                if result.answered else "")
         flags = "".join([f", {result.low} LOW CONFIDENCE" if result.low else "",
                          f", {result.untrained} not of the embedded model's question form" if result.untrained else ""])
         sys.stderr.write(f"{result.ok} answered ({result.reused} from earlier runs{flags}), {result.failed} failed, "
