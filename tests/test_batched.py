@@ -172,3 +172,24 @@ def test_batch_size_option_and_memory_model(tiny_config) -> None:  # type: ignor
     assert auto_batch_size(memory, 0, 3)[0] == 1
     # keeping fewer entries makes a sequence smaller
     assert batch_memory(tiny_config, 1000, 32, 1000, 4).cache_per_sequence > memory.cache_per_sequence
+
+
+def test_bench_quality_rows_do_not_depend_on_the_batch_size(tiny_dir: Path, tmp_path: Path,
+                                                             lanes_per_step: list[int]) -> None:
+    """A row's tasks answered together (--batch-size 4) give the predictions of one at a time (--batch-size 1)."""
+    from typer.testing import CliRunner
+
+    from maskkv_cli.cli import app
+
+    def predictions(size: str) -> list[dict]:
+        out = tmp_path / f"q{size}"
+        result = CliRunner().invoke(app, ["bench", "quality", "-n", "4", "--lengths", "128", "--policies",
+                                          "full,maskkv", "--budgets", "8", "--model", str(tiny_dir), "--out",
+                                          str(out), "--fresh", "--json", "--batch-size", size])
+        assert result.exit_code == 0, result.output
+        lines = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in line.items() if k not in ("seconds", "prefill_s")} for line in lines]
+
+    alone = predictions("1")
+    assert not lanes_per_step
+    assert predictions("4") == alone and max(lanes_per_step) == 4

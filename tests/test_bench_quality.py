@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from answering import replace_answers
 from typer.testing import CliRunner
 
 from maskkv_cli.bench.quality_plan import plan_cases
@@ -89,7 +90,7 @@ def test_longbench_file_is_scored_with_each_datasets_metric(tiny_dir: Path, tmp_
     ]
     path = tmp_path / "mixed.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    monkeypatch.setattr(Session, "answer_ids", fixed_answer("Paris 4821"))
+    replace_answers(monkeypatch, fixed_answer("Paris 4821"))
     out = tmp_path / "lb"
     result = bench("--model", str(tiny_dir), "--tasks", str(path), "--policies", "full,snapkv", "--budgets", "8",
                    "--out", str(out), "--json", *FAST)
@@ -168,7 +169,7 @@ def test_plan_cases_budgets_only_for_evicting_policies() -> None:
 
 def test_rerun_reuses_finished_rows(tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
-    monkeypatch.setattr(Session, "answer_ids", fixed_answer("nothing", calls))
+    replace_answers(monkeypatch, fixed_answer("nothing", calls))
     out = tmp_path / "rerun"
     base = ["--model", str(tiny_dir), "--tasks", "niah_single", "--lengths", "40", "-n", "3",
             "--policies", "full,streamingllm", "--out", str(out), *FAST]
@@ -222,7 +223,7 @@ def test_haystack_document(tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.M
     doc.write_text("\n\n".join(f"Paragraph {i} says the harbor opens at dawn and the boats leave at noon."
                                for i in range(12)))
     seen: list[int] = []
-    monkeypatch.setattr(Session, "answer_ids", fixed_answer("", seen))
+    replace_answers(monkeypatch, fixed_answer("", seen))
     out = tmp_path / "hay"
     result = bench("--model", str(tiny_dir), "--tasks", "niah_single", "--lengths", "60", "-n", "2",
                    "--policies", "full", "--haystack", str(doc), "--out", str(out), "--json", *FAST)
@@ -292,7 +293,7 @@ def test_wrong_answers_that_are_another_needles_number_are_counted(tiny_dir: Pat
     assert len(distractor_values(task)) == 4 and task.answers[0] not in distractor_values(task)
     assert distractor_values(generate_tasks("niah_single", 1, 120, seed=3)[0]) == set()
 
-    monkeypatch.setattr(Session, "answer_ids", _distractor_answerer)
+    replace_answers(monkeypatch, _distractor_answerer)
     out = tmp_path / "q"
     result = bench("--model", str(tiny_dir), "--tasks", "niah_single,niah_multikey", "--lengths", "64", "-n", "3",
                    "--policies", "full", "--out", str(out), "--json", *FAST)

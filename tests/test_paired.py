@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from answering import replace_answers
 from typer.testing import CliRunner
 
 from maskkv_cli.bench.paired import (
@@ -81,7 +82,7 @@ def oracle_for(policy: str) -> Any:
 
 def test_run_reports_intervals_and_the_paired_comparison(tiny_dir: Path, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(Session, "answer_ids", oracle_for("maskkv"))
+    replace_answers(monkeypatch, oracle_for("maskkv"))
     out = tmp_path / "q"
     args = ["bench", "quality", "--model", str(tiny_dir), "--tasks", "niah_multikey", "--lengths", "60", "-n", "6",
             "--policies", "full,maskkv,snapkv", "--budgets", "8", "--out", str(out), "--gen-length", "8",
@@ -110,7 +111,7 @@ def test_the_papers_maskkv_is_the_reference_of_the_paired_comparison(tiny_dir: P
     from maskkv_cli.defaults import DEFAULT_POLICY
 
     assert DEFAULT_POLICY == "maskkv" and DEFAULT_POLICIES[:3] == ("full", "maskkv", "maskkv-plus")
-    monkeypatch.setattr(Session, "answer_ids", oracle_for("maskkv-plus"))
+    replace_answers(monkeypatch, oracle_for("maskkv-plus"))
     args = ["bench", "quality", "--model", str(tiny_dir), "--tasks", "niah_multikey", "--lengths", "60", "-n", "4",
             "--policies", "full,maskkv-plus,maskkv", "--budgets", "8", "--out", str(tmp_path / "q"),
             "--gen-length", "8", "--steps", "8", "--block-length", "8", "--json"]

@@ -45,7 +45,7 @@ class CellJob:
 
     def message(self) -> dict[str, Any]:
         return {"key": self.cell.key, "kind": "cell", "prompts": self.cell.prompts, "gen": self.cell.gen,
-                "cache": self.cell.cache}
+                "cache": self.cell.cache, "batch_size": self.cell.batch_size}
 
 
 def pooled_cells(pool: Pool) -> CellRunner:

@@ -58,10 +58,10 @@ class Worker:
                                                                   message["batch_size"]), message["jobs"],
                                                       strict=True)]}
             elif message.get("kind") == "cell":
-                from maskkv_cli.tasks.cells import answer_prompt
+                from maskkv_cli.tasks.cells import answer_prompts
 
-                fields = {"answers": [answer_prompt(self.session, ids, message["gen"], message["cache"])
-                                      for ids in message["prompts"]]}
+                fields = {"answers": answer_prompts(self.session, message["prompts"], message["gen"], message["cache"],
+                                                    message.get("batch_size", 1))}
             else:
                 fields = answer_job(self.session, text, message["question"], AnswerSettings(**message["settings"]))
             fields["error"] = None

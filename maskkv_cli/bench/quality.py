@@ -50,7 +50,7 @@ from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.errors import UsageError
 from maskkv_cli.fileio import atomic_write_text
 from maskkv_cli.models.fingerprint import model_fingerprint
-from maskkv_cli.tasks.cells import CellAnswer, CellRunner, QualityCell, answer_prompt
+from maskkv_cli.tasks.cells import CellAnswer, CellRunner, QualityCell, answer_prompts
 from maskkv_cli.tasks.metrics import aggregate, digit_mixing, distractor_values, is_no_answer, metric_for, score
 
 PREDICTIONS_FILE = "predictions.jsonl"
@@ -266,8 +266,10 @@ class _Recorder:
         return row
 
 
-def _answer_here(session: Any, rec: _Recorder, on_progress: Callable[[QualityProgress], None] | None) -> int:
-    """Answer every unfinished cell in this process, case by case; returns the cells run."""
+def _answer_here(session: Any, rec: _Recorder, on_progress: Callable[[QualityProgress], None] | None,
+                 batch_size: int | None = 1) -> int:
+    """Answer every unfinished cell in this process, case by case (a cell's prompts up to ``batch_size`` together);
+    returns the cells run."""
     cases, groups = rec.cases, rec.groups
     done = ran = 0
     for ci, case in enumerate(cases):
@@ -281,12 +283,11 @@ def _answer_here(session: Any, rec: _Recorder, on_progress: Callable[[QualityPro
                 done += group.n
                 continue
             all_reused = False
-            answers: list[CellAnswer] = []
-            for ids in group.prompts:
-                answers.append(answer_prompt(session, ids, rec.group_gens[gi], cache))
-                done += 1
-                if on_progress:
-                    on_progress(QualityProgress(case, ci + 1, len(cases), done, rec.total))
+            answers: list[CellAnswer] = answer_prompts(session, group.prompts, rec.group_gens[gi], cache,
+                                                       batch_size)
+            done += group.n
+            if on_progress:
+                on_progress(QualityProgress(case, ci + 1, len(cases), done, rec.total))
             case_rows.append(rec.record(gi, ci, answers))
             ran += 1
         if on_progress:
@@ -297,7 +298,7 @@ def _answer_here(session: Any, rec: _Recorder, on_progress: Callable[[QualityPro
 
 
 def _answer_elsewhere(rec: _Recorder, cell_runner: CellRunner,
-                      on_progress: Callable[[QualityProgress], None] | None) -> int:
+                      on_progress: Callable[[QualityProgress], None] | None, batch_size: int | None = 1) -> int:
     """Hand the unfinished cells to ``cell_runner`` (worker processes, Ray actors) and record them as they
     arrive; returns the cells run."""
     cases, groups = rec.cases, rec.groups
@@ -310,7 +311,8 @@ def _answer_elsewhere(rec: _Recorder, cell_runner: CellRunner,
         if not left[ci] and on_progress:
             on_progress(QualityProgress(case, ci + 1, len(cases), done, rec.total, finished=True,
                                         rows=rec.rows_of(ci), reused=True))
-    cells = [QualityCell(rec.keys[(gi, ci)], gi, ci, groups[gi].prompts, rec.group_gens[gi], rec.cache_for(cases[ci]))
+    cells = [QualityCell(rec.keys[(gi, ci)], gi, ci, groups[gi].prompts, rec.group_gens[gi], rec.cache_for(cases[ci]),
+                         batch_size)
              for gi, ci in pending]
     for cell, answers in cell_runner(cells):
         rec.record(cell.group, cell.case, answers)
@@ -340,20 +342,22 @@ def run_quality(
     layer_budgets: str = "auto",
     on_progress: Callable[[QualityProgress], None] | None = None,
     cell_runner: CellRunner | None = None,
+    batch_size: int | None = 1,
 ) -> QualityRun:
     """Run every case over every group, reusing the rows an earlier identical run left in the folder.
 
     ``out``: the results folder (default: the newest ``runs/bench-quality-*`` with identical settings, else a new
     timestamped one); ``fresh``: a new folder, nothing reused. ``cell_runner``: answer the rows' cells elsewhere
     (worker processes, Ray actors: ``maskkv_cli.batch.cells``) and yield them as they finish; rows and keys are
-    the same as in this process.
+    the same as in this process. ``batch_size``: a cell's prompts denoised together, this many at a time (None:
+    as many as fit by the memory model); answers do not depend on it, only the times do.
     """
     if not groups or not cases:
         raise UsageError("nothing to run: no tasks or no policies")
     rec = _Recorder(session, groups, cases, gen, source=source, tasks_label=tasks_label, samples=samples, seed=seed,
                     out=out, fresh=fresh, layer_budgets=layer_budgets)
-    ran = (_answer_here(session, rec, on_progress) if cell_runner is None
-           else _answer_elsewhere(rec, cell_runner, on_progress))
+    ran = (_answer_here(session, rec, on_progress, batch_size) if cell_runner is None
+           else _answer_elsewhere(rec, cell_runner, on_progress, batch_size))
     # Per-task scores by position: every case answers a group's tasks in the same order.
     task_scores = {key: {str(i): float(line["score"]) for i, line in enumerate(lines)}
                    for key, lines in rec.predictions.items()}

@@ -200,6 +200,9 @@ BatchJobsOpt = Annotated[str, batch_size_option(
     "Jobs of equal settings a worker denoises together in one forward (consecutive jobs, one document after "
     "another): a number, or auto (up to 16 jobs sent at once, as many prompts at a time as fit free memory by the "
     "memory model). Each answer is the one it gets alone.")]
+CellBatchOpt = Annotated[str, batch_size_option(
+    "A row's tasks denoised together in one forward: a number, or auto (as many as fit free memory by the memory "
+    "model). Scores do not depend on it; s/sample is then the row's time shared equally.")]
 AskBatchOpt = Annotated[str, batch_size_option(
     "Questions (and parts of a long document) denoised together in one forward: a number, or auto (the most that "
     "fit free memory by the memory model). Each answer is the one it gets alone.")]

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CellAnswer", "CellRunner", "QualityCell", "answer_prompt"]
+__all__ = ["CellAnswer", "CellRunner", "QualityCell", "answer_prompt", "answer_prompts"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ class QualityCell:
     prompts: list[list[int]]
     gen: Any
     cache: Any
+    batch_size: int | None = 1  # prompts denoised together (``answer_prompts``); None: as many as fit
 
 
 CellRunner = Callable[[list[QualityCell]], Iterable[tuple[QualityCell, list[CellAnswer]]]]
@@ -46,7 +47,24 @@ def answer_prompt(session: Any, ids: list[int], gen: Any, cache: Any) -> CellAns
     """Answer one prompt greedily, timed."""
     t0 = time.perf_counter()
     answer = session.answer_ids(ids, gen, cache)
-    seconds = time.perf_counter() - t0
+    return _cell_answer(answer, time.perf_counter() - t0)
+
+
+def answer_prompts(session: Any, prompts: list[list[int]], gen: Any, cache: Any,
+                   batch_size: int | None = 1) -> list[CellAnswer]:
+    """Answer a cell's prompts greedily: one at a time (``batch_size`` 1), else together (``Session.answer_many``,
+    up to ``batch_size`` at a time; None: as many as fit by the memory model), each answer the one it gets alone
+    and timed as the batch's time shared equally."""
+    if batch_size == 1 or len(prompts) <= 1:
+        return [answer_prompt(session, ids, gen, cache) for ids in prompts]
+    t0 = time.perf_counter()
+    size, _ = session.batch_size(batch_size, [len(ids) for ids in prompts], gen, cache)
+    answers = session.answer_many(prompts, gen, cache, size)
+    each = (time.perf_counter() - t0) / len(prompts)
+    return [_cell_answer(answer, each) for answer in answers]
+
+
+def _cell_answer(answer: Any, seconds: float) -> CellAnswer:
     stats = getattr(getattr(answer, "result", None), "stats", None)
     conf = getattr(answer, "confidence", None)
     return CellAnswer(answer.text, seconds, None if stats is None else float(stats.prefill_s),

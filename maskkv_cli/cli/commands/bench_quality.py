@@ -25,6 +25,7 @@ from maskkv_cli.bench.quality_plan import (
 from maskkv_cli.cli.common import guarded, note
 from maskkv_cli.cli.model_choice import load_session
 from maskkv_cli.cli.options import (
+    CellBatchOpt,
     DeviceOpt,
     DevicesOpt,
     DtypeOpt,
@@ -178,6 +179,7 @@ def quality(
     ray: RayOpt = None,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
+    batch_size: CellBatchOpt = "auto",
 ) -> None:
     """Does eviction keep the answers? Accuracy of every policy and budget on retrieval tasks, and its
     retention (policy accuracy / full-cache accuracy), per task and context length.
@@ -210,6 +212,7 @@ def quality(
     from maskkv_cli.bench.quality_plan import is_tasks_file, parse_kinds, plan_cases
     from maskkv_cli.bench.quality_sources import TaskSource, build_groups, read_haystack, read_tasks_file
     from maskkv_cli.cli.parsing import parse_policies
+    from maskkv_cli.engine.batch_memory import parse_batch_size
     from maskkv_cli.engine.plan import check_layer_budgets
     from maskkv_cli.run_settings import RunSettings
     from maskkv_cli.tasks.longbench import load_templates
@@ -268,7 +271,7 @@ def quality(
                               templates=templates, task_lengths=gen_length is None)
         run = run_quality(session, groups, cases, gen, source=source, tasks_label=label, samples=samples, seed=seed,
                           out=out, fresh=fresh, layer_budgets=layer_budgets, on_progress=display,
-                          cell_runner=cell_runner)
+                          cell_runner=cell_runner, batch_size=parse_batch_size(batch_size))
     for message in run.notes:
         note(message, quiet, as_json)
     if as_json:
