@@ -1,4 +1,5 @@
-"""Throughput of ``maskkv batch``: local worker processes (1 and 2) and Ray actors (1 and 2) on the same jobs.
+"""Throughput of ``maskkv batch``: local worker processes (1 and 2), Ray actors (1 and 2) and this process with
+jobs denoised together (``--batch-size``: ``batch 1``, ``batch 8``, ...) on the same jobs.
 
 Every configuration answers the same 200 jobs (10 short documents: two sentences of the packaged corpus around a
 hidden number, 20 questions each; short so that all runs fit in minutes on 2 shared cores) with the embedded tiny
@@ -8,6 +9,7 @@ time including starting the workers. The Ray cluster (2 CPUs) is started once, b
 start-up is reported on its own.
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_batch.py --out runs/bench-batch
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_batch.py --configs "batch 1,batch 8" --rounds 3
 """
 
 from __future__ import annotations
@@ -51,20 +53,26 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--configs", default="local 1,local 2,ray 1,ray 2",
-                        help="comma-separated, from: local 1, local 2, ray 1, ray 2")
+                        help="comma-separated, from: local 1, local 2, ray 1, ray 2, batch N (this process, "
+                             "--batch-size N)")
     args = parser.parse_args()
-    import ray
-
+    order = [name.strip() for name in args.configs.split(",")]
     work = Path(tempfile.mkdtemp(prefix="bench-batch-"))
     specs = make_jobs(work, 10, args.jobs // 10, seed=0)
     model, _ = resolve_default_model(None)
     settings = AnswerSettings(policy="maskkv-plus")
-    started = time.perf_counter()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=str(work / "ray"))
-    ray_start = time.perf_counter() - started
+    ray_start = 0.0
+    uses_ray = any(name.startswith("ray") for name in order)
+    if uses_ray:
+        import ray
+
+        started = time.perf_counter()
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=str(work / "ray"))
+        ray_start = time.perf_counter() - started
     configs = {"local 1": Runner(devices=("cpu",)), "local 2": Runner(devices=("cpu", "cpu")),
                "ray 1": Runner(ray="auto", workers=1), "ray 2": Runner(ray="auto", workers=2)}
-    order = [name.strip() for name in args.configs.split(",")]
+    configs.update({name: Runner(device="cpu", batch_size=int(name.split()[1])) for name in order
+                    if name.startswith("batch ")})
     runs: list[dict[str, object]] = []
     answers: dict[str, dict[str, str]] = {}
     for r in range(args.rounds):
@@ -80,7 +88,8 @@ def main() -> None:
                          "wall_s": round(wall, 2), "runner": result.runner})
             runs[-1]["load_average"] = round(os.getloadavg()[0], 1)
             print(json.dumps(runs[-1]), flush=True)
-    ray.shutdown()
+    if uses_ray:
+        ray.shutdown()
     reference = answers[order[0]]
     same = {name: got == reference for name, got in answers.items()}
     summary: dict[str, dict[str, float]] = {}

@@ -8,22 +8,34 @@ would run alone: no padding, so nothing of another sequence can reach it and its
 entries in the same order as alone. What a lane sees of the batch is only the number of rows in the matrix
 products (see docs/performance.md, "Many sequences in one forward", for which kernels keep that bit-exact).
 
-``response_logits_many`` is the cached step (``engine.forward.response_logits`` for many caches);
-``plain_logits_many`` the no-cache step over sequences of one length. The prefill (step 0) of each lane runs
-alone (``sampling/batched.py``): its rows already fill the matrix products, and alone it needs no padding.
+``prefill_many`` is step 0 of many prompts of any lengths (``engine.forward.prefill``, offline layer budgets):
+their tokens run back to back as one sequence through the weights, and each prompt's scoring, selection and
+attention run over its own rows only. ``response_logits_many`` is a cached step (``engine.forward.response_logits``
+for many caches); ``plain_logits_many`` the no-cache step over sequences of one length.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from maskkv_cli.engine.forward import (
+    MLP_CHUNK,
+    QUERY_CHUNK,
+    LayerRecord,
+    OfflineSelection,
+    attend_in_chunks,
+    chunked_rows,
+    row_fn,
+)
 from maskkv_cli.kv.cache import PromptCache
 from maskkv_cli.models.base import Rope, attention, dense_hidden, on_layer_device
 from maskkv_cli.models.protocol import DiffusionLM
+from maskkv_cli.policies.base import LayerView, Policy
 
 
 @dataclass(frozen=True)
@@ -33,6 +45,60 @@ class CachedLane:
     cache: PromptCache
     response: Tensor
     rows: Tensor
+
+
+@dataclass(frozen=True)
+class PrefillLane:
+    """One prompt's step 0: its sequence ``[prompt ; masks]`` (1, T), the cached segment's length, its policy and
+    layer budgets (None: keep every entry), and the positions (n,) whose logits it needs."""
+
+    ids: Tensor
+    prompt_len: int
+    policy: Policy
+    layer_budgets: list[int] | None
+    rows: Tensor
+
+
+def prefill_many(model: DiffusionLM, lanes: Sequence[PrefillLane], mlp_chunk: int = MLP_CHUNK,
+                 query_chunk: int = QUERY_CHUNK) -> list[tuple[Tensor, PromptCache, list[LayerRecord]]]:
+    """Step 0 of every lane as ``engine.forward.prefill`` gives it alone (offline layer budgets, bidirectional):
+    each lane's logits (1, n, V) at its rows, its compressed cache and its records. The lanes' tokens run back to
+    back as one sequence (1, N, d) through the norms, projections and MLP; keys and values of the layer are computed
+    for all of them before any lane's attention updates its rows, then each lane is scored, selected and attended
+    over its own keys (no padding, nothing of another lane)."""
+    bounds = _bounds([lane.ids.shape[1] for lane in lanes])
+    n_tokens = bounds[-1][1]
+    x = model.embed(torch.cat([lane.ids for lane in lanes], 1))  # (1, N, d)
+    tables = [model.rope(torch.arange(b - a, device=lane.ids.device)) for lane, (a, b) in zip(lanes, bounds,
+                                                                                            strict=True)]
+    rope = Rope(torch.cat([t.cos for t in tables]), torch.cat([t.sin for t in tables]))
+    sinks = [OfflineSelection(model, lane.policy, lane.layer_budgets, lane.prompt_len,
+                              lane.ids.shape[1] - lane.prompt_len) for lane in lanes]
+    cfg = model.config
+    scale = 1.0 / math.sqrt(cfg.head_dim)
+    n_layers = len(model.blocks)
+    for i, block in enumerate(model.blocks):
+        x, rope = on_layer_device(model, i, x, rope)
+        keys = chunked_rows(row_fn(block.keys, x, rope), n_tokens, mlp_chunk)  # (1, H_kv, N, D)
+        values = chunked_rows(row_fn(block.values, x), n_tokens, mlp_chunk)
+        for lane, (a, b), sink in zip(lanes, bounds, sinks, strict=True):
+            own, x_lane = rope.rows(a, b), x[:, a:b]  # a view: attention writes the lane's rows of x in place
+            k, v = keys[:, :, a:b].contiguous(), values[:, :, a:b].contiguous()
+            rows_q = row_fn(block.queries, x_lane, own)
+            view = LayerView(i, n_layers, torch.empty((1, cfg.n_heads, b - a, cfg.head_dim), device="meta"), k,
+                             lane.prompt_len, scale, compute_q=rows_q)
+            scores = None if lane.layer_budgets is None else lane.policy.scores(view, lane.layer_budgets[i])
+            needs_q = scores is not None and lane.policy.residual_spread > 0
+            sink(view, rows_q(lane.prompt_len, b - a) if needs_q else None, scores, k, v)
+            del view, scores
+            attend_in_chunks(block, x_lane, k, v, own, query_chunk, False)
+            del k, v, rows_q
+        del keys, values
+        for start in range(0, n_tokens, mlp_chunk):  # the MLP in row chunks, added in place
+            x[:, start : start + mlp_chunk] += block.mlp(x[:, start : start + mlp_chunk])
+    picked = torch.cat([x[:, a + lane.rows.to(x.device)] for lane, (a, _) in zip(lanes, bounds, strict=True)], 1)
+    logits = _split_rows(model.head(picked)[0], [(1, len(lane.rows)) for lane in lanes])
+    return [(out, sink.cache, sink.records) for out, sink in zip(logits, sinks, strict=True)]
 
 
 def _bounds(sizes: Sequence[int]) -> list[tuple[int, int]]:

@@ -249,26 +249,35 @@ def prefill(
             return _prefill_online(model, ids, prompt_len, policy, layer_budgets, budget, rows, mlp_chunk,
                                    query_chunk, layout, prefix)
         layer_budgets = None  # the whole prompt fits: no eviction, exactly the full cache
-    cache = PromptCache(prompt_len, _response_slots(ids, prompt_len, layout))
-    records: list[LayerRecord] = []
-    group = model.config.group_size
-
-    def keep(view: LayerView, q_mask: Tensor | None, scores: Tensor | None, k: Tensor, v: Tensor) -> None:
-        """Offline: select right after scoring, before the layer's attention (the kept K/V are copied out)."""
-        if layer_budgets is None or scores is None:
-            layer = dense_layer(k, v, prompt_len, cache.response_len)
-            records.append(LayerRecord(view.layer, prompt_len, layer.lengths.cpu(), None, None))
-        else:
-            lb = layer_budgets[view.layer]
-            layer = _select(policy, view, q_mask, k, v, scores, lb, cache.response_len, group)
-            records.append(_record(view.layer, lb, layer, policy.preference(view), None))
-        cache.layers.append(layer)
-
+    keep = OfflineSelection(model, policy, layer_budgets, prompt_len, _response_slots(ids, prompt_len, layout))
     logits, importance = stream_layers(model, ids, prompt_len, rows, policy, layer_budgets, keep, mlp_chunk,
                                        query_chunk, measure=online_importance, layout=layout, prefix=prefix)
-    for rec, value in zip(records, importance, strict=False):
+    for rec, value in zip(keep.records, importance, strict=False):
         rec.importance = value
-    return logits, cache, records
+    return logits, keep.cache, keep.records
+
+
+class OfflineSelection:
+    """The offline prefill's layer sink: each layer is selected right after it is scored, before its attention
+    (the kept K/V are copied out), into ``cache``, with one ``LayerRecord`` per layer in ``records``."""
+
+    def __init__(self, model: DiffusionLM, policy: Policy, layer_budgets: list[int] | None, prompt_len: int,
+                 response_slots: int) -> None:
+        self.policy, self.layer_budgets, self.prompt_len = policy, layer_budgets, prompt_len
+        self.group = model.config.group_size
+        self.cache = PromptCache(prompt_len, response_slots)
+        self.records: list[LayerRecord] = []
+
+    def __call__(self, view: LayerView, q_mask: Tensor | None, scores: Tensor | None, k: Tensor, v: Tensor) -> None:
+        response_len = self.cache.response_len
+        if self.layer_budgets is None or scores is None:
+            layer = dense_layer(k, v, self.prompt_len, response_len)
+            self.records.append(LayerRecord(view.layer, self.prompt_len, layer.lengths.cpu(), None, None))
+        else:
+            lb = self.layer_budgets[view.layer]
+            layer = _select(self.policy, view, q_mask, k, v, scores, lb, response_len, self.group)
+            self.records.append(_record(view.layer, lb, layer, self.policy.preference(view), None))
+        self.cache.layers.append(layer)
 
 
 def _response_slots(ids: Tensor, prompt_len: int, layout: Layout | None) -> int:

@@ -1,11 +1,12 @@
 """Many generations at once: each sequence runs its own loop, their steps share one forward.
 
 A ``BatchJob`` is one prompt with its generation settings and cache plan. ``sample_many`` keeps up to
-``batch_size`` of them active. A job joins by running its step 0 alone (the prefill: its votes, its budgets, its
-selection, exactly as alone); after that its loop's requests are gathered with the other active loops' and run as
-one forward (``engine/batched.py``): cached steps of every lane whose response has the same length, no-cache steps
-of sequences of the same length. Each loop then commits its own tokens by its own schedule (its own block, its own
-count per step, its own random generator); a finished job leaves and the next waiting one takes its place.
+``batch_size`` of them active. The jobs that join together run their step 0 (the prefill: each its own votes,
+budgets and selection) as one shared prefill of prompts of any lengths; after that every loop's requests are
+gathered with the other active loops' and run as one forward (``engine/batched.py``): cached steps of every lane
+whose response has the same length, no-cache steps of sequences of the same length. Each loop then commits its own
+tokens by its own schedule (its own block, its own count per step, its own random generator); a finished job
+leaves and the next waiting one takes its place.
 
 Every job's tokens are those it gets alone (tests/test_batched.py). Loops that cannot share a step run alone, in
 their turn: LLaDA2's block-causal loop, and steps compiled or captured as CUDA graphs.
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from maskkv_cli.engine.batched import CachedLane, plain_logits_many, response_logits_many
+from maskkv_cli.engine.batched import CachedLane, plain_logits_many, prefill_many, response_logits_many
 from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.models.families import family
 from maskkv_cli.models.protocol import DiffusionLM
@@ -110,6 +111,22 @@ def _step_together(model: DiffusionLM, kind: str, lanes: list[Lane]) -> None:
         lane.advance(out.to(lane.request.x.device))
 
 
+def _prefill_together(model: DiffusionLM, lanes: list[Lane]) -> None:
+    """Step 0 of the lanes that can share it, as one prefill (``engine.batched.prefill_many``)."""
+    shared = []
+    for lane in lanes:
+        req = lane.request
+        prefill = None if req is None else lane.run.forward.prefill_lane(req.x, req.rows)
+        if prefill is not None:
+            shared.append((lane, prefill))
+    if len(shared) < 2:
+        return
+    for (lane, _), (logits, cache, records) in zip(shared, prefill_many(model, [p for _, p in shared]), strict=True):
+        lane.run.forward.install(cache, records)
+        assert lane.request is not None
+        lane.advance(logits.to(lane.request.x.device))
+
+
 @torch.no_grad()
 def sample_many(model: DiffusionLM, jobs: Sequence[BatchJob], batch_size: int, options: object | None = None,
                 on_result: Callable[[int, GenerationResult], None] | None = None) -> list[GenerationResult]:
@@ -132,19 +149,24 @@ def sample_many(model: DiffusionLM, jobs: Sequence[BatchJob], batch_size: int, o
     waiting = deque(range(len(jobs)))
     active: list[Lane] = []
     while waiting or active:
-        while waiting and len(active) < batch_size:
+        joined: list[Lane] = []
+        while waiting and len(active) + len(joined) < batch_size:
             index = waiting.popleft()
             job = jobs[index]
             lane = _open(model, index, job, opts)
             if lane is None:  # a loop that cannot share steps runs whole, alone
                 finish(index, sample(model, job.prompt if job.prompt.dim() == 2 else job.prompt[None], job.gen,
                                      job.plan, job.on_event, opts.dream, opts.llada2))  # type: ignore[attr-defined]
-                continue
-            while not lane.done and lane.group() is None:  # the prefill (and any step that must run alone)
+            elif lane.done:
+                finish(index, lane.result)  # type: ignore[arg-type]
+            else:
+                joined.append(lane)
+        _prefill_together(model, joined)
+        for lane in joined:
+            while not lane.done and lane.group() is None:  # any other step that must run alone
                 lane.step_alone()
             if lane.done:
-                assert lane.result is not None
-                finish(index, lane.result)
+                finish(lane.index, lane.result)  # type: ignore[arg-type]
             else:
                 active.append(lane)
         groups: dict[tuple[str, int] | None, list[Lane]] = defaultdict(list)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from maskkv_cli.engine.batched import PrefillLane
 from maskkv_cli.engine.forward import LayerRecord, plain_logits, prefill, response_logits
 from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.engine.step_runner import StepRunner
@@ -120,6 +121,17 @@ class CachedForward:
         else:
             logits = response_logits(self.model, self.cache, x[:, self.split :], hidden - self.split)
         return logits.to(x.device)  # a model spread over devices ends on its last one
+
+    def prefill_lane(self, x: Tensor, rows: Tensor) -> PrefillLane | None:
+        """Step 0 as a lane of a shared prefill (``engine.batched.prefill_many``), or None when it must run alone:
+        no cache to build, layer budgets measured on the input (online), or more than one row (guidance)."""
+        if not self.policy.uses_cache or self.cache is not None or self.plan.online or x.shape[0] != 1:
+            return None
+        return PrefillLane(x, self.split, self.policy, self.layer_budgets, self.plain_rows(rows))
+
+    def install(self, cache: PromptCache, records: list[LayerRecord]) -> None:
+        """Take the cache and records of a shared prefill of this forward's ``prefill_lane``."""
+        self.cache, self.records, self.batch = cache, records, 1
 
     @property
     def steps_alone(self) -> bool:
