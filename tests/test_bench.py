@@ -325,3 +325,49 @@ def test_speed_row_states_the_machines_matmul_ceiling_beside_the_prefill():
     assert cell == f"{row['prefill_gflops']:.1f} of {row['matmul_gflops']:.1f}"
     no_limit = run_case(SpeedCase("maskkv", 8, m, limit=False, **TINY))
     assert table_rows([no_limit])[1][0][head.index("prefill GFLOP/s")] == "-"
+
+
+def test_batch_limit_runs_prefills_alone_and_attention_per_sequence(model, monkeypatch):
+    shapes: list[tuple[int, int, int]] = []
+    rows_in: list[int] = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, *a, **kw):
+        shapes.append((q.shape[0], q.shape[2], k.shape[2]))
+        return real(q, k, v, *a, **kw)
+
+    first = model.blocks[0]
+    real_qkv = first.qkv
+
+    def spy_qkv(x, rope):
+        rows_in.append(x.shape[0] * x.shape[1])
+        return real_qkv(x, rope)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(first, "qkv", spy_qkv)
+    m, budget, gen = 40, 6, GenerationConfig(gen_length=16, steps=8, block_length=8)
+    prompts = random_prompt(model.config, m, 0, torch.device("cpu"), batch=2)
+    timing = lim.measure_batch_limit(model, prompts, gen, budget)
+    n_layers = model.config.n_layers
+    prefills, steps = shapes[: 2 * n_layers], shapes[2 * n_layers :]
+    assert prefills == [(1, m + 16, m + 16)] * (2 * n_layers)  # each sequence's full forward alone
+    assert len(steps) == (gen.steps - 1) * n_layers * 2  # every later step: attention sequence by sequence
+    assert all(b == 1 and keys == budget + 16 for b, _, keys in steps)
+    assert [q for _, q, _ in steps[: 2 * n_layers]] == [16] * (2 * (n_layers - 1)) + [6, 6]
+    assert rows_in == [m + 16, m + 16] + [2 * 16] * (gen.steps - 1)  # the projections take both sequences' rows
+    assert len(timing.step_s) == gen.steps - 1 and timing.attention_keys == budget + 16 and timing.keys == budget
+    assert timing.total_s == pytest.approx(timing.prefill_s + sum(timing.step_s)) and timing.total_s > 0
+
+    shapes.clear()
+    none = lim.measure_batch_limit(model, prompts, gen, None)  # no cache: one full forward of both, shared
+    assert shapes == [(2, m + 16, m + 16)] * n_layers and none.extrapolated
+    assert none.total_s == pytest.approx(8 * none.prefill_s)
+    one = lim.measure_batch_limit(model, prompts[:1], gen, budget)
+    assert one.attention_keys == budget + 16 and len(one.step_s) == gen.steps - 1
+
+
+def test_batch_limit_refuses_block_causal_models():
+    blocky = random_model(named_config("llada2-tiny"))
+    prompts = random_prompt(blocky.config, 24, 0, torch.device("cpu"), batch=2)
+    with pytest.raises(UsageError, match="one sequence at a time"):
+        lim.measure_batch_limit(blocky, prompts, GenerationConfig(gen_length=16, steps=8, block_length=8), 8)
