@@ -325,3 +325,157 @@ def test_speed_row_states_the_machines_matmul_ceiling_beside_the_prefill():
     assert cell == f"{row['prefill_gflops']:.1f} of {row['matmul_gflops']:.1f}"
     no_limit = run_case(SpeedCase("maskkv", 8, m, limit=False, **TINY))
     assert table_rows([no_limit])[1][0][head.index("prefill GFLOP/s")] == "-"
+
+
+# ----- batches of sequences (--batch-sizes) --------------------------------------------------------------------
+
+
+def test_batch_size_one_keeps_its_keys_and_cases():
+    from dataclasses import asdict
+
+    from maskkv_cli.bench.results import settings_key
+
+    case = SpeedCase("maskkv", 8, 32, **TINY)
+    assert case.key() == settings_key({k: v for k, v in asdict(case).items() if k != "batch_size"})
+    assert SpeedCase("maskkv", 8, 32, batch_size=2, **TINY).key() != case.key()
+    assert "batch_sizes" not in SpeedSettings(**TINY).as_dict()
+    settings = SpeedSettings(prompt_lengths=(32,), budgets=(8,), batch_sizes=(4, 1, 4), **TINY)
+    assert settings.as_dict()["batch_sizes"] == [4, 1, 4]
+    assert [(c.method, c.batch_size) for c in settings.cases()] == [
+        ("none", 1), ("none", 4), ("full", 1), ("full", 4), ("maskkv@8", 1), ("maskkv@8", 4)]
+    assert [c.key() for c in settings.cases() if c.batch_size == 1] == [
+        c.key() for c in SpeedSettings(prompt_lengths=(32,), budgets=(8,), **TINY).cases()]
+
+
+@pytest.mark.parametrize("policy,budget", [("none", None), ("full", None), ("maskkv", 8)])
+def test_batch_case_row(policy, budget):
+    single = run_case(SpeedCase(policy, budget, 40, **TINY))
+    row = run_case(SpeedCase(policy, budget, 40, batch_size=2, **TINY))
+    assert row["batch_size"] == 2 and row["method"] == single["method"]
+    assert row["tokens_per_s"] == pytest.approx(2 * 16 / row["total_s"])
+    assert row["seconds_per_sequence"] == pytest.approx(row["total_s"] / 2)
+    assert row["limit_s"] > 0 and row["measured_over_limit"] == pytest.approx(row["total_s"] / row["limit_s"])
+    assert row["limit_keys"] == single["limit_keys"]
+    if policy == "none":
+        assert row["extrapolated"] and row["steps_timed"] == 2 and row["steps_run"] == 8
+        assert row["total_s"] == pytest.approx(row["prefill_s"] + 7 * row["step_s"])
+        assert row["model_cache_per_sequence_bytes"] is None and row["kv_bytes"] == 0
+        assert row["kv_full_bytes"] == 2 * single["kv_full_bytes"]
+    else:
+        assert not row["extrapolated"] and row["steps_run"] == row["steps_timed"] == 8
+        assert row["total_s"] > row["prefill_s"] > 0 and row["step_s"] > 0
+        assert row["kv_full_bytes"] == 2 * single["kv_full_bytes"]
+        assert row["kv_bytes_per_sequence"] == row["kv_bytes"] // 2
+        assert row["model_cache_per_sequence_bytes"] == single["model_cache_per_sequence_bytes"] > 0
+        assert row["model_batch_bytes"] == (2 * (row["model_cache_per_sequence_bytes"]
+                                                 + row["model_step_per_sequence_bytes"])
+                                            + row["model_prefill_peak_bytes"])
+    if policy == "full":
+        assert row["kv_bytes"] == 2 * single["kv_bytes"]
+
+
+def test_batch_limit_runs_prefills_alone_and_attention_per_sequence(model, monkeypatch):
+    shapes: list[tuple[int, int, int]] = []
+    rows_in: list[int] = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, *a, **kw):
+        shapes.append((q.shape[0], q.shape[2], k.shape[2]))
+        return real(q, k, v, *a, **kw)
+
+    first = model.blocks[0]
+    real_qkv = first.qkv
+
+    def spy_qkv(x, rope):
+        rows_in.append(x.shape[0] * x.shape[1])
+        return real_qkv(x, rope)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(first, "qkv", spy_qkv)
+    m, budget, gen = 40, 6, GenerationConfig(gen_length=16, steps=8, block_length=8)
+    prompts = random_prompt(model.config, m, 0, torch.device("cpu"), batch=2)
+    timing = lim.measure_batch_limit(model, prompts, gen, budget)
+    n_layers = model.config.n_layers
+    prefills, steps = shapes[: 2 * n_layers], shapes[2 * n_layers :]
+    assert prefills == [(1, m + 16, m + 16)] * (2 * n_layers)  # each sequence's full forward alone
+    assert len(steps) == (gen.steps - 1) * n_layers * 2  # every later step: attention sequence by sequence
+    assert all(b == 1 and keys == budget + 16 for b, _, keys in steps)
+    assert [q for _, q, _ in steps[: 2 * n_layers]] == [16] * (2 * (n_layers - 1)) + [6, 6]
+    assert rows_in == [m + 16, m + 16] + [2 * 16] * (gen.steps - 1)  # the projections take both sequences' rows
+    assert len(timing.step_s) == gen.steps - 1 and timing.attention_keys == budget + 16 and timing.keys == budget
+    assert timing.total_s == pytest.approx(timing.prefill_s + sum(timing.step_s)) and timing.total_s > 0
+
+    shapes.clear()
+    none = lim.measure_batch_limit(model, prompts, gen, None)  # no cache: one full forward of both, shared
+    assert shapes == [(2, m + 16, m + 16)] * n_layers and none.extrapolated
+    assert none.total_s == pytest.approx(8 * none.prefill_s)
+    one = lim.measure_batch_limit(model, prompts[:1], gen, budget)
+    assert one.attention_keys == budget + 16 and len(one.step_s) == gen.steps - 1
+
+
+def test_batch_limit_refuses_block_causal_models():
+    blocky = random_model(named_config("llada2-tiny"))
+    prompts = random_prompt(blocky.config, 24, 0, torch.device("cpu"), batch=2)
+    with pytest.raises(UsageError, match="one sequence at a time"):
+        lim.measure_batch_limit(blocky, prompts, GenerationConfig(gen_length=16, steps=8, block_length=8), 8)
+
+
+def test_cli_bench_speed_batch_sizes(tmp_path):
+    from maskkv_cli.cli import app
+
+    args = ["bench", "speed", "--config", "tiny", "--prompt-lengths", "32", "--policies", "full,maskkv",
+            "--budgets", "8", "--gen-length", "16", "--steps", "8", "--block-length", "8", "--batch-sizes", "1,2",
+            "--in-process", "--out", str(tmp_path / "res"), "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)["results"]
+    assert [(r["method"], r["batch_size"]) for r in rows] == [("full", 1), ("full", 2), ("maskkv@8", 1),
+                                                              ("maskkv@8", 2)]
+    by = {(r["method"], r["batch_size"]): r for r in rows}
+    for r in rows:
+        for name in ("tokens_per_s", "seconds_per_sequence", "peak_mem_bytes", "model_cache_per_sequence_bytes",
+                     "model_prefill_peak_bytes", "limit_s", "measured_over_limit", "speedup_vs_batch1"):
+            assert _is_number(r[name]), (name, r[name])
+        single = by[(r["method"], 1)]
+        assert r["speedup_vs_batch1"] == pytest.approx(r["tokens_per_s"] / single["tokens_per_s"])
+        assert r["speedup_vs_full"] == pytest.approx(by[("full", r["batch_size"])]["total_s"] / r["total_s"])
+    assert by[("full", 1)]["speedup_vs_batch1"] == pytest.approx(1.0)
+    summary = (tmp_path / "res" / "summary.md").read_text()
+    assert "| 32 | maskkv@8 | 2 |" in summary and "vs batch 1" in summary and "memory model" in summary
+    result = runner.invoke(app, args[:-1])  # the table form, rows reused
+    assert result.exit_code == 0 and "vs batch 1" in result.stdout and "cache/seq (model)" in result.stdout
+
+
+def test_speed_table_without_batches_is_unchanged():
+    row = run_case(SpeedCase("maskkv", 8, 32, **{**TINY, "limit": False}))
+    head, body = table_rows([row])
+    assert head == ["prompt", "method", "prefill s", "step ms", "total s", "tok/s", "vs none", "vs full", "peak mem",
+                    "above weights", "KV kept", "limit s", "meas/limit", "prefill GFLOP/s", "note"]
+    assert len(body[0]) == len(head)
+    head2, body2 = table_rows([row, {**row, "batch_size": 2}])
+    assert len(head2) == len(head) + 5 and all(len(b) == len(head2) for b in body2)
+    assert head2[2] == "batch" and [b[2] for b in body2] == ["1", "2"]
+
+
+@pytest.mark.parametrize("value", ["0", "x", "2,0", ""])
+def test_cli_bench_speed_bad_batch_sizes(value):
+    from maskkv_cli.cli import app
+
+    result = runner.invoke(app, ["bench", "speed", "--config", "tiny", "--prompt-lengths", "32", "--batch-sizes",
+                                 value, "--in-process"])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and "--batch-sizes" in lines[0]
+
+
+def test_cli_bench_speed_batches_refused_where_they_cannot_share_steps():
+    from maskkv_cli.cli import app
+
+    result = runner.invoke(app, ["bench", "speed", "--config", "llada2-tiny", "--prompt-lengths", "32",
+                                 "--batch-sizes", "1,2", "--in-process"])
+    assert result.exit_code == 2 and "block-causal" in result.output and len(result.output.strip().splitlines()) == 1
+    result = runner.invoke(app, ["bench", "speed", "--config", "tiny", "--prompt-lengths", "32", "--batch-sizes",
+                                 "2", "--step-modes", "eager,compile", "--in-process"])
+    assert result.exit_code == 2 and "eager" in result.output
+    with pytest.raises(UsageError, match="block-causal"):
+        run_case(SpeedCase("full", None, 32, **{**TINY, "config": "llada2-tiny", "batch_size": 2}))

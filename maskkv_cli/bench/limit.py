@@ -17,6 +17,13 @@ A block-causal model (LLaDA2) runs block by block: the limit is one bare forward
 block]`` (block-causal), then for every later step a bare forward of the current block over ``keys`` plus the
 blocks so far, and for every finished block but the last one pass of its final tokens (the exact keys and
 values the blocks after it need). Steps follow LLaDA2.0's quota with no token above the threshold.
+
+A batch of B sequences (``measure_batch_limit``) is timed as the batched engine runs it
+(``engine/batched.py``): the B prefills one sequence at a time, then every later step one bare forward of all B
+responses in which the embedding, the projections, the MLP and the LM head take every sequence's rows at once
+and attention runs sequence by sequence over that sequence's own ``keys + L`` entries. Without a cache every step
+(step 0 included) is one bare full forward of the B sequences together, as the engine shares them. Block-causal
+models are not batched (``sampling/batched.py`` runs them one at a time).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import torch
 from torch import Tensor
 
 from maskkv_cli.engine.forward import MLP_CHUNK, block_causal_visible
+from maskkv_cli.errors import UsageError
 from maskkv_cli.models.base import attention, dense_hidden
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.sampling.llada import GenerationConfig, transfer_schedule
@@ -94,9 +102,12 @@ class BareSteps:
         return self.keys + self.response_len
 
     @torch.no_grad()
-    def step(self, response: Tensor, rows: Tensor, offset: int = 0) -> Tensor:
+    def step(self, response: Tensor, rows: Tensor, offset: int = 0, per_sequence: bool = False) -> Tensor:
         """One response-only forward of ``response`` (B, n): response positions [offset, offset + n) (all L when
-        ``offset`` is 0 and n is L), over the keys before ``offset + n``; logits at its rows ``rows``."""
+        ``offset`` is 0 and n is L), over the keys before ``offset + n``; logits at its rows ``rows``.
+
+        ``per_sequence``: attention runs one sequence of the batch at a time over that sequence's own entries (as
+        the batched engine runs it); the layers with weights still take every sequence's rows at once."""
         model = self.model
         x = model.embed(response)
         last = len(model.blocks) - 1
@@ -108,7 +119,11 @@ class BareSteps:
             self.v[i][:, :, self.keys + offset : end].copy_(v)
             if i == last:
                 q, x = q[:, :, rows], x[:, rows]
-            o = attention(q, self.k[i][:, :, :end], self.v[i][:, :, :end])
+            keys, values = self.k[i][:, :, :end], self.v[i][:, :, :end]
+            if per_sequence:
+                o = torch.cat([attention(q[b : b + 1], keys[b : b + 1], values[b : b + 1]) for b in range(len(q))])
+            else:
+                o = attention(q, keys, values)
             x = x + block.attn_proj(o)
             x = x + block.mlp(x)
         return model.head(x)
@@ -157,6 +172,39 @@ def measure_limit(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, key
         steps.append(now(dev) - t0)
     del bare
     return LimitTiming(prefill_s, steps, prefill_s + sum(steps), min(keys, m), min(keys, m) + gen.gen_length)
+
+
+def measure_batch_limit(model: DiffusionLM, prompts: Tensor, gen: GenerationConfig, keys: int | None,
+                        seed: int = 0) -> LimitTiming:
+    """Time the limit of the B sequences ``prompts`` (B, M) generated together (see the module doc): ``keys``
+    entries per head of each sequence (budget or M), or None for no cache. One sequence is ``measure_limit``."""
+    bsz, m = prompts.shape
+    if bsz == 1:
+        return measure_limit(model, prompts, gen, keys, seed)
+    if model.config.block_causal:
+        raise UsageError("block-causal models run one sequence at a time: their limit has no batch")
+    if keys is None:  # no cache: every step one full forward of the whole batch, as the engine shares them
+        return measure_limit(model, prompts, gen, None, seed)
+    dev = model.device
+    mask = torch.full((bsz, gen.gen_length), model.config.mask_token_id, dtype=prompts.dtype, device=dev)
+    ids = torch.cat([prompts.to(dev), mask], 1)
+    sched = rows_schedule(gen)
+    first_rows = torch.arange(m, m + sched[0][1], device=dev)
+    t0 = now(dev)
+    for b in range(bsz):  # the prefills, one sequence at a time
+        bare_full_forward(model, ids[b : b + 1], first_rows)
+    prefill_s = now(dev) - t0
+    kept = min(keys, m)
+    bare = BareSteps(model, m, kept, gen.gen_length, bsz, seed)
+    steps: list[float] = []
+    for blk, n in sched[1:]:
+        lo = blk * gen.block_length
+        rows = torch.arange(lo, lo + n, device=dev)
+        t0 = now(dev)
+        bare.step(mask, rows, per_sequence=True)
+        steps.append(now(dev) - t0)
+    del bare
+    return LimitTiming(prefill_s, steps, prefill_s + sum(steps), kept, kept + gen.gen_length)
 
 
 @torch.no_grad()

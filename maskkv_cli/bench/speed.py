@@ -10,6 +10,13 @@ read the peak, then time the limit (``maskkv_cli.bench.limit``).
 ``none`` recomputes the whole sequence at each step, which is too slow to run to the end at long prompts: it
 runs ``none_steps`` steps (step 0 included), and the end-to-end time is ``step 0 + (steps - 1) x median step``,
 labelled ``extrapolated``.
+
+A case of batch size B > 1 generates B sequences of the prompt length (distinct random prompts, row ``j`` of one
+seeded draw, row 0 the batch-size-1 prompt) together with ``sampling.batched.sample_many`` (each prefills alone,
+their later steps share one forward). Its times are the batch's: ``prefill_s`` until the last sequence has
+prefilled, ``step_s`` the median of the last sequence's steps (each one shared forward and every sequence's
+commits), ``total_s`` all B sequences end to end; ``tokens_per_s = B x gen_length / total_s``. Its limit is
+``limit.measure_batch_limit``. Batch size 1 is the single-sequence path above, unchanged.
 """
 
 from __future__ import annotations
@@ -32,13 +39,16 @@ from maskkv_cli.bench.cases import (
     weights_bytes,
 )
 from maskkv_cli.bench.ceiling import ceiling_fields
-from maskkv_cli.bench.limit import measure_limit, rows_schedule
+from maskkv_cli.bench.limit import measure_batch_limit, measure_limit, rows_schedule
 from maskkv_cli.bench.results import ResultsFolder, settings_key
 from maskkv_cli.bench.speed_report import summary_markdown, write_plot
+from maskkv_cli.engine.batch_memory import batch_memory
 from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.engine.step_runner import StepOptions
 from maskkv_cli.errors import UsageError
+from maskkv_cli.models.config import named_config
 from maskkv_cli.models.protocol import DiffusionLM
+from maskkv_cli.sampling.batched import BatchJob, sample_many
 from maskkv_cli.sampling.llada2 import LLaDA2Options
 from maskkv_cli.stats import now, read_current, read_peak, reset_peak, rss_bytes
 
@@ -68,9 +78,14 @@ class SpeedCase:
     limit: bool = True
     warmup: bool = True
     step_mode: str = "eager"  # later steps: eager, compile, cuda-graph or compile+cuda-graph (step_runner.py)
+    batch_size: int = 1  # sequences generated together (sample_many); 1: the single-sequence path
 
     def key(self) -> str:
-        return settings_key(asdict(self))
+        """The hash of the settings; batch size 1 is left out, so that a case keeps the key it had before batches."""
+        settings = asdict(self)
+        if self.batch_size == 1:
+            del settings["batch_size"]
+        return settings_key(settings)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -101,6 +116,10 @@ def _gen_config(case: SpeedCase, gen_length: int | None = None, steps: int | Non
                             block_length=min(case.block_length, gen_length or case.gen_length), seed=case.seed)
 
 
+BLOCK_CAUSAL_BATCH = ("--batch-sizes above 1 need a model whose sequences share steps: block-causal (LLaDA2) "
+                      "models run one sequence at a time; use --batch-sizes 1")
+
+
 # LLaDA2 runs the same steps whatever random weights give: no token is ever above the threshold (each step
 # commits its quota) and decoding goes on after an end-of-text token; the limit line counts those steps.
 FIXED_STEPS = LLaDA2Options(threshold=1.0, stop_at_eos=False)
@@ -111,19 +130,34 @@ def _plan(model: DiffusionLM, policy: Any, budget: int | None, prompt: torch.Ten
                            block_length=min(case.block_length, case.gen_length))
 
 
+def _jobs(model: DiffusionLM, policy: Any, budget: int | None, prompts: torch.Tensor, gen: Any,
+          case: SpeedCase) -> list[BatchJob]:
+    """One job per row of ``prompts`` (B, M), each with its own cache plan."""
+    return [BatchJob(prompts[j : j + 1], gen, _plan(model, policy, budget, prompts[j : j + 1], case))
+            for j in range(prompts.shape[0])]
+
+
 def _warmup(model: DiffusionLM, case: SpeedCase, policy: Any, budget: int | None) -> float:
-    """A short generation (and limit) at a small length: kernels, allocator and caches warmed up."""
-    from maskkv_cli.sampling import sample
+    """A short generation (and limit) at a small length, with the case's batch size: kernels, allocator and
+    caches warmed up."""
+    from maskkv_cli.sampling import SamplerOptions, sample
 
     dev = model.device
     t0 = now(dev)
     m = min(case.prompt_len, WARMUP_PROMPT)
     g = _gen_config(case, gen_length=case.block_length, steps=min(4, case.steps))  # one block, a few steps
-    prompt = random_prompt(model.config, m, case.seed + 1, dev)
+    prompt = random_prompt(model.config, m, case.seed + 1, dev, batch=case.batch_size)
     b = None if budget is None else max(1, min(budget, m // 2))
-    sample(model, prompt, g, _plan(model, policy, b, prompt, case), llada2=FIXED_STEPS)
-    if case.limit:
-        measure_limit(model, prompt, g, None if not policy.uses_cache else (b if b is not None else m), case.seed)
+    keys = None if not policy.uses_cache else (b if b is not None else m)
+    if case.batch_size == 1:
+        sample(model, prompt, g, _plan(model, policy, b, prompt, case), llada2=FIXED_STEPS)
+        if case.limit:
+            measure_limit(model, prompt, g, keys, case.seed)
+    else:
+        sample_many(model, _jobs(model, policy, b, prompt, g, case), case.batch_size,
+                    SamplerOptions(llada2=FIXED_STEPS))
+        if case.limit:
+            measure_batch_limit(model, prompt, g, keys, case.seed)
     return now(dev) - t0
 
 
@@ -148,6 +182,72 @@ def _run_none(model: DiffusionLM, prompt: torch.Tensor, gen: Any, policy: Any, t
     return marks[0], diffs
 
 
+@dataclass
+class BatchRun:
+    """The times and caches of one batch (see the module doc)."""
+
+    prefill_s: float
+    step_s: float
+    total_s: float
+    steps_run: int
+    steps_timed: int
+    extrapolated: bool
+    kv_bytes: int = 0
+    kv_entries: int = 0
+    kv_full_bytes: int = 0
+
+
+def _run_batch(model: DiffusionLM, prompts: torch.Tensor, gen: Any, policy: Any, budget: int | None,
+               case: SpeedCase, steps: int, timed: int | None) -> BatchRun:
+    """The B sequences ``prompts`` (B, M) through ``sample_many``, all at once; ``steps``: the steps each runs.
+
+    Clocks read at each step of the last sequence to join (synchronised): the first mark is when every sequence
+    has prefilled, the later marks one shared step apart. ``timed``: stop after that many marks and extrapolate
+    the rest (``none``); None runs to the end."""
+    from maskkv_cli.sampling import SamplerOptions
+
+    dev = model.device
+    marks: list[float] = []
+
+    def on_last(event: Any) -> None:
+        if event.kind in ("prefill", "step"):
+            marks.append(now(dev))
+            if timed is not None and len(marks) >= timed:
+                raise _Stop
+
+    jobs = _jobs(model, policy, budget, prompts, gen, case)
+    last = jobs[-1]
+    jobs[-1] = BatchJob(last.prompt, last.gen, last.plan, on_last)
+    results: list[Any] = []
+    t0 = now(dev)
+    try:
+        results = sample_many(model, jobs, len(jobs), SamplerOptions(llada2=FIXED_STEPS))
+    except _Stop:
+        pass
+    end = now(dev)
+    prefill_s = marks[0] - t0
+    later = [b - a for a, b in zip(marks, marks[1:], strict=False)]
+    step_s = statistics.median(later) if later else prefill_s
+    if not results:
+        return BatchRun(prefill_s, step_s, prefill_s + (steps - 1) * step_s, steps, len(marks), True)
+    return BatchRun(prefill_s, step_s, end - t0, len(marks), len(marks), False,
+                    sum(r.stats.kv_bytes for r in results), sum(r.stats.kv_entries for r in results),
+                    sum(r.stats.kv_full_bytes for r in results))
+
+
+def memory_model_fields(cfg: Any, prompt_len: int, gen_length: int, kept: int | None,
+                        element_bytes: int, batch: int) -> dict[str, int | None]:
+    """The memory model's figures (``engine/batch_memory.py``) for a row: per sequence, once, and the whole
+    batch; None without a cache (``kept`` None)."""
+    if kept is None:
+        return dict.fromkeys(("model_cache_per_sequence_bytes", "model_step_per_sequence_bytes",
+                              "model_prefill_peak_bytes", "model_batch_bytes"))
+    memory = batch_memory(cfg, prompt_len, gen_length, kept, element_bytes)
+    return {"model_cache_per_sequence_bytes": memory.cache_per_sequence,
+            "model_step_per_sequence_bytes": memory.step_per_sequence,
+            "model_prefill_peak_bytes": memory.prefill_peak, "model_batch_bytes": memory.total(batch)}
+
+
 def run_case(case: SpeedCase) -> dict[str, Any]:
     """Measure one case in this process and return its row (see the module docstring)."""
     from maskkv_cli.policies import get_policy
@@ -159,10 +259,14 @@ def run_case(case: SpeedCase) -> dict[str, Any]:
         raise UsageError("prompt lengths must be positive")
     if case.none_steps < 1:
         raise UsageError("--none-steps must be at least 1")
+    if case.batch_size < 1:
+        raise UsageError("--batch-sizes must be positive whole numbers")
     started = time.time()
     rss_start = rss_bytes()
     model = load_bench_model(case.config, case.model, dev, case.dtype, case.seed)
     cfg = model.config
+    if case.batch_size > 1 and cfg.block_causal:
+        raise UsageError(BLOCK_CAUSAL_BATCH)
     now(dev)
     loaded_mem = read_current(dev)
     policy = get_policy(case.policy)
@@ -172,15 +276,23 @@ def run_case(case: SpeedCase) -> dict[str, Any]:
     gen = _gen_config(case)
     sched = rows_schedule(gen, case.prompt_len if model.config.block_causal else None)
     warm_s = _warmup(model, case, policy, budget) if case.warmup else 0.0
-    prompt = random_prompt(cfg, case.prompt_len, case.seed, dev)
+    batch = case.batch_size
+    prompt = random_prompt(cfg, case.prompt_len, case.seed, dev, batch=batch)
     peak_reset = reset_peak(dev)
     base_mem = read_current(dev)
     kv_bytes = kv_entries = 0
     elt = torch.finfo(model.dtype).bits // 8
-    kv_full = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * case.prompt_len * elt  # type: ignore[operator]
+    kv_full = batch * 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * case.prompt_len * elt  # type: ignore[operator]
     extrapolated = False
     setup_s = 0.0
-    if not policy.uses_cache and case.none_steps < len(sched):
+    if batch > 1:
+        timed = case.none_steps if not policy.uses_cache and case.none_steps < len(sched) else None
+        run = _run_batch(model, prompt, gen, policy, budget, case, len(sched), timed)
+        prefill_s, step_s, total_s = run.prefill_s, run.step_s, run.total_s
+        steps_run, steps_timed, extrapolated = run.steps_run, run.steps_timed, run.extrapolated
+        if policy.uses_cache:
+            kv_bytes, kv_entries, kv_full = run.kv_bytes, run.kv_entries, run.kv_full_bytes
+    elif not policy.uses_cache and case.none_steps < len(sched):
         prefill_s, later = _run_none(model, prompt, gen, policy, case.none_steps)
         step_s = statistics.median(later) if later else prefill_s
         total_s = prefill_s + (len(sched) - 1) * step_s
@@ -194,6 +306,7 @@ def run_case(case: SpeedCase) -> dict[str, Any]:
         kv_bytes, kv_entries, kv_full = st.kv_bytes, st.kv_entries, st.kv_full_bytes
         del result
     peak = read_peak(dev)
+    keys = None if not policy.uses_cache else (budget if budget is not None else case.prompt_len)
     row: dict[str, Any] = {
         "key": case.key(),
         "method": case.method,
@@ -210,13 +323,16 @@ def run_case(case: SpeedCase) -> dict[str, Any]:
         "prefill_s": prefill_s,
         "step_s": step_s,
         "total_s": total_s,
-        "tokens_per_s": case.gen_length / total_s if total_s > 0 else 0.0,
+        "tokens_per_s": batch * case.gen_length / total_s if total_s > 0 else 0.0,
+        "seconds_per_sequence": total_s / batch,
         "steps_run": steps_run,
         "steps_timed": steps_timed,
         "extrapolated": extrapolated,
         "kv_bytes": kv_bytes,
         "kv_entries": kv_entries,
         "kv_full_bytes": kv_full,
+        "kv_bytes_per_sequence": kv_bytes // batch,
+        **memory_model_fields(cfg, case.prompt_len, case.gen_length, keys, elt, batch),
         "activation_bytes": max(0, peak - loaded_mem - kv_bytes),  # peak above weights, less the kept cache
         "warmup_s": warm_s,
         "setup_s": setup_s,  # compilation / graph capture of the step, kept out of total_s
@@ -224,12 +340,13 @@ def run_case(case: SpeedCase) -> dict[str, Any]:
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
     }
     if case.limit:
-        keys = None if not policy.uses_cache else (budget if budget is not None else case.prompt_len)
-        lim = measure_limit(model, prompt, gen, keys, case.seed)
+        lim = (measure_limit(model, prompt, gen, keys, case.seed) if batch == 1
+               else measure_batch_limit(model, prompt, gen, keys, case.seed))
         row.update(limit_s=lim.total_s, limit_prefill_s=lim.prefill_s, limit_step_s=lim.median_step_s,
                    limit_keys=lim.attention_keys, limit_extrapolated=lim.extrapolated,
                    measured_over_limit=total_s / lim.total_s if lim.total_s > 0 else None)
-        row.update(ceiling_fields(model, dev, case.prompt_len, case.gen_length, prefill_s))
+        # one sequence's prefill FLOPs over its share of the batch's prefill time
+        row.update(ceiling_fields(model, dev, case.prompt_len, case.gen_length, prefill_s / batch))
     else:
         row.update(limit_s=None, limit_prefill_s=None, limit_step_s=None, limit_keys=None, limit_extrapolated=None,
                    measured_over_limit=None)
@@ -240,8 +357,9 @@ def run_case(case: SpeedCase) -> dict[str, Any]:
 def run_case_subprocess(case: SpeedCase, timeout: float | None = None,
                         module: str = "maskkv_cli.bench.speed") -> dict[str, Any]:
     """Run ``case`` in a fresh Python process and return the JSON row it prints."""
+    batch = f" batch {case.batch_size}" if case.batch_size > 1 else ""
     return run_in_fresh_process(module, case.to_json(), case.threads,
-                                f"case {case.method} at prompt {case.prompt_len}", timeout)
+                                f"case {case.method} at prompt {case.prompt_len}{batch}", timeout)
 
 
 # ----- the sweep ----------------------------------------------------------------------------------------------
@@ -265,15 +383,20 @@ class SpeedSettings:
     limit: bool = True
     warmup: bool = True
     step_modes: tuple[str, ...] = ("eager",)  # each cache policy runs once per mode; ``none`` always eager
+    batch_sizes: tuple[int, ...] = (1,)  # each method runs once per batch size
 
     def as_dict(self) -> dict[str, Any]:
+        """The settings as JSON; batch sizes (1,) are left out, so a run finds its folder from before batches."""
         d = asdict(self)
-        for k in ("prompt_lengths", "policies", "budgets", "step_modes"):
+        for k in ("prompt_lengths", "policies", "budgets", "step_modes", "batch_sizes"):
             d[k] = list(d[k])
+        if self.batch_sizes == (1,):
+            del d["batch_sizes"]
         return d
 
     def cases(self) -> list[SpeedCase]:
-        """For each prompt length (ascending): none, full, then each evicting policy at each budget."""
+        """For each prompt length (ascending): none, full, then each evicting policy at each budget, each at every
+        batch size (ascending)."""
         from maskkv_cli.policies.base import get_policy
 
         common = dict(gen_length=self.gen_length, steps=self.steps, block_length=self.block_length,
@@ -286,8 +409,8 @@ class SpeedSettings:
                 policy = get_policy(name)
                 modes = self.step_modes if policy.uses_cache else ("eager",)
                 budgets: Sequence[int | None] = self.budgets if policy.evicts else (None,)
-                out.extend(SpeedCase(name, b, m, step_mode=mode, **common)  # type: ignore[arg-type]
-                           for mode in modes for b in budgets)
+                out.extend(SpeedCase(name, b, m, step_mode=mode, batch_size=n, **common)  # type: ignore[arg-type]
+                           for mode in modes for b in budgets for n in sorted(set(self.batch_sizes)))
         return out
 
     def check(self) -> None:
@@ -310,22 +433,34 @@ class SpeedSettings:
             options = StepOptions.from_label(mode)
             if options.cuda_graph and not self.device.startswith("cuda"):
                 raise UsageError(f"step mode {mode} needs --device cuda")
+        if not self.batch_sizes or min(self.batch_sizes) < 1:
+            raise UsageError("--batch-sizes must be positive whole numbers (e.g. 1,8)")
+        if max(self.batch_sizes) > 1:
+            if any(not StepOptions.from_label(mode).eager for mode in self.step_modes):
+                raise UsageError("--batch-sizes above 1 run eager steps only (compiled or captured steps run one "
+                                 "sequence at a time); use --step-modes eager")
+            if not self.model and named_config(self.config or "llada-small").block_causal:
+                raise UsageError(BLOCK_CAUSAL_BATCH)
         _gen_config(self.cases()[0])  # validates gen length, steps and block length
 
 
 def add_ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Speedups over ``none`` and ``full`` at the same prompt length (same run), and measured / limit."""
-    by_len: dict[int, dict[str, dict[str, Any]]] = {}
+    """Speedups over ``none`` and ``full`` at the same prompt length and batch size, tokens/s over batch size 1's
+    of the same method and prompt length (all in the same run), and measured / limit."""
+    by_len: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
     for row in rows:
-        by_len.setdefault(row["prompt_len"], {})[row["method"]] = row
+        by_len.setdefault((row["prompt_len"], row.get("batch_size", 1)), {})[row["method"]] = row
     out = []
     for row in rows:
         row = dict(row)
-        peers = by_len[row["prompt_len"]]
+        peers = by_len[(row["prompt_len"], row.get("batch_size", 1))]
         for ref in ("none", "full"):
             other = peers.get(ref)
             row[f"speedup_vs_{ref}"] = (other["total_s"] / row["total_s"]
                                         if other and row["total_s"] > 0 else None)
+        single = by_len.get((row["prompt_len"], 1), {}).get(row["method"])
+        row["speedup_vs_batch1"] = (row["tokens_per_s"] / single["tokens_per_s"]
+                                    if single and single["tokens_per_s"] > 0 else None)
         lim = row.get("limit_s")
         row["measured_over_limit"] = row["total_s"] / lim if lim else None
         out.append(row)

@@ -14,7 +14,8 @@ from maskkv_cli.fileio import atomic_write_bytes
 if TYPE_CHECKING:
     from maskkv_cli.bench.speed import SpeedSettings
 
-__all__ = ["fmt_bytes", "fmt_gflops", "fmt_ratio", "summary_markdown", "table_rows", "write_plot"]
+__all__ = ["BATCH_COLUMNS", "batched", "fmt_bytes", "fmt_gflops", "fmt_ratio", "summary_markdown", "table_rows",
+           "write_plot"]
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -38,10 +39,24 @@ def fmt_gflops(row: dict[str, Any]) -> str:
     return f"{row['prefill_gflops']:.1f} of {row['matmul_gflops']:.1f}"
 
 
+BATCH_COLUMNS = ("batch", "s/seq", "vs batch 1", "cache/seq (model)", "prefill peak (model)")
+
+
+def batched(rows: Sequence[dict[str, Any]]) -> bool:
+    """Whether any row ran more than one sequence at once (the batch columns are shown only then)."""
+    return any(r.get("batch_size", 1) > 1 for r in rows)
+
+
 def table_rows(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    """Header and text cells shared by the Markdown summary and the CLI table."""
+    """Header and text cells shared by the Markdown summary and the CLI table; the batch columns
+    (``BATCH_COLUMNS``) only when some row has a batch size above 1."""
     head = ["prompt", "method", "prefill s", "step ms", "total s", "tok/s", "vs none", "vs full",
             "peak mem", "above weights", "KV kept", "limit s", "meas/limit", "prefill GFLOP/s", "note"]
+    extra = batched(rows)
+    if extra:
+        head[2:2] = ["batch"]
+        head[7:7] = ["s/seq", "vs batch 1"]
+        head[14:14] = ["cache/seq (model)", "prefill peak (model)"]
     body = []
     for r in rows:
         notes = []
@@ -53,14 +68,21 @@ def table_rows(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str
             notes.append(f"{r['step_mode']} setup {r['setup_s']:.1f} s (not in total)")
         if r.get("reused"):
             notes.append("reused")
-        body.append([
+        cells = [
             str(r["prompt_len"]), r["method"], f"{r['prefill_s']:.3f}", f"{r['step_s'] * 1000:.1f}",
             f"{r['total_s']:.2f}", f"{r['tokens_per_s']:.2f}", fmt_ratio(r.get("speedup_vs_none")),
             fmt_ratio(r.get("speedup_vs_full"), 2), fmt_bytes(r["peak_mem_bytes"]),
             fmt_bytes(r.get("peak_above_weights_bytes")), fmt_bytes(r["kv_bytes"]) if r["kv_bytes"] else "-",
             "-" if r.get("limit_s") is None else f"{r['limit_s']:.2f}",
             fmt_ratio(r.get("measured_over_limit"), 2), fmt_gflops(r), ", ".join(notes),
-        ])
+        ]
+        if extra:
+            batch = r.get("batch_size", 1)
+            cells[2:2] = [str(batch)]
+            cells[7:7] = [f"{r['total_s'] / batch:.2f}", fmt_ratio(r.get("speedup_vs_batch1"), 2)]
+            cells[14:14] = [fmt_bytes(r.get("model_cache_per_sequence_bytes")),
+                            fmt_bytes(r.get("model_prefill_peak_bytes"))]
+        body.append(cells)
     return head, body
 
 
@@ -84,6 +106,19 @@ def summary_markdown(settings: SpeedSettings, rows: Sequence[dict[str, Any]], fo
         "- memory: " + ("CUDA max_memory_allocated after a reset" if s.device.startswith("cuda")
                         else "peak resident set (VmHWM) of the case's process, reset after loading and warm-up")
         + "; 'above weights' = peak - memory right after loading",
+    ]
+    if batched(rows):
+        lines += [
+            "- batch B: B sequences (distinct random prompts) generated together by `sample_many`, each prefilling "
+            "alone, their later steps sharing one forward; prefill s, step ms, total s, KV kept and the limit are the "
+            "batch's, tok/s = B x gen length / total s, s/seq = total s / B, vs batch 1 = tok/s over batch 1's of "
+            "the same method and prompt length; prefill GFLOP/s = B forwards' FLOPs / prefill s; cache/seq and "
+            "prefill peak: the memory model (`engine/batch_memory.py`)",
+            "- the batch's limit: B bare prefills one after the other, then per later step one bare forward of "
+            "the B responses (weights over every sequence's rows at once, attention sequence by sequence over its "
+            "own budget + response keys)",
+        ]
+    lines += [
         "",
         "| " + " | ".join(head) + " |",
         "|" + "|".join("---" for _ in head) + "|",
@@ -108,7 +143,8 @@ def write_plot(rows: Sequence[dict[str, Any]], path: Path) -> str | None:
 
     methods: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        methods.setdefault(r["method"], []).append(r)
+        batch = r.get("batch_size", 1)
+        methods.setdefault(r["method"] if batch == 1 else f"{r['method']} batch {batch}", []).append(r)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for name, rs in methods.items():
         rs = sorted(rs, key=lambda r: r["prompt_len"])

@@ -46,7 +46,8 @@ def _progress(quiet: bool, as_json: bool) -> Any:
     def on_case(i: int, n: int, case: Any, row: dict[str, Any] | None) -> None:
         if quiet or as_json:
             return
-        what = f"[{i + 1}/{n}] prompt {case.prompt_len} {case.method}"
+        batch = getattr(case, "batch_size", 1)
+        what = f"[{i + 1}/{n}] prompt {case.prompt_len} {case.method}" + (f" batch {batch}" if batch > 1 else "")
         if row is None:
             sys.stderr.write(f"{what}: running...\n")
         elif row.get("reused"):
@@ -77,8 +78,9 @@ def _print_table(title: str, head: list[str], body: list[list[str]], keep: tuple
     console.print(table)
 
 
-SPEED_COLUMNS = ("prompt", "method", "prefill s", "step ms", "total s", "tok/s", "vs none", "vs full", "peak mem",
-                 "KV kept", "meas/limit", "prefill GFLOP/s", "note")
+SPEED_COLUMNS = ("prompt", "method", "batch", "prefill s", "step ms", "total s", "tok/s", "s/seq", "vs batch 1",
+                 "vs none", "vs full", "peak mem", "KV kept", "cache/seq (model)", "prefill peak (model)",
+                 "meas/limit", "prefill GFLOP/s", "note")
 
 
 @guarded
@@ -108,6 +110,11 @@ def speed(
     = "eager",
     compile_: Annotated[bool, typer.Option("--compile", help="Shorthand for --step-modes eager,compile (both, in "
                                            "one run).")] = False,
+    batch_sizes: Annotated[str, typer.Option(
+        "--batch-sizes", help="Comma-separated batch sizes, each a case per method: B sequences of the prompt "
+        "length (distinct random prompts) generated together, their later steps sharing one forward; reported per "
+        "batch (tok/s = B x gen length / total) with the ratio to batch 1. Above 1: eager steps only, and not for "
+        "block-causal LLaDA2 shapes (they run one sequence at a time).")] = "1",
     in_process: Annotated[bool, typer.Option(
         "--in-process", help="Run every case in this process (quick checks; peak memory is then not per case).")]
     = False,
@@ -120,6 +127,8 @@ def speed(
 
     Per case: prefill, median step, end to end, tokens/s, speedups over `none` and `full`, peak memory, KV bytes,
     the limit (one bare full forward + bare response steps over budget + response keys) and measured / limit.
+    With --batch-sizes: the same per batch of B sequences, the time per sequence, tokens/s against batch size 1,
+    and the memory model's cache per sequence and prefill peak.
 
     Examples:
 
@@ -130,6 +139,8 @@ def speed(
         maskkv bench speed --device cuda --prompt-lengths 1k,32k --gen-length 256 --steps 256 --json
 
         maskkv bench speed --device cuda --step-modes eager,compile+cuda-graph --policies full,maskkv
+
+        maskkv bench speed --prompt-lengths 1k -n 32 --steps 32 --policies maskkv --budgets 256 --batch-sizes 1,8
     """
     from maskkv_cli.bench.speed import SpeedSettings, run_sweep
     from maskkv_cli.bench.speed_report import table_rows
@@ -142,7 +153,8 @@ def speed(
         steps=steps, block_length=block_length, config=None if model else (config or ("llada-8b" if gpu
                                                                                       else "llada-small")),
         model=model, device=dev, dtype=dtype, none_steps=none_steps, seed=seed, threads=threads, limit=limit,
-        step_modes=("eager", "compile") if compile_ else tuple(m.strip() for m in step_modes.split(",") if m.strip()))
+        step_modes=("eager", "compile") if compile_ else tuple(m.strip() for m in step_modes.split(",") if m.strip()),
+        batch_sizes=parse_counts(batch_sizes, "--batch-sizes", unique=True))
     folder, rows = run_sweep(settings, out, fresh, isolate=not in_process, on_case=_progress(quiet, as_json))
     if as_json:
         typer.echo(json.dumps({"results": rows}))
