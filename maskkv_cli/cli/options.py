@@ -217,6 +217,9 @@ BatchQuestionsOpt = Annotated[Path | None, questions_option("With --docs: a file
 # eval
 HarnessTasksOpt = Annotated[str, tasks_option(
     "Comma-separated harness task or group names, e.g. longbench_hotpotqa,gsm8k, or names from --include-path.")]
+EvalBatchOpt = Annotated[str, batch_size_option(
+    "Generation requests of one answer length denoised together in one forward: a number, or auto (the most that "
+    "fit free memory by the memory model). Each answer is the one it gets alone.")]
 
 # calibrate
 CalibrationSamplesOpt = Annotated[int, samples_option("Calibration inputs (document windows) at most.")]

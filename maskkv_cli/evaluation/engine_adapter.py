@@ -4,11 +4,13 @@ Everything the evaluation package needs from maskkv (load a model, answer a prom
 tokens with the bidirectional forward) goes through the functions here. The harness builds each prompt itself
 (its task templates, its chat-template switch), so ``answer`` starts from prompt ids: it calls
 ``Session.answer_ids``, the sampling half of ``maskkv_cli.pipeline.ask`` (which fits a document and builds
-maskkv's own prompt first), as ``bench quality`` does for prompts it has already built.
+maskkv's own prompt first), as ``bench quality`` does for prompts it has already built. ``answer_many`` answers
+prompts of one answer length and temperature in batches through ``Session.answer_many``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +22,7 @@ from maskkv_cli.prompting.fit import middle_cut
 
 if TYPE_CHECKING:
     from maskkv_cli.run_settings import RunSettings
+    from maskkv_cli.session import Answer
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class Engine:
         self.bos_id: int | None = cfg.bos_token_id
         self.mask_id: int = cfg.mask_token_id
         self.family: str = cfg.family
+        self.block_causal: bool = cfg.block_causal  # LLaDA2: requests run one at a time, in order (see answer)
         self.device: torch.device = self.session.device
         self.last_ids: list[int] = []  # the previous request's prompt (its shared start is a document, see answer)
 
@@ -91,36 +95,40 @@ class Engine:
             return self.session.model(ids.to(self.device))
 
 
+def batch_size_arg(value: Any) -> int | None:
+    """The ``batch_size`` model arg: a positive number, or None for ``auto`` (also the harness's ``auto:N``, whose
+    repeated tuning one memory-model estimate per group of requests stands in for)."""
+    from maskkv_cli.engine.batch_memory import parse_batch_size
+    from maskkv_cli.errors import UsageError
+
+    if value is None or str(value).strip().lower().startswith("auto"):
+        return None
+    try:
+        return parse_batch_size(str(value))
+    except UsageError:
+        raise UsageError(f"batch_size must be a positive number or auto, got {value!r}") from None
+
+
 def policy_names() -> list[str]:
     from maskkv_cli.policies.base import policy_names as names
 
     return names()
 
 
-def answer(engine: Engine, ids: list[int], gen_length: int, settings: Settings,
-           temperature: float = 0.0) -> Reply:
-    """Generate up to ``gen_length`` tokens after the prompt ``ids`` under the settings' cache policy.
-
-    The answer length is ``gen_length``; blocks are ``settings.block_length`` tokens when that divides it, else
-    one block (as ``bench quality`` does for LongBench's answer lengths); steps default to one token per step.
-    """
+def fit_prompt(engine: Engine, ids: list[int], gen_length: int) -> tuple[list[int], bool]:
+    """The prompt ``ids`` fitted to the window with room for ``gen_length`` answer tokens (LongBench's middle cut
+    when it is too long), and whether it was cut."""
     room = engine.window - gen_length
     if room <= 0:
         from maskkv_cli.errors import UsageError
 
         raise UsageError(f"max_gen_toks {gen_length} leaves no room for a prompt in the model's "
                          f"{engine.window}-token window")
-    cut = len(ids) > room
-    ids = middle_cut(ids, room)  # LongBench's middle cut when the prompt is too long
-    run = settings.run(temperature)
-    gen, cache = run.answer_generation(gen_length), run.cache()
-    # A block-causal model computes the start this prompt shares with the previous one once (the harness asks
-    # the tasks' questions of a document one after another): the split depends on the order of the requests, so
-    # an answer may differ from the same request alone by rounding, not by what is computed.
-    shared = next((i for i, (a, b) in enumerate(zip(ids, engine.last_ids, strict=False)) if a != b),
-                  min(len(ids), len(engine.last_ids)))
-    engine.last_ids = list(ids)
-    result = engine.session.answer_ids(ids, gen, cache, document_len=shared)
+    return middle_cut(ids, room), len(ids) > room
+
+
+def reply_of(result: Answer, prompt_tokens: int, truncated: bool) -> Reply:
+    """A session's answer as the harness model's reply: its text and its run's statistics."""
     run = result.result.stats
     stats = {
         "budget": result.budget,
@@ -134,4 +142,59 @@ def answer(engine: Engine, ids: list[int], gen_length: int, settings: Settings,
         "total_s": round(run.total_s, 6),
         "gen_tokens": run.gen_length,
     }
-    return Reply(result.text, len(ids), cut, stats)
+    return Reply(result.text, prompt_tokens, truncated, stats)
+
+
+def answer(engine: Engine, ids: list[int], gen_length: int, settings: Settings,
+           temperature: float = 0.0) -> Reply:
+    """Generate up to ``gen_length`` tokens after the prompt ``ids`` under the settings' cache policy.
+
+    The answer length is ``gen_length``; blocks are ``settings.block_length`` tokens when that divides it, else
+    one block (as ``bench quality`` does for LongBench's answer lengths); steps default to one token per step.
+    """
+    ids, cut = fit_prompt(engine, ids, gen_length)
+    run = settings.run(temperature)
+    gen, cache = run.answer_generation(gen_length), run.cache()
+    # A block-causal model computes the start this prompt shares with the previous one once (the harness asks
+    # the tasks' questions of a document one after another): the split depends on the order of the requests, so
+    # an answer may differ from the same request alone by rounding, not by what is computed.
+    shared = next((i for i, (a, b) in enumerate(zip(ids, engine.last_ids, strict=False)) if a != b),
+                  min(len(ids), len(engine.last_ids)))
+    engine.last_ids = list(ids)
+    return reply_of(engine.session.answer_ids(ids, gen, cache, document_len=shared), len(ids), cut)
+
+
+def batch_size(engine: Engine, prompts: Sequence[list[int]], gen_length: int, settings: Settings,
+               temperature: float = 0.0, requested: int | None = None,
+               max_batch_size: int | None = None) -> tuple[int, str | None]:
+    """How many of these prompts (one answer length and temperature) ``answer_many`` denoises together:
+    ``requested``, or for None the most that fit free memory by the memory model (``Session.batch_size``), at most
+    ``max_batch_size``; with the line saying how an automatic size was chosen."""
+    run = settings.run(temperature)
+    lengths = [len(fit_prompt(engine, list(ids), gen_length)[0]) for ids in prompts]
+    size, note = engine.session.batch_size(requested, lengths, run.answer_generation(gen_length), run.cache())
+    if requested is None and max_batch_size is not None and size > max_batch_size:
+        size, note = max_batch_size, f"{note}; capped at max_batch_size {max_batch_size}"
+    return size, note
+
+
+def answer_many(engine: Engine, prompts: Sequence[list[int]], gen_length: int, settings: Settings,
+                temperature: float = 0.0, batch_size: int = 1,
+                on_answer: Callable[[int, Reply], None] | None = None) -> list[Reply]:
+    """``answer`` for every prompt (one answer length and temperature), up to ``batch_size`` of them denoised
+    together (``Session.answer_many``); each reply is the one ``answer`` gives its prompt alone on a
+    bidirectional model (no document prefix is shared: a block-causal model's requests go through ``answer``).
+    Replies in the prompts' order; ``on_answer(i, reply)`` as each finishes."""
+    fitted = [fit_prompt(engine, list(ids), gen_length) for ids in prompts]
+    run = settings.run(temperature)
+    gen, cache = run.answer_generation(gen_length), run.cache()
+    replies: dict[int, Reply] = {}
+
+    def finished(i: int, result: Answer) -> None:
+        ids, cut = fitted[i]
+        replies[i] = reply_of(result, len(ids), cut)
+        if on_answer is not None:
+            on_answer(i, replies[i])
+
+    engine.session.answer_many([ids for ids, _ in fitted], gen, cache, batch_size, on_answer=finished)
+    return [replies[i] for i in range(len(fitted))]

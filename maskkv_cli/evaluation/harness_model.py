@@ -4,12 +4,17 @@ Model args (``--model_args key=value,...``): ``model`` (checkpoint folder; defau
 ``policy``, ``budget`` or ``ratio``, ``layer_budgets``, ``steps`` (per answer; default one token per step),
 ``block_length``, ``remasking``, ``threshold``, ``cfg``, ``seed``, ``device``, ``dtype``, ``max_gen_toks``
 (for requests that name none), ``mc_samples`` and ``mc_batch`` (log-likelihood estimate), ``stats_dir`` (where
-the per-request statistics go).
+the per-request statistics go), ``batch_size`` (``generate_until`` requests denoised together: a number, or
+``auto``, the default: the most that fit free memory by the memory model, at most ``max_batch_size``; the
+harness's own ``--batch_size`` arrives here too).
 
 Requests: ``generate_until`` runs the sampler under the cache policy with the request's ``max_gen_toks`` as the
 answer length and cuts the answer at the first of its ``until`` strings; greedy unless the request asks for
-``do_sample`` with a temperature. ``loglikelihood`` uses the Monte Carlo estimate of ``likelihood.py``;
-``loglikelihood_rolling`` (perplexity tasks) is refused with a one-line error.
+``do_sample`` with a temperature. Requests with the same answer length and temperature run in batches
+(``Session.answer_many``), each answer the one it gets alone; a block-causal model (LLaDA2) answers them one at a
+time in the harness's order, reusing the document a request shares with the one before. ``loglikelihood`` uses
+the Monte Carlo estimate of ``likelihood.py``; ``loglikelihood_rolling`` (perplexity tasks) is refused with a
+one-line error.
 
 Data parallel: under ``accelerate launch`` each process is one rank with its own model on its own device; the
 harness gives each rank its share of the documents (``rank``, ``world_size``) and gathers the results.
@@ -20,6 +25,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -48,6 +55,16 @@ def _optional_float(value: Any) -> float | None:
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
         return None
     return float(value)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One ``generate_until`` request as the engine takes it."""
+
+    ids: list[int]  # the prompt's token ids (before fitting the window)
+    length: int  # answer tokens (``max_gen_toks``)
+    temperature: float  # 0: greedy
+    until: Any  # stop strings: a string or a list of them
 
 
 def cut_at_stops(text: str, until: Any) -> str:
@@ -88,6 +105,11 @@ class MaskKVLM(LM):
         if self.settings.budget is not None and self.settings.ratio is not None:
             raise UsageError("give budget or ratio, not both")
         self.max_gen_toks = int(max_gen_toks)
+        self.batch_size = engine_adapter.batch_size_arg(batch_size)
+        self.max_batch_size = _optional_int(max_batch_size)
+        if self.max_batch_size is not None and self.max_batch_size < 1:
+            raise UsageError(f"max_batch_size must be a positive number, got {max_batch_size!r}")
+        self.batch_sizes: dict[tuple[int, float], int] = {}  # (answer length, temperature) -> its batch size
         self.mc_samples = int(mc_samples)
         self.mc_batch = max(1, int(mc_batch))
         self.stats_dir = stats_dir
@@ -156,27 +178,54 @@ class MaskKVLM(LM):
 
         return tqdm(total=total, desc=f"maskkv {what}", disable=self._rank != 0, file=sys.stderr)
 
+    def _generation(self, request: Any) -> Generation:
+        """A ``generate_until`` request's prompt ids and generation settings."""
+        context, gen_kwargs = request.args
+        kwargs = dict(gen_kwargs or {})
+        sample = bool(kwargs.get("do_sample")) and float(kwargs.get("temperature") or 0.0) > 0
+        return Generation(self._encode(context), int(kwargs.get("max_gen_toks") or self.max_gen_toks),
+                          float(kwargs["temperature"]) if sample else 0.0, kwargs.get("until"))
+
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
-        answers: list[str] = []
-        lines: list[dict[str, Any]] = []
+        asked = [self._generation(request) for request in requests]
+        answers: dict[int, str] = {}
+        lines: dict[int, dict[str, Any]] = {}
         bar = self._progress(len(requests), "generate_until")
-        for request in requests:
-            context, gen_kwargs = request.args
-            kwargs = dict(gen_kwargs or {})
-            length = int(kwargs.get("max_gen_toks") or self.max_gen_toks)
-            sample = bool(kwargs.get("do_sample")) and float(kwargs.get("temperature") or 0.0) > 0
-            temperature = float(kwargs["temperature"]) if sample else 0.0
-            reply = engine_adapter.answer(self.engine, self._encode(context), length, self.settings, temperature)
-            text = cut_at_stops(reply.text, kwargs.get("until"))
-            answers.append(text)
+
+        def answered(i: int, reply: engine_adapter.Reply) -> None:
+            request = requests[i]
+            text = cut_at_stops(reply.text, asked[i].until)
+            answers[i] = text
             self.cache_hook.add_partial("generate_until", request.args, text)
-            lines.append({"task": request.task_name, "doc_id": request.doc_id, "idx": request.idx,
-                          "rank": self._rank, "policy": self.settings.policy, "prompt_tokens": reply.prompt_tokens,
-                          "truncated": reply.truncated, "answer_chars": len(text), **reply.stats})
+            lines[i] = {"task": request.task_name, "doc_id": request.doc_id, "idx": request.idx,
+                        "rank": self._rank, "policy": self.settings.policy, "prompt_tokens": reply.prompt_tokens,
+                        "truncated": reply.truncated, "answer_chars": len(text), **reply.stats}
             bar.update(1)
+
+        if self.engine.block_causal or self.batch_size == 1:
+            for i, one in enumerate(asked):
+                answered(i, engine_adapter.answer(self.engine, one.ids, one.length, self.settings, one.temperature))
+        else:
+            groups: dict[tuple[int, float], list[int]] = {}
+            for i, one in enumerate(asked):
+                groups.setdefault((one.length, one.temperature), []).append(i)
+            for (length, temperature), members in groups.items():
+                self._answer_group(asked, members, length, temperature, answered)
         bar.close()
-        self._report(lines)
-        return answers
+        self._report([lines[i] for i in range(len(requests))])
+        return [answers[i] for i in range(len(requests))]
+
+    def _answer_group(self, asked: list[Generation], members: list[int], length: int, temperature: float,
+                      answered: Callable[[int, engine_adapter.Reply], None]) -> None:
+        """The requests ``members`` of ``asked`` (one answer length and temperature) in batches."""
+        prompts = [asked[i].ids for i in members]
+        size, note = engine_adapter.batch_size(self.engine, prompts, length, self.settings, temperature,
+                                               self.batch_size, self.max_batch_size)
+        self.batch_sizes[(length, temperature)] = size
+        if note and self._rank == 0:
+            log.info("maskkv generate_until, %d requests of max_gen_toks %d: %s", len(members), length, note)
+        engine_adapter.answer_many(self.engine, prompts, length, self.settings, temperature, size,
+                                   on_answer=lambda j, reply: answered(members[j], reply))
 
     def _report(self, lines: list[dict[str, Any]]) -> None:
         """Gather every rank's lines on rank 0; write them and the per-task summary, and log a line per task."""

@@ -15,6 +15,7 @@ from maskkv_cli.cli.options import (
     BudgetOpt,
     DeviceOpt,
     DtypeOpt,
+    EvalBatchOpt,
     HarnessTasksOpt,
     JsonOpt,
     LayerBudgetsOpt,
@@ -54,6 +55,7 @@ def evaluate(
         show_default=False)] = None,
     mc_samples: Annotated[int, typer.Option(
         "--mc-samples", help="Monte Carlo samples per log-likelihood request (multiple-choice tasks).")] = 32,
+    batch_size: EvalBatchOpt = "auto",
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     seed: SeedOpt = 0,
@@ -69,7 +71,7 @@ def evaluate(
 
         maskkv eval --model ~/LLaDA-8B-Instruct --tasks longbench_hotpotqa --chat-template --budget 256 -o runs/lb
 
-        maskkv eval --tasks my_task --include-path ./tasks --no-builtin-tasks --policy full
+        maskkv eval --tasks my_task --include-path ./tasks --no-builtin-tasks --policy full --batch-size 8
 
         accelerate launch --multi_gpu --num_processes 8 -m maskkv_cli eval --tasks longbench_trec -o runs/lb
     """
@@ -91,7 +93,8 @@ def evaluate(
 
     model_args: dict[str, Any] = {"model": model, "policy": policy, "budget": budget, "ratio": ratio,
                                   "layer_budgets": layer_budgets, "steps": steps, "seed": seed,
-                                  "device": device, "dtype": dtype, "mc_samples": mc_samples}
+                                  "device": device, "dtype": dtype, "mc_samples": mc_samples,
+                                  "batch_size": batch_size}
     if block_length is not None:
         model_args["block_length"] = block_length
     run = run_eval(names, model_args, include_path=None if include_path is None else str(include_path),
