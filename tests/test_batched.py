@@ -20,6 +20,7 @@ from maskkv_cli.prompting import chat_prompt_ids, document_question
 from maskkv_cli.sampling import DreamOptions, GenerationConfig, SamplerOptions
 from maskkv_cli.sampling.batched import BatchJob, sample_many
 
+shared_prefills: list[int] = []  # lanes per shared prefill, filled by the ``lanes_per_step`` fixture
 OTHERS = [(0, 1, "Where?"), (1, 2, "What is the special magic number for pear?"), (2, 3, "Who?"), (0, 2, "x"),
           (3, 1, "How many?"), (1, 3, "Why is it so?"), (2, 2, "When")]
 
@@ -34,6 +35,7 @@ def lanes_per_step(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """How many sequences each shared forward ran (so a test knows that batching happened)."""
     seen: list[int] = []
     cached, plain = batched_engine.response_logits_many, batched_engine.plain_logits_many
+    prefills = batched_engine.prefill_many
 
     def count_cached(model, lanes):  # type: ignore[no-untyped-def]
         seen.append(len(lanes))
@@ -43,8 +45,13 @@ def lanes_per_step(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
         seen.append(len(sequences))
         return plain(model, sequences, rows)
 
+    def count_prefill(model, lanes):  # type: ignore[no-untyped-def]
+        shared_prefills.append(len(lanes))
+        return prefills(model, lanes)
+
     import maskkv_cli.sampling.batched as batched_sampling
 
+    monkeypatch.setattr(batched_sampling, "prefill_many", count_prefill)
     monkeypatch.setattr(batched_sampling, "response_logits_many", count_cached)
     monkeypatch.setattr(batched_sampling, "plain_logits_many", count_plain)
     yield seen
@@ -94,6 +101,7 @@ def test_golden_cases_alone_in_a_batch_of_eight_and_repeated(models: dict, famil
             assert result.tokens[0].tolist() == golden[keys[2]]
     assert checked == len(modes) * len(policy_names()) * len(BUDGETS)
     assert max(lanes_per_step) == 8  # steps were shared by eight sequences
+    assert max(shared_prefills) >= 4  # and prefills (those of the no-cache policy are plain shared steps)
 
 
 def test_sequences_leave_and_join(models: dict, lanes_per_step: list[int]) -> None:

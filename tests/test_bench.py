@@ -374,7 +374,7 @@ def test_batch_case_row(policy, budget):
         assert row["kv_bytes"] == 2 * single["kv_bytes"]
 
 
-def test_batch_limit_runs_prefills_alone_and_attention_per_sequence(model, monkeypatch):
+def test_batch_limit_shares_the_prefill_and_attends_per_sequence(model, monkeypatch):
     shapes: list[tuple[int, int, int]] = []
     rows_in: list[int] = []
     real = F.scaled_dot_product_attention
@@ -396,12 +396,12 @@ def test_batch_limit_runs_prefills_alone_and_attention_per_sequence(model, monke
     prompts = random_prompt(model.config, m, 0, torch.device("cpu"), batch=2)
     timing = lim.measure_batch_limit(model, prompts, gen, budget)
     n_layers = model.config.n_layers
-    prefills, steps = shapes[: 2 * n_layers], shapes[2 * n_layers :]
-    assert prefills == [(1, m + 16, m + 16)] * (2 * n_layers)  # each sequence's full forward alone
+    prefills, steps = shapes[:n_layers], shapes[n_layers:]
+    assert prefills == [(2, m + 16, m + 16)] * n_layers  # one full forward of both prompts (of one length)
     assert len(steps) == (gen.steps - 1) * n_layers * 2  # every later step: attention sequence by sequence
     assert all(b == 1 and keys == budget + 16 for b, _, keys in steps)
     assert [q for _, q, _ in steps[: 2 * n_layers]] == [16] * (2 * (n_layers - 1)) + [6, 6]
-    assert rows_in == [m + 16, m + 16] + [2 * 16] * (gen.steps - 1)  # the projections take both sequences' rows
+    assert rows_in == [2 * (m + 16)] + [2 * 16] * (gen.steps - 1)  # the projections take both sequences' rows
     assert len(timing.step_s) == gen.steps - 1 and timing.attention_keys == budget + 16 and timing.keys == budget
     assert timing.total_s == pytest.approx(timing.prefill_s + sum(timing.step_s)) and timing.total_s > 0
 

@@ -19,7 +19,8 @@ blocks so far, and for every finished block but the last one pass of its final t
 values the blocks after it need). Steps follow LLaDA2.0's quota with no token above the threshold.
 
 A batch of B sequences (``measure_batch_limit``) is timed as the batched engine runs it
-(``engine/batched.py``): the B prefills one sequence at a time, then every later step one bare forward of all B
+(``engine/batched.py``): one bare prefill of the B prompts together (of one length here: the engine runs prompts
+of any lengths back to back), then every later step one bare forward of all B
 responses in which the embedding, the projections, the MLP and the LM head take every sequence's rows at once
 and attention runs sequence by sequence over that sequence's own ``keys + L`` entries. Without a cache every step
 (step 0 included) is one bare full forward of the B sequences together, as the engine shares them. Block-causal
@@ -191,8 +192,7 @@ def measure_batch_limit(model: DiffusionLM, prompts: Tensor, gen: GenerationConf
     sched = rows_schedule(gen)
     first_rows = torch.arange(m, m + sched[0][1], device=dev)
     t0 = now(dev)
-    for b in range(bsz):  # the prefills, one sequence at a time
-        bare_full_forward(model, ids[b : b + 1], first_rows)
+    bare_full_forward(model, ids, first_rows)  # the prefills, shared (the batch's prompts have one length here)
     prefill_s = now(dev) - t0
     kept = min(keys, m)
     bare = BareSteps(model, m, kept, gen.gen_length, bsz, seed)

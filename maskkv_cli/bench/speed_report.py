@@ -109,12 +109,12 @@ def summary_markdown(settings: SpeedSettings, rows: Sequence[dict[str, Any]], fo
     ]
     if batched(rows):
         lines += [
-            "- batch B: B sequences (distinct random prompts) generated together by `sample_many`, each prefilling "
-            "alone, their later steps sharing one forward; prefill s, step ms, total s, KV kept and the limit are the "
+            "- batch B: B sequences (distinct random prompts) generated together by `sample_many`, their prefill "
+            "and their later steps each one shared forward; prefill s, step ms, total s, KV kept and the limit are the "
             "batch's, tok/s = B x gen length / total s, s/seq = total s / B, vs batch 1 = tok/s over batch 1's of "
             "the same method and prompt length; prefill GFLOP/s = B forwards' FLOPs / prefill s; cache/seq and "
             "prefill peak: the memory model (`engine/batch_memory.py`)",
-            "- the batch's limit: B bare prefills one after the other, then per later step one bare forward of "
+            "- the batch's limit: one bare prefill of the B prompts, then per later step one bare forward of "
             "the B responses (weights over every sequence's rows at once, attention sequence by sequence over its "
             "own budget + response keys)",
         ]

@@ -1,10 +1,11 @@
 """How much memory a batch of sequences takes, and the largest batch that fits (``--batch-size auto``).
 
 The model (estimates from the shapes, no measurement): each sequence of a batch holds its compressed cache (the
-kept prompt entries per key/value head and its response slot, keys and values, every layer) and its step's
-activations (its response rows through one layer at a time, plus the LM head over its rows); the prefill runs one
-sequence at a time (``sampling/batched.py``), so its peak, the largest transient of the whole run, counts once:
-one layer's whole-length hidden state, keys and values, an attention chunk's fp32 scores and an MLP chunk.
+kept prompt entries per key/value head and its response slot, keys and values, every layer) and activations: the
+larger of its prefill rows through one layer (hidden state, keys and values of ``[prompt ; masks]``: prompts that
+join together share one prefill, ``sampling/batched.py``) and its step's rows (its response through one layer,
+plus the LM head over its rows). Once per batch: the prefill's attention chunk (fp32 scores of one sequence's
+query chunk, sequences are attended one at a time) and its MLP chunk.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ class BatchMemory:
     """Bytes of one batch by the memory model: per sequence (cache, step) and once (the prefill's peak)."""
 
     cache_per_sequence: int  # compressed K/V of one sequence, every layer (kept entries + response slot)
-    step_per_sequence: int  # one step's activations of one sequence (its response rows)
-    prefill_peak: int  # the transient of one prefill (they run one at a time)
+    step_per_sequence: int  # activations of one sequence: the larger of its prefill rows and its step's rows
+    prefill_peak: int  # once per batch: the prefill's attention chunk and MLP chunk
 
     def total(self, batch: int) -> int:
         return batch * (self.cache_per_sequence + self.step_per_sequence) + self.prefill_peak
@@ -43,10 +44,9 @@ def batch_memory(cfg: ModelConfig, prompt_len: int, gen_length: int, kept: int, 
     width = cfg.d_model + 2 * n_kv * cfg.head_dim + cfg.n_heads * cfg.head_dim + 3 * cfg.mlp_hidden_size
     step = gen_length * width * element_bytes + gen_length * cfg.vocab_size * 4
     t = prompt_len + gen_length
-    prefill = (t * (cfg.d_model * 2 + 2 * n_kv * cfg.head_dim) * element_bytes
-               + 4 * min(t, QUERY_CHUNK) * t * cfg.n_heads
-               + min(t, MLP_CHUNK) * 3 * cfg.mlp_hidden_size * element_bytes)
-    return BatchMemory(cache, step, prefill)
+    prefill_rows = t * (cfg.d_model * 2 + 2 * n_kv * cfg.head_dim) * element_bytes
+    once = 4 * min(t, QUERY_CHUNK) * t * cfg.n_heads + MLP_CHUNK * 3 * cfg.mlp_hidden_size * element_bytes
+    return BatchMemory(cache, max(step, prefill_rows), once)
 
 
 def free_bytes(device: torch.device) -> int:
@@ -81,7 +81,7 @@ def auto_batch_size(memory: BatchMemory, free: int, jobs: int) -> tuple[int, str
     else:
         reason = f"the cap of {MAX_AUTO_BATCH}; {fits} would fit"
     return size, (f"batch size auto: {size} ({reason}; by the memory model {human_size(per, binary=True)} per "
-                  f"sequence and {human_size(memory.prefill_peak, binary=True)} for one prefill, of "
+                  f"sequence and {human_size(memory.prefill_peak, binary=True)} once, of "
                   f"{human_size(free, binary=True)} free)")
 
 
