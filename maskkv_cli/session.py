@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from maskkv_cli.sampling import DreamOptions, Event, GenerationConfig, Generatio
 from maskkv_cli.sampling.batched import BatchJob, sample_many
 from maskkv_cli.sampling.confidence import Confidence, answer_confidence
 from maskkv_cli.sampling.llada2 import llada2_defaults
+from maskkv_cli.sampling.service import GenerationService
 
 DOCUMENTS_REMEMBERED = 4  # documents whose token ids a session keeps (``Session.document_ids``)
 
@@ -76,6 +78,10 @@ class Session:
         self._documents: dict[str, list[int]] = {}  # text -> token ids (``document_ids``), oldest first
         self._probes: dict[str, list[int]] = {}  # the last document's empty-question prompt (``document_prompt_len``)
         self._prefix: tuple[tuple[object, ...], PrefixStore] | None = None  # the last computed document prefix
+        self._lock = threading.Lock()  # the remembered documents, for sessions shared by threads (a server)
+        # Where generations run: None, here; a ``GenerationService``, in its thread with the other threads' ones
+        # (``maskkv serve`` with a batch size above 1).
+        self.engine: GenerationService | None = None
 
     @property
     def window(self) -> int:
@@ -92,12 +98,14 @@ class Session:
     def document_ids(self, text: str) -> list[int]:
         """Token ids of a document (no special tokens), remembered for the last few documents: ``ask -q`` with
         several questions, ``profile`` with several runs and ``batch`` encode each document once."""
-        ids = self._documents.get(text)
+        with self._lock:
+            ids = self._documents.get(text)
         if ids is None:
             ids = list(self.tokenizer.encode(text, add_special_tokens=False))
-            self._documents[text] = ids
-            while len(self._documents) > DOCUMENTS_REMEMBERED:
-                del self._documents[next(iter(self._documents))]
+            with self._lock:
+                self._documents[text] = ids
+                while len(self._documents) > DOCUMENTS_REMEMBERED:
+                    del self._documents[next(iter(self._documents))]
         return ids
 
     def document_prompt_len(self, document: str, ids: list[int]) -> int:
@@ -137,7 +145,10 @@ class Session:
         a block-causal model computes that document's whole blocks once for every question asked of it."""
         plan = self._plan(ids, gen, cache, document_len)
         prompt = torch.tensor([ids], dtype=torch.long, device=self.device)
-        result = sample(self.model, prompt, gen, plan, on_event, dream=self.dream, llada2=self.llada2)
+        if self.engine is not None:
+            result = self.engine.generate(prompt, gen, plan, on_event, SamplerOptions(self.dream, self.llada2))
+        else:
+            result = sample(self.model, prompt, gen, plan, on_event, dream=self.dream, llada2=self.llada2)
         return self._answer(ids, plan, result)
 
     def answer_many(self, prompts: Sequence[list[int]], gen: GenerationConfig, cache: CacheConfig,

@@ -201,3 +201,34 @@ def test_bench_quality_rows_do_not_depend_on_the_batch_size(tiny_dir: Path, tmp_
     alone = predictions("1")
     assert not lanes_per_step
     assert predictions("4") == alone and max(lanes_per_step) == 4
+
+
+def test_a_sequence_that_fails_ends_alone(models: dict) -> None:
+    """A generation whose progress callback raises (a server's client gone) ends with that error; the sequences
+    stepping with it finish with the tokens they get alone; sample_many raises the error after they finish."""
+    from maskkv_cli.sampling.batched import sample_stream
+    from maskkv_cli.sampling.llada import denoise_llada
+
+    tok, model = models["tokenizer"], models["llada"]
+    gen = GenerationConfig(gen_length=16, steps=16, block_length=8)
+    prompts = [torch.tensor([chat_prompt_ids(tok, document_question(TEXTS[i], "Where?"))]) for i in range(4)]
+
+    class Gone(Exception):
+        pass
+
+    def stop_at_third_step(event) -> None:  # type: ignore[no-untyped-def]
+        if event.step == 3:
+            raise Gone()
+
+    jobs = [_job(model, p, gen, "maskkv", 8) for p in prompts]
+    jobs[1] = BatchJob(jobs[1].prompt, gen, jobs[1].plan, stop_at_third_step)
+    waiting = list(enumerate(jobs))
+    outcomes: dict[int, object] = {}
+    sample_stream(model, lambda room, wait: [waiting.pop(0) for _ in range(min(room, len(waiting)))], 4,
+                  lambda i, result, error: outcomes.__setitem__(i, error if error is not None else result))
+    assert isinstance(outcomes[1], Gone)
+    for i in (0, 2, 3):
+        alone = denoise_llada(model, jobs[i].prompt, gen, jobs[i].plan)
+        assert outcomes[i].tokens.tolist() == alone.tokens.tolist()  # type: ignore[attr-defined]
+    with pytest.raises(Gone):
+        sample_many(model, jobs, 4)

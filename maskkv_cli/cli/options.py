@@ -203,6 +203,10 @@ BatchJobsOpt = Annotated[str, batch_size_option(
 CellBatchOpt = Annotated[str, batch_size_option(
     "A row's tasks denoised together in one forward: a number, or auto (as many as fit free memory by the memory "
     "model). Scores do not depend on it; s/sample is then the row's time shared equally.")]
+ServeBatchOpt = Annotated[str, batch_size_option(
+    "Requests whose generations run together in one forward (each answer the one it gets alone): a number, or "
+    "auto (as many window-long prompts as fit free memory by the memory model, at most 1 + --queue); 1: one "
+    "request at a time. Block-causal models (LLaDA2) always run one at a time.")]
 AskBatchOpt = Annotated[str, batch_size_option(
     "Questions (and parts of a long document) denoised together in one forward: a number, or auto (the most that "
     "fit free memory by the memory model). Each answer is the one it gets alone.")]

@@ -40,15 +40,18 @@ class BatchJob:
     gen: GenerationConfig
     plan: CachePlan
     on_event: Callable[[Event], None] | None = None
+    options: object | None = None  # its family's own sampler settings (``sampling.SamplerOptions``); None: the run's
 
 
 class Lane:
-    """One active job: its generation state, its loop, and the loop's pending request."""
+    """One active job: its generation state, its loop, and the loop's pending request. An error raised by the
+    loop (a progress callback that stops its generation, say) ends this lane only: ``error`` holds it."""
 
     def __init__(self, index: int, run: Denoising, loop: Loop) -> None:
         self.index, self.run, self.loop = index, run, loop
         self.request: StepRequest | None = None
         self.result: GenerationResult | None = None
+        self.error: BaseException | None = None
         self.advance(None)
 
     def advance(self, logits: Tensor | None) -> None:
@@ -58,11 +61,22 @@ class Lane:
         except StopIteration:
             self.request = None
             self.result = self.run.result()
+        except Exception as exc:  # noqa: BLE001 - the lane's own failure, handed to whoever waits for it
+            self.fail(exc)
+
+    def fail(self, exc: BaseException) -> None:
+        self.request, self.error = None, exc
+        self.loop.close()
 
     def step_alone(self) -> None:
         assert self.request is not None
         req = self.request
-        self.advance(self.run.forward(req.x, req.rows, req.block_start))
+        try:
+            logits = self.run.forward(req.x, req.rows, req.block_start)
+        except Exception as exc:  # noqa: BLE001
+            self.fail(exc)
+            return
+        self.advance(logits)
 
     @property
     def done(self) -> bool:
@@ -93,6 +107,18 @@ def _open(model: DiffusionLM, index: int, job: BatchJob, options: object) -> Lan
 
 
 def _step_together(model: DiffusionLM, kind: str, lanes: list[Lane]) -> None:
+    try:
+        logits = _shared_step(model, kind, lanes)
+    except Exception as exc:  # noqa: BLE001 - a failed shared forward (out of memory, ...) ends its lanes
+        for lane in lanes:
+            lane.fail(exc)
+        return
+    for lane, out in zip(lanes, logits, strict=True):
+        assert lane.request is not None
+        lane.advance(out.to(lane.request.x.device))
+
+
+def _shared_step(model: DiffusionLM, kind: str, lanes: list[Lane]) -> list[Tensor]:
     requests = [lane.request for lane in lanes]
     if kind == "cached":
         inputs = []
@@ -106,9 +132,7 @@ def _step_together(model: DiffusionLM, kind: str, lanes: list[Lane]) -> None:
                                    [lane.run.forward.plain_rows(r.rows) for lane, r in zip(lanes, requests,
                                                                                           strict=True)
                                     if r is not None])
-    for lane, out in zip(lanes, logits, strict=True):
-        assert lane.request is not None
-        lane.advance(out.to(lane.request.x.device))
+    return logits
 
 
 def _prefill_together(model: DiffusionLM, lanes: list[Lane]) -> None:
@@ -121,10 +145,19 @@ def _prefill_together(model: DiffusionLM, lanes: list[Lane]) -> None:
             shared.append((lane, prefill))
     if len(shared) < 2:
         return
-    for (lane, _), (logits, cache, records) in zip(shared, prefill_many(model, [p for _, p in shared]), strict=True):
+    try:
+        outs = prefill_many(model, [p for _, p in shared])
+    except Exception as exc:  # noqa: BLE001
+        for lane, _ in shared:
+            lane.fail(exc)
+        return
+    for (lane, _), (logits, cache, records) in zip(shared, outs, strict=True):
         lane.run.forward.install(cache, records)
         assert lane.request is not None
         lane.advance(logits.to(lane.request.x.device))
+
+
+Take = Callable[[int, bool], list[tuple[int, BatchJob]]]  # (room, wait) -> up to room new (id, job) pairs
 
 
 @torch.no_grad()
@@ -133,45 +166,70 @@ def sample_many(model: DiffusionLM, jobs: Sequence[BatchJob], batch_size: int, o
     """Generate every job, up to ``batch_size`` of them stepping together; results in the jobs' order.
 
     ``options``: the families' own sampler settings (``sampling.SamplerOptions``); ``on_result(i, result)`` is
-    called as each job finishes (in finishing order)."""
-    from maskkv_cli.sampling import SamplerOptions, sample
-
-    opts = options if options is not None else SamplerOptions()
+    called as each job finishes (in finishing order). The first job that fails raises its error (after the jobs
+    stepping with it have finished)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     results: list[GenerationResult | None] = [None] * len(jobs)
+    errors: list[BaseException] = []
+    waiting = deque(enumerate(jobs))
 
-    def finish(index: int, result: GenerationResult) -> None:
+    def take(room: int, wait: bool) -> list[tuple[int, BatchJob]]:
+        return [waiting.popleft() for _ in range(min(room, len(waiting)))] if not errors else []
+
+    def finish(index: int, result: GenerationResult | None, error: BaseException | None) -> None:
+        if error is not None:
+            errors.append(error)
+            return
         results[index] = result
-        if on_result is not None:
+        if on_result is not None and result is not None:
             on_result(index, result)
 
-    waiting = deque(range(len(jobs)))
+    sample_stream(model, take, batch_size, finish, options)
+    if errors:
+        raise errors[0]
+    return [r for r in results if r is not None]
+
+
+@torch.no_grad()
+def sample_stream(model: DiffusionLM, take: Take, batch_size: int,
+                  finish: Callable[[int, GenerationResult | None, BaseException | None], None],
+                  options: object | None = None) -> None:
+    """Continuous batching: jobs come from ``take(room, wait)`` (up to ``room`` new ones; ``wait``: nothing is
+    running, so it may block until there is work; an empty list then ends the stream), join the running ones as
+    they come and leave when done; ``finish(id, result, error)`` is called once per job, with its result or the
+    error that ended it (only that job's: the others go on)."""
+    from maskkv_cli.sampling import SamplerOptions, sample
+
+    opts = options if options is not None else SamplerOptions()
     active: list[Lane] = []
-    while waiting or active:
+    while True:
+        new = take(batch_size - len(active), not active)
+        if not new and not active:
+            return
         joined: list[Lane] = []
-        while waiting and len(active) + len(joined) < batch_size:
-            index = waiting.popleft()
-            job = jobs[index]
-            lane = _open(model, index, job, opts)
-            if lane is None:  # a loop that cannot share steps runs whole, alone
-                finish(index, sample(model, job.prompt if job.prompt.dim() == 2 else job.prompt[None], job.gen,
-                                     job.plan, job.on_event, opts.dream, opts.llada2))  # type: ignore[attr-defined]
-            elif lane.done:
-                finish(index, lane.result)  # type: ignore[arg-type]
-            else:
-                joined.append(lane)
-        _prefill_together(model, joined)
+        for index, job in new:
+            own = job.options if job.options is not None else opts
+            try:
+                lane = _open(model, index, job, own)
+                if lane is None:  # a loop that cannot share steps runs whole, alone
+                    prompt = job.prompt if job.prompt.dim() == 2 else job.prompt[None]
+                    finish(index, sample(model, prompt, job.gen, job.plan, job.on_event, own.dream,  # type: ignore[attr-defined]
+                                         own.llada2), None)  # type: ignore[attr-defined]
+                    continue
+            except Exception as exc:  # noqa: BLE001
+                finish(index, None, exc)
+                continue
+            joined.append(lane)
+        _prefill_together(model, [lane for lane in joined if not lane.done])
         for lane in joined:
             while not lane.done and lane.group() is None:  # any other step that must run alone
                 lane.step_alone()
-            if lane.done:
-                finish(lane.index, lane.result)  # type: ignore[arg-type]
-            else:
-                active.append(lane)
+            active.append(lane)
         groups: dict[tuple[str, int] | None, list[Lane]] = defaultdict(list)
         for lane in active:
-            groups[lane.group()].append(lane)
+            if not lane.done:
+                groups[lane.group()].append(lane)
         for key, lanes in groups.items():
             if key is None:
                 for lane in lanes:
@@ -181,9 +239,7 @@ def sample_many(model: DiffusionLM, jobs: Sequence[BatchJob], batch_size: int, o
         still: list[Lane] = []
         for lane in active:
             if lane.done:
-                assert lane.result is not None
-                finish(lane.index, lane.result)
+                finish(lane.index, lane.result, lane.error)
             else:
                 still.append(lane)
         active = still
-    return [r for r in results if r is not None]

@@ -36,6 +36,7 @@ from starlette.routing import Route
 
 from maskkv_cli.documents.store import DocumentStore
 from maskkv_cli.errors import MaskKVError, UsageError
+from maskkv_cli.sampling.service import GenerationService
 from maskkv_cli.server.answering import Completion, answer_chat, plan_request
 from maskkv_cli.server.chat_request import EXTENSION_KEY, parse_chat
 from maskkv_cli.server.config import ServerConfig
@@ -167,11 +168,21 @@ class Server:
         self.session = session
         self.config = config
         self.store = DocumentStore(config.store_root)
-        self.runner = Runner(config.queue, config.timeout_s)
+        self.batch_size, self.batch_note = serving_batch_size(session, config)
+        if self.batch_size > 1:
+            session.engine = GenerationService(session.model, self.batch_size)
+        self.runner = Runner(config.queue, config.timeout_s, workers=self.batch_size)
         self.model = model_id(session.model_path)
         self.embedded = is_embedded_model(session.model_path)
         self.page = page_html()
         self.ingesting = anyio.CapacityLimiter(2)  # PDF parsing at once: the rest of the uploads wait
+
+    def close(self) -> None:
+        """Stop the requests (the running ones at their next step), then the generation service."""
+        self.runner.close()
+        engine, self.session.engine = self.session.engine, None
+        if engine is not None:
+            engine.close()
 
     # -- routes ------------------------------------------------------------------------------------
 
@@ -218,6 +229,10 @@ class Server:
         req = parse_chat(await request.body())
         docs = await anyio.to_thread.run_sync(resolve_documents, self.store, req.maskkv.documents)
         plan = plan_request(req, self.config.settings, self.config.long, self.session)
+        if plan.long == "rope-scale" and self.batch_size > 1:
+            raise APIError(400, "long=rope-scale rescales the model's RoPE for every request in flight; this server "
+                           f"runs {self.batch_size} at once: start it with --batch-size 1 to use rope-scale",
+                           param="maskkv.long")
         reply = Reply(self.model)
         if not req.stream:
             job = self.runner.submit(partial(answer_chat, session=self.session, plan=plan, req=req, docs=docs,
@@ -277,6 +292,23 @@ class Server:
             job.cancel()  # a no-op once the job is over; else the client has gone
 
 
+def serving_batch_size(session: Session, config: ServerConfig) -> tuple[int, str | None]:
+    """How many requests' generations run together: 1 for a block-causal model (its loop runs alone), else the
+    configured size, or for auto the most window-long prompts that fit by the memory model (at most the running
+    and waiting requests the queue admits), with the line saying so."""
+    if session.model.config.block_causal:
+        return 1, None
+    settings = config.settings
+    gen = settings.generation(session.generation_defaults)
+    if config.batch_size is not None:
+        return config.batch_size, None
+    from maskkv_cli.engine.batch_memory import MAX_AUTO_BATCH
+
+    size, line = session.batch_size(None, [session.window] * min(MAX_AUTO_BATCH, 1 + config.queue), gen,
+                                    settings.cache())
+    return size, line
+
+
 async def disconnected(receive: Callable[[], Any]) -> None:
     """Return when the client closes the connection (the body has been read: only a disconnect can come)."""
     while (await receive())["type"] != "http.disconnect":
@@ -293,7 +325,7 @@ def create_app(session: Session, config: ServerConfig | None = None) -> Starlett
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
-        await anyio.to_thread.run_sync(server.runner.close)
+        await anyio.to_thread.run_sync(server.close)
 
     async def api_error(request: Request, exc: Exception) -> Response:
         return error_response(exc if isinstance(exc, APIError) else job_error(exc))

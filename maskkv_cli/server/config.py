@@ -24,9 +24,12 @@ class ServerConfig:
     settings: RunSettings = field(default_factory=RunSettings)  # what a request does not say
     long: str = "truncate"  # a document longer than the window: truncate or rope-scale
     store_root: Path | None = None  # the document store (default: the one `maskkv ingest` fills)
+    batch_size: int | None = 1  # requests whose generations run together; None: as many as fit (auto)
 
     def __post_init__(self) -> None:
         if self.queue < 0:
             raise UsageError(f"--queue must be 0 or more, got {self.queue}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise UsageError(f"--batch-size must be a positive number or auto, got {self.batch_size}")
         if self.timeout_s <= 0 or self.max_body_bytes <= 0 or self.max_upload_bytes <= 0:
             raise UsageError("--timeout, --max-body-mb and --max-upload-mb must be positive")

@@ -1,11 +1,12 @@
-"""One generation at a time, behind a bounded queue.
+"""Requests run by a few worker threads, behind a bounded queue.
 
-The model runs in one worker thread (the batched engine of the batch issue will replace it; until then one request
-runs at a time). ``Runner.submit`` admits a request or refuses it at once when ``1 + queue`` requests are already
-in (``QueueFull``, which the app answers with 429 and ``Retry-After``). Each admitted request is a ``Job``: its work
-runs in the worker with a ``check`` to call between denoising steps, which stops the generation when the client has
-gone (``Job.cancel``) or the request's time limit has passed (the limit counts from admission, waiting included).
-A job cancelled while it waits never runs.
+``workers`` requests run at once, each in its own worker thread (one by default: the model runs there; with a
+batch size above 1 the server gives each of that many requests a thread, and their generations run together in the
+session's ``GenerationService``). ``Runner.submit`` admits a request or refuses it at once when ``workers + queue``
+requests are already in (``QueueFull``, which the app answers with 429 and ``Retry-After``). Each admitted request
+is a ``Job``: its work runs in a worker with a ``check`` to call between denoising steps, which stops the generation
+when the client has gone (``Job.cancel``) or the request's time limit has passed (the limit counts from admission,
+waiting included). A job cancelled while it waits never runs.
 """
 
 from __future__ import annotations
@@ -83,16 +84,17 @@ class Counts:
 
 
 class Runner:
-    """The worker thread and its bounded queue (``queue``: requests that may wait behind the running one)."""
+    """The worker threads and their bounded queue (``queue``: requests that may wait behind the running ones)."""
 
-    def __init__(self, queue: int, limit_s: float) -> None:
-        if queue < 0:
-            raise ValueError("queue must be >= 0")
-        self.capacity = 1 + queue
+    def __init__(self, queue: int, limit_s: float, workers: int = 1) -> None:
+        if queue < 0 or workers < 1:
+            raise ValueError("queue must be >= 0 and workers >= 1")
+        self.workers = workers
+        self.capacity = workers + queue
         self.limit_s = limit_s
         self.counts = Counts()
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="maskkv-generate")
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="maskkv-generate")
         self._live: set[Job[Any]] = set()
         self._mean_s = 1.0  # running mean of a job's time, for Retry-After
         self._closed = False
@@ -103,7 +105,7 @@ class Runner:
             busy = self.counts.running + self.counts.waiting
             if self._closed or busy >= self.capacity:
                 self.counts.refused += 1
-                raise QueueFull(max(1, math.ceil(self._mean_s * busy)), self.capacity)
+                raise QueueFull(max(1, math.ceil(self._mean_s * busy / self.workers)), self.capacity)
             job: Job[T] = Job(self.limit_s)
             self.counts.waiting += 1
             self._live.add(job)

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from maskkv_cli.cli.common import fail, guarded, note
-from maskkv_cli.cli.options import LongOpt
+from maskkv_cli.cli.options import LongOpt, ServeBatchOpt
 from maskkv_cli.cli.run_options import CACHE, MODEL, SAMPLER, RunOptions, run_options
 from maskkv_cli.devices import resolve_device
 
@@ -45,6 +45,7 @@ def serve(
     max_upload_mb: Annotated[float, typer.Option("--max-upload-mb", min=0.001, help="Largest document upload, MiB "
                                                  "(then 413).")] = 32.0,
     long: LongOpt = "truncate",
+    batch_size: ServeBatchOpt = "auto",
     *,
     opts: RunOptions,
 ) -> None:
@@ -69,6 +70,7 @@ def serve(
     missing = [p for p in SERVE_PACKAGES if importlib.util.find_spec(p) is None]
     if missing:
         raise fail(f"maskkv serve needs {', '.join(missing)}: install them with pip install 'maskkv[serve]'", 2)
+    from maskkv_cli.engine.batch_memory import parse_batch_size
     from maskkv_cli.server import ServerConfig, create_app
     from maskkv_cli.server import serve as run_server
     from maskkv_cli.server.run import ListenError, bind
@@ -77,7 +79,7 @@ def serve(
     settings.cache()  # a bad --budget or --ratio stops here, before the model loads
     config = ServerConfig(api_key=api_key or None, queue=queue, timeout_s=timeout,
                           max_body_bytes=int(max_body_mb * MIB), max_upload_bytes=int(max_upload_mb * MIB),
-                          settings=settings, long=long)
+                          settings=settings, long=long, batch_size=parse_batch_size(batch_size))
     try:
         sock = bind(host, port)  # before the model loads: an address in use fails at once
     except ListenError as exc:
@@ -92,9 +94,14 @@ def serve(
         sock.close()
         raise
 
+    server = app.state.server
+    if server.batch_note:
+        note(server.batch_note, opts.quiet, False)
+
     def ready(url: str) -> None:
-        typer.echo(f"maskkv serve: {session.model_path} at {url}/ (the page) and {url}/v1 (the API); Ctrl-C stops",
-                   err=True)
+        together = f", {server.batch_size} requests at once" if server.batch_size > 1 else ""
+        typer.echo(f"maskkv serve: {session.model_path} at {url}/ (the page) and {url}/v1 (the API){together}; "
+                   "Ctrl-C stops", err=True)
 
     try:
         run_server(app, sock, on_ready=ready, log_level="warning" if opts.quiet else "info")
