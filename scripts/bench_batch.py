@@ -10,6 +10,11 @@ start-up is reported on its own.
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_batch.py --out runs/bench-batch
     OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_batch.py --configs "batch 1,batch 8" --rounds 3
+
+For the ``batch N`` configurations the report adds the limit line of the model's work
+(``bench.limit.measure_batch_limit``: the bare forward passes of N sequences of the jobs' median prompt length
+with the run's generation settings and budget, no sampler, no bookkeeping), as jobs per minute (median of
+``--rounds`` timings, in the same run), and measured / limit.
 """
 
 from __future__ import annotations
@@ -47,6 +52,40 @@ def make_jobs(folder: Path, documents: int, questions: int, seed: int) -> list[J
     return specs
 
 
+def batch_limits(names: list[str], specs: list[JobSpec], model_path: str, settings: AnswerSettings,
+                 rounds: int) -> dict[str, float]:
+    """Jobs per minute of the limit line for each ``batch N``: N bare sequences of the jobs' median prompt length
+    (the median over ``rounds`` timings after one warm-up)."""
+    if not names:
+        return {}
+    import torch
+
+    from maskkv_cli.bench.limit import measure_batch_limit
+    from maskkv_cli.engine.plan import plan_cache
+    from maskkv_cli.pipeline import prepare
+    from maskkv_cli.run_settings import RunSettings
+    from maskkv_cli.session import Session
+
+    session = Session(model_path)
+    run = RunSettings(policy=settings.policy, budget=settings.budget)
+    gen, cache = run.generation(session.generation_defaults), run.cache()
+    texts = {spec.document: Path(spec.document).read_text() for spec in specs}
+    lengths = sorted(len(prepare(session, texts[s.document], s.question, gen.gen_length).ids) for s in specs)
+    m = lengths[len(lengths) // 2]
+    plan = plan_cache(session.model, cache, m, model_path, block_length=gen.block_length)
+    budget = plan.budget if plan.policy.evicts and plan.budget is not None else m
+    out: dict[str, float] = {}
+    with torch.no_grad():
+        for name in names:
+            n = int(name.split()[1])
+            prompts = torch.randint(0, session.model.config.vocab_size, (n, m),
+                                    generator=torch.Generator().manual_seed(0))
+            measure_batch_limit(session.model, prompts, gen, budget)  # warm-up
+            times = sorted(measure_batch_limit(session.model, prompts, gen, budget).total_s for _ in range(rounds))
+            out[name] = round(60 * n / times[len(times) // 2], 1)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/bench-batch"))
@@ -54,7 +93,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--configs", default="local 1,local 2,ray 1,ray 2",
                         help="comma-separated, from: local 1, local 2, ray 1, ray 2, batch N (this process, "
-                             "--batch-size N)")
+                             "--batch-size N), local W batch N (W worker processes, --batch-size N)")
     args = parser.parse_args()
     order = [name.strip() for name in args.configs.split(",")]
     work = Path(tempfile.mkdtemp(prefix="bench-batch-"))
@@ -73,6 +112,8 @@ def main() -> None:
                "ray 1": Runner(ray="auto", workers=1), "ray 2": Runner(ray="auto", workers=2)}
     configs.update({name: Runner(device="cpu", batch_size=int(name.split()[1])) for name in order
                     if name.startswith("batch ")})
+    configs.update({name: Runner(devices=("cpu",) * int(name.split()[1]), batch_size=int(name.split()[3]))
+                    for name in order if name.startswith("local ") and " batch " in name})
     runs: list[dict[str, object]] = []
     answers: dict[str, dict[str, str]] = {}
     for r in range(args.rounds):
@@ -90,6 +131,7 @@ def main() -> None:
             print(json.dumps(runs[-1]), flush=True)
     if uses_ray:
         ray.shutdown()
+    limits = batch_limits([n for n in order if n.startswith("batch ")], specs, model, settings, args.rounds)
     reference = answers[order[0]]
     same = {name: got == reference for name, got in answers.items()}
     summary: dict[str, dict[str, float]] = {}
@@ -107,6 +149,9 @@ def main() -> None:
         if f"ray {n}" in summary and f"local {n}" in summary:
             summary[f"ray {n}"]["rate_vs_local_same_n"] = round(
                 summary[f"ray {n}"]["jobs_per_minute"] / summary[f"local {n}"]["jobs_per_minute"], 3)
+    for name, limit in limits.items():
+        summary[name]["limit_jobs_per_minute"] = limit
+        summary[name]["measured_over_limit"] = round(limit / summary[name]["jobs_per_minute"], 3)
     report = {"jobs_per_run": len(specs), "rounds": args.rounds, "load_average_after": os.getloadavg(),
               "ray_cluster_start_s": round(ray_start, 2),
               "answers_equal_local_1": same, "summary": summary, "runs": runs, "model": model}

@@ -12,8 +12,8 @@ runs ``none_steps`` steps (step 0 included), and the end-to-end time is ``step 0
 labelled ``extrapolated``.
 
 A case of batch size B > 1 generates B sequences of the prompt length (distinct random prompts, row ``j`` of one
-seeded draw, row 0 the batch-size-1 prompt) together with ``sampling.batched.sample_many`` (each prefills alone,
-their later steps share one forward). Its times are the batch's: ``prefill_s`` until the last sequence has
+seeded draw, row 0 the batch-size-1 prompt) together with ``sampling.batched.sample_many`` (their prefill shared,
+then their later steps share one forward). Its times are the batch's: ``prefill_s`` until the last sequence has
 prefilled, ``step_s`` the median of the last sequence's steps (each one shared forward and every sequence's
 commits), ``total_s`` all B sequences end to end; ``tokens_per_s = B x gen_length / total_s``. Its limit is
 ``limit.measure_batch_limit``. Batch size 1 is the single-sequence path above, unchanged.

@@ -11,11 +11,14 @@ query chunk, sequences are attended one at a time) and its MLP chunk.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from maskkv_cli.errors import UsageError
-from maskkv_cli.models.config import ModelConfig
+
+if TYPE_CHECKING:  # this module imports no torch at load: the CLI parses --batch-size before anything heavy
+    import torch
+
+    from maskkv_cli.models.config import ModelConfig
 
 MAX_AUTO_BATCH = 64  # ``auto`` never goes beyond this many sequences at once
 FREE_SHARE = 0.8  # of the free memory a batch may plan to use (allocator slack, fragmentation, the rest)
@@ -52,6 +55,8 @@ def batch_memory(cfg: ModelConfig, prompt_len: int, gen_length: int, kept: int, 
 def free_bytes(device: torch.device) -> int:
     """Free memory of ``device``: the CUDA driver's count, else the system's available memory."""
     if device.type == "cuda":
+        import torch
+
         free, _ = torch.cuda.mem_get_info(device)
         return int(free)
     try:

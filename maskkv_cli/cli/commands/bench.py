@@ -112,9 +112,9 @@ def speed(
                                            "one run).")] = False,
     batch_sizes: Annotated[str, typer.Option(
         "--batch-sizes", help="Comma-separated batch sizes, each a case per method: B sequences of the prompt "
-        "length (distinct random prompts) generated together, their later steps sharing one forward; reported per "
-        "batch (tok/s = B x gen length / total) with the ratio to batch 1. Above 1: eager steps only, and not for "
-        "block-causal LLaDA2 shapes (they run one sequence at a time).")] = "1",
+        "length (distinct random prompts) generated together, their prefill and later steps each sharing one "
+        "forward; reported per batch (tok/s = B x gen length / total) with the ratio to batch 1. Above 1: eager "
+        "steps only, and not for block-causal LLaDA2 shapes (they run one sequence at a time).")] = "1",
     in_process: Annotated[bool, typer.Option(
         "--in-process", help="Run every case in this process (quick checks; peak memory is then not per case).")]
     = False,
