@@ -232,3 +232,36 @@ def test_a_sequence_that_fails_ends_alone(models: dict) -> None:
         assert outcomes[i].tokens.tolist() == alone.tokens.tolist()  # type: ignore[attr-defined]
     with pytest.raises(Gone):
         sample_many(model, jobs, 4)
+
+
+@pytest.mark.parametrize("config", ["tiny", "dream-tiny", "llada-moe-tiny"])
+def test_every_probability_is_bit_identical_for_each_bidirectional_family(config: str) -> None:
+    """Not only the tokens: every committed token's probability is the same float alone and in a batch of eight
+    prompts of different lengths (the last rows of a block, one to three, take the few-rows kernel alone: the
+    batch computes them on their own too; an expert's product gets at least a few rows: models/rows.py)."""
+    from maskkv_cli.bench.cases import random_model
+    from maskkv_cli.models.config import named_config
+    from maskkv_cli.sampling import sample
+
+    model = random_model(named_config(config))
+    g = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size - 100
+    prompts = [torch.randint(0, vocab, (1, n), generator=g) for n in (40, 57, 63, 75, 90, 101, 33, 48)]
+    gen = GenerationConfig(gen_length=16, steps=16, block_length=8)
+    for policy in ("maskkv", "full", "none"):
+        jobs = [_job(model, p, gen, policy, 16) for p in prompts]
+        for job, together in zip(jobs, sample_many(model, jobs, 8), strict=True):
+            alone = sample(model, job.prompt, gen, job.plan)
+            assert together.tokens.tolist() == alone.tokens.tolist()
+            assert torch.equal(together.token_probs.nan_to_num(-1.0), alone.token_probs.nan_to_num(-1.0)), policy
+
+
+def test_few_rows_are_computed_as_inside_a_larger_product() -> None:
+    from maskkv_cli.models.rows import at_least_rows, small_rows
+
+    assert 0 <= small_rows() <= 32
+    g = torch.Generator().manual_seed(3)
+    w, x = torch.randn(256, 96, generator=g), torch.randn(64, 96, generator=g)
+    whole = torch.nn.functional.linear(x, w)
+    for m in range(1, 8):
+        assert torch.equal(at_least_rows(lambda t: torch.nn.functional.linear(t, w), x[:m]), whole[:m])

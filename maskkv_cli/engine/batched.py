@@ -6,7 +6,11 @@ rows at once: the embedding, the q/k/v and output projections, the MLP and the L
 once per step for the whole batch. Attention runs lane by lane over that lane's own cache, exactly as the lane
 would run alone: no padding, so nothing of another sequence can reach it and its softmax reduces over the same
 entries in the same order as alone. What a lane sees of the batch is only the number of rows in the matrix
-products (see docs/performance.md, "Many sequences in one forward", for which kernels keep that bit-exact).
+products. On the CPU a product's rows do not depend on how many there are, except that a product of only a few
+rows takes another kernel that rounds differently (oneDNN/MKL fp32 on this project's machines: 1-3 rows;
+``small_rows`` asks the platform once per process); so every product a lane would run alone with that few rows
+(its last rows of a block, a short chunk) runs on its own here too, with exactly those rows (docs/performance.md,
+"Many sequences in one forward").
 
 ``prefill_many`` is step 0 of many prompts of any lengths (``engine.forward.prefill``, offline layer budgets):
 their tokens run back to back as one sequence through the weights, and each prompt's scoring, selection and
@@ -17,11 +21,11 @@ for many caches); ``plain_logits_many`` the no-cache step over sequences of one 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from maskkv_cli.engine.forward import (
     MLP_CHUNK,
@@ -29,13 +33,48 @@ from maskkv_cli.engine.forward import (
     LayerRecord,
     OfflineSelection,
     attend_in_chunks,
-    chunked_rows,
     row_fn,
 )
 from maskkv_cli.kv.cache import PromptCache
 from maskkv_cli.models.base import Rope, attention, dense_hidden, on_layer_device
 from maskkv_cli.models.protocol import DiffusionLM
+from maskkv_cli.models.rows import few_rows
 from maskkv_cli.policies.base import LayerView, Policy
+
+
+def row_spans(bounds: Sequence[tuple[int, int]], chunk: int, few: int) -> list[tuple[int, int]]:
+    """The calls that compute rows [0, N) of lanes laid back to back (``bounds``) as each lane alone computes its
+    own rows in chunks of ``chunk``: a lane's chunk of more than ``few`` rows may share a call (up to ``chunk``
+    rows) with its neighbours', a shorter one is a call of its own."""
+    pieces = [(a + c, min(b, a + c + chunk)) for a, b in bounds for c in range(0, b - a, chunk)]
+    spans: list[tuple[int, int]] = []
+    for start, stop in pieces:
+        small = stop - start <= few
+        last = spans[-1] if spans else None
+        if (not small and last is not None and last[1] == start and last[1] - last[0] > few
+                and stop - last[0] <= chunk):
+            spans[-1] = (last[0], stop)
+        else:
+            spans.append((start, stop))
+    return spans
+
+
+def apart(fn: Callable[[Tensor], Tensor], pieces: Sequence[Tensor]) -> list[Tensor]:
+    """``fn`` (row-wise, over (1, r, ...)) of every piece as it gives it alone: the pieces of more than
+    ``small_rows`` rows in one call, each shorter one in its own."""
+    few = few_rows(pieces[0])
+    big = [i for i, p in enumerate(pieces) if p.shape[1] > few]
+    out: list[Tensor | None] = [None] * len(pieces)
+    if big:
+        joined = fn(torch.cat([pieces[i] for i in big], 1))
+        start = 0
+        for i in big:
+            out[i] = joined[:, start : start + pieces[i].shape[1]]
+            start += pieces[i].shape[1]
+    for i, p in enumerate(pieces):
+        if out[i] is None:
+            out[i] = fn(p)
+    return out  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -67,7 +106,6 @@ def prefill_many(model: DiffusionLM, lanes: Sequence[PrefillLane], mlp_chunk: in
     for all of them before any lane's attention updates its rows, then each lane is scored, selected and attended
     over its own keys (no padding, nothing of another lane)."""
     bounds = _bounds([lane.ids.shape[1] for lane in lanes])
-    n_tokens = bounds[-1][1]
     x = model.embed(torch.cat([lane.ids for lane in lanes], 1))  # (1, N, d)
     tables = [model.rope(torch.arange(b - a, device=lane.ids.device)) for lane, (a, b) in zip(lanes, bounds,
                                                                                             strict=True)]
@@ -77,10 +115,11 @@ def prefill_many(model: DiffusionLM, lanes: Sequence[PrefillLane], mlp_chunk: in
     cfg = model.config
     scale = 1.0 / math.sqrt(cfg.head_dim)
     n_layers = len(model.blocks)
+    spans = row_spans(bounds, mlp_chunk, few_rows(x))
     for i, block in enumerate(model.blocks):
         x, rope = on_layer_device(model, i, x, rope)
-        keys = chunked_rows(row_fn(block.keys, x, rope), n_tokens, mlp_chunk)  # (1, H_kv, N, D)
-        values = chunked_rows(row_fn(block.values, x), n_tokens, mlp_chunk)
+        keys = torch.cat([block.keys(x[:, a:b], rope.rows(a, b)) for a, b in spans], 2)  # (1, H_kv, N, D)
+        values = torch.cat([block.values(x[:, a:b]) for a, b in spans], 2)
         for lane, (a, b), sink in zip(lanes, bounds, sinks, strict=True):
             own, x_lane = rope.rows(a, b), x[:, a:b]  # a view: attention writes the lane's rows of x in place
             k, v = keys[:, :, a:b].contiguous(), values[:, :, a:b].contiguous()
@@ -94,10 +133,9 @@ def prefill_many(model: DiffusionLM, lanes: Sequence[PrefillLane], mlp_chunk: in
             attend_in_chunks(block, x_lane, k, v, own, query_chunk, False)
             del k, v, rows_q
         del keys, values
-        for start in range(0, n_tokens, mlp_chunk):  # the MLP in row chunks, added in place
-            x[:, start : start + mlp_chunk] += block.mlp(x[:, start : start + mlp_chunk])
-    picked = torch.cat([x[:, a + lane.rows.to(x.device)] for lane, (a, _) in zip(lanes, bounds, strict=True)], 1)
-    logits = _split_rows(model.head(picked)[0], [(1, len(lane.rows)) for lane in lanes])
+        for a, b in spans:  # the MLP as each lane alone runs it (in row chunks), added in place
+            x[:, a:b] += block.mlp(x[:, a:b])
+    logits = apart(model.head, [x[:, a + lane.rows.to(x.device)] for lane, (a, _) in zip(lanes, bounds, strict=True)])
     return [(out, sink.cache, sink.records) for out, sink in zip(logits, sinks, strict=True)]
 
 
@@ -152,25 +190,38 @@ def response_logits_many(model: DiffusionLM, lanes: Sequence[CachedLane]) -> lis
             q_lane = q[a:b] if i != last else q[a:b][:, :, lane.rows.to(q.device)]
             outs.append(attention(q_lane, layer.k, layer.v, layer.bias))
         del q, k, v
-        if i == last:  # only the rows the samplers need go on, every lane's as one run of tokens
-            x = torch.cat([_flat(x[a:b][:, lane.rows.to(x.device)]) for lane, (a, b) in zip(lanes, bounds,
-                                                                                          strict=True)], 1)
-            o = torch.cat([_flat_heads(out) for out in outs], 2)
-        else:
-            o = torch.cat(outs)
+        if i == last:  # only the rows the samplers need go on, each lane's as one run of tokens
+            pieces = [_flat(x[a:b][:, lane.rows.to(x.device)]) for lane, (a, b) in zip(lanes, bounds, strict=True)]
+            logits = _last_layer(model, block, pieces, [_flat_heads(out) for out in outs])
+            return [out[0].reshape(lane.response.shape[0], len(lane.rows), -1) for out, lane in zip(logits, lanes,
+                                                                                                    strict=True)]
+        x = x + block.attn_proj(torch.cat(outs))
         del outs
-        x = x + block.attn_proj(o)
         x = x + block.mlp(x)
-    return _split_rows(model.head(x)[0], [(lane.response.shape[0], len(lane.rows)) for lane in lanes])
+    raise AssertionError("unreachable: the last layer returns")
 
 
-def _split_rows(logits: Tensor, shapes: Sequence[tuple[int, int]]) -> list[Tensor]:
-    """(N, V) logits of every lane's rows in a row -> each lane's (b, n, V)."""
-    out, start = [], 0
-    for b, n in shapes:
-        out.append(logits[start : start + b * n].reshape(b, n, -1))
-        start += b * n
-    return out
+def _last_layer(model: DiffusionLM, block: nn.Module, xs: list[Tensor], os: list[Tensor]) -> list[Tensor]:
+    """The last layer's output projection, MLP and the LM head over each lane's rows ``xs[j]`` (1, r, d) with its
+    attention output ``os[j]`` (1, H, r, D): logits (1, r, V) per lane, as alone (``small_rows``)."""
+
+    def run(x: Tensor, o: Tensor) -> Tensor:
+        x = x + block.attn_proj(o)
+        return model.head(x + block.mlp(x))
+
+    few = few_rows(xs[0])
+    big = [j for j, x in enumerate(xs) if x.shape[1] > few]
+    out: list[Tensor | None] = [None] * len(xs)
+    if big:
+        joined = run(torch.cat([xs[j] for j in big], 1), torch.cat([os[j] for j in big], 2))
+        start = 0
+        for j in big:
+            out[j] = joined[:, start : start + xs[j].shape[1]]
+            start += xs[j].shape[1]
+    for j, x in enumerate(xs):
+        if out[j] is None:
+            out[j] = run(x, os[j])
+    return out  # type: ignore[return-value]
 
 
 def plain_logits_many(model: DiffusionLM, sequences: Sequence[Tensor], rows: Sequence[Tensor]) -> list[Tensor]:
@@ -179,5 +230,5 @@ def plain_logits_many(model: DiffusionLM, sequences: Sequence[Tensor], rows: Seq
     x = dense_hidden(model, torch.cat(list(sequences)))
     bounds = _bounds([s.shape[0] for s in sequences])
     picked = [_flat(x[a:b][:, r.to(x.device)]) for r, (a, b) in zip(rows, bounds, strict=True)]
-    return _split_rows(model.head(torch.cat(picked, 1))[0], [(s.shape[0], len(r)) for s, r in zip(sequences, rows,
-                                                                                                    strict=True)])
+    logits = apart(model.head, picked)
+    return [out[0].reshape(s.shape[0], len(r), -1) for out, s, r in zip(logits, sequences, rows, strict=True)]

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from maskkv_cli.models.base import SwiGLU
 from maskkv_cli.models.config import ModelConfig, MoEConfig
+from maskkv_cli.models.rows import at_least_rows
 
 
 class Router(nn.Module):
@@ -82,8 +83,8 @@ def run_experts(x: Tensor, experts: Tensor, weights: Tensor, modules: nn.ModuleL
     out = torch.empty_like(routed)
     start = 0
     for e, count in enumerate(counts):
-        if count:
-            out[start : start + count] = modules[e](routed[start : start + count])
+        if count:  # at least a few rows a product: the same floats whatever else was routed (models/rows.py)
+            out[start : start + count] = at_least_rows(modules[e], routed[start : start + count])
             start += count
     per_slot = torch.empty_like(out)
     per_slot[order] = out  # back to (token, slot) order

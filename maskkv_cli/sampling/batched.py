@@ -25,6 +25,7 @@ from maskkv_cli.engine.batched import CachedLane, plain_logits_many, prefill_man
 from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.models.families import family
 from maskkv_cli.models.protocol import DiffusionLM
+from maskkv_cli.models.rows import small_rows
 from maskkv_cli.sampling.common import Denoising, Event, GenerationResult, Loop, StepRequest
 from maskkv_cli.sampling.dream import dream_config, dream_loop, dream_run
 from maskkv_cli.sampling.llada import GenerationConfig, llada_loop, llada_run
@@ -88,9 +89,10 @@ class Lane:
         assert req is not None
         if forward.steps_alone:
             return None
-        if not forward.policy.uses_cache:
-            return ("plain", req.x.shape[1])
-        return ("cached", req.x.shape[1] - forward.split)
+        length = req.x.shape[1] if not forward.policy.uses_cache else req.x.shape[1] - forward.split
+        if req.x.shape[0] * length <= small_rows(str(req.x.device), forward.model.dtype):  # the few-rows kernel
+            return None
+        return ("plain" if not forward.policy.uses_cache else "cached", length)
 
 
 def _open(model: DiffusionLM, index: int, job: BatchJob, options: object) -> Lane | None:

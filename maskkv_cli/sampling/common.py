@@ -23,6 +23,7 @@ from maskkv_cli.engine.step_runner import StepRunner
 from maskkv_cli.errors import UsageError
 from maskkv_cli.kv.cache import PromptCache
 from maskkv_cli.models.protocol import DiffusionLM
+from maskkv_cli.models.rows import small_rows
 from maskkv_cli.stats import RunStats, memory_now, model_devices, now, reset_cuda_peaks
 
 
@@ -125,7 +126,8 @@ class CachedForward:
     def prefill_lane(self, x: Tensor, rows: Tensor) -> PrefillLane | None:
         """Step 0 as a lane of a shared prefill (``engine.batched.prefill_many``), or None when it must run alone:
         no cache to build, layer budgets measured on the input (online), or more than one row (guidance)."""
-        if not self.policy.uses_cache or self.cache is not None or self.plan.online or x.shape[0] != 1:
+        if (not self.policy.uses_cache or self.cache is not None or self.plan.online or x.shape[0] != 1
+                or x.shape[1] <= small_rows(str(x.device), self.model.dtype)):
             return None
         return PrefillLane(x, self.split, self.policy, self.layer_budgets, self.plain_rows(rows))
 
