@@ -59,21 +59,24 @@ def row_spans(bounds: Sequence[tuple[int, int]], chunk: int, few: int) -> list[t
     return spans
 
 
-def apart(fn: Callable[[Tensor], Tensor], pieces: Sequence[Tensor]) -> list[Tensor]:
-    """``fn`` (row-wise, over (1, r, ...)) of every piece as it gives it alone: the pieces of more than
+def apart(fn: Callable[..., Tensor], pieces: Sequence[Tensor], *also: Sequence[Tensor],
+          also_dim: int = 2) -> list[Tensor]:
+    """``fn`` (row-wise: rows along dim 1 of its result) of every piece (1, r, ...) as it gives it alone, with the
+    matching pieces of ``also`` (rows along ``also_dim``) as further arguments: the pieces of more than
     ``small_rows`` rows in one call, each shorter one in its own."""
     few = few_rows(pieces[0])
     big = [i for i, p in enumerate(pieces) if p.shape[1] > few]
     out: list[Tensor | None] = [None] * len(pieces)
     if big:
-        joined = fn(torch.cat([pieces[i] for i in big], 1))
+        joined = fn(torch.cat([pieces[i] for i in big], 1), *(torch.cat([extra[i] for i in big], also_dim)
+                                                               for extra in also))
         start = 0
         for i in big:
             out[i] = joined[:, start : start + pieces[i].shape[1]]
             start += pieces[i].shape[1]
     for i, p in enumerate(pieces):
         if out[i] is None:
-            out[i] = fn(p)
+            out[i] = fn(p, *(extra[i] for extra in also))
     return out  # type: ignore[return-value]
 
 
@@ -209,19 +212,7 @@ def _last_layer(model: DiffusionLM, block: nn.Module, xs: list[Tensor], os: list
         x = x + block.attn_proj(o)
         return model.head(x + block.mlp(x))
 
-    few = few_rows(xs[0])
-    big = [j for j, x in enumerate(xs) if x.shape[1] > few]
-    out: list[Tensor | None] = [None] * len(xs)
-    if big:
-        joined = run(torch.cat([xs[j] for j in big], 1), torch.cat([os[j] for j in big], 2))
-        start = 0
-        for j in big:
-            out[j] = joined[:, start : start + xs[j].shape[1]]
-            start += xs[j].shape[1]
-    for j, x in enumerate(xs):
-        if out[j] is None:
-            out[j] = run(x, os[j])
-    return out  # type: ignore[return-value]
+    return apart(run, xs, os)
 
 
 def plain_logits_many(model: DiffusionLM, sequences: Sequence[Tensor], rows: Sequence[Tensor]) -> list[Tensor]:
