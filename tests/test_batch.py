@@ -324,3 +324,17 @@ def test_batch_sizes_give_the_same_rows_and_a_failing_group_runs_job_by_job(
     assert (result.ok, result.failed) == (6, 0)  # each job of the failed groups answered alone
     retried = read_rows(tmp_path / "retry" / "answers.jsonl")[0]
     assert {r["batch_size"] for r in retried} == {1}
+
+
+def test_cli_batch_size_option(tmp_path: Path, corpus: dict[str, Path], tiny_dir: Path) -> None:
+    jobs = _jobs_file(tmp_path / "jobs.jsonl", [corpus["notes"], corpus["story"]], QUESTIONS)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["batch", str(jobs), "--out", str(out), "--model", str(tiny_dir), "--budget", "16",
+                                 "--json", "--batch-size", "2", *FAST])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["batch_sizes"] == [2]
+    assert {r["batch_size"] for r in read_rows(out / "answers.jsonl")[0]} == {2}
+    bad = runner.invoke(app, ["batch", str(jobs), "--out", str(tmp_path / "bad"), "--model", str(tiny_dir),
+                              "--batch-size", "many"])
+    assert bad.exit_code != 0 and "--batch-size must be a positive number or auto" in bad.output
+    assert "Traceback" not in bad.output

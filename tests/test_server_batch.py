@@ -113,3 +113,16 @@ def test_a_client_that_leaves_stops_only_its_own_generation(session, store_root,
         assert reply.status == 200 and reply.json()["choices"][0]["message"]["content"] == expected
         wait_for(lambda: health(url)["queue"]["running"] == 0, timeout=10, what="the slow generation stopping")
         assert health(url)["queue"]["cancelled"] == 1
+
+
+def test_the_batch_size_a_server_runs(session, store_root, monkeypatch):
+    """auto: as many window-long prompts as fit by the memory model, at most 1 + queue, said in a line; a number as
+    given; a block-causal model always one at a time."""
+    from maskkv_cli.server.app import serving_batch_size
+
+    size, line = serving_batch_size(session, ServerConfig(batch_size=None, queue=3))
+    assert size == 4 and line.startswith("batch size auto: 4")
+    assert serving_batch_size(session, ServerConfig(batch_size=6)) == (6, None)
+    monkeypatch.setattr(session.model, "config", session.model.config.with_(attention="block_causal"))
+    assert session.model.config.block_causal
+    assert serving_batch_size(session, ServerConfig(batch_size=6)) == (1, None)
