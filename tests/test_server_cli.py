@@ -29,9 +29,10 @@ ATTEMPTS = 50
 LOAD_KEY = "load-key-51c2"
 # Memory allowed above idle after the load. Idle is read after 20 warm-up requests one at a time and 32 from 16
 # clients at once (the first ones allocate what every later one reuses: with requests running together, each
-# worker thread's allocations and the batched steps' buffers). Between idle and after, the server's resident set moved by 0.4-0.6 MiB in six runs here;
-# keeping every answer of the load (its tokens, statistics and per-layer records, ~50 KiB each) moved it by 9.6 MiB,
-# and a kept prompt cache would add ~260 KiB per request. 8 MiB is 16 times the noise and below the smallest leak.
+# worker thread's allocations and the batched steps' buffers). Between idle and after, the server's resident set
+# moved by 0.4-0.6 MiB in six runs one request at a time, 0.3-2.4 MiB in three with five at once; keeping every answer
+# of the load (its tokens, statistics and per-layer records, ~50 KiB each) moved it by 9.6 MiB, and a kept prompt
+# cache would add ~260 KiB per request. 8 MiB is well above that noise and below the smallest leak.
 RSS_SLACK = 8 << 20
 
 
