@@ -38,9 +38,9 @@ from maskkv_cli.session import Answer, Session
 from maskkv_cli.stats import RunStats
 
 __all__ = ["CLAIMS", "Answer", "PartsAnswer", "Prompt", "Session", "add_pages", "answer_row", "ask", "ask_in_parts",
-           "ask_many", "choose_part", "claim", "common_source", "confidence_fields", "part_prompts", "parts_answer",
-           "parts_stats", "prepare", "prompt_count", "reading_fields", "room_for_text", "says_absent", "spans_pages",
-           "trained_question", "used_every_token"]
+           "ask_many", "batch_size_for", "choose_part", "claim", "common_source", "confidence_fields", "part_prompts",
+           "parts_answer", "parts_stats", "prepare", "prompt_count", "reading_fields", "room_for_text", "says_absent",
+           "spans_pages", "trained_question", "used_every_token"]
 
 
 @dataclass(frozen=True)
@@ -180,6 +180,15 @@ def prompt_count(session: Session, context: str, question: str, gen_length: int,
     if long != "parts" or len(ids) <= room:
         return 1
     return len(part_windows(len(ids), room, min(PART_OVERLAP, room // 4)))
+
+
+def batch_size_for(session: Session, items: Sequence[tuple[str, str]], gen: GenerationConfig, cache: CacheConfig,
+                   long: str, requested: int | None) -> tuple[int, str | None]:
+    """How many prompts ``ask_many`` denoises together for these ``(context, question)`` items: ``requested``, or
+    for None the most of their prompts (each part counted, each taken as long as the window) that fit by the memory
+    model (``Session.batch_size``), with the line saying so."""
+    n_prompts = sum(prompt_count(session, context, question, gen.gen_length, long) for context, question in items)
+    return session.batch_size(requested, [session.window] * n_prompts, gen, cache)
 
 
 def ask_many(

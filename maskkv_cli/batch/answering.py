@@ -55,15 +55,14 @@ def answer_jobs(session: Any, texts: dict[str, str], messages: list[dict[str, An
     included, denoised up to the batch size at a time; None: the most that fit by the memory model); each job's
     fields are those ``answer_job`` gives it alone, plus the batch size used."""
     from maskkv_cli.models.catalog import is_embedded_model
-    from maskkv_cli.pipeline import answer_row, ask_many, prompt_count
+    from maskkv_cli.pipeline import answer_row, ask_many, batch_size_for
 
     settings = AnswerSettings(**messages[0]["settings"])
     run = run_settings(settings)
     gen, cache = run.generation(session.generation_defaults), run.cache()
     session.dream = run.dream()
     items = [(texts[m["document_sha"]], m["question"]) for m in messages]
-    n_prompts = sum(prompt_count(session, text, question, gen.gen_length, settings.long) for text, question in items)
-    size, why = session.batch_size(batch_size, [session.window] * n_prompts, gen, cache)
+    size, why = batch_size_for(session, items, gen, cache, settings.long, batch_size)
     answers = ask_many(session, items, gen, cache, long=settings.long, batch_size=size)
     embedded = is_embedded_model(session.model_path)
     rows = []

@@ -48,10 +48,10 @@ def ask_together(session: Any, context: str, questions: list[str], gen: Any, cac
                  requested: int | None, live: Any, quiet: bool, as_json: bool) -> list[Any]:
     """``pipeline.ask_many``: every question (each part of a long document) denoised up to the batch size together,
     the live display counting answers; ``requested`` None: the batch size by the memory model, said in a note."""
-    from maskkv_cli.pipeline import ask_many, prompt_count
+    from maskkv_cli.pipeline import ask_many, batch_size_for
 
-    n_prompts = sum(prompt_count(session, context, q, gen.gen_length, long) for q in questions)
-    size, why = session.batch_size(requested, [session.window] * n_prompts, gen, cache)
+    items = [(context, q) for q in questions]
+    size, why = batch_size_for(session, items, gen, cache, long, requested)
     if why:
         note_once(why, quiet, as_json)
     done = 0
@@ -63,8 +63,7 @@ def ask_together(session: Any, context: str, questions: list[str], gen: Any, cac
         live.phase("answer", f"{done}/{len(questions)} answered, {size} prompts at a time")
         live.answered(answer)
 
-    return ask_many(session, [(context, q) for q in questions], gen, cache, long=long, batch_size=size,
-                    on_answer=answered)
+    return ask_many(session, items, gen, cache, long=long, batch_size=size, on_answer=answered)
 
 
 @dataclass

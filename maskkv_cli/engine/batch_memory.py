@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from maskkv_cli.engine.chunks import MLP_CHUNK, QUERY_CHUNK
 from maskkv_cli.errors import UsageError
 
 if TYPE_CHECKING:  # this module imports no torch at load: the CLI parses --batch-size before anything heavy
@@ -22,8 +23,6 @@ if TYPE_CHECKING:  # this module imports no torch at load: the CLI parses --batc
 
 MAX_AUTO_BATCH = 64  # ``auto`` never goes beyond this many sequences at once
 FREE_SHARE = 0.8  # of the free memory a batch may plan to use (allocator slack, fragmentation, the rest)
-QUERY_CHUNK = 512  # as engine.forward's prefill: query rows attended at once
-MLP_CHUNK = 2048  # as engine.forward's prefill: MLP rows computed at once
 
 
 @dataclass(frozen=True)

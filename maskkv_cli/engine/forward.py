@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from maskkv_cli.engine.chunks import MLP_CHUNK, QUERY_CHUNK
 from maskkv_cli.kv.budgets import boundary_layer_budgets
 from maskkv_cli.kv.cache import LayerCache, PromptCache, add_residual, dense_layer, select_layer
 from maskkv_cli.kv.residual import attention_spread, diffuse_heads, kept_mask, residual_entries
@@ -29,8 +30,6 @@ if TYPE_CHECKING:
     from maskkv_cli.engine.prefix import PrefixStore
 from maskkv_cli.policies.base import LayerView, Policy
 
-MLP_CHUNK = 2048  # rows of the MLP (and of the k/v projections) computed at once in the prefill
-QUERY_CHUNK = 512  # query rows of the prefill's attention, output projection and residual computed at once
 SHIFT_ROWS = 4096  # tokens per slice when measuring the attention shift (bounds the fp32 temporaries)
 
 

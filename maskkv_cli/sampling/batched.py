@@ -26,6 +26,7 @@ from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.models.families import family
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.models.rows import small_rows
+from maskkv_cli.sampling import SamplerOptions, sample
 from maskkv_cli.sampling.common import Denoising, Event, GenerationResult, Loop, StepRequest
 from maskkv_cli.sampling.dream import dream_config, dream_loop, dream_run
 from maskkv_cli.sampling.llada import GenerationConfig, llada_loop, llada_run
@@ -41,7 +42,7 @@ class BatchJob:
     gen: GenerationConfig
     plan: CachePlan
     on_event: Callable[[Event], None] | None = None
-    options: object | None = None  # its family's own sampler settings (``sampling.SamplerOptions``); None: the run's
+    options: SamplerOptions | None = None  # its family's own sampler settings; None: the run's
 
 
 class Lane:
@@ -95,7 +96,7 @@ class Lane:
         return ("plain" if not forward.policy.uses_cache else "cached", length)
 
 
-def _open(model: DiffusionLM, index: int, job: BatchJob, options: object) -> Lane | None:
+def _open(model: DiffusionLM, index: int, job: BatchJob, options: SamplerOptions) -> Lane | None:
     """A lane for a job whose loop can share steps; None for one that runs alone."""
     sampler = family(model.config.family).sampler
     if sampler not in SHARED_LOOPS or not job.plan.step_options.eager:
@@ -103,7 +104,7 @@ def _open(model: DiffusionLM, index: int, job: BatchJob, options: object) -> Lan
     if sampler == "llada":
         run = llada_run(model, job.prompt, job.gen, job.plan, job.on_event)
         return Lane(index, run, llada_loop(run, job.gen))
-    dream_gen = dream_config(job.gen, options.dream)  # type: ignore[attr-defined]
+    dream_gen = dream_config(job.gen, options.dream)
     run = dream_run(model, job.prompt, dream_gen, job.plan, job.on_event)
     return Lane(index, run, dream_loop(run, dream_gen))
 
@@ -121,20 +122,16 @@ def _step_together(model: DiffusionLM, kind: str, lanes: list[Lane]) -> None:
 
 
 def _shared_step(model: DiffusionLM, kind: str, lanes: list[Lane]) -> list[Tensor]:
-    requests = [lane.request for lane in lanes]
-    if kind == "cached":
-        inputs = []
-        for lane, req in zip(lanes, requests, strict=True):
-            fwd = lane.run.forward
-            assert req is not None and fwd.cache is not None
-            inputs.append(CachedLane(fwd.cache, req.x[:, fwd.split :], fwd.response_rows(req.rows)))
-        logits = response_logits_many(model, inputs)
-    else:
-        logits = plain_logits_many(model, [r.x for r in requests if r is not None],  # type: ignore[union-attr]
-                                   [lane.run.forward.plain_rows(r.rows) for lane, r in zip(lanes, requests,
-                                                                                          strict=True)
-                                    if r is not None])
-    return logits
+    requests = [lane.request for lane in lanes if lane.request is not None]
+    forwards = [lane.run.forward for lane in lanes]
+    if kind == "plain":
+        return plain_logits_many(model, [r.x for r in requests],
+                                 [fwd.plain_rows(r.rows) for fwd, r in zip(forwards, requests, strict=True)])
+    inputs = []
+    for fwd, req in zip(forwards, requests, strict=True):
+        assert fwd.cache is not None
+        inputs.append(CachedLane(fwd.cache, req.x[:, fwd.split :], fwd.response_rows(req.rows)))
+    return response_logits_many(model, inputs)
 
 
 def _prefill_together(model: DiffusionLM, lanes: list[Lane]) -> None:
@@ -163,11 +160,11 @@ Take = Callable[[int, bool], list[tuple[int, BatchJob]]]  # (room, wait) -> up t
 
 
 @torch.no_grad()
-def sample_many(model: DiffusionLM, jobs: Sequence[BatchJob], batch_size: int, options: object | None = None,
+def sample_many(model: DiffusionLM, jobs: Sequence[BatchJob], batch_size: int, options: SamplerOptions | None = None,
                 on_result: Callable[[int, GenerationResult], None] | None = None) -> list[GenerationResult]:
     """Generate every job, up to ``batch_size`` of them stepping together; results in the jobs' order.
 
-    ``options``: the families' own sampler settings (``sampling.SamplerOptions``); ``on_result(i, result)`` is
+    ``options``: the families' own sampler settings; ``on_result(i, result)`` is
     called as each job finishes (in finishing order). The first job that fails raises its error (after the jobs
     stepping with it have finished)."""
     if batch_size < 1:
@@ -196,13 +193,11 @@ def sample_many(model: DiffusionLM, jobs: Sequence[BatchJob], batch_size: int, o
 @torch.no_grad()
 def sample_stream(model: DiffusionLM, take: Take, batch_size: int,
                   finish: Callable[[int, GenerationResult | None, BaseException | None], None],
-                  options: object | None = None) -> None:
+                  options: SamplerOptions | None = None) -> None:
     """Continuous batching: jobs come from ``take(room, wait)`` (up to ``room`` new ones; ``wait``: nothing is
     running, so it may block until there is work; an empty list then ends the stream), join the running ones as
     they come and leave when done; ``finish(id, result, error)`` is called once per job, with its result or the
     error that ended it (only that job's: the others go on)."""
-    from maskkv_cli.sampling import SamplerOptions, sample
-
     opts = options if options is not None else SamplerOptions()
     active: list[Lane] = []
     while True:
@@ -216,8 +211,7 @@ def sample_stream(model: DiffusionLM, take: Take, batch_size: int,
                 lane = _open(model, index, job, own)
                 if lane is None:  # a loop that cannot share steps runs whole, alone
                     prompt = job.prompt if job.prompt.dim() == 2 else job.prompt[None]
-                    finish(index, sample(model, prompt, job.gen, job.plan, job.on_event, own.dream,  # type: ignore[attr-defined]
-                                         own.llada2), None)  # type: ignore[attr-defined]
+                    finish(index, sample(model, prompt, job.gen, job.plan, job.on_event, own.dream, own.llada2), None)
                     continue
             except Exception as exc:  # noqa: BLE001
                 finish(index, None, exc)

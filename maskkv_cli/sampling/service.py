@@ -20,6 +20,7 @@ from torch import Tensor
 
 from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.models.protocol import DiffusionLM
+from maskkv_cli.sampling import SamplerOptions
 from maskkv_cli.sampling.batched import BatchJob, sample_stream
 from maskkv_cli.sampling.common import Event, GenerationResult
 from maskkv_cli.sampling.llada import GenerationConfig
@@ -45,7 +46,8 @@ class GenerationService:
         self._thread.start()
 
     def generate(self, prompt: Tensor, gen: GenerationConfig, plan: CachePlan,
-                 on_event: Callable[[Event], None] | None = None, options: object | None = None) -> GenerationResult:
+                 on_event: Callable[[Event], None] | None = None,
+                 options: SamplerOptions | None = None) -> GenerationResult:
         """Run one generation with the others in flight; blocks until it is done (its errors are raised here)."""
         future: Future[GenerationResult] = Future()
         with self._lock:

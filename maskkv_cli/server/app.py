@@ -298,14 +298,13 @@ def serving_batch_size(session: Session, config: ServerConfig) -> tuple[int, str
     and waiting requests the queue admits), with the line saying so."""
     if session.model.config.block_causal:
         return 1, None
-    settings = config.settings
-    gen = settings.generation(session.generation_defaults)
     if config.batch_size is not None:
         return config.batch_size, None
     from maskkv_cli.engine.batch_memory import MAX_AUTO_BATCH
 
-    size, line = session.batch_size(None, [session.window] * min(MAX_AUTO_BATCH, 1 + config.queue), gen,
-                                    settings.cache())
+    settings = config.settings
+    size, line = session.batch_size(None, [session.window] * min(MAX_AUTO_BATCH, 1 + config.queue),
+                                    settings.generation(session.generation_defaults), settings.cache())
     return size, line
 
 
