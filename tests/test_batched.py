@@ -238,7 +238,8 @@ def test_a_sequence_that_fails_ends_alone(models: dict) -> None:
 def test_every_probability_is_bit_identical_for_each_bidirectional_family(config: str) -> None:
     """Not only the tokens: every committed token's probability is the same float alone and in a batch of eight
     prompts of different lengths (the last rows of a block, one to three, take the few-rows kernel alone: the
-    batch computes them on their own too; an expert's product gets at least a few rows: models/rows.py)."""
+    batch computes them on their own too, except in the LM head, which never runs a product of a few rows; an
+    expert's product gets at least a few rows: models/rows.py)."""
     from maskkv_cli.bench.cases import random_model
     from maskkv_cli.models.config import named_config
     from maskkv_cli.sampling import sample
@@ -265,3 +266,21 @@ def test_few_rows_are_computed_as_inside_a_larger_product() -> None:
     whole = torch.nn.functional.linear(x, w)
     for m in range(1, 8):
         assert torch.equal(at_least_rows(lambda t: torch.nn.functional.linear(t, w), x[:m]), whole[:m])
+
+
+def test_the_head_gives_a_few_rows_the_logits_they_get_beside_others() -> None:
+    """The LM head never runs a product of only a few rows (``engine.forward.head_logits``), so a sequence's last
+    rows of a block get the same logits alone as inside the batch's one head product."""
+    from maskkv_cli.bench.cases import random_model
+    from maskkv_cli.engine.forward import head_logits
+    from maskkv_cli.models.config import named_config
+    from maskkv_cli.models.rows import small_rows
+
+    model = random_model(named_config("tiny"))
+    x = torch.randn(1, 40, model.config.d_model, generator=torch.Generator().manual_seed(1))
+    together = head_logits(model, x)
+    for m in range(1, small_rows() + 3):
+        assert torch.equal(head_logits(model, x[:, :m]), together[:, :m]), m
+        assert torch.equal(head_logits(model, x[:, 7 : 7 + m]), together[:, 7 : 7 + m]), m
+    if small_rows() > 0:  # the floor is what makes it so: the bare head rounds a single row otherwise
+        assert not torch.equal(model.head(x[:, :1]), together[:, :1])

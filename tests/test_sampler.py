@@ -149,3 +149,27 @@ def test_decode_strips_trailing_eos(tiny_tokenizer):
     eos = tiny_tokenizer.eos_token_id
     ids = tiny_tokenizer.encode("the river", add_special_tokens=False)
     assert decode_answer(tiny_tokenizer, ids + [eos] * 5, {eos}, 5) == "the river"
+
+
+def test_scratch_gives_the_plain_expressions_numbers():
+    """The samplers' reused float64 memory (``sampling.common.Scratch``) changes no number: probabilities and
+    Dream's confidences equal the plain expressions, for shrinking, growing and guided shapes."""
+    from maskkv_cli.sampling.common import Scratch
+    from maskkv_cli.sampling.dream import DreamGenerationConfig, sample_tokens
+
+    g = torch.Generator().manual_seed(0)
+    scratch = Scratch()
+    for shape in ((1, 16, 500), (1, 3, 500), (2, 9, 500), (1, 40, 700)):
+        logits = torch.randn(shape, generator=g) * 4
+        assert torch.equal(scratch.probabilities(logits), logits.to(torch.float64).softmax(-1))
+        for alg in ("entropy", "maskgit_plus", "topk_margin"):
+            gen = DreamGenerationConfig(gen_length=8, steps=8, alg=alg)
+            got = sample_tokens(logits, gen, torch.Generator().manual_seed(1), scratch)
+            probs = logits.to(torch.float64).softmax(-1)
+            conf, x0 = probs.max(-1)
+            if alg == "entropy":
+                conf = (probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
+            elif alg == "topk_margin":
+                top2 = probs.topk(2, dim=-1).values
+                conf = top2[..., 0] - top2[..., 1]
+            assert torch.equal(got[0], conf) and torch.equal(got[1], x0), alg

@@ -8,8 +8,10 @@ would run alone: no padding, so nothing of another sequence can reach it and its
 entries in the same order as alone. What a lane sees of the batch is only the number of rows in the matrix
 products. On the CPU a product's rows do not depend on how many there are, except that a product of only a few
 rows takes another kernel that rounds differently (oneDNN/MKL fp32 on this project's machines: 1-3 rows;
-``small_rows`` asks the platform once per process); so every product a lane would run alone with that few rows
-(its last rows of a block, a short chunk) runs on its own here too, with exactly those rows (docs/performance.md,
+``small_rows`` asks the platform once per process; 11 with two threads on this project's AVX-512 machines); so
+every product a lane would run alone with that few rows (its last rows of a block, a short chunk) runs on its own
+here too, with exactly those rows. The LM head is the exception: ``head_logits`` never runs a product of so few
+rows, alone or not, so every lane's rows share one head product, the costliest of a step (docs/performance.md,
 "Many sequences in one forward").
 
 ``prefill_many`` is step 0 of many prompts of any lengths (``engine.forward.prefill``, offline layer budgets):
@@ -33,6 +35,7 @@ from maskkv_cli.engine.forward import (
     LayerRecord,
     OfflineSelection,
     attend_in_chunks,
+    head_logits,
     row_fn,
 )
 from maskkv_cli.kv.cache import PromptCache
@@ -138,8 +141,15 @@ def prefill_many(model: DiffusionLM, lanes: Sequence[PrefillLane], mlp_chunk: in
         del keys, values
         for a, b in spans:  # the MLP as each lane alone runs it (in row chunks), added in place
             x[:, a:b] += block.mlp(x[:, a:b])
-    logits = apart(model.head, [x[:, a + lane.rows.to(x.device)] for lane, (a, _) in zip(lanes, bounds, strict=True)])
+    logits = joined_head(model, [x[:, a + lane.rows.to(x.device)] for lane, (a, _) in zip(lanes, bounds, strict=True)])
     return [(out, sink.cache, sink.records) for out, sink in zip(logits, sinks, strict=True)]
+
+
+def joined_head(model: DiffusionLM, pieces: Sequence[Tensor]) -> list[Tensor]:
+    """The LM head of every piece (1, r, d) in one product (``head_logits`` never runs a product of a few rows, so
+    each piece's logits are those it gets alone): logits (1, r, V) per piece."""
+    logits = head_logits(model, torch.cat(list(pieces), 1))
+    return list(logits.split([p.shape[1] for p in pieces], 1))
 
 
 def _bounds(sizes: Sequence[int]) -> list[tuple[int, int]]:
@@ -205,14 +215,15 @@ def response_logits_many(model: DiffusionLM, lanes: Sequence[CachedLane]) -> lis
 
 
 def _last_layer(model: DiffusionLM, block: nn.Module, xs: list[Tensor], os: list[Tensor]) -> list[Tensor]:
-    """The last layer's output projection, MLP and the LM head over each lane's rows ``xs[j]`` (1, r, d) with its
-    attention output ``os[j]`` (1, H, r, D): logits (1, r, V) per lane, as alone (``small_rows``)."""
+    """The last layer's output projection and MLP over each lane's rows ``xs[j]`` (1, r, d) with its attention output
+    ``os[j]`` (1, H, r, D), as alone (``small_rows``), then the LM head over every lane's rows at once: logits
+    (1, r, V) per lane."""
 
     def run(x: Tensor, o: Tensor) -> Tensor:
         x = x + block.attn_proj(o)
-        return model.head(x + block.mlp(x))
+        return x + block.mlp(x)
 
-    return apart(run, xs, os)
+    return joined_head(model, apart(run, xs, os))
 
 
 def plain_logits_many(model: DiffusionLM, sequences: Sequence[Tensor], rows: Sequence[Tensor]) -> list[Tensor]:
@@ -221,5 +232,5 @@ def plain_logits_many(model: DiffusionLM, sequences: Sequence[Tensor], rows: Seq
     x = dense_hidden(model, torch.cat(list(sequences)))
     bounds = _bounds([s.shape[0] for s in sequences])
     picked = [_flat(x[a:b][:, r.to(x.device)]) for r, (a, b) in zip(rows, bounds, strict=True)]
-    logits = apart(model.head, picked)
+    logits = joined_head(model, picked)
     return [out[0].reshape(s.shape[0], len(r), -1) for out, s, r in zip(logits, sequences, rows, strict=True)]

@@ -25,6 +25,7 @@ from maskkv_cli.kv.cache import LayerCache, PromptCache, add_residual, dense_lay
 from maskkv_cli.kv.residual import attention_spread, diffuse_heads, kept_mask, residual_entries
 from maskkv_cli.models.base import Rope, attention, dense_hidden, on_layer_device
 from maskkv_cli.models.protocol import Block, DiffusionLM
+from maskkv_cli.models.rows import at_least_rows
 
 if TYPE_CHECKING:
     from maskkv_cli.engine.prefix import PrefixStore
@@ -116,10 +117,19 @@ class Layout:
         return lambda start, stop: block_causal_visible(start, stop, total, self.block, device)
 
 
+def head_logits(model: DiffusionLM, x: Tensor) -> Tensor:
+    """The LM head of hidden states x (B, n, d): logits (B, n, V), as one product of never fewer than
+    ``small_rows + 1`` rows (zero rows added, then dropped; ``models.rows``). A product of a few rows takes another
+    kernel that rounds differently, so without this floor the last few rows of a block would get other logits alone
+    than beside another sequence's rows (``engine/batched.py`` joins every sequence's rows in one head)."""
+    b, n, d = x.shape
+    return at_least_rows(model.head, x.reshape(b * n, d)).reshape(b, n, -1)
+
+
 def plain_logits(model: DiffusionLM, ids: Tensor, rows: Tensor) -> Tensor:
     """Full bidirectional forward over ids (B, T); logits (B, len(rows), V) at sequence positions ``rows``."""
     x = dense_hidden(model, ids)
-    return model.head(x[:, rows.to(x.device)])
+    return head_logits(model, x[:, rows.to(x.device)])
 
 
 def chunked_rows(fn: Callable[[int, int], Tensor], t: int, chunk: int) -> Tensor:
@@ -371,7 +381,7 @@ def stream_layers(model: DiffusionLM, ids: Tensor, prompt_len: int, rows: Tensor
         del k, v, rows_q
         for start in range(0, t - p, mlp_chunk):  # the MLP in row chunks, added in place
             x[:, start : start + mlp_chunk] += block.mlp(x[:, start : start + mlp_chunk])
-    logits = model.head(x[:, (rows.to(x.device) - p)])
+    logits = head_logits(model, x[:, (rows.to(x.device) - p)])
     del x
     tokens = ids.shape[0] * t
     return logits, [float(s) / tokens for s in shifts]
@@ -412,4 +422,4 @@ def response_logits(model: DiffusionLM, cache: PromptCache, response: Tensor, ro
     response rows ``rows`` (the sampler accounts for a model's logit shift). ``offset``: see ``response_hidden``."""
     start = cache.prompt_len + offset
     rope = model.rope(torch.arange(start, start + response.shape[1], device=response.device))
-    return model.head(response_hidden(model, cache, response, rope, rows, offset))
+    return head_logits(model, response_hidden(model, cache, response, rope, rows, offset))

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from maskkv_cli.engine.forward import response_hidden
+from maskkv_cli.engine.forward import head_logits, response_hidden
 from maskkv_cli.errors import UsageError
 from maskkv_cli.kv.cache import PromptCache
 from maskkv_cli.models.protocol import DiffusionLM
@@ -128,4 +128,4 @@ class StepRunner:
             assert hidden is not None
         else:
             hidden = self.body(response, window)
-        return self.model.head(hidden[:, rows])
+        return head_logits(self.model, hidden[:, rows])

@@ -27,7 +27,7 @@ from maskkv_cli.models.families import family
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.models.rows import small_rows
 from maskkv_cli.sampling import SamplerOptions, sample
-from maskkv_cli.sampling.common import Denoising, Event, GenerationResult, Loop, StepRequest
+from maskkv_cli.sampling.common import Denoising, Event, GenerationResult, Loop, Scratch, StepRequest
 from maskkv_cli.sampling.dream import dream_config, dream_loop, dream_run
 from maskkv_cli.sampling.llada import GenerationConfig, llada_loop, llada_run
 
@@ -96,16 +96,18 @@ class Lane:
         return ("plain" if not forward.policy.uses_cache else "cached", length)
 
 
-def _open(model: DiffusionLM, index: int, job: BatchJob, options: SamplerOptions) -> Lane | None:
-    """A lane for a job whose loop can share steps; None for one that runs alone."""
+def _open(model: DiffusionLM, index: int, job: BatchJob, options: SamplerOptions, scratch: Scratch) -> Lane | None:
+    """A lane for a job whose loop can share steps (and the stream's ``scratch``); None for one that runs alone."""
     sampler = family(model.config.family).sampler
     if sampler not in SHARED_LOOPS or not job.plan.step_options.eager:
         return None
     if sampler == "llada":
         run = llada_run(model, job.prompt, job.gen, job.plan, job.on_event)
+        run.scratch = scratch
         return Lane(index, run, llada_loop(run, job.gen))
     dream_gen = dream_config(job.gen, options.dream)
     run = dream_run(model, job.prompt, dream_gen, job.plan, job.on_event)
+    run.scratch = scratch
     return Lane(index, run, dream_loop(run, dream_gen))
 
 
@@ -199,6 +201,7 @@ def sample_stream(model: DiffusionLM, take: Take, batch_size: int,
     they come and leave when done; ``finish(id, result, error)`` is called once per job, with its result or the
     error that ended it (only that job's: the others go on)."""
     opts = options if options is not None else SamplerOptions()
+    scratch = Scratch()  # the loops' float64 work, one step at a time: one for them all
     active: list[Lane] = []
     while True:
         new = take(batch_size - len(active), not active)
@@ -208,7 +211,7 @@ def sample_stream(model: DiffusionLM, take: Take, batch_size: int,
         for index, job in new:
             own = job.options if job.options is not None else opts
             try:
-                lane = _open(model, index, job, own)
+                lane = _open(model, index, job, own, scratch)
                 if lane is None:  # a loop that cannot share steps runs whole, alone
                     prompt = job.prompt if job.prompt.dim() == 2 else job.prompt[None]
                     finish(index, sample(model, prompt, job.gen, job.plan, job.on_event, own.dream, own.llada2), None)

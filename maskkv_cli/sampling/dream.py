@@ -26,6 +26,7 @@ from maskkv_cli.sampling.common import (
     Event,
     GenerationResult,
     Loop,
+    Scratch,
     StepRequest,
     drive,
     suppress_mask,
@@ -94,13 +95,15 @@ def filter_logits(logits: Tensor, top_p: float | None, top_k: int | None) -> Ten
     return logits
 
 
-def sample_tokens(logits: Tensor, gen: DreamGenerationConfig,
-                  rng: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
-    """(confidence, tokens, probability of each chosen token) for logits (B, n, V) by Dream's rules."""
+def sample_tokens(logits: Tensor, gen: DreamGenerationConfig, rng: torch.Generator,
+                  scratch: Scratch | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """(confidence, tokens, probability of each chosen token) for logits (B, n, V) by Dream's rules; ``scratch``:
+    the memory its float64 work reuses (``common.Scratch``)."""
+    scratch = scratch if scratch is not None else Scratch()
     if gen.temperature > 0:
         logits = logits / gen.temperature
     logits = filter_logits(logits, gen.top_p, gen.top_k)
-    probs = logits.to(torch.float64).softmax(-1)
+    probs = scratch.probabilities(logits)
     if gen.temperature > 0:
         flat = probs.reshape(-1, probs.shape[-1])
         x0 = torch.multinomial(flat, 1, generator=rng).view(probs.shape[:-1])
@@ -112,7 +115,8 @@ def sample_tokens(logits: Tensor, gen: DreamGenerationConfig,
         top2 = probs.topk(2, dim=-1).values
         conf = top2[..., 0] - top2[..., 1]
     elif gen.alg == "entropy":
-        conf = (probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
+        plogp = torch.clamp_min(probs, 1e-30, out=scratch.buffer("entropy", probs))  # p log p, in place
+        conf = plogp.log_().mul_(probs).sum(-1)
     return conf, x0, chosen_prob
 
 
@@ -160,7 +164,7 @@ def dream_loop(run: Denoising, gen: DreamGenerationConfig) -> Loop:
         t, s = float(timesteps[i]), float(timesteps[i + 1])
         last = i == gen.steps - 1
         still = run.still_masked(rows)  # (B, n)
-        conf, x0, chosen_prob = sample_tokens(logits, gen, rng)
+        conf, x0, chosen_prob = sample_tokens(logits, gen, rng, run.scratch)
         if gen.alg == "origin":
             p = 1.0 if last else 1 - s / t
             commit = still & (torch.rand(still.shape, generator=rng, device=device, dtype=torch.float64) < p)
