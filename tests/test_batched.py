@@ -284,3 +284,34 @@ def test_the_head_gives_a_few_rows_the_logits_they_get_beside_others() -> None:
         assert torch.equal(head_logits(model, x[:, 7 : 7 + m]), together[:, 7 : 7 + m]), m
     if small_rows() > 0:  # the floor is what makes it so: the bare head rounds a single row otherwise
         assert not torch.equal(model.head(x[:, :1]), together[:, :1])
+
+
+@pytest.mark.parametrize(("mlp_chunk", "query_chunk"), [(16, 8), (60, 24), (2048, 512)])
+def test_a_shared_prefill_equals_each_prefill_alone(mlp_chunk: int, query_chunk: int) -> None:
+    """``prefill_many`` over prompts of several lengths, with chunks smaller and larger than a prompt (a lane's
+    keys then come from one span, from several, or from a span shared with its neighbours), gives each prompt the
+    logits and kept cache entries of its prefill alone."""
+    from maskkv_cli.bench.cases import random_model
+    from maskkv_cli.engine.batched import PrefillLane, prefill_many
+    from maskkv_cli.engine.forward import prefill
+    from maskkv_cli.models.config import named_config
+
+    model = random_model(named_config("tiny"))
+    g = torch.Generator().manual_seed(2)
+    mask_id = model.config.mask_token_id
+    policy = get_policy("maskkv")
+    lanes = []
+    for m in (40, 7, 75, 22):
+        ids = torch.cat([torch.randint(0, 200, (1, m), generator=g), torch.full((1, 8), mask_id)], 1)
+        budgets = CachePlan.build(model, policy, 6, m).layer_budgets
+        lanes.append(PrefillLane(ids, m, policy, budgets, torch.arange(m, m + 8)))
+    together = prefill_many(model, lanes, mlp_chunk=mlp_chunk, query_chunk=query_chunk)
+    for lane, (logits, cache, _) in zip(lanes, together, strict=True):
+        alone, cache_alone, _ = prefill(model, lane.ids, lane.prompt_len, policy, lane.layer_budgets, lane.rows,
+                                        mlp_chunk=mlp_chunk, query_chunk=query_chunk)
+        assert torch.equal(logits, alone)
+        for layer, layer_alone in zip(cache.layers, cache_alone.layers, strict=True):
+            kept = layer.prompt_slots  # the response slots are written by the steps
+            assert torch.equal(layer.k[:, :, :kept], layer_alone.k[:, :, :kept])
+            assert torch.equal(layer.v[:, :, :kept], layer_alone.v[:, :, :kept])
+            assert torch.equal(layer.positions, layer_alone.positions)

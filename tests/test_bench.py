@@ -479,3 +479,37 @@ def test_cli_bench_speed_batches_refused_where_they_cannot_share_steps():
     assert result.exit_code == 2 and "eager" in result.output
     with pytest.raises(UsageError, match="block-causal"):
         run_case(SpeedCase("full", None, 32, **{**TINY, "config": "llada2-tiny", "batch_size": 2}))
+
+
+def test_repeats_run_round_by_round_and_keep_each_cases_median_run(tmp_path, monkeypatch):
+    """``--repeats``: every case runs once per round, rounds one after another; a row is its case's median run
+    (all its figures from that run) with every run's figures, and batch ratios come round by round too."""
+    monkeypatch.chdir(tmp_path)
+    settings = SpeedSettings(prompt_lengths=(32,), policies=("maskkv",), budgets=(8,), batch_sizes=(1, 2), repeats=3,
+                             **TINY)
+    order: list[int] = []
+    totals = {1: iter([3.0, 1.0, 2.0]), 2: iter([4.0, 5.0, 2.5])}
+
+    measured: dict[int, dict] = {}
+
+    def runner(case: SpeedCase) -> dict:  # a real row of the case, with made-up times
+        order.append(case.batch_size)
+        if case.batch_size not in measured:
+            measured[case.batch_size] = run_case(case)
+        total = next(totals[case.batch_size])
+        return {**measured[case.batch_size], "total_s": total, "tokens_per_s": case.batch_size * 16 / total,
+                "prefill_s": total / 10}
+
+    folder, rows = run_sweep(settings, runner=runner)
+    assert order == [1, 2, 1, 2, 1, 2]
+    one, two = rows
+    assert one["total_s"] == 2.0 and one["prefill_s"] == pytest.approx(0.2) and one["repeats"] == 3
+    assert one["total_s_runs"] == [3.0, 1.0, 2.0]
+    assert two["total_s"] == 4.0 and two["speedup_vs_batch1"] == pytest.approx((32 / 4.0) / (16 / 2.0))
+    assert two["speedup_vs_batch1_runs"] == pytest.approx([(32 / 4.0) / (16 / 3.0), (32 / 5.0) / 16, 32 / 2.5 / 8])
+    summary = (folder.path / "summary.md").read_text()
+    assert "round by round" in summary and "(median 1.50x)" in summary
+    again, _ = run_sweep(settings, runner=runner)  # the same settings: the median rows are reused
+    assert again.path == folder.path and len(order) == 6
+    with pytest.raises(UsageError, match="--repeats"):
+        SpeedSettings(repeats=0, **TINY).check()

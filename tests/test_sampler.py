@@ -151,25 +151,24 @@ def test_decode_strips_trailing_eos(tiny_tokenizer):
     assert decode_answer(tiny_tokenizer, ids + [eos] * 5, {eos}, 5) == "the river"
 
 
-def test_scratch_gives_the_plain_expressions_numbers():
-    """The samplers' reused float64 memory (``sampling.common.Scratch``) changes no number: probabilities and
-    Dream's confidences equal the plain expressions, for shrinking, growing and guided shapes."""
-    from maskkv_cli.sampling.common import Scratch
-    from maskkv_cli.sampling.dream import DreamGenerationConfig, sample_tokens
 
-    g = torch.Generator().manual_seed(0)
-    scratch = Scratch()
-    for shape in ((1, 16, 500), (1, 3, 500), (2, 9, 500), (1, 40, 700)):
-        logits = torch.randn(shape, generator=g) * 4
-        assert torch.equal(scratch.probabilities(logits), logits.to(torch.float64).softmax(-1))
-        for alg in ("entropy", "maskgit_plus", "topk_margin"):
-            gen = DreamGenerationConfig(gen_length=8, steps=8, alg=alg)
-            got = sample_tokens(logits, gen, torch.Generator().manual_seed(1), scratch)
-            probs = logits.to(torch.float64).softmax(-1)
-            conf, x0 = probs.max(-1)
-            if alg == "entropy":
-                conf = (probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
-            elif alg == "topk_margin":
-                top2 = probs.topk(2, dim=-1).values
-                conf = top2[..., 0] - top2[..., 1]
-            assert torch.equal(got[0], conf) and torch.equal(got[1], x0), alg
+@pytest.mark.parametrize("threads", [1, 2])
+def test_scratch_gives_the_reference_probabilities(threads):
+    """The sampler's reused float64 memory (``sampling.common.Scratch``) changes no number: the chosen tokens'
+    probabilities equal the reference expression for many rows (worked through a few at a time), for shrinking,
+    growing and guided shapes and a vocabulary wider than one chunk, with one and two threads."""
+    from maskkv_cli.sampling.common import SCRATCH_BYTES, Scratch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(0)
+        scratch = Scratch()
+        wide = SCRATCH_BYTES // 8 + 5  # one row is more than a chunk
+        for shape in ((1, 16, 5000), (1, 3, 5000), (2, 9, 5000), (1, 40, 7000), (1, 2, wide)):
+            logits = torch.randn(shape, generator=g) * 4
+            chosen = torch.randint(0, shape[-1], shape[:-1], generator=g)
+            ref = logits.to(torch.float64).softmax(-1).gather(-1, chosen[..., None]).squeeze(-1)
+            assert torch.equal(scratch.chosen_probabilities(logits, chosen), ref), shape
+    finally:
+        torch.set_num_threads(before)

@@ -31,6 +31,7 @@ from maskkv_cli.bench.cases import case_main, load_bench_model, random_prompt, r
 from maskkv_cli.bench.live_bytes import LiveBytes
 from maskkv_cli.bench.results import ResultsFolder, settings_key
 from maskkv_cli.errors import UsageError
+from maskkv_cli.models.rows import small_rows
 from maskkv_cli.stats import read_current, read_peak, reset_peak
 
 TARGET_SHARE = 0.2  # MaskKV's live peak above weights should be at most this share of the full cache's
@@ -207,6 +208,7 @@ def run_memory_case(case: MemoryCase) -> dict[str, Any]:
     mask = torch.full((1, n), cfg.mask_token_id, dtype=prompt.dtype, device=dev)
     ids = torch.cat([prompt, mask], 1)
     rows = torch.arange(m, m + min(case.block_length, n), device=dev)
+    small_rows(str(dev), model.dtype)  # the engine's once-per-process probe (models/rows.py), not the prefill's memory
     now(dev)
     loaded = read_current(dev)
     peak_reset = reset_peak(dev)

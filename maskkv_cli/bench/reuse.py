@@ -27,6 +27,7 @@ import torch
 from maskkv_cli.bench.cases import load_bench_model, random_prompt
 from maskkv_cli.bench.live_bytes import LiveBytes
 from maskkv_cli.errors import UsageError
+from maskkv_cli.models.rows import small_rows
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ def _run(model: Any, prompts: list[torch.Tensor], doc: list[int], case: ReuseCas
     whole = len(doc) // case.block_length * case.block_length
     answers: list[torch.Tensor] = []
     stored = 0
+    small_rows(str(model.device), model.dtype)  # the engine's once-per-process probe (models/rows.py), not a run's
     with LiveBytes() as live:
         started = time.perf_counter()
         prefix = compute_prefix(model, doc[:whole], case.block_length) if reuse and whole else None

@@ -384,14 +384,18 @@ class SpeedSettings:
     warmup: bool = True
     step_modes: tuple[str, ...] = ("eager",)  # each cache policy runs once per mode; ``none`` always eager
     batch_sizes: tuple[int, ...] = (1,)  # each method runs once per batch size
+    repeats: int = 1  # runs of every case, round by round; a row is its case's median run
 
     def as_dict(self) -> dict[str, Any]:
-        """The settings as JSON; batch sizes (1,) are left out, so a run finds its folder from before batches."""
+        """The settings as JSON; batch sizes (1,) and one repeat are left out, so a run finds its folder from
+        before those settings."""
         d = asdict(self)
         for k in ("prompt_lengths", "policies", "budgets", "step_modes", "batch_sizes"):
             d[k] = list(d[k])
         if self.batch_sizes == (1,):
             del d["batch_sizes"]
+        if self.repeats == 1:
+            del d["repeats"]
         return d
 
     def cases(self) -> list[SpeedCase]:
@@ -433,6 +437,8 @@ class SpeedSettings:
             options = StepOptions.from_label(mode)
             if options.cuda_graph and not self.device.startswith("cuda"):
                 raise UsageError(f"step mode {mode} needs --device cuda")
+        if self.repeats < 1:
+            raise UsageError("--repeats must be at least 1")
         if not self.batch_sizes or min(self.batch_sizes) < 1:
             raise UsageError("--batch-sizes must be positive whole numbers (e.g. 1,8)")
         if max(self.batch_sizes) > 1:
@@ -461,10 +467,43 @@ def add_ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         single = by_len.get((row["prompt_len"], 1), {}).get(row["method"])
         row["speedup_vs_batch1"] = (row["tokens_per_s"] / single["tokens_per_s"]
                                     if single and single["tokens_per_s"] > 0 else None)
+        runs, single_runs = row.get("tokens_per_s_runs"), (single or {}).get("tokens_per_s_runs")
+        if runs and single_runs and len(runs) == len(single_runs) and row.get("batch_size", 1) > 1:
+            row["speedup_vs_batch1_runs"] = [b / a for a, b in zip(single_runs, runs, strict=True)]
         lim = row.get("limit_s")
         row["measured_over_limit"] = row["total_s"] / lim if lim else None
         out.append(row)
     return out
+
+
+def median_row(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Of several runs of one case, the run with the median end-to-end time (the lower middle of an even count:
+    every figure of a row comes from one run), with every run's total time and tokens/s in run order."""
+    order = sorted(range(len(runs)), key=lambda i: runs[i]["total_s"])
+    row = dict(runs[order[(len(runs) - 1) // 2]])
+    row["repeats"] = len(runs)
+    row["total_s_runs"] = [r["total_s"] for r in runs]
+    row["tokens_per_s_runs"] = [r["tokens_per_s"] for r in runs]
+    return row
+
+
+def run_rounds(cases: Sequence[SpeedCase], run: Callable[[SpeedCase], dict[str, Any]], repeats: int,
+               on_case: Callable[[int, int, SpeedCase, dict[str, Any] | None], None] | None = None,
+               ) -> dict[str, dict[str, Any]]:
+    """Every case ``repeats`` times, round by round (each round runs every case once, in order), so that the runs
+    of the cases a ratio compares are spread over the same stretch of the machine's time; each case's median run
+    (``median_row``) by key. ``on_case(i, n, case, row)`` as in ``run_sweep``, over all n runs."""
+    tell = on_case or (lambda *a: None)
+    runs: dict[str, list[dict[str, Any]]] = {case.key(): [] for case in cases}
+    total = len(cases) * repeats
+    for r in range(repeats):
+        for j, case in enumerate(cases):
+            i = r * len(cases) + j
+            tell(i, total, case, None)
+            row = run(case)
+            runs[case.key()].append(row)
+            tell(i, total, case, row)
+    return {key: median_row(rows) for key, rows in runs.items()}
 
 
 def run_sweep(
@@ -483,7 +522,16 @@ def run_sweep(
     settings.check()
     cases = settings.cases()
     folder = ResultsFolder.open("speed", settings.as_dict(), [c.key() for c in cases], out, fresh)
-    reused = folder.run_cases(cases, runner or (run_case_subprocess if isolate else run_case), on_case)
+    run = runner or (run_case_subprocess if isolate else run_case)
+    if settings.repeats > 1:  # the missing cases' runs, round by round, then their median rows into the folder
+        medians = run_rounds([c for c in cases if folder.get(c.key()) is None], run, settings.repeats, on_case)
+        reused = folder.run_cases(cases, lambda case: medians[case.key()])
+        if on_case is not None:
+            for i, case in enumerate(cases):
+                if case.key() in reused:
+                    on_case(i, len(cases), case, {**folder.rows[case.key()], "reused": True})
+    else:
+        reused = folder.run_cases(cases, run, on_case)
     rows = add_ratios(folder.ordered())
     folder.update(rows)
     rows = [{**r, "reused": r["key"] in reused} for r in rows]

@@ -4,6 +4,7 @@ and speed.png."""
 from __future__ import annotations
 
 import io
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -118,6 +119,16 @@ def summary_markdown(settings: SpeedSettings, rows: Sequence[dict[str, Any]], fo
             "the B responses (weights over every sequence's rows at once, attention sequence by sequence over its "
             "own budget + response keys)",
         ]
+    if s.repeats > 1:
+        lines.append(f"- every case ran {s.repeats} times, round by round (each round ran every case once, in the "
+                     "order of the table); a row is its case's run with the median total time, and vs batch 1 "
+                     "compares those median runs")
+        for row in rows:
+            per_round = row.get("speedup_vs_batch1_runs")
+            if per_round:
+                lines.append(f"- {row['method']} at prompt {row['prompt_len']}, batch {row['batch_size']} against 1, "
+                             "round by round: " + ", ".join(fmt_ratio(r, 2) for r in per_round)
+                             + f" (median {fmt_ratio(statistics.median(per_round), 2)})")
     lines += [
         "",
         "| " + " | ".join(head) + " |",

@@ -124,11 +124,11 @@ def prefill_many(model: DiffusionLM, lanes: Sequence[PrefillLane], mlp_chunk: in
     spans = row_spans(bounds, mlp_chunk, few_rows(x))
     for i, block in enumerate(model.blocks):
         x, rope = on_layer_device(model, i, x, rope)
-        keys = torch.cat([block.keys(x[:, a:b], rope.rows(a, b)) for a, b in spans], 2)  # (1, H_kv, N, D)
-        values = torch.cat([block.values(x[:, a:b]) for a, b in spans], 2)
+        keys = [block.keys(x[:, a:b], rope.rows(a, b)) for a, b in spans]  # (1, H_kv, rows, D) per span
+        values = [block.values(x[:, a:b]) for a, b in spans]
         for lane, (a, b), sink in zip(lanes, bounds, sinks, strict=True):
             own, x_lane = rope.rows(a, b), x[:, a:b]  # a view: attention writes the lane's rows of x in place
-            k, v = keys[:, :, a:b].contiguous(), values[:, :, a:b].contiguous()
+            k, v = _lane_rows(spans, keys, a, b), _lane_rows(spans, values, a, b)
             rows_q = row_fn(block.queries, x_lane, own)
             view = LayerView(i, n_layers, torch.empty((1, cfg.n_heads, b - a, cfg.head_dim), device="meta"), k,
                              lane.prompt_len, scale, compute_q=rows_q)
@@ -150,6 +150,15 @@ def joined_head(model: DiffusionLM, pieces: Sequence[Tensor]) -> list[Tensor]:
     each piece's logits are those it gets alone): logits (1, r, V) per piece."""
     logits = head_logits(model, torch.cat(list(pieces), 1))
     return list(logits.split([p.shape[1] for p in pieces], 1))
+
+
+def _lane_rows(spans: Sequence[tuple[int, int]], pieces: Sequence[Tensor], a: int, b: int) -> Tensor:
+    """Rows [a, b) of the span pieces (1, H, rows, D) laid back to back, contiguous: the piece itself when a span
+    is exactly those rows (a long prompt's chunk), else a copy of the rows from the spans that hold them."""
+    parts = [t[:, :, max(a, s) - s : min(b, e) - s] for (s, e), t in zip(spans, pieces, strict=True) if s < b and e > a]
+    if len(parts) == 1 and parts[0].is_contiguous():
+        return parts[0]
+    return torch.cat(parts, 2)
 
 
 def _bounds(sizes: Sequence[int]) -> list[tuple[int, int]]:

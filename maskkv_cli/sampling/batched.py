@@ -107,7 +107,6 @@ def _open(model: DiffusionLM, index: int, job: BatchJob, options: SamplerOptions
         return Lane(index, run, llada_loop(run, job.gen))
     dream_gen = dream_config(job.gen, options.dream)
     run = dream_run(model, job.prompt, dream_gen, job.plan, job.on_event)
-    run.scratch = scratch
     return Lane(index, run, dream_loop(run, dream_gen))
 
 

@@ -212,34 +212,47 @@ class StepMeter:
         self.emit(Event("done", 0, 0, self.steps, 0, 0, stats.total_s))
 
 
-class Scratch:
-    """Memory the samplers reuse from step to step for their full-vocabulary float64 work (a step's probabilities
-    over the whole vocabulary, for every row it decodes: tens of MiB for LLaDA's 126k tokens).
+SCRATCH_BYTES = 4 << 20  # the float64 rows ``Scratch`` works on at once: 4 rows of a 126k-token vocabulary
 
-    Allocated afresh each step, such blocks come from their own mappings (``allocator.py``) and the kernel zeroes
-    every page on first touch; on the CPU that costs more than the softmax itself (about 9 ms of a 16-row step,
-    1.3 ms with reused memory). Each result is a view into the scratch, valid until the next call that uses the
-    same buffer; loops stepping together (``batched.py``) share one scratch, since each finishes its step before
-    the next one starts. The numbers are those of the plain expressions each method names."""
+
+class Scratch:
+    """Memory the samplers reuse from step to step for their full-vocabulary float64 work.
+
+    ``chosen_probabilities`` is the reference sampler's ``logits.to(torch.float64).softmax(-1)`` at the chosen
+    tokens: a fresh float64 copy and softmax of every row, tens of MiB per step for a 126k-token vocabulary. Blocks
+    that large come from their own mappings (``allocator.py``) and the kernel zeroes each page on first touch: on
+    the CPU that costs more than the softmax itself (about 9 ms of a 16-row step). On the CPU the rows are worked
+    through a few at a time in two reused buffers of ``SCRATCH_BYTES`` each (the softmax of a row does not depend on
+    the rows beside it, so the numbers are the same); on other devices the plain expression runs. Loops stepping
+    together (``batched.py``) share one scratch: each finishes its step before the next one starts."""
 
     def __init__(self) -> None:
         self._buffers: dict[str, Tensor] = {}
 
-    def buffer(self, name: str, like: Tensor) -> Tensor:
-        """A float64 tensor of ``like``'s shape on its device, from the buffer ``name`` (grown when too small)."""
-        size = like.numel()
+    def _buffer(self, name: str, rows: int, width: int, device: torch.device) -> Tensor:
+        size = rows * width
         buf = self._buffers.get(name)
-        if buf is None or buf.numel() < size or buf.device != like.device:
-            self._buffers.pop(name, None)
-            buf = torch.empty(size, dtype=torch.float64, device=like.device)
+        if buf is None or buf.numel() < size or buf.device != device:
+            buf = torch.empty(size, dtype=torch.float64, device=device)
             self._buffers[name] = buf
-        return buf[:size].view(like.shape)
+        return buf[:size].view(rows, width)
 
-    def probabilities(self, logits: Tensor) -> Tensor:
-        """``logits.to(torch.float64).softmax(-1)``."""
-        wide = self.buffer("wide", logits)
-        wide.copy_(logits)
-        return torch.softmax(wide, -1, out=self.buffer("probs", logits))
+    def chosen_probabilities(self, logits: Tensor, chosen: Tensor) -> Tensor:
+        """``logits.to(torch.float64).softmax(-1).gather(-1, chosen[..., None]).squeeze(-1)``: the probability of
+        token ``chosen`` (...) under logits (..., V), as float64."""
+        if logits.device.type != "cpu":
+            return logits.to(torch.float64).softmax(-1).gather(-1, chosen[..., None]).squeeze(-1)
+        width = logits.shape[-1]
+        flat, index = logits.reshape(-1, width), chosen.reshape(-1, 1)
+        out = torch.empty(flat.shape[0], dtype=torch.float64)
+        step = max(1, SCRATCH_BYTES // (8 * width))
+        for start in range(0, flat.shape[0], step):
+            stop = min(flat.shape[0], start + step)
+            wide = self._buffer("wide", stop - start, width, flat.device)
+            wide.copy_(flat[start:stop])
+            probs = torch.softmax(wide, -1, out=self._buffer("probs", stop - start, width, flat.device))
+            out[start:stop] = probs.gather(-1, index[start:stop]).squeeze(-1)
+        return out.view(chosen.shape)
 
 
 def suppress_mask(logits: Tensor, mask_id: int) -> Tensor:

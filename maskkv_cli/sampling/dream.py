@@ -26,7 +26,6 @@ from maskkv_cli.sampling.common import (
     Event,
     GenerationResult,
     Loop,
-    Scratch,
     StepRequest,
     drive,
     suppress_mask,
@@ -95,15 +94,13 @@ def filter_logits(logits: Tensor, top_p: float | None, top_k: int | None) -> Ten
     return logits
 
 
-def sample_tokens(logits: Tensor, gen: DreamGenerationConfig, rng: torch.Generator,
-                  scratch: Scratch | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """(confidence, tokens, probability of each chosen token) for logits (B, n, V) by Dream's rules; ``scratch``:
-    the memory its float64 work reuses (``common.Scratch``)."""
-    scratch = scratch if scratch is not None else Scratch()
+def sample_tokens(logits: Tensor, gen: DreamGenerationConfig,
+                  rng: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
+    """(confidence, tokens, probability of each chosen token) for logits (B, n, V) by Dream's rules."""
     if gen.temperature > 0:
         logits = logits / gen.temperature
     logits = filter_logits(logits, gen.top_p, gen.top_k)
-    probs = scratch.probabilities(logits)
+    probs = logits.to(torch.float64).softmax(-1)
     if gen.temperature > 0:
         flat = probs.reshape(-1, probs.shape[-1])
         x0 = torch.multinomial(flat, 1, generator=rng).view(probs.shape[:-1])
@@ -115,8 +112,7 @@ def sample_tokens(logits: Tensor, gen: DreamGenerationConfig, rng: torch.Generat
         top2 = probs.topk(2, dim=-1).values
         conf = top2[..., 0] - top2[..., 1]
     elif gen.alg == "entropy":
-        plogp = torch.clamp_min(probs, 1e-30, out=scratch.buffer("entropy", probs))  # p log p, in place
-        conf = plogp.log_().mul_(probs).sum(-1)
+        conf = (probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
     return conf, x0, chosen_prob
 
 
@@ -164,7 +160,7 @@ def dream_loop(run: Denoising, gen: DreamGenerationConfig) -> Loop:
         t, s = float(timesteps[i]), float(timesteps[i + 1])
         last = i == gen.steps - 1
         still = run.still_masked(rows)  # (B, n)
-        conf, x0, chosen_prob = sample_tokens(logits, gen, rng, run.scratch)
+        conf, x0, chosen_prob = sample_tokens(logits, gen, rng)
         if gen.alg == "origin":
             p = 1.0 if last else 1 - s / t
             commit = still & (torch.rand(still.shape, generator=rng, device=device, dtype=torch.float64) < p)

@@ -152,7 +152,7 @@ def llada_loop(run: Denoising, gen: GenerationConfig) -> Loop:
                 logits = unc + (gen.cfg_scale + 1) * (cond - unc)
             logits = suppress_mask(logits, mask_id)
             x0 = add_gumbel_noise(logits, gen.temperature, rng).argmax(-1)  # (B, n)
-            chosen_prob = run.scratch.probabilities(logits).gather(-1, x0[..., None]).squeeze(-1)
+            chosen_prob = run.scratch.chosen_probabilities(logits, x0)
             if gen.remasking == "low_confidence":
                 conf = chosen_prob
             else:

@@ -115,6 +115,9 @@ def speed(
         "length (distinct random prompts) generated together, their prefill and later steps each sharing one "
         "forward; reported per batch (tok/s = B x gen length / total) with the ratio to batch 1. Above 1: eager "
         "steps only, and not for block-causal LLaDA2 shapes (they run one sequence at a time).")] = "1",
+    repeats: Annotated[int, typer.Option(
+        "--repeats", help="Run every case this many times, round by round (each round runs every case once), and "
+        "report each case's median run; ratios between cases then compare runs spread over the same time.")] = 1,
     in_process: Annotated[bool, typer.Option(
         "--in-process", help="Run every case in this process (quick checks; peak memory is then not per case).")]
     = False,
@@ -141,6 +144,9 @@ def speed(
         maskkv bench speed --device cuda --step-modes eager,compile+cuda-graph --policies full,maskkv
 
         maskkv bench speed --prompt-lengths 1k -n 32 --steps 32 --policies maskkv --budgets 256 --batch-sizes 1,8
+
+        maskkv bench speed --prompt-lengths 1k -n 32 --steps 32 --policies maskkv --budgets 256 --batch-sizes 1,8
+        --repeats 5
     """
     from maskkv_cli.bench.speed import SpeedSettings, run_sweep
     from maskkv_cli.bench.speed_report import table_rows
@@ -154,7 +160,7 @@ def speed(
                                                                                       else "llada-small")),
         model=model, device=dev, dtype=dtype, none_steps=none_steps, seed=seed, threads=threads, limit=limit,
         step_modes=("eager", "compile") if compile_ else tuple(m.strip() for m in step_modes.split(",") if m.strip()),
-        batch_sizes=parse_counts(batch_sizes, "--batch-sizes", unique=True))
+        batch_sizes=parse_counts(batch_sizes, "--batch-sizes", unique=True), repeats=repeats)
     folder, rows = run_sweep(settings, out, fresh, isolate=not in_process, on_case=_progress(quiet, as_json))
     if as_json:
         typer.echo(json.dumps({"results": rows}))
