@@ -75,6 +75,7 @@ config_option = declare("--config")
 threads_option = declare("--threads")
 length_option = declare("--length")
 batch_size_option = declare("--batch-size")
+repeats_option = declare("--repeats")
 
 
 ModelOpt = Annotated[str | None, model_option(

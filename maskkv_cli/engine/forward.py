@@ -123,7 +123,8 @@ def head_logits(model: DiffusionLM, x: Tensor) -> Tensor:
     kernel that rounds differently, so without this floor the last few rows of a block would get other logits alone
     than beside another sequence's rows (``engine/batched.py`` joins every sequence's rows in one head)."""
     b, n, d = x.shape
-    return at_least_rows(model.head, x.reshape(b * n, d)).reshape(b, n, -1)
+    logits = at_least_rows(model.head, x.reshape(b * n, d))
+    return logits.reshape(b, n, logits.shape[-1])  # (n may be 0: a prefill whose rows lie in a later block)
 
 
 def plain_logits(model: DiffusionLM, ids: Tensor, rows: Tensor) -> Tensor:

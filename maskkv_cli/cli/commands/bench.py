@@ -34,6 +34,7 @@ from maskkv_cli.cli.options import (
     budgets_option,
     config_option,
     device_option,
+    repeats_option,
 )
 from maskkv_cli.cli.parsing import parse_count, parse_counts, parse_policies
 from maskkv_cli.devices import resolve_device
@@ -115,8 +116,8 @@ def speed(
         "length (distinct random prompts) generated together, their prefill and later steps each sharing one "
         "forward; reported per batch (tok/s = B x gen length / total) with the ratio to batch 1. Above 1: eager "
         "steps only, and not for block-causal LLaDA2 shapes (they run one sequence at a time).")] = "1",
-    repeats: Annotated[int, typer.Option(
-        "--repeats", help="Run every case this many times, round by round (each round runs every case once), and "
+    repeats: Annotated[int, repeats_option(
+        "Run every case this many times, round by round (each round runs every case once), and "
         "report each case's median run; ratios between cases then compare runs spread over the same time.")] = 1,
     in_process: Annotated[bool, typer.Option(
         "--in-process", help="Run every case in this process (quick checks; peak memory is then not per case).")]
@@ -238,7 +239,7 @@ def reuse(
     policy: PolicyOpt = "maskkv",
     gen_length: BenchGenOpt = 32,
     block_length: BenchBlockOpt = 32,
-    repeats: Annotated[int, typer.Option("--repeats", help="Runs of each way; the median is reported.")] = 3,
+    repeats: Annotated[int, repeats_option("Runs of each way; the median is reported.")] = 3,
     dtype: DtypeOpt = "auto",
     threads: ThreadsOpt = 1,
     seed: SeedOpt = 0,
