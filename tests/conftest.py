@@ -47,3 +47,18 @@ def isolated_home(tmp_path, monkeypatch):
     monkeypatch.setenv("MASKKV_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("MASKKV_CONFIG", str(tmp_path / "config.toml"))
     monkeypatch.delenv("MASKKV_MODEL", raising=False)
+
+
+@pytest.fixture(scope="module")
+def session():
+    """A session on the embedded tiny model, one per test module (the server's tests; a module may define its own)."""
+    from maskkv_cli.models.catalog import shipped_model
+    from maskkv_cli.session import Session
+
+    return Session(str(shipped_model()))
+
+
+@pytest.fixture(scope="module")
+def store_root(tmp_path_factory):
+    """A document store's folder, one per test module."""
+    return tmp_path_factory.mktemp("store")

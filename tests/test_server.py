@@ -35,19 +35,6 @@ SLOW_TOKENS = 256  # a generation of several seconds on the embedded model (one 
 
 
 @pytest.fixture(scope="module")
-def session():
-    from maskkv_cli.models.catalog import shipped_model
-    from maskkv_cli.session import Session
-
-    return Session(str(shipped_model()))
-
-
-@pytest.fixture(scope="module")
-def store_root(tmp_path_factory):
-    return tmp_path_factory.mktemp("store")
-
-
-@pytest.fixture(scope="module")
 def server(session, store_root):
     config = ServerConfig(api_key=API_KEY, queue=1, timeout_s=120, max_body_bytes=MAX_BODY,
                           max_upload_bytes=MAX_UPLOAD, store_root=store_root)

@@ -20,19 +20,6 @@ BATCH = 4
 
 
 @pytest.fixture(scope="module")
-def session():
-    from maskkv_cli.models.catalog import shipped_model
-    from maskkv_cli.session import Session
-
-    return Session(str(shipped_model()))
-
-
-@pytest.fixture(scope="module")
-def store_root(tmp_path_factory):
-    return tmp_path_factory.mktemp("store")
-
-
-@pytest.fixture(scope="module")
 def documents(session, store_root):
     """Three documents of different lengths, each with its own needle, uploaded through a one-at-a-time server."""
     texts = {name: corpus(name)[:chars] + f" The special magic number for harbor is {number}. "
