@@ -525,11 +525,12 @@ def run_sweep(
     run = runner or (run_case_subprocess if isolate else run_case)
     if settings.repeats > 1:  # the missing cases' runs, round by round, then their median rows into the folder
         medians = run_rounds([c for c in cases if folder.get(c.key()) is None], run, settings.repeats, on_case)
-        reused = folder.run_cases(cases, lambda case: medians[case.key()])
-        if on_case is not None:
-            for i, case in enumerate(cases):
-                if case.key() in reused:
-                    on_case(i, len(cases), case, {**folder.rows[case.key()], "reused": True})
+
+        def tell_reused(i: int, n: int, case: SpeedCase, row: dict[str, Any] | None) -> None:
+            if on_case is not None and row is not None and row.get("reused"):  # run_rounds told of the others
+                on_case(i, n, case, row)
+
+        reused = folder.run_cases(cases, lambda case: medians[case.key()], tell_reused)
     else:
         reused = folder.run_cases(cases, run, on_case)
     rows = add_ratios(folder.ordered())
