@@ -257,35 +257,6 @@ def test_every_probability_is_bit_identical_for_each_bidirectional_family(config
             assert torch.equal(together.token_probs.nan_to_num(-1.0), alone.token_probs.nan_to_num(-1.0)), policy
 
 
-def test_few_rows_are_computed_as_inside_a_larger_product() -> None:
-    from maskkv_cli.models.rows import at_least_rows, small_rows
-
-    assert 0 <= small_rows() <= 32
-    g = torch.Generator().manual_seed(3)
-    w, x = torch.randn(256, 96, generator=g), torch.randn(64, 96, generator=g)
-    whole = torch.nn.functional.linear(x, w)
-    for m in range(1, 8):
-        assert torch.equal(at_least_rows(lambda t: torch.nn.functional.linear(t, w), x[:m]), whole[:m])
-
-
-def test_the_head_gives_a_few_rows_the_logits_they_get_beside_others() -> None:
-    """The LM head never runs a product of only a few rows (``engine.forward.head_logits``), so a sequence's last
-    rows of a block get the same logits alone as inside the batch's one head product."""
-    from maskkv_cli.bench.cases import random_model
-    from maskkv_cli.engine.forward import head_logits
-    from maskkv_cli.models.config import named_config
-    from maskkv_cli.models.rows import small_rows
-
-    model = random_model(named_config("tiny"))
-    x = torch.randn(1, 40, model.config.d_model, generator=torch.Generator().manual_seed(1))
-    together = head_logits(model, x)
-    for m in range(1, small_rows() + 3):
-        assert torch.equal(head_logits(model, x[:, :m]), together[:, :m]), m
-        assert torch.equal(head_logits(model, x[:, 7 : 7 + m]), together[:, 7 : 7 + m]), m
-    if small_rows() > 0:  # the floor is what makes it so: the bare head rounds a single row otherwise
-        assert not torch.equal(model.head(x[:, :1]), together[:, :1])
-
-
 @pytest.mark.parametrize(("mlp_chunk", "query_chunk"), [(16, 8), (60, 24), (2048, 512)])
 def test_a_shared_prefill_equals_each_prefill_alone(mlp_chunk: int, query_chunk: int) -> None:
     """``prefill_many`` over prompts of several lengths, with chunks smaller and larger than a prompt (a lane's

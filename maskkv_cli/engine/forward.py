@@ -25,7 +25,6 @@ from maskkv_cli.kv.cache import LayerCache, PromptCache, add_residual, dense_lay
 from maskkv_cli.kv.residual import attention_spread, diffuse_heads, kept_mask, residual_entries
 from maskkv_cli.models.base import Rope, attention, dense_hidden, on_layer_device
 from maskkv_cli.models.protocol import Block, DiffusionLM
-from maskkv_cli.models.rows import at_least_rows
 
 if TYPE_CHECKING:
     from maskkv_cli.engine.prefix import PrefixStore
@@ -118,13 +117,9 @@ class Layout:
 
 
 def head_logits(model: DiffusionLM, x: Tensor) -> Tensor:
-    """The LM head of hidden states x (B, n, d): logits (B, n, V), as one product of never fewer than
-    ``small_rows + 1`` rows (zero rows added, then dropped; ``models.rows``). A product of a few rows takes another
-    kernel that rounds differently, so without this floor the last few rows of a block would get other logits alone
-    than beside another sequence's rows (``engine/batched.py`` joins every sequence's rows in one head)."""
-    b, n, d = x.shape
-    logits = at_least_rows(model.head, x.reshape(b * n, d))
-    return logits.reshape(b, n, logits.shape[-1])  # (n may be 0: a prefill whose rows lie in a later block)
+    """The LM head of hidden states x (B, n, d): logits (B, n, V). Its product keeps the row floor of every linear
+    layer (``models.rows``), so the rows' logits are the same alone and beside other sequences' rows."""
+    return model.head(x)  # (n may be 0: a prefill whose rows lie in a later block)
 
 
 def plain_logits(model: DiffusionLM, ids: Tensor, rows: Tensor) -> Tensor:

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from maskkv_cli.models.config import ModelConfig
+from maskkv_cli.models.rows import Linear
 
 
 class Rope(NamedTuple):
@@ -77,9 +78,9 @@ class SwiGLU(nn.Module):
 
     def __init__(self, d_model: int, hidden: int) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(d_model, hidden, bias=False)
-        self.up_proj = nn.Linear(d_model, hidden, bias=False)
-        self.down_proj = nn.Linear(hidden, d_model, bias=False)
+        self.gate_proj = Linear(d_model, hidden, bias=False)
+        self.up_proj = Linear(d_model, hidden, bias=False)
+        self.down_proj = Linear(hidden, d_model, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -305,7 +306,7 @@ class HFLayoutModel(DiffusionModel):
             "layers": nn.ModuleList(blocks),
             "norm": RMSNorm(cfg.d_model, cfg.rms_norm_eps),
         })
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.d_model, cfg.vocab_size, bias=False)
 
     @property
     def blocks(self) -> nn.ModuleList:

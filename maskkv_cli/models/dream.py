@@ -13,16 +13,17 @@ from torch import Tensor, nn
 
 from maskkv_cli.models.base import HFLayoutBlock, HFLayoutModel, RMSNorm, Rope, SwiGLU, rotate_in_dtype
 from maskkv_cli.models.config import ModelConfig
+from maskkv_cli.models.rows import Linear
 
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         hd, kv = cfg.head_dim, cfg.n_kv_heads
-        self.q_proj = nn.Linear(cfg.d_model, cfg.n_heads * hd, bias=True)
-        self.k_proj = nn.Linear(cfg.d_model, kv * hd, bias=True)  # type: ignore[operator]
-        self.v_proj = nn.Linear(cfg.d_model, kv * hd, bias=True)  # type: ignore[operator]
-        self.o_proj = nn.Linear(cfg.n_heads * hd, cfg.d_model, bias=False)
+        self.q_proj = Linear(cfg.d_model, cfg.n_heads * hd, bias=True)
+        self.k_proj = Linear(cfg.d_model, kv * hd, bias=True)  # type: ignore[operator]
+        self.v_proj = Linear(cfg.d_model, kv * hd, bias=True)  # type: ignore[operator]
+        self.o_proj = Linear(cfg.n_heads * hd, cfg.d_model, bias=False)
 
 
 class DreamBlock(HFLayoutBlock):

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from maskkv_cli.models.base import DiffusionBlock, DiffusionModel, RMSNorm, Rope, apply_rope
 from maskkv_cli.models.config import ModelConfig
+from maskkv_cli.models.rows import Linear
 
 
 class Block(DiffusionBlock):
@@ -26,13 +27,13 @@ class Block(DiffusionBlock):
         d, h = cfg.d_model, cfg.mlp_hidden_size
         self.attn_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.ff_norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.q_proj = nn.Linear(d, d, bias=False)
-        self.k_proj = nn.Linear(d, d, bias=False)
-        self.v_proj = nn.Linear(d, d, bias=False)
-        self.attn_out = nn.Linear(d, d, bias=False)
-        self.ff_proj = nn.Linear(d, h, bias=False)  # gate
-        self.up_proj = nn.Linear(d, h, bias=False)
-        self.ff_out = nn.Linear(h, d, bias=False)  # down
+        self.q_proj = Linear(d, d, bias=False)
+        self.k_proj = Linear(d, d, bias=False)
+        self.v_proj = Linear(d, d, bias=False)
+        self.attn_out = Linear(d, d, bias=False)
+        self.ff_proj = Linear(d, h, bias=False)  # gate
+        self.up_proj = Linear(d, h, bias=False)
+        self.ff_out = Linear(h, d, bias=False)  # down
 
     def attention_input(self, x: Tensor) -> Tensor:
         return self.attn_norm(x)
@@ -77,7 +78,7 @@ class LLaDA(DiffusionModel):
                 "wte": nn.Embedding(cfg.embedding_size, cfg.d_model),
                 "blocks": nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers)),
                 "ln_f": RMSNorm(cfg.d_model, cfg.rms_norm_eps),
-                "ff_out": nn.Linear(cfg.d_model, cfg.embedding_size, bias=False),
+                "ff_out": Linear(cfg.d_model, cfg.embedding_size, bias=False),
             }
         )
 

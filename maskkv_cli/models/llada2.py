@@ -22,17 +22,18 @@ from torch import Tensor, nn
 from maskkv_cli.models.base import HFLayoutBlock, HFLayoutModel, RMSNorm, Rope, rotate_in_dtype
 from maskkv_cli.models.config import ModelConfig
 from maskkv_cli.models.moe import feed_forward_module
+from maskkv_cli.models.rows import Linear
 
 
 class LLaDA2Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         hd, heads = cfg.head_dim, cfg.n_heads + 2 * cfg.n_kv_heads  # type: ignore[operator]
-        self.query_key_value = nn.Linear(cfg.d_model, heads * hd, bias=False)
+        self.query_key_value = Linear(cfg.d_model, heads * hd, bias=False)
         if cfg.qk_norm:
             self.query_layernorm = RMSNorm(hd, cfg.rms_norm_eps)
             self.key_layernorm = RMSNorm(hd, cfg.rms_norm_eps)
-        self.dense = nn.Linear(cfg.n_heads * hd, cfg.d_model, bias=False)
+        self.dense = Linear(cfg.n_heads * hd, cfg.d_model, bias=False)
 
 
 class LLaDA2Block(HFLayoutBlock):

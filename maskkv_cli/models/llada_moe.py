@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from maskkv_cli.models.base import HFLayoutBlock, HFLayoutModel, RMSNorm, Rope, rotate_in_dtype
 from maskkv_cli.models.config import ModelConfig
 from maskkv_cli.models.moe import feed_forward_module
+from maskkv_cli.models.rows import Linear
 
 # (our parameter name part, the checkpoint's), applied in this order
 _RENAMES = ((".mlp_layers.gate.expert_bias", ".mlp.expert_bias"), (".mlp_layers.shared_experts.", ".shared_expert."),
@@ -29,10 +30,10 @@ class MoEAttention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         hd, kv, bias = cfg.head_dim, cfg.n_kv_heads, cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.d_model, cfg.n_heads * hd, bias=bias)
-        self.k_proj = nn.Linear(cfg.d_model, kv * hd, bias=bias)  # type: ignore[operator]
-        self.v_proj = nn.Linear(cfg.d_model, kv * hd, bias=bias)  # type: ignore[operator]
-        self.o_proj = nn.Linear(cfg.n_heads * hd, cfg.d_model, bias=bias)
+        self.q_proj = Linear(cfg.d_model, cfg.n_heads * hd, bias=bias)
+        self.k_proj = Linear(cfg.d_model, kv * hd, bias=bias)  # type: ignore[operator]
+        self.v_proj = Linear(cfg.d_model, kv * hd, bias=bias)  # type: ignore[operator]
+        self.o_proj = Linear(cfg.n_heads * hd, cfg.d_model, bias=bias)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)

@@ -19,12 +19,11 @@ of a token's experts are summed in the weights' dtype, then cast back; the share
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from maskkv_cli.models.base import SwiGLU
 from maskkv_cli.models.config import ModelConfig, MoEConfig
-from maskkv_cli.models.rows import at_least_rows
+from maskkv_cli.models.rows import linear
 
 
 class Router(nn.Module):
@@ -48,7 +47,7 @@ class Router(nn.Module):
 
 def route_sigmoid_groups(x: Tensor, weight: Tensor, bias: Tensor | None, moe: MoEConfig) -> tuple[Tensor, Tensor]:
     """LLaDA2's router (see the module doc); weights in fp32."""
-    scores = torch.sigmoid(F.linear(x.float(), weight.float()))  # (N, E)
+    scores = torch.sigmoid(linear(x.float(), weight.float()))  # (N, E)
     biased = scores if bias is None else scores + bias.float()
     n = scores.shape[0]
     if moe.n_group > 1 and moe.topk_group < moe.n_group:
@@ -66,7 +65,7 @@ def route_sigmoid_groups(x: Tensor, weight: Tensor, bias: Tensor | None, moe: Mo
 
 def route_softmax(x: Tensor, weight: Tensor, bias: Tensor | None, top_k: int) -> tuple[Tensor, Tensor]:
     """LLaDA-MoE's router (see the module doc); weights in x's dtype."""
-    probs = F.linear(x, weight).softmax(dim=-1, dtype=torch.float32)
+    probs = linear(x, weight).softmax(dim=-1, dtype=torch.float32)
     if bias is not None:
         probs = probs + bias.float()
     weights, experts = probs.topk(top_k, dim=-1)
@@ -83,8 +82,8 @@ def run_experts(x: Tensor, experts: Tensor, weights: Tensor, modules: nn.ModuleL
     out = torch.empty_like(routed)
     start = 0
     for e, count in enumerate(counts):
-        if count:  # at least a few rows a product: the same floats whatever else was routed (models/rows.py)
-            out[start : start + count] = at_least_rows(modules[e], routed[start : start + count])
+        if count:  # its products keep the row floor: the same floats whatever else was routed (models/rows.py)
+            out[start : start + count] = modules[e](routed[start : start + count])
             start += count
     per_slot = torch.empty_like(out)
     per_slot[order] = out  # back to (token, slot) order

@@ -1,0 +1,68 @@
+"""The row floor (``models/rows.py``): every product of a model runs with more rows than the few-rows kernel takes,
+so a row's numbers do not depend on how many rows share its product (at one and at two threads)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from maskkv_cli.models.config import named_config
+from maskkv_cli.models.families import build_model
+from maskkv_cli.models.rows import Linear, at_least_rows, linear, small_rows
+
+FAMILIES = ["tiny", "dream-tiny", "llada-moe-tiny", "llada2-tiny"]
+
+
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def threads(request):
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+def test_few_rows_are_computed_as_inside_a_larger_product(threads) -> None:
+    assert 0 <= small_rows() <= 32
+    g = torch.Generator().manual_seed(3)
+    w, x = torch.randn(256, 96, generator=g), torch.randn(64, 96, generator=g)
+    whole = torch.nn.functional.linear(x, w)
+    for m in range(1, small_rows() + 3):
+        assert torch.equal(at_least_rows(lambda t: torch.nn.functional.linear(t, w), x[:m]), whole[:m])
+        assert torch.equal(linear(x[:m], w), whole[:m])
+        assert torch.equal(linear(x[None, 5 : 5 + m], w)[0], whole[5 : 5 + m])  # any leading shape
+
+
+@pytest.mark.parametrize("config", FAMILIES)
+def test_every_linear_layer_of_every_family_keeps_the_floor(config: str) -> None:
+    """A family that built a plain ``nn.Linear`` would give a sequence's last few rows other numbers alone than in
+    a batch."""
+    with torch.device("meta"):
+        model = build_model(named_config(config))
+    plain = [name for name, m in model.named_modules() if isinstance(m, nn.Linear) and not isinstance(m, Linear)]
+    assert plain == []
+
+
+@pytest.mark.parametrize("config", ["tiny", "llada-moe-tiny"])
+def test_a_few_rows_through_a_whole_layer_equal_those_rows_beside_others(config: str, threads) -> None:
+    """A layer's output rows (projections, attention over fixed keys, MLP or experts, head) alone equal the same rows
+    computed in one forward with many others; the bare product of one row rounds otherwise where the platform has a
+    few-rows kernel (so the floor is what makes it hold)."""
+    model = build_model(named_config(config)).init_weights(seed=2, std=0.2).eval()
+    d = model.config.d_model
+    x = torch.randn(1, 40, d, generator=torch.Generator().manual_seed(1))
+    block = model.blocks[0]
+
+    def run(h: torch.Tensor) -> torch.Tensor:
+        h = h + block.attn_proj(block.values(h))  # each row through projections that carry weights
+        return model.head(h + block.mlp(h))
+
+    with torch.no_grad():
+        together = run(x)
+        for m in range(1, small_rows() + 3):
+            assert torch.equal(run(x[:, 3 : 3 + m]), together[:, 3 : 3 + m]), m
+    if small_rows() > 0:  # the probe's own shape: some count of at most small_rows rows rounds otherwise bare
+        g = torch.Generator().manual_seed(0)
+        w, h = torch.randn(384, 128, generator=g), torch.randn(128, 128, generator=g)
+        whole = torch.nn.functional.linear(h, w)
+        assert any(not torch.equal(torch.nn.functional.linear(h[:m], w), whole[:m]) for m in range(1, small_rows() + 1))
