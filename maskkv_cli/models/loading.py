@@ -23,6 +23,7 @@ from torch import nn
 from maskkv_cli.errors import ModelLoadError
 from maskkv_cli.models.config import ModelConfig
 from maskkv_cli.models.families import build_model, config_from_hf, config_to_hf, family, parameter_shapes
+from maskkv_cli.models import rows
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.paths import resolve_model_path
 
@@ -146,6 +147,7 @@ def load_model(
                 tensor = f.get_tensor(key).to(device=device, dtype=dt)
                 modules[owner]._parameters[leaf] = nn.Parameter(tensor, requires_grad=False)
     model.eval()
+    rows.prepare(model)  # the row floor's probe now, not inside the first measured step
     return model
 
 
