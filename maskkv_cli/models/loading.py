@@ -21,9 +21,9 @@ from safetensors.torch import save_file
 from torch import nn
 
 from maskkv_cli.errors import ModelLoadError
+from maskkv_cli.models import rows
 from maskkv_cli.models.config import ModelConfig
 from maskkv_cli.models.families import build_model, config_from_hf, config_to_hf, family, parameter_shapes
-from maskkv_cli.models import rows
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.paths import resolve_model_path
 
