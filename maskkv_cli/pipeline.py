@@ -106,10 +106,10 @@ def ask(
                                 on_prompt=on_prompt, on_part=on_part)
         long = "truncate"  # it fits: the one prompt every mode builds
     prompt = prepare(session, context, question, gen.gen_length, long)
-    session.set_rope_factor(prompt.fitted.rope_factor)
     if on_prompt is not None:
         on_prompt(prompt)
-    answer = session.answer_ids(prompt.ids, gen, cache, on_event, document_len=prompt.document_len)
+    answer = session.answer_ids(prompt.ids, gen, cache, on_event, document_len=prompt.document_len,
+                                rope_factor=prompt.fitted.rope_factor)
     return replace(answer, fitted=prompt.fitted)
 
 
@@ -130,7 +130,6 @@ def ask_in_parts(
     """Ask ``question`` of every window of ``room`` tokens of ``context`` (token ``ids``), each sharing ``overlap``
     tokens with the next, and answer from the part(s) ``choose_part`` picks."""
     prompts = part_prompts(session, context, ids, room, question, overlap)
-    session.set_rope_factor(1)
     answers: list[Answer] = []
     for i, prompt in enumerate(prompts, 1):
         if on_part is not None:
@@ -203,16 +202,7 @@ def ask_many(
 ) -> list[Answer]:
     """Answer each ``(context, question)`` as ``ask`` does, every prompt of every question (each part of a text
     read in parts) denoised up to ``batch_size`` together (``Session.answer_many``): each answer is the one
-    ``ask`` gives it alone. ``on_answer(i, answer)`` as each item's answer is complete. Under ``rope-scale`` (one
-    RoPE base per prompt) the items run one at a time."""
-    if long == "rope-scale" or batch_size <= 1:
-        answers = []
-        for i, (context, question) in enumerate(items):
-            answers.append(ask(session, context, question, gen, cache, long=long))
-            if on_answer is not None:
-                on_answer(i, answers[-1])
-        return answers
-    session.set_rope_factor(1)
+    ``ask`` gives it alone. ``on_answer(i, answer)`` as each item's answer is complete."""
     plans: list[tuple[str, int, int, list[Prompt]]] = []  # kind, document tokens, room, prompts
     for context, question in items:
         ids = session.document_ids(context)
@@ -220,7 +210,8 @@ def ask_many(
         if long == "parts" and len(ids) > room:
             plans.append(("parts", len(ids), room, part_prompts(session, context, ids, room, question)))
         else:
-            plans.append(("one", 0, 0, [prepare(session, context, question, gen.gen_length, "truncate")]))
+            one = "truncate" if long == "parts" else long  # a text that fits: the one prompt every mode builds
+            plans.append(("one", 0, 0, [prepare(session, context, question, gen.gen_length, one)]))
     flat = [(i, prompt) for i, plan in enumerate(plans) for prompt in plan[3]]
     got: dict[int, list[Answer | None]] = {i: [None] * len(plan[3]) for i, plan in enumerate(plans)}
     position = {k: sum(1 for j, _ in flat[:k] if j == i) for k, (i, _) in enumerate(flat)}
@@ -236,7 +227,9 @@ def ask_many(
             if on_answer is not None:
                 on_answer(i, results[i])
 
-    session.answer_many([p.ids for _, p in flat], gen, cache, batch_size, on_answer=one_done)
+    session.answer_many([p.ids for _, p in flat], gen, cache, batch_size, on_answer=one_done,
+                        document_lens=[p.document_len for _, p in flat],
+                        rope_factors=[p.fitted.rope_factor for _, p in flat])
     return [results[i] for i in range(len(items))]
 
 

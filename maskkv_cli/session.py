@@ -12,7 +12,8 @@ import torch
 
 from maskkv_cli.engine.batch_memory import auto_batch_size, batch_memory, free_bytes
 from maskkv_cli.engine.plan import CacheConfig, CachePlan, plan_cache
-from maskkv_cli.engine.prefix import PrefixStore, compute_prefix
+from maskkv_cli.engine.prefix import compute_prefix
+from maskkv_cli.kv.prefix import PrefixStore
 from maskkv_cli.models.config import ModelConfig, read_model_defaults
 from maskkv_cli.models.families import family
 from maskkv_cli.models.loading import load_model
@@ -23,10 +24,10 @@ from maskkv_cli.prompting import chat_prompt_ids, decode_answer, document_questi
 from maskkv_cli.prompting.chat import use_chat_format
 from maskkv_cli.prompting.fit import FittedContext
 from maskkv_cli.sampling import DreamOptions, Event, GenerationConfig, GenerationResult, SamplerOptions, sample
-from maskkv_cli.sampling.batched import BatchJob, sample_many
 from maskkv_cli.sampling.confidence import Confidence, answer_confidence
 from maskkv_cli.sampling.llada2 import llada2_defaults
 from maskkv_cli.sampling.service import GenerationService
+from maskkv_cli.sampling.stream import BatchJob, sample_many
 
 DOCUMENTS_REMEMBERED = 4  # documents whose token ids a session keeps (``Session.document_ids``)
 
@@ -88,10 +89,6 @@ class Session:
         """The model's training window in tokens (``max_sequence_length``)."""
         return self.model.config.max_sequence_length
 
-    def set_rope_factor(self, factor: int) -> None:
-        """Scale the RoPE base (NTK-style) by ``factor`` relative to the checkpoint's; 1 restores it."""
-        self.model.config = self.model.config.with_(rope_theta=self.base_theta * factor)
-
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False))
 
@@ -117,14 +114,15 @@ class Session:
             self._probes = {document: probe}  # the last document's
         return next((i for i, (a, b) in enumerate(zip(ids, probe, strict=False)) if a != b), min(len(ids), len(probe)))
 
-    def prefix_store(self, ids: list[int], block: int) -> PrefixStore:
+    def prefix_store(self, ids: list[int], block: int, rope_factor: float = 1.0) -> PrefixStore:
         """The computed prefix ``ids`` of a block-causal model (``engine/prefix.py``), kept for the next question
         about the same document (one at a time: it holds a layer's worth of activations per token)."""
-        key = (tuple(ids), block, self.model.config.rope_theta)
-        if self._prefix is None or self._prefix[0] != key:
-            self._prefix = None  # free the last one before computing the next
-            self._prefix = (key, compute_prefix(self.model, ids, block))
-        return self._prefix[1]
+        key = (tuple(ids), block, rope_factor)
+        with self._lock:
+            if self._prefix is None or self._prefix[0] != key:
+                self._prefix = None  # free the last one before computing the next
+                self._prefix = (key, compute_prefix(self.model, ids, block, rope_factor=rope_factor))
+            return self._prefix[1]
 
     def prompt_overhead(self, question: str) -> int:
         """Tokens of the chat template and the question around an empty document."""
@@ -140,10 +138,12 @@ class Session:
         cache: CacheConfig,
         on_event: Callable[[Event], None] | None = None,
         document_len: int = 0,
+        rope_factor: float = 1.0,
     ) -> Answer:
         """Answer the prompt ``ids``. ``document_len``: its leading ids that are a document's (``pipeline.prepare``):
-        a block-causal model computes that document's whole blocks once for every question asked of it."""
-        plan = self._plan(ids, gen, cache, document_len)
+        a block-causal model computes that document's whole blocks once for every question asked of it.
+        ``rope_factor``: the prompt's RoPE base scaling (``--long rope-scale``)."""
+        plan = self._plan(ids, gen, cache, document_len, rope_factor)
         prompt = torch.tensor([ids], dtype=torch.long, device=self.device)
         if self.engine is not None:
             result = self.engine.generate(prompt, gen, plan, on_event, SamplerOptions(self.dream, self.llada2))
@@ -152,18 +152,17 @@ class Session:
         return self._answer(ids, plan, result)
 
     def answer_many(self, prompts: Sequence[list[int]], gen: GenerationConfig, cache: CacheConfig,
-                    batch_size: int, on_answer: Callable[[int, Answer], None] | None = None) -> list[Answer]:
-        """Answer every prompt, up to ``batch_size`` of them denoised together (``sampling/batched.py``); each
-        answer is the one ``answer_ids`` gives it alone. ``on_answer(i, answer)`` as each finishes. A block-causal
-        model's prompts run one at a time through ``answer_ids`` (its loop does not share steps)."""
-        if batch_size <= 1 or self.model.config.block_causal or len(prompts) <= 1:
-            answers = []
-            for i, ids in enumerate(prompts):
-                answers.append(self.answer_ids(list(ids), gen, cache))
-                if on_answer is not None:
-                    on_answer(i, answers[-1])
-            return answers
-        plans = [self._plan(list(ids), gen, cache) for ids in prompts]
+                    batch_size: int, on_answer: Callable[[int, Answer], None] | None = None,
+                    document_lens: Sequence[int] | None = None,
+                    rope_factors: Sequence[float] | None = None) -> list[Answer]:
+        """Answer every prompt, up to ``batch_size`` of them denoised together (``sampling/stream.py``); each
+        answer is the one ``answer_ids`` gives it alone (with its ``document_lens`` and ``rope_factors``, as there).
+        ``on_answer(i, answer)`` as each finishes."""
+        n = len(prompts)
+        doc_lens = list(document_lens) if document_lens is not None else [0] * n
+        factors = list(rope_factors) if rope_factors is not None else [1.0] * n
+        plans = [self._plan(list(ids), gen, cache, doc, f) for ids, doc, f in zip(prompts, doc_lens, factors,
+                                                                                   strict=True)]
         jobs = [BatchJob(torch.tensor([ids], dtype=torch.long, device=self.device), gen, plan)
                 for ids, plan in zip(prompts, plans, strict=True)]
         done: dict[int, Answer] = {}
@@ -173,8 +172,9 @@ class Session:
             if on_answer is not None:
                 on_answer(i, done[i])
 
-        sample_many(self.model, jobs, batch_size, SamplerOptions(self.dream, self.llada2), on_result=finished)
-        return [done[i] for i in range(len(prompts))]
+        sample_many(self.model, jobs, max(1, batch_size), SamplerOptions(self.dream, self.llada2),
+                    on_result=finished)
+        return [done[i] for i in range(n)]
 
     def batch_size(self, requested: int | None, prompt_lens: Sequence[int], gen: GenerationConfig,
                    cache: CacheConfig) -> tuple[int, str | None]:
@@ -192,13 +192,15 @@ class Session:
         memory = batch_memory(self.model.config, longest, gen.gen_length, kept, element)
         return auto_batch_size(memory, free_bytes(self.device), len(prompt_lens))
 
-    def _plan(self, ids: list[int], gen: GenerationConfig, cache: CacheConfig, document_len: int = 0) -> CachePlan:
+    def _plan(self, ids: list[int], gen: GenerationConfig, cache: CacheConfig, document_len: int = 0,
+              rope_factor: float = 1.0) -> CachePlan:
         block = gen.block_length
         prefix = None
         whole = min(document_len, len(ids)) // block * block
         if self.model.config.block_causal and whole and get_policy(cache.policy).uses_cache:
-            prefix = self.prefix_store(ids[:whole], block)
-        return plan_cache(self.model, cache, len(ids), self.model_path, block_length=block, prefix=prefix)
+            prefix = self.prefix_store(ids[:whole], block, rope_factor)
+        return plan_cache(self.model, cache, len(ids), self.model_path, block_length=block, prefix=prefix,
+                          rope_factor=rope_factor)
 
     def _answer(self, ids: list[int], plan: CachePlan, result: GenerationResult) -> Answer:
         """The answer to ``ids`` from its generation: text, confidence, the plan's note."""

@@ -11,14 +11,14 @@ import torch
 from golden_cases import BUDGETS, GOLDEN_DIR, build_models, dream_modes, llada_modes, prompt_ids
 from prompts import TEXTS
 
-import maskkv_cli.engine.batched as batched_engine
+import maskkv_cli.sampling.driver as driver
 from maskkv_cli.engine.batch_memory import auto_batch_size, batch_memory, parse_batch_size
 from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.errors import UsageError
 from maskkv_cli.policies.base import get_policy, policy_names
 from maskkv_cli.prompting import chat_prompt_ids, document_question
 from maskkv_cli.sampling import DreamOptions, GenerationConfig, SamplerOptions
-from maskkv_cli.sampling.batched import BatchJob, sample_many
+from maskkv_cli.sampling.stream import BatchJob, sample_many
 
 shared_prefills: list[int] = []  # lanes per shared prefill, filled by the ``lanes_per_step`` fixture
 OTHERS = [(0, 1, "Where?"), (1, 2, "What is the special magic number for pear?"), (2, 3, "Who?"), (0, 2, "x"),
@@ -34,26 +34,18 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def lanes_per_step(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """How many sequences each shared forward ran (so a test knows that batching happened)."""
     seen: list[int] = []
-    cached, plain = batched_engine.response_logits_many, batched_engine.plain_logits_many
-    prefills = batched_engine.prefill_many
+    steps, prefills = driver.step_logits, driver.prefill_lanes
 
-    def count_cached(model, lanes):  # type: ignore[no-untyped-def]
+    def count_steps(model, lanes):  # type: ignore[no-untyped-def]
         seen.append(len(lanes))
-        return cached(model, lanes)
-
-    def count_plain(model, sequences, rows):  # type: ignore[no-untyped-def]
-        seen.append(len(sequences))
-        return plain(model, sequences, rows)
+        return steps(model, lanes)
 
     def count_prefill(model, lanes):  # type: ignore[no-untyped-def]
         shared_prefills.append(len(lanes))
         return prefills(model, lanes)
 
-    import maskkv_cli.sampling.batched as batched_sampling
-
-    monkeypatch.setattr(batched_sampling, "prefill_many", count_prefill)
-    monkeypatch.setattr(batched_sampling, "response_logits_many", count_cached)
-    monkeypatch.setattr(batched_sampling, "plain_logits_many", count_plain)
+    monkeypatch.setattr(driver, "prefill_lanes", count_prefill)
+    monkeypatch.setattr(driver, "step_logits", count_steps)
     yield seen
 
 
@@ -199,15 +191,15 @@ def test_bench_quality_rows_do_not_depend_on_the_batch_size(tiny_dir: Path, tmp_
         return [{k: v for k, v in line.items() if k not in ("seconds", "prefill_s")} for line in lines]
 
     alone = predictions("1")
-    assert not lanes_per_step
+    assert set(lanes_per_step) == {1}  # batch size 1: one sequence a forward
     assert predictions("4") == alone and max(lanes_per_step) == 4
 
 
 def test_a_sequence_that_fails_ends_alone(models: dict) -> None:
     """A generation whose progress callback raises (a server's client gone) ends with that error; the sequences
     stepping with it finish with the tokens they get alone; sample_many raises the error after they finish."""
-    from maskkv_cli.sampling.batched import sample_stream
     from maskkv_cli.sampling.llada import denoise_llada
+    from maskkv_cli.sampling.stream import sample_stream
 
     tok, model = models["tokenizer"], models["llada"]
     gen = GenerationConfig(gen_length=16, steps=16, block_length=8)
@@ -234,53 +226,91 @@ def test_a_sequence_that_fails_ends_alone(models: dict) -> None:
         sample_many(model, jobs, 4)
 
 
-@pytest.mark.parametrize("config", ["tiny", "dream-tiny", "llada-moe-tiny"])
-def test_every_probability_is_bit_identical_for_each_bidirectional_family(config: str) -> None:
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def threads(request: pytest.FixtureRequest) -> Iterator[int]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("config", ["tiny", "dream-tiny", "llada-moe-tiny", "llada2-tiny"])
+def test_every_probability_is_bit_identical_for_each_family(config: str, threads: int) -> None:
     """Not only the tokens: every committed token's probability is the same float alone and in a batch of eight
-    prompts of different lengths (the last rows of a block, one to three, take the few-rows kernel alone: the
-    batch computes them on their own too, except in the LM head, which never runs a product of a few rows; an
-    expert's product gets at least a few rows: models/rows.py)."""
+    prompts of different lengths, every policy kind in one batch (the plain forward, the full cache, MaskKV, online
+    layer budgets), at one and two threads (two threads' few-rows kernel reaches 11 rows on this project's
+    machines: every product keeps the row floor, models/rows.py). The block-causal family steps its blocks in the
+    same forwards as the others."""
     from maskkv_cli.bench.cases import random_model
+    from maskkv_cli.engine.plan import CacheConfig, plan_cache
     from maskkv_cli.models.config import named_config
     from maskkv_cli.sampling import sample
 
     model = random_model(named_config(config))
     g = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size - 100
-    prompts = [torch.randint(0, vocab, (1, n), generator=g) for n in (40, 57, 63, 75, 90, 101, 33, 48)]
+    prompts = [torch.randint(6, vocab, (1, n), generator=g) for n in (40, 57, 63, 75, 90, 101, 33, 48)]
     gen = GenerationConfig(gen_length=16, steps=16, block_length=8)
-    for policy in ("maskkv", "full", "none"):
-        jobs = [_job(model, p, gen, policy, 16) for p in prompts]
-        for job, together in zip(jobs, sample_many(model, jobs, 8), strict=True):
-            alone = sample(model, job.prompt, gen, job.plan)
-            assert together.tokens.tolist() == alone.tokens.tolist()
-            assert torch.equal(together.token_probs.nan_to_num(-1.0), alone.token_probs.nan_to_num(-1.0)), policy
+    kinds = [CacheConfig("maskkv", 16), CacheConfig("full"), CacheConfig("none"),
+             CacheConfig("maskkv", 16, layer_budgets="online")]
+    jobs = [BatchJob(p, gen, plan_cache(model, kinds[i % len(kinds)], p.shape[1], block_length=gen.block_length))
+            for i, p in enumerate(prompts)]
+    for job, together in zip(jobs, sample_many(model, jobs, 8), strict=True):
+        alone = sample(model, job.prompt, gen, job.plan)
+        assert together.tokens.tolist() == alone.tokens.tolist()
+        assert torch.equal(together.token_probs.nan_to_num(-1.0), alone.token_probs.nan_to_num(-1.0)), job.plan
+
+
+def test_rope_scaled_prompts_batch_with_others(tiny_dir: Path) -> None:
+    """Under ``--long rope-scale`` each prompt carries its own RoPE base scaling (its lanes' tables), so a text
+    beyond the window read whole answers the same beside other questions as alone."""
+    from maskkv_cli.engine.plan import CacheConfig
+    from maskkv_cli.pipeline import ask, ask_many
+    from maskkv_cli.session import Session
+
+    session = Session(str(tiny_dir))
+    long = "\n".join(TEXTS[i % 4] * 3 for i in range(40))
+    gen = GenerationConfig(gen_length=8, steps=8, block_length=8)
+    cache = CacheConfig(policy="maskkv", budget=16)
+    items = [(long, "Where does the river run?"), (TEXTS[0], "Who wrote it?"), (long, "What is it about?")]
+    together = ask_many(session, items, gen, cache, long="rope-scale", batch_size=3)
+    assert together[0].fitted.rope_factor > 1 and together[1].fitted.rope_factor == 1
+    for (context, question), answer in zip(items, together, strict=True):
+        single = ask(session, context, question, gen, cache, long="rope-scale")
+        assert answer.result.tokens.tolist() == single.result.tokens.tolist()
+        assert torch.equal(answer.result.token_probs.nan_to_num(-1.0), single.result.token_probs.nan_to_num(-1.0))
 
 
 @pytest.mark.parametrize(("mlp_chunk", "query_chunk"), [(16, 8), (60, 24), (2048, 512)])
 def test_a_shared_prefill_equals_each_prefill_alone(mlp_chunk: int, query_chunk: int) -> None:
-    """``prefill_many`` over prompts of several lengths, with chunks smaller and larger than a prompt (a lane's
-    keys then come from one span, from several, or from a span shared with its neighbours), gives each prompt the
-    logits and kept cache entries of its prefill alone."""
+    """``prefill_lanes`` over prompts of several lengths (an online lane, a CFG lane of two rows among them), with
+    chunks smaller and larger than a prompt (a product then holds the rows of one lane, part of one, or several
+    lanes'), gives each prompt the logits, kept cache entries and importance of its prefill alone."""
     from maskkv_cli.bench.cases import random_model
-    from maskkv_cli.engine.batched import PrefillLane, prefill_many
-    from maskkv_cli.engine.forward import prefill
+    from maskkv_cli.engine.lanes import PrefillLane
+    from maskkv_cli.engine.prefill import prefill, prefill_lanes, selection_sink
     from maskkv_cli.models.config import named_config
 
     model = random_model(named_config("tiny"))
     g = torch.Generator().manual_seed(2)
     mask_id = model.config.mask_token_id
     policy = get_policy("maskkv")
-    lanes = []
-    for m in (40, 7, 75, 22):
-        ids = torch.cat([torch.randint(0, 200, (1, m), generator=g), torch.full((1, 8), mask_id)], 1)
-        budgets = CachePlan.build(model, policy, 6, m).layer_budgets
-        lanes.append(PrefillLane(ids, m, policy, budgets, torch.arange(m, m + 8)))
-    together = prefill_many(model, lanes, mlp_chunk=mlp_chunk, query_chunk=query_chunk)
-    for lane, (logits, cache, _) in zip(lanes, together, strict=True):
-        alone, cache_alone, _ = prefill(model, lane.ids, lane.prompt_len, policy, lane.layer_budgets, lane.rows,
-                                        mlp_chunk=mlp_chunk, query_chunk=query_chunk)
+    lanes, settings = [], []
+    for m, rows, online in ((40, 1, False), (7, 1, False), (75, 2, False), (22, 1, True)):
+        ids = torch.cat([torch.randint(0, 200, (rows, m), generator=g), torch.full((rows, 8), mask_id)], 1)
+        budgets = list(CachePlan.build(model, policy, 6, m).layer_budgets)  # type: ignore[arg-type]
+        sink, measure = selection_sink(policy, budgets, m, 8, len(model.blocks), online)
+        lanes.append(PrefillLane(ids, m, torch.arange(m, m + 8), sink, measure=measure))
+        settings.append((budgets, online))
+    together = prefill_lanes(model, lanes, mlp_chunk=mlp_chunk, query_chunk=query_chunk)
+    for lane, (budgets, online), (logits, importance) in zip(lanes, settings, together, strict=True):
+        assert lane.sink is not None
+        cache, records = lane.sink.finish(importance)
+        alone, cache_alone, records_alone = prefill(model, lane.ids, lane.prompt_len, policy, budgets, lane.rows,
+                                                    mlp_chunk=mlp_chunk, query_chunk=query_chunk,
+                                                    online_importance=online)
         assert torch.equal(logits, alone)
+        assert [r.importance for r in records] == [r.importance for r in records_alone]
         for layer, layer_alone in zip(cache.layers, cache_alone.layers, strict=True):
             kept = layer.prompt_slots  # the response slots are written by the steps
             assert torch.equal(layer.k[:, :, :kept], layer_alone.k[:, :, :kept])

@@ -70,24 +70,24 @@ def test_none_runs_to_the_end_when_timed_steps_cover_it():
 
 
 def test_rows_schedule_matches_the_sampler(model, monkeypatch):
-    import maskkv_cli.sampling.common as common
+    import maskkv_cli.sampling.driver as driver
     import maskkv_cli.sampling.llada as sampler
     from maskkv_cli.policies import get_policy
 
     gen = GenerationConfig(gen_length=16, steps=8, block_length=8)
     seen: list[int] = []
-    real_prefill, real_step = common.prefill, common.response_logits
+    real_prefill, real_step = driver.prefill_lanes, driver.step_logits
 
-    def spy_prefill(model, ids, m, policy, budgets, rows, **kw):
-        seen.append(len(rows))
-        return real_prefill(model, ids, m, policy, budgets, rows, **kw)
+    def spy_prefill(model, lanes):
+        seen.extend(len(lane.rows) for lane in lanes)
+        return real_prefill(model, lanes)
 
-    def spy_step(model, cache, response, rows):
-        seen.append(len(rows))
-        return real_step(model, cache, response, rows)
+    def spy_step(model, lanes):
+        seen.extend(len(lane.rows) for lane in lanes)
+        return real_step(model, lanes)
 
-    monkeypatch.setattr(common, "prefill", spy_prefill)
-    monkeypatch.setattr(common, "response_logits", spy_step)
+    monkeypatch.setattr(driver, "prefill_lanes", spy_prefill)
+    monkeypatch.setattr(driver, "step_logits", spy_step)
     sampler.generate(model, random_prompt(model.config, 24, 0, torch.device("cpu")), gen, get_policy("full"))
     assert [n for _, n in lim.rows_schedule(gen)] == seen
     assert lim.rows_schedule(gen)[:5] == [(0, 8), (0, 6), (0, 4), (0, 2), (1, 8)]

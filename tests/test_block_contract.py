@@ -11,8 +11,9 @@ import torch
 from typer.testing import CliRunner
 
 from maskkv_cli.bench.limit import measure_limit
-from maskkv_cli.engine.forward import plain_logits, prefill
 from maskkv_cli.engine.importance import measure_importance
+from maskkv_cli.engine.prefill import prefill
+from maskkv_cli.engine.step import plain_logits
 from maskkv_cli.models.config import named_config
 from maskkv_cli.models.families import build_model
 from maskkv_cli.models.loading import save_model

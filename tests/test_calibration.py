@@ -12,11 +12,13 @@ import torch
 from prompts import EVICTING, random_ids
 from typer.testing import CliRunner
 
-import maskkv_cli.sampling.common as sampler_mod
+import maskkv_cli.sampling.forward as sampler_mod
 from maskkv_cli.cli import app
-from maskkv_cli.engine.forward import StoredView, prefill, response_logits
 from maskkv_cli.engine.importance import ImportanceResult, layer_importance, measure_importance
 from maskkv_cli.engine.plan import resolve_importance
+from maskkv_cli.engine.prefill import prefill
+from maskkv_cli.engine.selection import StoredView
+from maskkv_cli.engine.step import response_logits
 from maskkv_cli.errors import UsageError
 from maskkv_cli.kv.budgets import boundary_layer_budgets
 from maskkv_cli.models.calibration import (
@@ -181,15 +183,14 @@ def test_generate_with_profile_importance(tiny_model, tiny_dir):
 
 def _online(monkeypatch, budget: int | None = None):
     """Route the sampler's prefill through online mode (with a fixed uniform plan of ``budget`` if given)."""
-    real = sampler_mod.prefill
+    real = sampler_mod.selection_sink
 
-    def patched(model, x, m, policy, layer_budgets, rows, *args, **kwargs):
+    def patched(policy, layer_budgets, prompt_len, response_slots, n_layers, online):
         if budget is not None:
-            layer_budgets = [budget] * len(model.blocks)
-        kwargs.pop("online_importance", None)
-        return real(model, x, m, policy, layer_budgets, rows, *args, online_importance=True, **kwargs)
+            layer_budgets = [budget] * n_layers
+        return real(policy, layer_budgets, prompt_len, response_slots, n_layers, True)
 
-    monkeypatch.setattr(sampler_mod, "prefill", patched)
+    monkeypatch.setattr(sampler_mod, "selection_sink", patched)
 
 
 def test_online_importance_matches_calibration(deep_model):

@@ -9,7 +9,7 @@ import torch
 from prompts import random_ids
 
 from maskkv_cli.cli.render import confidence_line
-from maskkv_cli.engine.forward import plain_logits
+from maskkv_cli.engine.step import plain_logits
 from maskkv_cli.models.catalog import empty_note
 from maskkv_cli.models.config import named_config
 from maskkv_cli.models.dream import Dream

@@ -186,7 +186,7 @@ def test_kv_bytes_shrink_with_budget(tiny_model):
 
 
 def test_chunked_prefill_matches_unchunked(tiny_model):
-    from maskkv_cli.engine.forward import prefill
+    from maskkv_cli.engine.prefill import prefill
 
     m = 40
     x = torch.cat([random_ids(tiny_model, m), torch.full((1, 16), tiny_model.config.mask_token_id)], 1)

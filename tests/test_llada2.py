@@ -14,7 +14,7 @@ from prompts import EVICTING
 from typer.testing import CliRunner
 
 import maskkv_cli.models.base as model_base
-from maskkv_cli.engine.forward import block_causal_visible
+from maskkv_cli.engine.lanes import block_causal_visible
 from maskkv_cli.models.base import dense_hidden
 from maskkv_cli.models.config import named_config
 from maskkv_cli.models.families import build_model
@@ -180,7 +180,8 @@ def test_pull_a_llada2_checkpoint_from_the_local_hub(tmp_path, llada2, tiny_toke
 def test_prefill_from_a_stored_prefix_equals_the_whole_prefill(llada2):
     """The rows after a computed document prefix see the same keys and values: step-0 logits within rounding,
     the same selection for every policy."""
-    from maskkv_cli.engine.forward import Layout, prefill
+    from maskkv_cli.engine.lanes import Layout
+    from maskkv_cli.engine.prefill import prefill
     from maskkv_cli.engine.prefix import compute_prefix
 
     ids = ids_of(llada2, 37)

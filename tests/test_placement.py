@@ -6,7 +6,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import maskkv_cli.engine.forward as fwd
+import maskkv_cli.engine.lanes as lanes
+import maskkv_cli.engine.prefill as prefill_module
+import maskkv_cli.engine.step as step_module
 from maskkv_cli.cli import app
 from maskkv_cli.engine.plan import CacheConfig
 from maskkv_cli.errors import UsageError
@@ -36,13 +38,14 @@ def test_parse_device_map():
 
 def test_cpu_map_runs_the_same_path_and_answers_the_same(tiny_dir, monkeypatch):
     seen = []
-    real = fwd.on_layer_device
+    real = lanes.on_layer
 
-    def spy(model, i, *tensors):
+    def spy(model, i, x):
         seen.append((i, getattr(model, "layer_devices", None)))
-        return real(model, i, *tensors)
+        return real(model, i, x)
 
-    monkeypatch.setattr(fwd, "on_layer_device", spy)
+    monkeypatch.setattr(prefill_module, "on_layer", spy)
+    monkeypatch.setattr(step_module, "on_layer", spy)
     gen = GenerationConfig(gen_length=8, steps=4, block_length=8)
     cache = CacheConfig(policy="maskkv", budget=8)
     plain = Session(str(tiny_dir)).answer("the river " * 20, gen, cache)

@@ -9,9 +9,10 @@ import torch
 from prompts import random_ids
 
 import maskkv_cli.policies.base as policy_base
-import maskkv_cli.sampling.common as sampler
+import maskkv_cli.sampling.driver as driver
 from maskkv_cli.bench.live_bytes import LiveBytes
-from maskkv_cli.engine.forward import plain_logits, prefill
+from maskkv_cli.engine.prefill import prefill, prefill_lanes
+from maskkv_cli.engine.step import plain_logits
 from maskkv_cli.models.config import named_config
 from maskkv_cli.models.dream import Dream
 from maskkv_cli.policies import PolicyOptions, get_policy
@@ -92,8 +93,8 @@ def test_full_prefill_equals_the_plain_forward(model):
 @pytest.mark.parametrize(("name", "options"), POLICIES[1:4])
 def test_chunked_prefill_gives_the_same_tokens(model, name, options, monkeypatch):
     def run(query_chunk: int, mlp_chunk: int) -> torch.Tensor:
-        monkeypatch.setattr(sampler, "prefill", functools.partial(prefill, query_chunk=query_chunk,
-                                                                   mlp_chunk=mlp_chunk))
+        monkeypatch.setattr(driver, "prefill_lanes", functools.partial(prefill_lanes, query_chunk=query_chunk,
+                                                                        mlp_chunk=mlp_chunk))
         prompt = random_ids(model, M)
         policy = get_policy(name, options)
         if isinstance(model, Dream):

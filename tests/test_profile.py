@@ -13,7 +13,7 @@ from maskkv_cli.cli import app
 from maskkv_cli.cli.parsing import choose_focus, parse_runs
 from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.documents import Document, Page
-from maskkv_cli.engine.forward import LayerRecord
+from maskkv_cli.engine.selection import LayerRecord
 from maskkv_cli.errors import UsageError
 from maskkv_cli.reports.pagemap import OUTSIDE, PageCount, group_pages, kept_position_counts, page_map, token_pages
 from maskkv_cli.reports.profile_report import RunSpec, quantize

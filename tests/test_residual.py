@@ -171,7 +171,7 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 def test_residual_covers_exactly_the_evicted_set_when_a_short_head_keeps_the_last_position(device):
     """Head 0 keeps {2, 9} (budget 3, one entry spent on the residual) and is shorter than head 1 (5 kept), so
     its padded slots repeat position M - 1 = 9, the one it keeps: 9 must still count as kept."""
-    from maskkv_cli.engine.forward import _select
+    from maskkv_cli.engine.selection import select as _select
 
     m, d, r = 10, 4, 3
     g = torch.Generator().manual_seed(0)
@@ -182,7 +182,7 @@ def test_residual_covers_exactly_the_evicted_set_when_a_short_head_keeps_the_las
     scores[0, 0, [2, 9]] = 1.0
     scores[0, 1, :5] = 1.0
     view = LayerView(0, 1, torch.cat([k, k], 2), torch.cat([k, k], 2)[:, :, : m + r], m, 0.5)
-    layer = _select(_FixedHeadBudgets(), view, q_mask, k, v, scores, 4, 0, 1)
+    layer = _select(_FixedHeadBudgets(), view, q_mask, k, v, scores, 4, 0)
     assert layer.residual is not None and layer.residual.tolist() == [[True, True]]
     assert layer.positions is not None and layer.lengths.tolist() == [[2, 5]]
     assert layer.positions[0, 0, :2].tolist() == [2, 9] and layer.positions[0, 1].tolist() == [0, 1, 2, 3, 4]

@@ -6,10 +6,12 @@ import torch.nn.functional as F
 from prompts import random_ids
 
 import maskkv_cli.models.base as model_base
-from maskkv_cli.engine.forward import plain_logits, prefill
+from maskkv_cli.engine.prefill import prefill
+from maskkv_cli.engine.step import plain_logits
 from maskkv_cli.errors import UsageError
 from maskkv_cli.policies import get_policy
-from maskkv_cli.sampling.common import CachedForward, Event
+from maskkv_cli.sampling.common import Event
+from maskkv_cli.sampling.forward import CachedForward
 from maskkv_cli.sampling.llada import GenerationConfig, generate, transfer_schedule
 
 
@@ -77,13 +79,13 @@ def test_deterministic_with_seed_and_temperature(tiny_model):
 @pytest.mark.parametrize("remasking", ["low_confidence", "random"])
 def test_commits_stay_and_follow_schedule(tiny_model, monkeypatch, policy, remasking):
     states: list[torch.Tensor] = []
-    real_call = CachedForward.__call__
+    real_lane = CachedForward.lane
 
-    def record(self, x, rows, block_start=None):
-        states.append(x[:1].clone())
-        return real_call(self, x, rows, block_start)
+    def record(self, request):
+        states.append(request.x[:1].clone())
+        return real_lane(self, request)
 
-    monkeypatch.setattr(CachedForward, "__call__", record)
+    monkeypatch.setattr(CachedForward, "lane", record)
     events: list[Event] = []
     gen = GenerationConfig(gen_length=24, steps=12, block_length=8, remasking=remasking)
     out = generate(tiny_model, random_ids(tiny_model, 24), gen, get_policy(policy), 8, on_event=events.append)

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 import pytest
-from serving import API_KEY, QUESTION, assert_openai_error, corpus, health, post_json, upload, wait_for
+from serving import API_KEY, QUESTION, corpus, health, post_json, upload, wait_for
 
 pytest.importorskip("starlette", reason="the serve extra is not installed: pip install -e '.[serve]'")
 
@@ -52,25 +52,23 @@ def _answers(url: str, bodies: list[dict]) -> list[tuple]:
 
 
 def test_requests_in_flight_share_forwards_and_get_their_own_answers(session, store_root, documents, monkeypatch):
-    import maskkv_cli.engine.batched as batched_engine
-    import maskkv_cli.sampling.batched as batched_sampling
+    import maskkv_cli.sampling.driver as driver
 
     lanes: list[int] = []
-    real = batched_engine.response_logits_many
-    monkeypatch.setattr(batched_sampling, "response_logits_many",
-                        lambda model, given: lanes.append(len(given)) or real(model, given))
+    real = driver.step_logits
+    monkeypatch.setattr(driver, "step_logits", lambda model, given: lanes.append(len(given)) or real(model, given))
     bodies = _requests(documents)
     one_at_a_time = ServerConfig(api_key=API_KEY, store_root=store_root, queue=len(bodies))
     with BackgroundServer(create_app(session, one_at_a_time)) as url:
         alone = _answers(url, bodies)
-    assert not lanes  # the one-at-a-time server never shares a step
+        scaled = _answers(url, [{**bodies[0], "maskkv": {**bodies[0]["maskkv"], "long": "rope-scale"}}])
+    assert set(lanes) == {1}  # the one-at-a-time server never shares a step
     config = ServerConfig(api_key=API_KEY, store_root=store_root, batch_size=BATCH, queue=len(bodies))
     with BackgroundServer(create_app(session, config)) as url:
         together = _answers(url, bodies)
         assert health(url)["queue"]["capacity"] == BATCH + len(bodies)
-        refused = post_json(url, "/v1/chat/completions", {**bodies[0], "maskkv": {**bodies[0]["maskkv"],
-                                                                                   "long": "rope-scale"}})
-        assert "--batch-size 1" in assert_openai_error(refused, 400)["message"]
+        # rope-scale is a request's own RoPE table: it runs beside the others and gets its answer alone
+        assert _answers(url, [{**bodies[0], "maskkv": {**bodies[0]["maskkv"], "long": "rope-scale"}}]) == scaled
     assert together == alone
     assert max(lanes) > 1  # requests really stepped together
     assert session.engine is None  # the server's generation service stopped with it
@@ -104,7 +102,7 @@ def test_a_client_that_leaves_stops_only_its_own_generation(session, store_root,
 
 def test_the_batch_size_a_server_runs(session, store_root, monkeypatch):
     """auto: as many window-long prompts as fit by the memory model, at most 1 + queue, said in a line; a number as
-    given; a block-causal model always one at a time."""
+    given, for a block-causal model too (its steps share the engine like every family's)."""
     from maskkv_cli.server.app import serving_batch_size
 
     size, line = serving_batch_size(session, ServerConfig(batch_size=None, queue=3))
@@ -112,4 +110,4 @@ def test_the_batch_size_a_server_runs(session, store_root, monkeypatch):
     assert serving_batch_size(session, ServerConfig(batch_size=6)) == (6, None)
     monkeypatch.setattr(session.model, "config", session.model.config.with_(attention="block_causal"))
     assert session.model.config.block_causal
-    assert serving_batch_size(session, ServerConfig(batch_size=6)) == (1, None)
+    assert serving_batch_size(session, ServerConfig(batch_size=6)) == (6, None)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from maskkv_cli.engine.forward import prefill, response_logits
+from maskkv_cli.engine.prefill import prefill
+from maskkv_cli.engine.step import response_logits
 from maskkv_cli.engine.step_runner import StepOptions, StepRunner
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.config import named_config

@@ -18,13 +18,13 @@ block]`` (block-causal), then for every later step a bare forward of the current
 blocks so far, and for every finished block but the last one pass of its final tokens (the exact keys and
 values the blocks after it need). Steps follow LLaDA2.0's quota with no token above the threshold.
 
-A batch of B sequences (``measure_batch_limit``) is timed as the batched engine runs it
-(``engine/batched.py``): one bare prefill of the B prompts together (of one length here: the engine runs prompts
-of any lengths back to back), then every later step one bare forward of all B
-responses in which the embedding, the projections, the MLP and the LM head take every sequence's rows at once
+A batch of B sequences (``measure_batch_limit``) is timed as the engine runs a batch of generations
+(``engine/step.py``, one lane per sequence): one bare prefill of the B prompts together (of one length here: the
+engine runs prompts of any lengths back to back), then every later step one bare forward of all B responses in
+which the embedding, the projections, the MLP and the LM head take every sequence's rows at once
 and attention runs sequence by sequence over that sequence's own ``keys + L`` entries. Without a cache every step
-(step 0 included) is one bare full forward of the B sequences together, as the engine shares them. Block-causal
-models are not batched (``sampling/batched.py`` runs them one at a time).
+(step 0 included) is one bare full forward of the B sequences together, as the engine shares them. The limit of a
+batch of block-causal sequences is not measured (one sequence's is).
 """
 
 from __future__ import annotations
@@ -34,10 +34,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from maskkv_cli.engine.forward import MLP_CHUNK, block_causal_visible
+from maskkv_cli.engine.chunks import MLP_CHUNK
+from maskkv_cli.engine.lanes import StepLane, block_causal_visible
+from maskkv_cli.engine.step import step_logits
 from maskkv_cli.errors import UsageError
-from maskkv_cli.models.base import attention, dense_hidden
-from maskkv_cli.models.protocol import DiffusionLM
+from maskkv_cli.kv.cache import DenseLayer, PromptCache
+from maskkv_cli.models.base import dense_hidden
+from maskkv_cli.models.protocol import Block, DiffusionLM
 from maskkv_cli.sampling.llada import GenerationConfig, transfer_schedule
 from maskkv_cli.stats import now
 
@@ -79,23 +82,30 @@ def bare_full_forward(model: DiffusionLM, ids: Tensor, rows: Tensor, mlp_chunk: 
 
 
 class BareSteps:
-    """Preallocated K/V of ``keys + L`` entries per head and layer, and a bare response-only forward."""
+    """Preallocated K/V of ``keys + L`` entries per head and layer, and a bare response-only forward: the engine's
+    own step (``engine.step``) over dense caches of random entries, with no policy and no sampler."""
 
     def __init__(self, model: DiffusionLM, prompt_len: int, keys: int, response_len: int, batch: int = 1,
                  seed: int = 0) -> None:
-        cfg = model.config
         self.model = model
         self.keys = keys
         self.response_len = response_len
+        self.prompt_len = prompt_len
         dev, dt = model.device, model.dtype
         gen = torch.Generator(device=dev).manual_seed(seed)
-        shape = (batch, cfg.n_kv_heads, keys + response_len, cfg.head_dim)
-        # Random prompt entries: the values do not change the time of the pass, only the shapes do.
-        self.k = [torch.randn(shape, generator=gen, device=dev, dtype=torch.float32).to(dt)
-                  for _ in range(cfg.n_layers)]
-        self.v = [torch.randn(shape, generator=gen, device=dev, dtype=torch.float32).to(dt)
-                  for _ in range(cfg.n_layers)]
-        self.rope = model.rope(torch.arange(prompt_len, prompt_len + response_len, device=dev))
+
+        def layer(block: Block, rows: int) -> DenseLayer:
+            # Random prompt entries: the values do not change the time of the pass, only the shapes do.
+            shape = (rows, block.n_kv_heads, keys + response_len, block.head_dim)
+            k, v = (torch.randn(shape, generator=gen, device=dev, dtype=torch.float32).to(dt) for _ in range(2))
+            return DenseLayer(k, v, keys, torch.full(shape[:2], keys, dtype=torch.int64, device=dev))
+
+        def cache(rows: int) -> PromptCache:
+            return PromptCache(prompt_len, response_len, [layer(block, rows) for block in model.blocks])
+
+        self.batch, self._cache = batch, cache
+        self._whole: PromptCache | None = None  # one lane of every sequence, built at its first step
+        self._apart: list[PromptCache] | None = None  # one lane per sequence
 
     @property
     def attention_keys(self) -> int:
@@ -107,27 +117,18 @@ class BareSteps:
         """One response-only forward of ``response`` (B, n): response positions [offset, offset + n) (all L when
         ``offset`` is 0 and n is L), over the keys before ``offset + n``; logits at its rows ``rows``.
 
-        ``per_sequence``: attention runs one sequence of the batch at a time over that sequence's own entries (as
-        the batched engine runs it); the layers with weights still take every sequence's rows at once."""
-        model = self.model
-        x = model.embed(response)
-        last = len(model.blocks) - 1
-        end = self.keys + offset + response.shape[1]
-        rope = self.rope.rows(offset, offset + response.shape[1])
-        for i, block in enumerate(model.blocks):
-            q, k, v = block.qkv(x, rope)
-            self.k[i][:, :, self.keys + offset : end].copy_(k)
-            self.v[i][:, :, self.keys + offset : end].copy_(v)
-            if i == last:
-                q, x = q[:, :, rows], x[:, rows]
-            keys, values = self.k[i][:, :, :end], self.v[i][:, :, :end]
-            if per_sequence:
-                o = torch.cat([attention(q[b : b + 1], keys[b : b + 1], values[b : b + 1]) for b in range(len(q))])
-            else:
-                o = attention(q, keys, values)
-            x = x + block.attn_proj(o)
-            x = x + block.mlp(x)
-        return model.head(x)
+        ``per_sequence``: each sequence is its own lane (attention over its own entries, as a batch of generations
+        runs); the layers with weights take every sequence's rows at once either way."""
+        start = self.prompt_len + offset
+        if per_sequence and self.batch > 1:
+            if self._apart is None:
+                self._apart = [self._cache(1) for _ in range(self.batch)]
+            lanes = [StepLane(response[b : b + 1], rows, start, cache, offset) for b, cache in enumerate(self._apart)]
+        else:
+            if self._whole is None:
+                self._whole = self._cache(self.batch)
+            lanes = [StepLane(response, rows, start, self._whole, offset)]
+        return torch.cat(step_logits(self.model, lanes))
 
 
 @dataclass

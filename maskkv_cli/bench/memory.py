@@ -139,7 +139,7 @@ class PhasePeaks:
     def __enter__(self) -> PhasePeaks:
         import torch.nn.functional as F
 
-        import maskkv_cli.engine.forward as fwd
+        import maskkv_cli.engine.selection as fwd
 
         for i, block in enumerate(self.model.blocks):  # the prefill's order: k, scores, v, select, attention
             self._wrap(block, "keys", "k projection + RoPE", "k projection + RoPE", i)
@@ -186,8 +186,8 @@ class PhasePeaks:
 
 def run_memory_case(case: MemoryCase) -> dict[str, Any]:
     """One prefill (step 0) in this process; its memory row."""
-    from maskkv_cli.engine.forward import prefill
     from maskkv_cli.engine.plan import CachePlan
+    from maskkv_cli.engine.prefill import prefill
     from maskkv_cli.policies import get_policy
     from maskkv_cli.stats import now
 

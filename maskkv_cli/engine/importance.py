@@ -14,7 +14,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from maskkv_cli.engine.forward import MLP_CHUNK, attention_shift, block_causal_visible
+from maskkv_cli.engine.chunks import MLP_CHUNK
+from maskkv_cli.engine.lanes import block_causal_visible
+from maskkv_cli.engine.prefill import attention_shift
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.base import dense_hidden
 from maskkv_cli.models.protocol import DiffusionLM

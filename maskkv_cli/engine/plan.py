@@ -16,17 +16,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from maskkv_cli.defaults import DEFAULT_BUDGET, DEFAULT_POLICY, LAYER_BUDGET_CHOICES
 from maskkv_cli.engine.step_runner import StepOptions
 from maskkv_cli.errors import UsageError
 from maskkv_cli.kv.budgets import resolve_budget
+from maskkv_cli.kv.prefix import PrefixStore
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import Policy, PolicyOptions, get_policy, uses_importance
-
-if TYPE_CHECKING:
-    from maskkv_cli.engine.prefix import PrefixStore
 
 __all__ = ["LAYER_BUDGET_MODES", "CacheConfig", "CachePlan", "check_layer_budgets", "plan_cache", "resolve_importance"]
 
@@ -84,6 +81,7 @@ class CachePlan:
     note: str | None  # one line for the user about the layer budgets, when the run evicts
     step_options: StepOptions = StepOptions()
     prefix: PrefixStore | None = None  # a block-causal model's document prefix computed before (engine/prefix.py)
+    rope_factor: float = 1.0  # the RoPE base scaling of this prompt (``--long rope-scale``); 1: the model's own
 
     @property
     def evicts(self) -> bool:
@@ -93,7 +91,7 @@ class CachePlan:
     def build(cls, model: DiffusionLM, policy: Policy, budget: int | None, prompt_len: int, *,
               online: bool = False, step_options: StepOptions | None = None, importance_source: str | None = None,
               note: str | None = None, block_length: int | None = None,
-              prefix: PrefixStore | None = None) -> CachePlan:
+              prefix: PrefixStore | None = None, rope_factor: float = 1.0) -> CachePlan:
         """The plan for ``policy`` at ``budget`` over a prompt of ``prompt_len`` tokens.
 
         The run evicts when the policy evicts and the budget is below the cached segment (``prompt_len`` minus
@@ -116,11 +114,12 @@ class CachePlan:
         if importance_source is None and policy.uses_importance:
             importance_source = "online" if online else "options" if importance is not None else "uniform"
         if prefix is not None and (not model.config.block_causal or prefix.length > split
-                                   or prefix.block != block_length or not policy.uses_cache):
-            prefix = None  # only a cached block-causal run over the same blocks can start from it
+                                   or prefix.block != block_length or not policy.uses_cache
+                                   or prefix.rope_factor != rope_factor):
+            prefix = None  # only a cached block-causal run over the same blocks and RoPE can start from it
         return cls(policy, budget, prompt_len, split, layer_budgets, online, importance_source,
                    None if online or importance is None else tuple(importance), note if evicts else None,
-                   step_options or StepOptions(), prefix)
+                   step_options or StepOptions(), prefix, rope_factor)
 
 
 def resolve_importance(
@@ -185,9 +184,10 @@ def _importance_choice(model_path: str | os.PathLike[str] | None, cache: CacheCo
 def plan_cache(model: DiffusionLM, cache: CacheConfig, prompt_len: int,
                model_path: str | os.PathLike[str] | None = None,
                step_options: StepOptions | None = None, block_length: int | None = None,
-               prefix: PrefixStore | None = None) -> CachePlan:
+               prefix: PrefixStore | None = None, rope_factor: float = 1.0) -> CachePlan:
     """The plan for ``cache`` over a prompt of ``prompt_len`` tokens of ``model`` (loaded from ``model_path``,
-    where its calibration profile is looked up for ``layer_budgets="auto"``)."""
+    where its calibration profile is looked up for ``layer_budgets="auto"``); ``rope_factor``: the prompt's RoPE
+    base scaling (``--long rope-scale``)."""
     budget = cache.resolved_budget(prompt_len)
     options, source, note = _importance_choice(model_path, cache, uses_importance(cache.policy))
     policy = get_policy(cache.policy, options)
@@ -195,4 +195,4 @@ def plan_cache(model: DiffusionLM, cache: CacheConfig, prompt_len: int,
         budget = DEFAULT_BUDGET
     return CachePlan.build(model, policy, budget, prompt_len, online=cache.layer_budgets == "online"
                            and policy.uses_importance, step_options=step_options, importance_source=source,
-                           note=note, block_length=block_length, prefix=prefix)
+                           note=note, block_length=block_length, prefix=prefix, rope_factor=rope_factor)

@@ -8,8 +8,8 @@ tensor) and the LM head is applied to the needed rows outside it. That costs the
 instead of its still-masked rows (a fraction of one layer) and buys a function that compiles once and can be
 captured as one CUDA graph: one launch per step instead of a few per layer.
 
-Both run the same layer loop (``forward.response_hidden``); the eager path (``forward.response_logits``, the
-needed rows only) stays the default; these modes are opt-in
+Both run the engine's one step (``engine.step.step_hidden``, one lane); the eager path (the needed rows only)
+stays the default; these modes are opt-in
 (``--compile``, ``--cuda-graph``) and need the whole model on one device.
 """
 
@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from maskkv_cli.engine.forward import head_logits, response_hidden
+from maskkv_cli.engine.lanes import StepLane
+from maskkv_cli.engine.step import step_hidden
 from maskkv_cli.errors import UsageError
 from maskkv_cli.kv.cache import PromptCache
 from maskkv_cli.models.protocol import DiffusionLM
@@ -61,7 +62,7 @@ class StepRunner:
     ``setup_s`` so that callers can keep it out of the step figures."""
 
     def __init__(self, model: DiffusionLM, cache: PromptCache, response: Tensor, options: StepOptions,
-                 row_window: int | None = None) -> None:
+                 row_window: int | None = None, rope_factor: float = 1.0) -> None:
         """``row_window``: every call's rows lie in one aligned window of this many rows (the sampler's block);
         None runs the last layer on all rows."""
         if model.layer_devices and len(set(model.layer_devices)) > 1:
@@ -71,14 +72,14 @@ class StepRunner:
         self.model, self.cache, self.options = model, cache, options
         dev = response.device
         t0 = now(dev)
-        m = cache.prompt_len
-        rope = model.rope(torch.arange(m, m + response.shape[1], device=dev))
-
         length = response.shape[1]
         self.window = row_window if row_window and row_window < length else None
+        every_row = torch.arange(length, device=dev)
 
         def body(ids: Tensor, window: Tensor | None) -> Tensor:
-            return response_hidden(model, cache, ids, rope, window)
+            rows = every_row if window is None else window
+            (hidden,) = step_hidden(model, [StepLane(ids, rows, cache.prompt_len, cache, rope_factor=rope_factor)])
+            return hidden
 
         self.body: Callable[[Tensor, Tensor | None], Tensor] = (
             torch.compile(body, dynamic=False) if options.compile else body)
@@ -128,4 +129,4 @@ class StepRunner:
             assert hidden is not None
         else:
             hidden = self.body(response, window)
-        return head_logits(self.model, hidden[:, rows])
+        return self.model.head(hidden[:, rows])

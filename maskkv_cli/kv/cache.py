@@ -1,15 +1,27 @@
-"""A compressed prompt K/V cache: per layer, heads keep different numbers of entries.
+"""The prompt K/V cache as a list of per-layer objects; each layer kind keeps its prompt entries its own way.
 
-Layout (per layer): one buffer ``(B, H, K + L, D)`` for keys and one for values, where ``K`` is the
-longest kept head of the layer and ``L`` the response length. Heads shorter than ``K`` are padded and masked
-with ``-inf`` in an additive bias; a layer whose heads all keep the same count needs no bias at all. The
-response slot ``[K:K+L]`` is rewritten in place at every step, so no step allocates or concatenates cache
-tensors. Keys are stored after RoPE, so the kept keys keep their original positions.
+Layout (per layer): one buffer ``(B, H_kv, K + L, D)`` for keys and one for values, where ``K`` is the layer's
+prompt slots and ``L`` the response slot. Keys are stored after RoPE, so the kept keys keep their original
+positions. The response slot ``[K:K+L]`` is rewritten in place at every step, so no step allocates or concatenates
+cache tensors. Every kind answers the same small questions: its heads and head size (from its buffers), what a
+step's rows write (``write_response``), which entries they see (``visible``), and its bytes.
+
+- ``DenseLayer``: every prompt entry of every head (the full prefix cache, and any budget that covers the prompt).
+- ``EvictedLayer``: each head keeps its own number of entries (a policy's selection); heads shorter than the
+  longest are padded and masked with ``-inf`` in an additive bias (none when all heads keep the same count); a
+  diffuse head may hold one residual entry (``kv/residual.py``).
+- ``WindowLayer``: a sliding-window layer's last ``window - 1`` prompt entries, every head, exactly (what such a
+  layer's queries after the prompt can see; nothing to evict).
+
+A step's rows at response positions ``[offset, offset + n)`` see every prompt slot and the response slot before
+``offset + n``: the whole slot for a bidirectional model (``offset`` 0, ``n`` = L), the blocks so far for a
+block-causal one. The stored prefix of a block-causal document is ``kv/prefix.py``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -17,13 +29,25 @@ from torch import Tensor
 
 @dataclass
 class LayerCache:
+    """One layer's prompt entries and response slot (see the module doc); the base of the layer kinds."""
+
     k: Tensor  # (B, H_kv, K + L, D) post-RoPE keys; [:, :, :K] prompt, [:, :, K:] response slot
     v: Tensor  # (B, H_kv, K + L, D)
     prompt_slots: int  # K
     lengths: Tensor  # (B, H_kv) int64: kept prompt entries per key/value head (logical)
-    positions: Tensor | None  # (B, H_kv, K) int64 original prompt positions; None = all positions kept
-    bias: Tensor | None  # (B, H_q, 1, K + L) additive mask (0 / -inf) in the compute dtype; None = dense
+    positions: Tensor | None = None  # (B, H_kv, K) int64 original prompt positions; None = all positions kept
+    bias: Tensor | None = None  # (B, H_q, 1, K + L) additive mask (0 / -inf) in the compute dtype; None = dense
     residual: Tensor | None = None  # (B, H) bool: heads whose last prompt slot is a residual entry (residual.py)
+    kind: ClassVar[str] = "dense"
+
+    @property
+    def heads(self) -> int:
+        """Key/value heads."""
+        return self.k.shape[1]
+
+    @property
+    def head_dim(self) -> int:
+        return self.k.shape[3]
 
     def write_response(self, k: Tensor, v: Tensor, offset: int = 0) -> None:
         """Write k, v (B, H_kv, n, D) into the response slot from response position ``offset`` on."""
@@ -31,9 +55,20 @@ class LayerCache:
         self.k[:, :, start : start + k.shape[2]].copy_(k)
         self.v[:, :, start : start + v.shape[2]].copy_(v)
 
+    def visible(self, offset: int, n: int) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(keys, values, bias) that the rows at response positions [offset, offset + n) attend to."""
+        end = self.prompt_slots + offset + n
+        if end >= self.k.shape[2]:
+            return self.k, self.v, self.bias
+        return self.k[:, :, :end], self.v[:, :, :end], None if self.bias is None else self.bias[..., :end]
+
     @property
     def seq_len(self) -> int:
         return self.k.shape[2]
+
+    def logical_entries(self) -> int:
+        """Kept prompt (key, value) pairs over heads and batch (residual entries included)."""
+        return int(self.lengths.sum()) + (0 if self.residual is None else int(self.residual.sum()))
 
     def nbytes(self) -> int:
         """Resident bytes of this layer (buffers, positions and bias)."""
@@ -49,6 +84,24 @@ class LayerCache:
         return 2 * b * h * self.prompt_slots * d * self.k.element_size()
 
 
+class DenseLayer(LayerCache):
+    """Every prompt entry of every head."""
+
+    kind = "dense"
+
+
+class EvictedLayer(LayerCache):
+    """Each head's own kept entries (``positions``), padded to the longest head under ``bias``."""
+
+    kind = "evicted"
+
+
+class WindowLayer(LayerCache):
+    """A sliding-window layer's last prompt entries, every head (``positions`` say which)."""
+
+    kind = "window"
+
+
 @dataclass
 class PromptCache:
     prompt_len: int
@@ -57,8 +110,7 @@ class PromptCache:
 
     def logical_entries(self) -> int:
         """Kept prompt (key, value) pairs summed over layers, heads and batch (residual entries included)."""
-        return int(sum(int(layer.lengths.sum()) + (0 if layer.residual is None else int(layer.residual.sum()))
-                       for layer in self.layers))
+        return sum(layer.logical_entries() for layer in self.layers)
 
     def nbytes(self) -> int:
         return sum(layer.nbytes() for layer in self.layers)
@@ -67,15 +119,33 @@ class PromptCache:
         return sum(layer.prompt_nbytes() for layer in self.layers)
 
 
+def _buffers(k: Tensor, v: Tensor, slots: int, response_len: int) -> tuple[Tensor, Tensor]:
+    b, h, _, d = k.shape
+    return k.new_empty(b, h, slots + response_len, d), v.new_empty(b, h, slots + response_len, d)
+
+
 def dense_layer(k: Tensor, v: Tensor, prompt_len: int, response_len: int) -> LayerCache:
     """Keep every prompt entry of every head (the full prefix cache)."""
-    b, h, _, d = k.shape
-    kb = k.new_empty(b, h, prompt_len + response_len, d)
-    vb = v.new_empty(b, h, prompt_len + response_len, d)
+    kb, vb = _buffers(k, v, prompt_len, response_len)
     kb[:, :, :prompt_len].copy_(k[:, :, :prompt_len])
     vb[:, :, :prompt_len].copy_(v[:, :, :prompt_len])
-    lengths = torch.full((b, h), prompt_len, dtype=torch.int64, device=k.device)
-    return LayerCache(kb, vb, prompt_len, lengths, None, None)
+    lengths = torch.full(k.shape[:2], prompt_len, dtype=torch.int64, device=k.device)
+    return DenseLayer(kb, vb, prompt_len, lengths)
+
+
+def window_layer(k: Tensor, v: Tensor, prompt_len: int, response_len: int, window: int) -> LayerCache:
+    """Keep the last ``window - 1`` prompt entries of every head (all of them when the prompt is shorter): what the
+    queries after the prompt see in a sliding-window layer of ``window`` positions (a query sees itself and the
+    ``window - 1`` positions before it)."""
+    first = max(0, prompt_len - (window - 1))
+    kept = prompt_len - first
+    kb, vb = _buffers(k, v, kept, response_len)
+    kb[:, :, :kept].copy_(k[:, :, first:prompt_len])
+    vb[:, :, :kept].copy_(v[:, :, first:prompt_len])
+    b, h = k.shape[:2]
+    lengths = torch.full((b, h), kept, dtype=torch.int64, device=k.device)
+    positions = torch.arange(first, prompt_len, device=k.device).expand(b, h, kept).clone()
+    return WindowLayer(kb, vb, kept, lengths, positions)
 
 
 def _top_indices(scores: Tensor, budgets: Tensor, kmax: int) -> Tensor:
@@ -111,8 +181,7 @@ def select_layer(
     kept = order < m
     idx = order.clamp(max=m - 1)  # (B, H, kmax)
     gather = idx[..., None].expand(b, h, kmax, d)
-    kb = k.new_empty(b, h, kmax + response_len, d)
-    vb = v.new_empty(b, h, kmax + response_len, d)
+    kb, vb = _buffers(k, v, kmax, response_len)
     kb[:, :, :kmax] = torch.gather(k[:, :, :m], 2, gather)
     vb[:, :, :kmax] = torch.gather(v[:, :, :m], 2, gather)
     bias = None
@@ -121,7 +190,7 @@ def select_layer(
         bias[:, :, 0, :kmax].masked_fill_(~kept, float("-inf"))
         if group > 1:
             bias = bias.repeat_interleave(group, dim=1)
-    return LayerCache(kb, vb, kmax, budgets, idx, bias)
+    return EvictedLayer(kb, vb, kmax, budgets, idx, bias)
 
 
 def add_residual(layer: LayerCache, k_r: Tensor, v_r: Tensor, offset: Tensor, heads: Tensor) -> LayerCache:
@@ -145,4 +214,4 @@ def add_residual(layer: LayerCache, k_r: Tensor, v_r: Tensor, offset: Tensor, he
         bias[..., :k_slots] = layer.bias[..., :k_slots]
     use = heads.to(offset.device).repeat_interleave(hq // h, dim=1)
     bias[:, :, 0, k_slots] = torch.where(use, offset, float("-inf")).to(bias.dtype)
-    return LayerCache(kb, vb, k_slots + 1, layer.lengths, layer.positions, bias, heads.clone())
+    return EvictedLayer(kb, vb, k_slots + 1, layer.lengths, layer.positions, bias, heads.clone())

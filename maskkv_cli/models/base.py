@@ -18,6 +18,7 @@ logits of policy ``none``, the layer-importance measurement and the limit line a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import ClassVar, NamedTuple, Self
 
@@ -114,6 +115,16 @@ class DiffusionBlock(nn.Module):
         super().__init__()
         self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
         self.n_kv_heads: int = cfg.n_kv_heads  # type: ignore[assignment]
+
+    @property
+    def attention_scale(self) -> float:
+        """The softmax scale of this layer's attention logits (SDPA's default, ``1 / sqrt(head_dim)``)."""
+        return 1.0 / math.sqrt(self.head_dim)
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per key/value head."""
+        return self.n_heads // self.n_kv_heads
 
     # ----- the family's hooks ---------------------------------------------------------------------
     def attention_input(self, x: Tensor) -> Tensor:
@@ -267,9 +278,19 @@ class DiffusionModel(nn.Module):
     def head(self, x: Tensor) -> Tensor:
         raise NotImplementedError
 
-    def rope(self, positions: Tensor) -> Rope:
-        """Tables for the rotated dims of each head (all of them unless ``partial_rotary_factor`` < 1)."""
-        return rope_tables(positions, self.config.rotary_dim, self.config.rope_theta)
+    def rope(self, positions: Tensor, factor: float = 1.0) -> Rope:
+        """Tables for the rotated dims of each head (all of them unless ``partial_rotary_factor`` < 1); ``factor``
+        scales the RoPE base (NTK-style, ``--long rope-scale``) for a prompt longer than the training window."""
+        return rope_tables(positions, self.config.rotary_dim, self.config.rope_theta * factor)
+
+    def rope_kind(self, layer: int) -> object:
+        """Which RoPE tables layer ``layer`` rotates with: layers of one kind share them (every layer, here; a
+        family whose layers rotate differently returns a key per kind and overrides ``layer_rope``)."""
+        return None
+
+    def layer_rope(self, layer: int, positions: Tensor, factor: float = 1.0) -> Rope:
+        """The tables layer ``layer`` rotates the given positions with."""
+        return self.rope(positions, factor)
 
     def forward(self, ids: Tensor, key_mask: Tensor | None = None, rows: Tensor | None = None,
                 positions: Tensor | None = None) -> Tensor:
@@ -331,6 +352,13 @@ class HFLayoutModel(DiffusionModel):
     @property
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
+
+
+def kv_bytes_per_token(model: DiffusionModel) -> int:
+    """Bytes of the keys and values of one position over every layer, in the model's dtype, from each layer's own
+    key/value heads and head size (what a full prompt cache holds per token)."""
+    element = torch.finfo(model.dtype).bits // 8
+    return sum(2 * block.n_kv_heads * block.head_dim for block in model.blocks) * element
 
 
 def init_parameters(model: nn.Module, seed: int, std: float) -> None:

@@ -24,7 +24,18 @@ from maskkv_cli.models.config import ModelConfig
 
 @runtime_checkable
 class Block(Protocol):
-    """One layer as the engine drives it. Shapes: x (B, T, d); q (B, H, T, D); k, v (B, H_kv, T, D)."""
+    """One layer as the engine drives it. Shapes: x (B, T, d); q (B, H, T, D); k, v (B, H_kv, T, D). The layer
+    states its own geometry (a family's layers may differ): the engine reads it here, never from the config."""
+
+    n_heads: int  # H
+    n_kv_heads: int  # H_kv
+    head_dim: int  # D
+
+    @property
+    def attention_scale(self) -> float: ...  # the softmax scale of its attention logits
+
+    @property
+    def group_size(self) -> int: ...  # H // H_kv
 
     def queries(self, x: Tensor, rope: Rope) -> Tensor: ...  # rotated q of x's T rows (rope: their tables)
 
@@ -62,7 +73,11 @@ class DiffusionLM(Protocol):
 
     def head(self, x: Tensor) -> Tensor: ...  # final norm and output projection: (B, T, d) -> (B, T, V)
 
-    def rope(self, positions: Tensor) -> Rope: ...  # cos, sin tables for these positions
+    def rope(self, positions: Tensor, factor: float = 1.0) -> Rope: ...  # cos, sin tables (RoPE base x factor)
+
+    def rope_kind(self, layer: int) -> object: ...  # layers of one kind rotate with the same tables
+
+    def layer_rope(self, layer: int, positions: Tensor, factor: float = 1.0) -> Rope: ...  # that layer's tables
 
     def place_ends(self, first: torch.device, last: torch.device) -> None: ...  # embedding; norm and head
 

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from maskkv_cli.documents import Document
-from maskkv_cli.engine.forward import LayerRecord
+from maskkv_cli.engine.selection import LayerRecord
 
 OUTSIDE = "question/template"
 

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from maskkv_cli.documents import Document
-from maskkv_cli.engine.forward import LayerRecord
 from maskkv_cli.engine.plan import CachePlan
+from maskkv_cli.engine.selection import LayerRecord
 from maskkv_cli.errors import UsageError
 from maskkv_cli.reports.pagemap import PageMap, map_pages
 from maskkv_cli.stats import RunStats

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from maskkv_cli.engine.plan import CachePlan
@@ -18,22 +19,23 @@ from maskkv_cli.engine.step_runner import StepOptions
 from maskkv_cli.models.families import family
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import Policy
-from maskkv_cli.sampling.common import CachedForward, Event, GenerationResult, StepMeter
+from maskkv_cli.sampling.common import Event, GenerationResult, Scratch, StepMeter
 from maskkv_cli.sampling.dream import (
     DreamGenerationConfig,
     DreamOptions,
-    denoise_dream,
     dream_config,
+    dream_loop,
+    dream_run,
     generate_dream,
 )
-from maskkv_cli.sampling.llada import GenerationConfig, denoise_llada
-from maskkv_cli.sampling.llada2 import LLaDA2Options, denoise_llada2
+from maskkv_cli.sampling.driver import Loop, Run, drive
+from maskkv_cli.sampling.forward import CachedForward
+from maskkv_cli.sampling.llada import GenerationConfig, llada_loop, llada_run
+from maskkv_cli.sampling.llada2 import LLaDA2Options, llada2_loop, llada2_run
 
 __all__ = ["CachedForward", "DreamGenerationConfig", "DreamOptions", "Event", "GenerationConfig",
            "GenerationResult", "LLaDA2Options", "SAMPLERS", "SamplerOptions", "StepMeter", "generate",
-           "generate_dream", "sample"]
-
-Loop = Callable[..., GenerationResult]  # (model, prompt, gen, plan, on_event, options) -> result
+           "generate_dream", "open_generation", "sample"]
 
 
 @dataclass(frozen=True)
@@ -44,25 +46,54 @@ class SamplerOptions:
     llada2: LLaDA2Options = LLaDA2Options()
 
 
-# Sampler family (``models.families.Family.sampler``) -> its loop over the shared settings: LLaDA's reads
-# ``gen`` whole; Dream's takes its length, steps, temperature and seed and its own options (one block);
-# LLaDA2's reads ``gen`` (steps per block: gen.steps_per_block) and its own options.
-SAMPLERS: dict[str, Loop] = {
-    "llada": lambda model, prompt, gen, plan, on_event, opts: denoise_llada(model, prompt, gen, plan, on_event),
-    "dream": lambda model, prompt, gen, plan, on_event, opts: denoise_dream(
-        model, prompt, dream_config(gen, opts.dream), plan, on_event),
-    "llada2": lambda model, prompt, gen, plan, on_event, opts: denoise_llada2(
-        model, prompt, gen, plan, on_event, opts.llada2),
-}
+Opener = Callable[[DiffusionLM, Tensor, GenerationConfig, CachePlan, Callable[[Event], None] | None, SamplerOptions],
+                  tuple[Run, Loop]]
 
 
+def _llada(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, plan: CachePlan,
+           on_event: Callable[[Event], None] | None, opts: SamplerOptions) -> tuple[Run, Loop]:
+    run = llada_run(model, prompt, gen, plan, on_event)
+    return run, llada_loop(run, gen)
+
+
+def _dream(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, plan: CachePlan,
+           on_event: Callable[[Event], None] | None, opts: SamplerOptions) -> tuple[Run, Loop]:
+    dream_gen = dream_config(gen, opts.dream)  # Dream's loop: its length, steps, temperature, seed; one block
+    run = dream_run(model, prompt, dream_gen, plan, on_event)
+    return run, dream_loop(run, dream_gen)
+
+
+def _llada2(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, plan: CachePlan,
+            on_event: Callable[[Event], None] | None, opts: SamplerOptions) -> tuple[Run, Loop]:
+    run = llada2_run(model, prompt, gen, plan, on_event, opts.llada2)
+    return run, llada2_loop(run)
+
+
+# Sampler family (``models.families.Family.sampler``) -> the generation state and loop over the shared settings.
+SAMPLERS: dict[str, Opener] = {"llada": _llada, "dream": _dream, "llada2": _llada2}
+
+
+def open_generation(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, plan: CachePlan,
+                    on_event: Callable[[Event], None] | None = None, options: SamplerOptions | None = None,
+                    scratch: Scratch | None = None) -> tuple[Run, Loop]:
+    """The generation state and loop of the model's family for ``prompt``; ``scratch``: float64 work memory shared
+    with the generations stepping beside it (``sampling/stream.py``)."""
+    opener = SAMPLERS[family(model.config.family).sampler]
+    run, loop = opener(model, prompt, gen, plan, on_event, options or SamplerOptions())
+    if scratch is not None and hasattr(run, "scratch"):
+        run.scratch = scratch
+    return run, loop
+
+
+@torch.no_grad()
 def sample(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, plan: CachePlan,
            on_event: Callable[[Event], None] | None = None, dream: DreamOptions | None = None,
            llada2: LLaDA2Options | None = None) -> GenerationResult:
     """Denoise ``prompt`` with the loop of the model's family, the prompt cache run as ``plan`` says
-    (``engine.plan.plan_cache``); ``dream`` / ``llada2``: those families' own sampler options."""
-    loop = SAMPLERS[family(model.config.family).sampler]
-    return loop(model, prompt, gen, plan, on_event, SamplerOptions(dream or DreamOptions(), llada2 or LLaDA2Options()))
+    (``engine.plan.plan_cache``); ``dream`` / ``llada2``: those families' own sampler options. The same driver as a
+    batch of many (``sampling/stream.py``), with one generation."""
+    options = SamplerOptions(dream or DreamOptions(), llada2 or LLaDA2Options())
+    return drive(model, *open_generation(model, prompt, gen, plan, on_event, options))
 
 
 def generate(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, policy: Policy, budget: int | None = None,

@@ -1,29 +1,25 @@
-"""What both denoising loops share: the forward passes over the compressed cache, the step meter, the events.
+"""What the denoising loops share: the events, the results, the step meter, the bidirectional loops' state.
 
-``CachedForward`` gives the logits of the response positions a step needs: the plain forward for policy
-``none``, else the prefill at the first call (step 0: exact attention, votes, per-layer selection) and the
-response-only pass over the compressed cache after it, all as the run's ``engine.plan.CachePlan`` says.
-``Denoising`` holds one generation's sequence ``[prompt ; masks]``, its random generator, the forward and the
+``Denoising`` holds one generation's sequence ``[prompt ; masks]``, its random generator, its forward
+(``sampling/forward.py``: how its steps become engine lanes, as its ``engine.plan.CachePlan`` says) and the
 ``StepMeter`` that times the steps and fills the run statistics; the family loops (``llada.py``, ``dream.py``)
-only decide which tokens to commit.
+only decide which tokens to commit, and ``sampling/driver.py`` runs them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from maskkv_cli.engine.batched import PrefillLane
-from maskkv_cli.engine.forward import LayerRecord, plain_logits, prefill, response_logits
 from maskkv_cli.engine.plan import CachePlan
-from maskkv_cli.engine.step_runner import StepRunner
+from maskkv_cli.engine.selection import LayerRecord
 from maskkv_cli.errors import UsageError
-from maskkv_cli.kv.cache import PromptCache
+from maskkv_cli.models.base import kv_bytes_per_token
 from maskkv_cli.models.protocol import DiffusionLM
-from maskkv_cli.models.rows import small_rows
+from maskkv_cli.sampling.forward import CachedForward, Forward
 from maskkv_cli.stats import RunStats, memory_now, model_devices, now, reset_cuda_peaks
 
 
@@ -54,101 +50,6 @@ class GenerationResult:
     plan: CachePlan | None = None  # how the prompt cache was run (policy, budget, importance source, ...)
 
 
-@dataclass(frozen=True)
-class StepRequest:
-    """What a denoising loop asks of the forward at one step: logits of response positions ``rows`` of the
-    sequence ``x`` (B, M + L); ``block_start``: the first position of the block that holds them."""
-
-    x: Tensor
-    rows: Tensor
-    block_start: int | None = None
-
-
-# A denoising loop as a generator: it yields what it needs the forward to compute and is sent the logits back, so
-# that one driver runs it alone (``drive``) and another runs many loops' steps in one forward (``batched.py``).
-Loop = Generator[StepRequest, Tensor, None]
-
-
-def drive(run: Denoising, loop: Loop) -> GenerationResult:
-    """Run one loop to its end with its own forward passes; the result of its generation."""
-    try:
-        request = next(loop)
-        while True:
-            request = loop.send(run.forward(request.x, request.rows, request.block_start))
-    except StopIteration:
-        pass
-    return run.result()
-
-
-class CachedForward:
-    """Step 0 and later steps for one policy: plain recompute, or prefill + response-only steps.
-
-    With a logit shift (Dream: position i is predicted from hidden state i - 1) the cached segment is the
-    prompt minus its last token, which runs with the response at every step so that the first response
-    position gets fresh logits.
-    """
-
-    def __init__(self, model: DiffusionLM, plan: CachePlan, row_window: int | None = None) -> None:
-        self.model, self.plan, self.policy = model, plan, plan.policy
-        self.prompt_len, self.split, self.shift = plan.prompt_len, plan.split, model.config.logit_shift
-        self.step_options = plan.step_options
-        self.runner: StepRunner | None = None
-        self.setup_s = 0.0  # time spent building the runner (compilation / capture), not a step's work
-        self.row_window = row_window  # the sampler's block: each later step's rows lie in one such window
-        self.cache: PromptCache | None = None
-        self.records: list[LayerRecord] = []
-        # the per-layer budgets: the plan's, replaced by those actually used after an online prefill
-        self.layer_budgets: list[int] | None = None if plan.layer_budgets is None else list(plan.layer_budgets)
-        self.batch = 1
-
-    def __call__(self, x: Tensor, rows: Tensor, block_start: int | None = None) -> Tensor:
-        """Logits for response positions ``rows`` of the sequence x (B, M + L); ``block_start``: the first
-        position of the ``row_window`` block that holds them, when the caller knows it."""
-        self.batch = x.shape[0]
-        hidden = self.plain_rows(rows)  # sequence index of the hidden state feeding each row
-        if not self.policy.uses_cache:
-            logits = plain_logits(self.model, x, hidden)
-        elif self.cache is None:
-            logits, self.cache, self.records = prefill(self.model, x, self.split, self.policy, self.layer_budgets,
-                                                       hidden, online_importance=self.plan.online)
-            if self.plan.online and self.layer_budgets is not None:
-                self.layer_budgets = [r.layer_budget for r in self.records]  # the plan actually used
-            if not self.step_options.eager:
-                self.runner = StepRunner(self.model, self.cache, x[:, self.split :], self.step_options,
-                                         self.row_window)
-                self.setup_s = self.runner.setup_s
-        elif self.runner is not None:
-            logits = self.runner(x[:, self.split :], hidden - self.split, block_start)
-        else:
-            logits = response_logits(self.model, self.cache, x[:, self.split :], hidden - self.split)
-        return logits.to(x.device)  # a model spread over devices ends on its last one
-
-    def prefill_lane(self, x: Tensor, rows: Tensor) -> PrefillLane | None:
-        """Step 0 as a lane of a shared prefill (``engine.batched.prefill_many``), or None when it must run alone:
-        no cache to build, layer budgets measured on the input (online), or more than one row (guidance)."""
-        if (not self.policy.uses_cache or self.cache is not None or self.plan.online or x.shape[0] != 1
-                or x.shape[1] <= small_rows(str(x.device), self.model.dtype)):
-            return None
-        return PrefillLane(x, self.split, self.policy, self.layer_budgets, self.plain_rows(rows))
-
-    def install(self, cache: PromptCache, records: list[LayerRecord]) -> None:
-        """Take the cache and records of a shared prefill of this forward's ``prefill_lane``."""
-        self.cache, self.records, self.batch = cache, records, 1
-
-    @property
-    def steps_alone(self) -> bool:
-        """Whether the next call must run alone: the prefill (step 0) and compiled or captured steps do."""
-        return self.policy.uses_cache and (self.cache is None or self.runner is not None)
-
-    def response_rows(self, rows: Tensor) -> Tensor:
-        """The rows of the response-only pass (``x[:, split:]``) that feed response positions ``rows``."""
-        return rows + self.prompt_len - self.shift - self.split
-
-    def plain_rows(self, rows: Tensor) -> Tensor:
-        """The sequence positions whose hidden states feed response positions ``rows`` (the plain forward)."""
-        return rows + self.prompt_len - self.shift
-
-
 def masked_sequence(model: DiffusionLM, prompt: Tensor, gen_length: int) -> tuple[Tensor, int]:
     """``[prompt ; gen_length masks]`` on the model's device (a 1-D prompt is one row) and the prompt length."""
     if prompt.dim() == 1:
@@ -175,7 +76,7 @@ class StepMeter:
     """Times the steps (device-synchronised), emits events, and fills the run statistics at the end."""
 
     def __init__(self, model: DiffusionLM, stats: RunStats, on_event: Callable[[Event], None] | None,
-                 prompt_len: int, forward: CachedForward) -> None:
+                 prompt_len: int, forward: Forward) -> None:
         self.model, self.stats, self.prompt_len, self.forward = model, stats, prompt_len, forward
         self.emit = on_event or (lambda e: None)
         self.device = model.device
@@ -198,7 +99,7 @@ class StepMeter:
 
     def done(self) -> None:
         """End-of-run figures: time, memory, KV bytes kept vs what the full prompt cache would take."""
-        stats, cfg, forward = self.stats, self.model.config, self.forward
+        stats, forward = self.stats, self.forward
         stats.setup_s = forward.setup_s
         stats.total_s = now(self.device) - self.start - forward.setup_s
         stats.steps_run = self.steps
@@ -206,9 +107,7 @@ class StepMeter:
         if forward.cache is not None:
             stats.kv_entries = forward.cache.logical_entries()
             stats.kv_bytes = forward.cache.prompt_nbytes()
-        elt = torch.finfo(self.model.dtype).bits // 8
-        per_token = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * elt  # type: ignore[operator]
-        stats.kv_full_bytes = per_token * forward.split * forward.batch
+        stats.kv_full_bytes = kv_bytes_per_token(self.model) * forward.split * forward.batch
         self.emit(Event("done", 0, 0, self.steps, 0, 0, stats.total_s))
 
 

@@ -21,16 +21,9 @@ from maskkv_cli.engine.step_runner import StepOptions
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import Policy
-from maskkv_cli.sampling.common import (
-    Denoising,
-    Event,
-    GenerationResult,
-    Loop,
-    StepRequest,
-    drive,
-    suppress_mask,
-    top_k_commit,
-)
+from maskkv_cli.sampling.common import Denoising, Event, GenerationResult, suppress_mask, top_k_commit
+from maskkv_cli.sampling.driver import Loop, drive
+from maskkv_cli.sampling.forward import StepRequest
 from maskkv_cli.sampling.llada import GenerationConfig
 from maskkv_cli.stats import now
 
@@ -137,7 +130,7 @@ def denoise_dream(model: DiffusionLM, prompt: Tensor, gen: DreamGenerationConfig
                   on_event: Callable[[Event], None] | None = None) -> GenerationResult:
     """Dream's loop over ``prompt`` (B, M) with the prompt cache run as ``plan`` says."""
     run = dream_run(model, prompt, gen, plan, on_event)
-    return drive(run, dream_loop(run, gen))
+    return drive(model, run, dream_loop(run, gen))
 
 
 def dream_run(model: DiffusionLM, prompt: Tensor, gen: DreamGenerationConfig, plan: CachePlan,

@@ -24,16 +24,9 @@ from maskkv_cli.engine.step_runner import StepOptions
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import Policy
-from maskkv_cli.sampling.common import (
-    Denoising,
-    Event,
-    GenerationResult,
-    Loop,
-    StepRequest,
-    drive,
-    suppress_mask,
-    top_k_commit,
-)
+from maskkv_cli.sampling.common import Denoising, Event, GenerationResult, suppress_mask, top_k_commit
+from maskkv_cli.sampling.driver import Loop, drive
+from maskkv_cli.sampling.forward import StepRequest
 from maskkv_cli.stats import now
 
 REMASKING = ("low_confidence", "random")
@@ -117,7 +110,7 @@ def denoise_llada(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, pla
                   on_event: Callable[[Event], None] | None = None) -> GenerationResult:
     """The LLaDA loop over ``prompt`` (B, M) with the prompt cache run as ``plan`` says."""
     run = llada_run(model, prompt, gen, plan, on_event)
-    return drive(run, llada_loop(run, gen))
+    return drive(model, run, llada_loop(run, gen))
 
 
 def llada_run(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, plan: CachePlan,

@@ -35,21 +35,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from maskkv_cli.engine.forward import (
-    LayerRecord,
-    Layout,
-    block_causal_visible,
-    prefill,
-    response_hidden,
-    response_logits,
-)
 from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.errors import UsageError
-from maskkv_cli.kv.cache import PromptCache
-from maskkv_cli.models.base import dense_hidden
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.sampling.common import Event, GenerationResult, StepMeter
 from maskkv_cli.sampling.dream import filter_logits
+from maskkv_cli.sampling.driver import Loop, drive
+from maskkv_cli.sampling.forward import BlockForward, StepRequest, finish_rows
 from maskkv_cli.sampling.llada import GenerationConfig, transfer_schedule
 from maskkv_cli.stats import RunStats, now
 
@@ -84,48 +76,6 @@ def llada2_defaults(stored: dict[str, float]) -> LLaDA2Options:
     post = stored.get("max_post_steps")
     return LLaDA2Options(threshold=stored.get("threshold"), editing_threshold=stored.get("editing_threshold"),
                          max_post_steps=DEFAULT_MAX_POST_STEPS if post is None else int(post))
-
-
-class BlockForward:
-    """A block's logits at one step, as the cache plan says (see the module doc); the attributes ``StepMeter``
-    reads (``cache``, ``split``, ``batch``, ``setup_s``, ``step_options``) are those of ``common.CachedForward``."""
-
-    def __init__(self, model: DiffusionLM, plan: CachePlan, block_length: int, total: int) -> None:
-        if not plan.step_options.eager:
-            raise UsageError("--compile and --cuda-graph are not available for block-causal models (LLaDA2) yet")
-        self.model, self.plan, self.block, self.total = model, plan, block_length, total
-        self.split, self.step_options = plan.split, plan.step_options
-        self.cache: PromptCache | None = None
-        self.records: list[LayerRecord] = []
-        self.layer_budgets: list[int] | None = None if plan.layer_budgets is None else list(plan.layer_budgets)
-        self.setup_s = 0.0
-        self.batch = 1
-
-    def __call__(self, x: Tensor, start: int, rows: Tensor) -> Tensor:
-        """Logits (B, len(rows), V) of the rows ``rows`` (within the block) of the block at ``start``."""
-        model, end = self.model, start + self.block
-        self.batch = x.shape[0]
-        if not self.plan.policy.uses_cache:  # the whole window again, block-causal
-            mask = block_causal_visible(0, end, end, self.block, x.device)
-            return model.head(dense_hidden(model, x[:, :end], attn_mask=mask)[:, start + rows.to(x.device)])
-        if self.cache is None:  # the first block's first step: the prefill
-            layout = Layout(block=self.block, mask_start=self.plan.prompt_len, response_slots=self.total - self.split)
-            logits, self.cache, self.records = prefill(model, x[:, :end], self.split, self.plan.policy,
-                                                       self.layer_budgets, start + rows, layout=layout,
-                                                       online_importance=self.plan.online, prefix=self.plan.prefix)
-            if self.plan.online and self.layer_budgets is not None:
-                self.layer_budgets = [r.layer_budget for r in self.records]
-            return logits
-        return response_logits(model, self.cache, x[:, start:end], rows, offset=start - self.split)
-
-    def finish_block(self, x: Tensor, start: int) -> None:
-        """Write the finished block's exact keys and values (from its final tokens) for the blocks after it."""
-        if self.cache is None:
-            return
-        end = start + self.block
-        rope = self.model.rope(torch.arange(start, end, device=x.device))
-        one = torch.zeros(1, dtype=torch.long, device=x.device)  # the last layer's output is not needed
-        response_hidden(self.model, self.cache, x[:, start:end], rope, one, offset=start - self.split)
 
 
 def pick_tokens(logits: Tensor, gen: GenerationConfig, options: LLaDA2Options,
@@ -184,7 +134,7 @@ class BlockDenoising:
         self.threshold = gen.threshold if gen.threshold is not None else (
             options.threshold if options.threshold is not None else DEFAULT_THRESHOLD)
 
-    def _write(self, start: int, rows: Tensor, change: Tensor, tokens: Tensor, probs: Tensor, t0: float,
+    def write(self, start: int, rows: Tensor, change: Tensor, tokens: Tensor, probs: Tensor, t0: float,
                blk: int) -> None:
         """Write ``tokens`` where ``change`` (B, n) is set at the block's rows ``rows``, and time the step."""
         where = start + rows
@@ -196,65 +146,77 @@ class BlockDenoising:
             self.token_probs[:, idx] = torch.where(change[:, keep], probs[:, keep].double(), self.token_probs[:, idx])
         self.meter.step(t0, self.x, change, blk - self.first, self.n_blocks - self.first)
 
-    def run_block_20(self, blk: int) -> None:
-        """LLaDA2.0: the block's steps, each committing above the threshold or the step's quota."""
-        start = blk * self.block
-        steps = min(self.gen.steps_per_block, self.gen.gen_length // self.options.minimal_topk)
-        schedule = transfer_schedule(self.block, steps)
-        for step in range(steps):
-            masked = self.x[:, start : start + self.block] == self.mask_id
-            if not bool(masked.any()):
-                break
-            t0 = now(self.device)
-            rows = torch.nonzero(masked.any(0)).flatten()
-            tokens, probs = pick_tokens(self.forward(self.x, start, rows), self.gen, self.options, self.rng)
-            still = masked[:, rows]
-            commit = _commit_masks(probs, still, self.threshold, schedule[step])
-            self._write(start, rows, commit, tokens, probs, t0, blk)
-
-    def run_block_21(self, blk: int) -> None:
-        """LLaDA2.1: commit masks (quota one) and edit written tokens until the block is settled."""
-        start, options = blk * self.block, self.options
-        rows = torch.arange(self.block, device=self.device)
-        prompt_rows = min(max(self.m - start, 0), self.block)
-        editing = options.editing_threshold
-        assert editing is not None
-        post = stalls = 0
-        while True:
-            old = self.x[:, start : start + self.block].clone()
-            masked = old == self.mask_id
-            if not bool(masked.any()):
-                post += 1
-            if post > options.max_post_steps or stalls > options.max_post_steps:
-                break
-            t0 = now(self.device)
-            tokens, probs = pick_tokens(self.forward(self.x, start, rows), self.gen, options, self.rng)
-            commit = _commit_masks(probs, masked, self.threshold, 1)
-            editable = ~masked
-            editable[:, :prompt_rows] = False
-            edits = editable & (probs > editing) & (tokens != old)
-            self._write(start, rows, commit | edits, tokens, probs, t0, blk)
-            if not bool(masked.any()) and not bool(edits.any()):
-                break
-            # a step that changed nothing (the model chose the mask token itself for every committed position)
-            # would repeat forever at temperature 0: give up on the block after as many as the post steps
-            stalls = stalls + 1 if torch.equal(old, self.x[:, start : start + self.block]) else 0
-
-    def run(self) -> GenerationResult:
-        for blk in range(self.first, self.n_blocks):
-            if self.options.editing_threshold is None:
-                self.run_block_20(blk)
-            else:
-                self.run_block_21(blk)
-            end = (blk + 1) * self.block
-            if self.options.stop_at_eos and bool((self.x[:, self.m : end] == self.eos_id).any(dim=1).all()):
-                break  # every row has its end-of-text token: nothing after it changes the answer
-            if blk + 1 < self.n_blocks:
-                self.forward.finish_block(self.x, blk * self.block)
+    def result(self) -> GenerationResult:
         self.meter.done()
         g = self.gen.gen_length
         return GenerationResult(self.x[:, self.m : self.m + g].clone(), self.meter.stats, self.forward.records,
                                 self.forward.layer_budgets, self.token_probs[:, :g], self.plan)
+
+
+def _block_20(run: BlockDenoising, blk: int) -> Loop:
+    """LLaDA2.0: the block's steps, each committing above the threshold or the step's quota."""
+    start, gen, options = blk * run.block, run.gen, run.options
+    steps = min(gen.steps_per_block, gen.gen_length // options.minimal_topk)
+    schedule = transfer_schedule(run.block, steps)
+    for step in range(steps):
+        masked = run.x[:, start : start + run.block] == run.mask_id
+        if not bool(masked.any()):
+            break
+        t0 = now(run.device)
+        rows = torch.nonzero(masked.any(0)).flatten()
+        logits = yield StepRequest(run.x, rows, start)
+        tokens, probs = pick_tokens(logits, gen, options, run.rng)
+        commit = _commit_masks(probs, masked[:, rows], run.threshold, schedule[step])
+        run.write(start, rows, commit, tokens, probs, t0, blk)
+
+
+def _block_21(run: BlockDenoising, blk: int) -> Loop:
+    """LLaDA2.1: commit masks (quota one) and edit written tokens until the block is settled."""
+    start, options = blk * run.block, run.options
+    rows = torch.arange(run.block, device=run.device)
+    prompt_rows = min(max(run.m - start, 0), run.block)
+    editing = options.editing_threshold
+    assert editing is not None
+    post = stalls = 0
+    while True:
+        old = run.x[:, start : start + run.block].clone()
+        masked = old == run.mask_id
+        if not bool(masked.any()):
+            post += 1
+        if post > options.max_post_steps or stalls > options.max_post_steps:
+            break
+        t0 = now(run.device)
+        logits = yield StepRequest(run.x, rows, start)
+        tokens, probs = pick_tokens(logits, run.gen, options, run.rng)
+        commit = _commit_masks(probs, masked, run.threshold, 1)
+        editable = ~masked
+        editable[:, :prompt_rows] = False
+        edits = editable & (probs > editing) & (tokens != old)
+        run.write(start, rows, commit | edits, tokens, probs, t0, blk)
+        if not bool(masked.any()) and not bool(edits.any()):
+            break
+        # a step that changed nothing (the model chose the mask token itself for every committed position)
+        # would repeat forever at temperature 0: give up on the block after as many as the post steps
+        stalls = stalls + 1 if torch.equal(old, run.x[:, start : start + run.block]) else 0
+
+
+def llada2_loop(run: BlockDenoising) -> Loop:
+    """LLaDA2's loop over ``run``, block after block: yields each step's ``StepRequest`` (and, with a cache, one for
+    each finished block's final tokens, whose logits it does not need) and is sent its logits."""
+    for blk in range(run.first, run.n_blocks):
+        yield from (_block_20 if run.options.editing_threshold is None else _block_21)(run, blk)
+        end = (blk + 1) * run.block
+        if run.options.stop_at_eos and bool((run.x[:, run.m : end] == run.eos_id).any(dim=1).all()):
+            break  # every row has its end-of-text token: nothing after it changes the answer
+        if blk + 1 < run.n_blocks and run.forward.keeps_blocks:
+            yield StepRequest(run.x, finish_rows(run.device), blk * run.block)  # the finished block's keys, values
+
+
+def llada2_run(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, plan: CachePlan,
+               on_event: Callable[[Event], None] | None = None,
+               options: LLaDA2Options | None = None) -> BlockDenoising:
+    """The generation state LLaDA2's loop runs on."""
+    return BlockDenoising(model, prompt, gen, plan, on_event, options or LLaDA2Options())
 
 
 @torch.no_grad()
@@ -264,4 +226,5 @@ def denoise_llada2(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, pl
     """LLaDA2's loop over ``prompt`` (B, M) with the prompt cache run as ``plan`` says (see the module doc).
 
     Returns ``gen.gen_length`` tokens per row (masks where decoding stopped before reaching them)."""
-    return BlockDenoising(model, prompt, gen, plan, on_event, options or LLaDA2Options()).run()
+    run = llada2_run(model, prompt, gen, plan, on_event, options)
+    return drive(model, run, llada2_loop(run))

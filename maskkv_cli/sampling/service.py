@@ -21,9 +21,9 @@ from torch import Tensor
 from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.sampling import SamplerOptions
-from maskkv_cli.sampling.batched import BatchJob, sample_stream
 from maskkv_cli.sampling.common import Event, GenerationResult
 from maskkv_cli.sampling.llada import GenerationConfig
+from maskkv_cli.sampling.stream import BatchJob, sample_stream
 
 __all__ = ["GenerationService"]
 

@@ -229,10 +229,6 @@ class Server:
         req = parse_chat(await request.body())
         docs = await anyio.to_thread.run_sync(resolve_documents, self.store, req.maskkv.documents)
         plan = plan_request(req, self.config.settings, self.config.long, self.session)
-        if plan.long == "rope-scale" and self.batch_size > 1:
-            raise APIError(400, "long=rope-scale rescales the model's RoPE for every request in flight; this server "
-                           f"runs {self.batch_size} at once: start it with --batch-size 1 to use rope-scale",
-                           param="maskkv.long")
         reply = Reply(self.model)
         if not req.stream:
             job = self.runner.submit(partial(answer_chat, session=self.session, plan=plan, req=req, docs=docs,
@@ -293,11 +289,9 @@ class Server:
 
 
 def serving_batch_size(session: Session, config: ServerConfig) -> tuple[int, str | None]:
-    """How many requests' generations run together: 1 for a block-causal model (its loop runs alone), else the
-    configured size, or for auto the most window-long prompts that fit by the memory model (at most the running
-    and waiting requests the queue admits), with the line saying so."""
-    if session.model.config.block_causal:
-        return 1, None
+    """How many requests' generations run together: the configured size, or for auto the most window-long prompts
+    that fit by the memory model (at most the running and waiting requests the queue admits), with the line saying
+    so."""
     if config.batch_size is not None:
         return config.batch_size, None
     from maskkv_cli.engine.batch_memory import MAX_AUTO_BATCH

@@ -1,0 +1,148 @@
+"""Lanes: what one sequence asks of a forward pass, so that one question and many run the same engine.
+
+A lane is one generation's share of a step: its tokens, the rows whose logits it needs, where its positions
+start, its RoPE scaling, and either its prompt cache (a later step) or what to do with each layer's keys and
+values (step 0, the prefill). ``engine/prefill.py`` and ``engine/step.py`` take a list of lanes; one question is a
+list of one. Every lane's rows run back to back through everything that carries weights (each weight read once per
+step for the whole batch; ``models/rows.py`` keeps every product's rows the numbers they are alone), and attention,
+votes and selection run lane by lane over that lane's own rows and cache, as the lane alone would run them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from maskkv_cli.kv.cache import PromptCache
+from maskkv_cli.kv.prefix import PrefixStore
+from maskkv_cli.models.base import Rope
+from maskkv_cli.models.protocol import DiffusionLM
+
+if TYPE_CHECKING:
+    from maskkv_cli.engine.selection import LayerSink
+
+
+def block_causal_visible(start: int, stop: int, total: int, block: int, device: torch.device | str) -> Tensor:
+    """Bool (stop - start, total): query position i sees key position j iff j's block is not after i's (blocks of
+    ``block`` positions counted from 0: a block sees itself and every earlier block)."""
+    queries = torch.arange(start, stop, device=device) // block
+    keys = torch.arange(total, device=device) // block
+    return keys[None, :] <= queries[:, None]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A prefill sequence laid out otherwise than ``[prompt ; masks]`` over a bidirectional model: a block-causal
+    model's first response block, whose start ``prompt_len`` (the end of the evictable prompt entries) may lie
+    inside the prompt."""
+
+    block: int  # attention is block-causal with blocks of this many positions from position 0
+    mask_start: int  # the first mask position: the mask queries that vote are [mask_start, T)
+    response_slots: int  # the cache's response slot: every block position from ``prompt_len`` on
+
+    def visible(self, total: int, device: torch.device | str) -> Callable[[int, int], Tensor]:
+        return lambda start, stop: block_causal_visible(start, stop, total, self.block, device)
+
+
+@dataclass
+class PrefillLane:
+    """One sequence's step 0: the sequence ``ids`` (b, T) (``[prompt ; masks]``, or a block-causal model's window),
+    the cached prompt segment ``prompt_len``, the positions ``rows`` whose logits it needs, and ``sink``: what
+    happens to each layer's keys and values (``engine/selection.py``; None: nothing is kept)."""
+
+    ids: Tensor
+    prompt_len: int
+    rows: Tensor
+    sink: LayerSink | None
+    layout: Layout | None = None  # None: bidirectional over [prompt ; masks]
+    prefix: PrefixStore | None = None  # its first positions as computed before (they do not run again)
+    capture: PrefixStore | None = None  # keep this pass's per-layer inputs, keys, values and shifts in it
+    measure: bool = False  # measure each layer's attention shift (the layer importance I(l))
+    rope_factor: float = 1.0
+
+    @property
+    def first(self) -> int:
+        """The first position that runs (after a stored prefix)."""
+        return 0 if self.prefix is None else self.prefix.length
+
+    @property
+    def mask_start(self) -> int:
+        return self.prompt_len if self.layout is None else self.layout.mask_start
+
+
+@dataclass
+class StepLane:
+    """One sequence's later step: its rows ``ids`` (b, n) at sequence positions [start, start + n), and the rows
+    (r,) of those whose hidden states it needs (none: a block-causal model's finished block, whose keys and values
+    are all it writes). With a ``cache`` the rows are response positions [offset, offset + n) of it: they write
+    their keys and values there and attend to what the cache's layers show them. Without one the rows are a whole
+    sequence attending to themselves (the plain forward: every row through every layer, ``visible`` (n, n) saying
+    which rows each one sees, None: all)."""
+
+    ids: Tensor
+    rows: Tensor
+    start: int
+    cache: PromptCache | None = None
+    offset: int = 0
+    visible: Tensor | None = None
+    rope_factor: float = 1.0
+
+    @property
+    def rows_run(self) -> int:
+        """Token rows this lane puts through the weights."""
+        return self.ids.shape[0] * self.ids.shape[1]
+
+
+def on_layer(model: DiffusionLM, layer: int, x: Tensor) -> Tensor:
+    """``x`` on layer ``layer``'s device when the model is spread over several (``models/placement.py``)."""
+    devices = model.layer_devices
+    return x if not devices or x.device == devices[layer] else x.to(devices[layer])
+
+
+def spans(sizes: Sequence[int]) -> list[tuple[int, int]]:
+    """Back-to-back [start, stop) of runs of these sizes."""
+    out, start = [], 0
+    for size in sizes:
+        out.append((start, start + size))
+        start += size
+    return out
+
+
+class RowTables:
+    """The RoPE tables of every lane's rows, layer by layer: lane ``j`` has positions ``positions[j]`` (its whole
+    sequence), of which rows from ``first[j]`` on run, ``repeat[j]`` times (its batch rows); ``lane(i, j)`` are lane
+    j's tables of layer i, ``rows(i)`` the tables of every running row back to back. Each lane's tables are computed
+    as that lane alone computes them (same positions, same call), once per kind of layer (``rope_kind``)."""
+
+    def __init__(self, model: DiffusionLM, positions: Sequence[Tensor], first: Sequence[int], repeat: Sequence[int],
+                 factors: Sequence[float]) -> None:
+        self.model, self.positions, self.first, self.repeat, self.factors = model, positions, first, repeat, factors
+        self._lanes: dict[object, list[Rope]] = {}
+        self._rows: dict[object, Rope] = {}
+
+    def _tables(self, layer: int) -> tuple[object, list[Rope]]:
+        kind = self.model.rope_kind(layer)
+        if kind not in self._lanes:
+            self._lanes[kind] = [self.model.layer_rope(layer, pos, f) for pos, f in zip(self.positions, self.factors,
+                                                                                        strict=True)]
+        return kind, self._lanes[kind]
+
+    def lane(self, layer: int, j: int, device: torch.device) -> Rope:
+        return self._tables(layer)[1][j].to(device)
+
+    def rows(self, layer: int, device: torch.device) -> Rope:
+        kind, tables = self._tables(layer)
+        if kind not in self._rows:
+            own = [t.rows(first, len(t.cos)) for t, first in zip(tables, self.first, strict=True)]
+            if len(own) == 1 and self.repeat[0] == 1:
+                self._rows[kind] = own[0]
+            else:
+                cos = [t.cos for t, r in zip(own, self.repeat, strict=True) for _ in range(r)]
+                sin = [t.sin for t, r in zip(own, self.repeat, strict=True) for _ in range(r)]
+                self._rows[kind] = Rope(torch.cat(cos), torch.cat(sin))
+        self._rows[kind] = self._rows[kind].to(device)
+        return self._rows[kind]

@@ -1,0 +1,238 @@
+"""Step 0, the prefill: every lane's ``[prompt ; masks]`` layer by layer, each layer's prompt cache selected before
+the layer's attention runs, so that only one layer's full keys and values are ever resident.
+
+Per layer: the keys of every lane's rows (in row chunks, all lanes' rows in each product), then each lane's scores
+(its sink asks its policy; queries are computed on demand from the lane's rows), then the values, then each lane's
+sink gets its whole keys and values (select, or hold until the last layer: ``engine/selection.py``) and the lane's
+attention runs over its own keys in query chunks (updating its rows of the hidden state in place), then the MLP over
+every row in row chunks. Only x, k, v (and the votes' fp32 keys) are whole-length. A lane alone is the memory-bounded
+prefill of one question; lanes together share the products of every layer and nothing else.
+
+``prefill`` is one sequence's step 0 with its cache plan's selection (offline or online layer budgets, a
+block-causal layout, a stored document prefix).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from maskkv_cli.engine.chunks import MLP_CHUNK, QUERY_CHUNK
+from maskkv_cli.engine.lanes import Layout, PrefillLane, RowTables, on_layer, spans
+from maskkv_cli.engine.selection import LayerRecord, LayerSink, OfflineSelection, OnlineSelection, online_budget
+from maskkv_cli.kv.cache import PromptCache
+from maskkv_cli.kv.prefix import PrefixLayer, PrefixStore
+from maskkv_cli.models.base import Rope, attention
+from maskkv_cli.models.protocol import Block, DiffusionLM
+from maskkv_cli.policies.base import LayerView, Policy
+
+SHIFT_ROWS = 4096  # tokens per slice when measuring the attention shift (bounds the fp32 temporaries)
+
+
+def attention_shift(x: Tensor, attn: Tensor, rows: int = SHIFT_ROWS) -> Tensor:
+    """Sum over the tokens of ``1 - cos(h_in, h_out)``, ``h_in = x``, ``h_out = x + attn`` (both (B, T, d)).
+
+    This is the per-layer statistic behind the layer importance ``I(l)`` (``engine/importance.py``): how far the
+    attention sub-layer turns the hidden state. Computed in fp32 as ``|u - w|^2 / 2`` with ``u``, ``w`` the
+    unit vectors of ``h_in`` and ``h_out`` (the same value as ``1 - cos`` without the cancellation near
+    cos = 1), so an attention output of exactly zero gives exactly 0; each token contributes a value in
+    [0, 2]. Returns a 0-dim float64 tensor on ``x``'s device (no host sync).
+    """
+    d = x.shape[-1]
+    h = x.detach().reshape(-1, d)
+    a = attn.detach().reshape(-1, d)
+    total = torch.zeros((), dtype=torch.float64, device=x.device)
+    tiny = torch.finfo(torch.float32).tiny
+    for start in range(0, h.shape[0], rows):
+        h_in = h[start : start + rows].float()
+        h_out = h_in + a[start : start + rows].float()
+        u = h_in / h_in.norm(dim=-1, keepdim=True).clamp_min(tiny)
+        w = h_out / h_out.norm(dim=-1, keepdim=True).clamp_min(tiny)
+        total += (u - w).pow(2).sum(-1).mul(0.5).clamp(0.0, 2.0).sum(dtype=torch.float64)
+    return total
+
+
+def chunked_rows(fn: Callable[[int, int], Tensor], t: int, chunk: int) -> Tensor:
+    """``fn(start, stop)`` -> (B, heads, stop - start, D) over row chunks of [0, t), written into one preallocated
+    (B, heads, t, D) buffer, so the temporaries behind each chunk exist one chunk at a time."""
+    if t <= chunk:
+        return fn(0, t)
+    first = fn(0, chunk)
+    out = first.new_empty(first.shape[0], first.shape[1], t, first.shape[3])
+    out[:, :, :chunk] = first
+    del first
+    for start in range(chunk, t, chunk):
+        out[:, :, start : start + chunk] = fn(start, min(t, start + chunk))
+    return out
+
+
+def row_fn(fn: Callable[..., Tensor], x: Tensor, rope: Rope | None = None) -> Callable[[int, int], Tensor]:
+    """``(start, stop) -> fn(x[:, start:stop], rope.rows(start, stop))`` (without the tables when ``rope`` is
+    None): a block's ``queries``, ``keys`` or ``values`` of any run of positions."""
+    if rope is None:
+        return lambda start, stop: fn(x[:, start:stop])
+    return lambda start, stop: fn(x[:, start:stop], rope.rows(start, stop))
+
+
+def attend_in_chunks(block: Block, x: Tensor, k: Tensor, v: Tensor, rope: Rope, chunk: int,
+                     shift: bool, visible: Callable[[int, int], Tensor] | None = None,
+                     offset: int = 0) -> Tensor | None:
+    """``x += attn_proj(SDPA(q, k, v))`` in place, ``chunk`` query rows at a time.
+
+    Each chunk's queries are computed from x's rows before those rows are updated (k and v were computed from the
+    whole x before this call), so the result equals one whole-length attention; only k, v and x are whole-length.
+    With ``shift`` the attention shift of every row (``attention_shift``) is summed and returned. ``offset``: x's
+    rows are sequence positions [offset, offset + T) (rows after a stored prefix); ``rope`` covers those.
+    """
+    t = x.shape[1]
+    total = torch.zeros((), dtype=torch.float64, device=x.device) if shift else None
+    for start in range(0, t, chunk):
+        stop = min(t, start + chunk)
+        q = block.queries(x[:, start:stop], rope.rows(start, stop))
+        o = attention(q, k, v, None if visible is None else visible(offset + start, offset + stop)[None, None])
+        del q
+        attn = block.attn_proj(o)
+        del o
+        if total is not None:
+            total += attention_shift(x[:, start:stop], attn)
+        x[:, start:stop] += attn
+        del attn
+    return total
+
+
+def _lane_heads(t: Tensor, a: int, b: int, batch: int, whole: bool) -> Tensor:
+    """A lane's rows [a, b) of keys or values (1, H, N, D) of every lane's rows, as (batch, H, n, D) contiguous (the
+    tensor itself when it is the lane's alone)."""
+    if whole and batch == 1:
+        return t
+    part = t[0, :, a:b]  # (H, batch * n, D)
+    return part.reshape(part.shape[0], batch, -1, part.shape[-1]).transpose(0, 1).contiguous()
+
+
+def prefill_lanes(model: DiffusionLM, lanes: Sequence[PrefillLane], mlp_chunk: int = MLP_CHUNK,
+                  query_chunk: int = QUERY_CHUNK) -> list[tuple[Tensor, list[float]]]:
+    """Step 0 of every lane (see the module doc): per lane its logits (b, len(rows), V) at its positions ``rows``
+    and, when it measures, each layer's I(l) over every token of its sequence. Each lane's sink has received every
+    layer (call its ``finish`` for the cache); a lane's ``capture`` store is filled."""
+    heights = [lane.ids.shape[0] for lane in lanes]
+    own = [lane.ids.shape[1] - lane.first for lane in lanes]  # each lane's rows that run (after its prefix)
+    bounds = spans([h * n for h, n in zip(heights, own, strict=True)])
+    total = bounds[-1][1]
+    whole = len(lanes) == 1
+    ids = torch.cat([lane.ids[:, lane.first :].reshape(1, -1) for lane in lanes], 1)
+    x = model.embed(ids)  # (1, N, d): every lane's rows back to back
+    tables = RowTables(model, [torch.arange(lane.ids.shape[1], device=ids.device) for lane in lanes],
+                       [lane.first for lane in lanes], heights, [lane.rope_factor for lane in lanes])
+    n_layers = len(model.blocks)
+    shifts: list[list[Tensor]] = [[] for _ in lanes]
+    for i, block in enumerate(model.blocks):
+        x = on_layer(model, i, x)
+        dev = x.device
+        rows_rope = tables.rows(i, dev)
+        views = [x[:, a:b].view(h, n, x.shape[-1]) for (a, b), h, n in zip(bounds, heights, own, strict=True)]
+        inputs = [xv.clone() if lane.capture is not None else None for xv, lane in zip(views, lanes, strict=True)]
+        keys = chunked_rows(row_fn(block.keys, x, rows_rope), total, mlp_chunk)  # (1, H_kv, N, D)
+        pending = []
+        for j, (lane, (a, b), xv) in enumerate(zip(lanes, bounds, views, strict=True)):
+            t, p = lane.ids.shape[1], lane.first
+            rope = tables.lane(i, j, dev)
+            lane_rope = rope if p == 0 else rope.rows(p, t)  # the tables of the lane's running rows
+            prefix = None if lane.prefix is None else lane.prefix.layers[i]
+            if prefix is None:
+                rows_q = row_fn(block.queries, xv, lane_rope)
+            else:
+                rows_q = prefix.queries(lambda h, first, stop, r=rope, blk=block: blk.queries(h, r.rows(first, stop)),
+                                        xv)
+            k = _lane_heads(keys, a, b, heights[j], whole)
+            if prefix is not None:
+                k = prefix.whole_keys(k)
+            visible = None if lane.layout is None else lane.layout.visible(t, dev)
+            shape = (heights[j], block.n_heads, t, block.head_dim)
+            view = LayerView(i, n_layers, torch.empty(shape, device="meta"), k, lane.prompt_len, block.attention_scale,
+                             compute_q=rows_q, mask_start=lane.mask_start, visible=visible)
+            scores = None if lane.sink is None else lane.sink.scores(view)
+            pending.append((view, rows_q, k, scores, lane_rope, visible, prefix))
+        del keys
+        values = chunked_rows(row_fn(block.values, x), total, mlp_chunk)
+        pending.reverse()  # popped in lane order: each lane's view and keys are freed after its attention
+        for j, (lane, (a, b), xv) in enumerate(zip(lanes, bounds, views, strict=True)):
+            view, rows_q, k, scores, lane_rope, visible, prefix = pending.pop()
+            v = _lane_heads(values, a, b, heights[j], whole)
+            if prefix is not None:
+                v = prefix.whole_values(v)
+            sink: LayerSink | None = lane.sink
+            if sink is not None:
+                t = lane.ids.shape[1]
+                q_mask = rows_q(lane.mask_start, t) if sink.needs_mask_queries(scores) else None
+                sink(view, q_mask, scores, k, v)
+                del q_mask
+            del view, scores
+            shift = attend_in_chunks(block, xv, k, v, lane_rope, query_chunk, lane.measure, visible,
+                                     offset=lane.first)
+            if lane.capture is not None:
+                assert shift is not None and inputs[j] is not None
+                lane.capture.layers.append(PrefixLayer(inputs[j], k.clone(), v.clone(), shift.clone()))  # type: ignore[arg-type]
+            if shift is not None:
+                if prefix is not None:
+                    shift = shift + prefix.shift.to(shift.device) * heights[j]
+                shifts[j].append(shift)
+            del k, v, rows_q
+        del values, pending, inputs
+        for start in range(0, total, mlp_chunk):  # the MLP in row chunks, added in place
+            x[:, start : start + mlp_chunk] += block.mlp(x[:, start : start + mlp_chunk])
+    picked = []
+    for lane, (a, b), h, n in zip(lanes, bounds, heights, own, strict=True):
+        rows = lane.rows.to(x.device) - lane.first
+        picked.append(x[:, a:b].view(h, n, x.shape[-1])[:, rows].reshape(1, h * len(rows), x.shape[-1]))
+    logits = model.head(torch.cat(picked, 1))  # one head product for every lane's rows
+    del x
+    out = []
+    for lane, part, h, lane_shifts in zip(lanes, logits.split([p.shape[1] for p in picked], 1), heights, shifts,
+                                          strict=True):
+        tokens = h * lane.ids.shape[1]
+        out.append((part.reshape(h, len(lane.rows), logits.shape[-1]), [float(s) / tokens for s in lane_shifts]))
+    return out
+
+
+def selection_sink(policy: Policy, layer_budgets: list[int] | None, prompt_len: int, response_slots: int,
+                   n_layers: int, online: bool) -> tuple[LayerSink, bool]:
+    """The sink of a lane's prefill under its cache plan, and whether the lane measures its layer importance.
+
+    ``layer_budgets`` None keeps every prompt entry (the full prefix cache). ``online``: the layer importance I(l)
+    is measured on this input while it runs and the layer budgets become ``boundary_layer_budgets(I, B, beta,
+    boundary)`` with ``B = sum(layer_budgets) / D`` (pass the uniform plan ``[B] * D``); with ``B >= prompt_len``
+    nothing is evicted (the full cache, the importance still measured and reported)."""
+    if online and layer_budgets is not None:
+        budget = online_budget(layer_budgets, n_layers)
+        if budget < prompt_len:
+            return OnlineSelection(policy, layer_budgets, budget, prompt_len, response_slots), True
+        layer_budgets = None  # the whole prompt fits: no eviction, exactly the full cache
+    return OfflineSelection(policy, layer_budgets, prompt_len, response_slots), online
+
+
+def prefill(
+    model: DiffusionLM,
+    ids: Tensor,
+    prompt_len: int,
+    policy: Policy,
+    layer_budgets: list[int] | None,
+    rows: Tensor,
+    mlp_chunk: int = MLP_CHUNK,
+    online_importance: bool = False,
+    query_chunk: int = QUERY_CHUNK,
+    layout: Layout | None = None,
+    prefix: PrefixStore | None = None,
+    rope_factor: float = 1.0,
+) -> tuple[Tensor, PromptCache, list[LayerRecord]]:
+    """Step 0 of one sequence ``ids`` (B, T) with eviction (``selection_sink``): logits at sequence positions
+    ``rows``, the compressed cache and one record per layer. ``layout``: a block-causal model's first block (see
+    ``Layout``); None: ``[prompt ; masks]``, bidirectional. ``prefix``: the prompt's first positions as computed
+    before (``kv/prefix.py``; block-causal models)."""
+    slots = ids.shape[1] - prompt_len if layout is None else layout.response_slots
+    sink, measure = selection_sink(policy, layer_budgets, prompt_len, slots, len(model.blocks), online_importance)
+    lane = PrefillLane(ids, prompt_len, rows, sink, layout, prefix, measure=measure, rope_factor=rope_factor)
+    ((logits, importance),) = prefill_lanes(model, [lane], mlp_chunk, query_chunk)
+    cache, records = sink.finish(importance)
+    return logits, cache, records

@@ -1,0 +1,107 @@
+"""Many generations at once: each sequence runs its own loop, their steps share one forward (``driver.py``).
+
+A ``BatchJob`` is one prompt with its generation settings and cache plan. ``sample_stream`` keeps up to
+``batch_size`` of them running: every running loop's request goes into the same round of the engine (the prefills
+of the jobs that join in one shared prefill of prompts of any lengths, every later step of every family in one
+shared step), each loop then commits its own tokens by its own schedule (its own block, its own count per step, its
+own random generator); a finished job leaves and the next waiting one takes its place. One job alone is the same
+driver with one generation (``sampling.sample``).
+
+Every job's tokens are those it gets alone (tests/test_batched.py). Only steps compiled or captured as CUDA graphs
+run alone, in their turn.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from maskkv_cli.engine.plan import CachePlan
+from maskkv_cli.models.protocol import DiffusionLM
+from maskkv_cli.sampling import SamplerOptions, open_generation
+from maskkv_cli.sampling.common import Event, GenerationResult, Scratch
+from maskkv_cli.sampling.driver import Generation, step_round
+from maskkv_cli.sampling.llada import GenerationConfig
+
+
+@dataclass(frozen=True)
+class BatchJob:
+    """One generation: a prompt (M,) or (1, M), its settings and its cache plan (``engine.plan.plan_cache``)."""
+
+    prompt: Tensor
+    gen: GenerationConfig
+    plan: CachePlan
+    on_event: Callable[[Event], None] | None = None
+    options: SamplerOptions | None = None  # its family's own sampler settings; None: the run's
+
+
+Take = Callable[[int, bool], list[tuple[int, BatchJob]]]  # (room, wait) -> up to room new (id, job) pairs
+
+
+@torch.no_grad()
+def sample_many(model: DiffusionLM, jobs: Sequence[BatchJob], batch_size: int, options: SamplerOptions | None = None,
+                on_result: Callable[[int, GenerationResult], None] | None = None) -> list[GenerationResult]:
+    """Generate every job, up to ``batch_size`` of them stepping together; results in the jobs' order.
+
+    ``options``: the families' own sampler settings; ``on_result(i, result)`` is
+    called as each job finishes (in finishing order). The first job that fails raises its error (after the jobs
+    stepping with it have finished)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    results: list[GenerationResult | None] = [None] * len(jobs)
+    errors: list[BaseException] = []
+    waiting = deque(enumerate(jobs))
+
+    def take(room: int, wait: bool) -> list[tuple[int, BatchJob]]:
+        return [waiting.popleft() for _ in range(min(room, len(waiting)))] if not errors else []
+
+    def finish(index: int, result: GenerationResult | None, error: BaseException | None) -> None:
+        if error is not None:
+            errors.append(error)
+            return
+        results[index] = result
+        if on_result is not None and result is not None:
+            on_result(index, result)
+
+    sample_stream(model, take, batch_size, finish, options)
+    if errors:
+        raise errors[0]
+    return [r for r in results if r is not None]
+
+
+@torch.no_grad()
+def sample_stream(model: DiffusionLM, take: Take, batch_size: int,
+                  finish: Callable[[int, GenerationResult | None, BaseException | None], None],
+                  options: SamplerOptions | None = None) -> None:
+    """Continuous batching: jobs come from ``take(room, wait)`` (up to ``room`` new ones; ``wait``: nothing is
+    running, so it may block until there is work; an empty list then ends the stream), join the running ones as
+    they come and leave when done; ``finish(id, result, error)`` is called once per job, with its result or the
+    error that ended it (only that job's: the others go on)."""
+    opts = options if options is not None else SamplerOptions()
+    scratch = Scratch()  # the loops' float64 work, one step at a time: one for them all
+    active: list[Generation] = []
+    while True:
+        new = take(batch_size - len(active), not active)
+        if not new and not active:
+            return
+        for index, job in new:
+            prompt = job.prompt if job.prompt.dim() == 2 else job.prompt[None]
+            try:
+                run, loop = open_generation(model, prompt, job.gen, job.plan, job.on_event,
+                                            job.options if job.options is not None else opts, scratch)
+            except Exception as exc:  # noqa: BLE001
+                finish(index, None, exc)
+                continue
+            active.append(Generation(index, run, loop))
+        step_round(model, active)
+        still: list[Generation] = []
+        for gen in active:
+            if gen.done:
+                finish(gen.index, gen.result, gen.error)
+            else:
+                still.append(gen)
+        active = still
