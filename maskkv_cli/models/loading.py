@@ -23,6 +23,9 @@ from torch import nn
 from maskkv_cli.errors import ModelLoadError
 from maskkv_cli.models import rows
 from maskkv_cli.models.config import ModelConfig
+from maskkv_cli.models.diffusion_gemma import DiffusionGemma
+from maskkv_cli.models.diffusion_gemma import checkpoint_shapes as diffusion_gemma_shapes
+from maskkv_cli.models.diffusion_gemma_config import from_hf as diffusion_gemma_from_hf
 from maskkv_cli.models.families import build_model, config_from_hf, config_to_hf, family, parameter_shapes
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.paths import resolve_model_path
@@ -206,3 +209,70 @@ def save_model(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def load_diffusion_gemma(
+    path: str | os.PathLike[str],
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype | None = None,
+) -> DiffusionGemma:
+    """A DiffusionGemma folder as transformers saves it (``config.json`` with ``model_type: diffusion_gemma``,
+    safetensors) as ``models.diffusion_gemma.DiffusionGemma``, built on the meta device and filled in place.
+
+    The vision tower's keys (``model.encoder.vision_tower.*``, ``model.encoder.embed_vision.*``) are skipped: the
+    model is text only. Text weights are read from ``model.decoder.*`` (where ``save_pretrained`` writes the tied
+    weights), or from ``model.encoder.language_model.*`` / ``lm_head.weight`` when a checkpoint stores those; both
+    sides' layer scalars are read, and one a checkpoint lacks stays at 1 (as transformers leaves it)."""
+    folder = resolve_model_path(path)
+    try:
+        data = json.loads((folder / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"cannot read {folder / 'config.json'}: {exc}") from None
+    if not isinstance(data, dict) or data.get("model_type") != "diffusion_gemma":
+        raise ModelLoadError(f"{folder / 'config.json'}: not a DiffusionGemma config (model_type "
+                             f"{data.get('model_type') if isinstance(data, dict) else None!r})")
+    generation = _generation_ids(folder)
+    if "eos_token_id" not in data and generation.get("eos_token_id") is not None:
+        data = {**data, "eos_token_id": generation["eos_token_id"]}  # the released ids [1, 106, 50]
+    cfg = diffusion_gemma_from_hf(data, str(folder / "config.json"))
+    device = torch.device(device)
+    dt = parse_dtype(dtype, device)
+    expected = {DiffusionGemma.parameter_name(k): v for k, v in diffusion_gemma_shapes(cfg).items()}
+    files = weight_files(folder)
+    found: dict[str, tuple[str, Path]] = {}  # parameter name -> (the key read, its file)
+    for key, file in files.items():
+        name = DiffusionGemma.parameter_name(key)
+        if name is None:
+            continue  # the vision tower
+        if name not in expected:
+            raise ModelLoadError(f"checkpoint {folder} does not match its config.json; unexpected key {key}")
+        if name not in found or key.startswith("model.decoder."):  # the decoder's copy wins
+            found[name] = (key, file)
+    missing = [n for n in expected if n not in found and not n.endswith("layer_scalar")]
+    if missing:
+        raise ModelLoadError(f"checkpoint {folder} does not match its config.json; missing keys: "
+                             f"{_names(DiffusionGemma.checkpoint_key(n) for n in missing)}")
+    with torch.device("meta"):
+        model = DiffusionGemma(cfg)
+    modules = dict(model.named_modules())
+    by_file: dict[Path, list[tuple[str, str]]] = {}
+    for name, (key, file) in found.items():
+        by_file.setdefault(file, []).append((name, key))
+    for name in expected:
+        if name not in found:  # a layer scalar the checkpoint lacks
+            owner, _, leaf = name.rpartition(".")
+            modules[owner]._buffers[leaf] = torch.ones(1, device=device, dtype=dt)
+    for file, names in sorted(by_file.items()):
+        with safe_open(str(file), framework="pt", device=_safetensors_device(device)) as f:
+            for name, key in names:
+                shape = tuple(f.get_slice(key).get_shape())
+                if shape != expected[name]:
+                    raise ModelLoadError(f"checkpoint {folder}: {key} is {list(shape)}, expected "
+                                         f"{list(expected[name])}")
+                owner, _, leaf = name.rpartition(".")
+                tensor = f.get_tensor(key).to(device=device, dtype=dt)
+                if leaf in modules[owner]._buffers:
+                    modules[owner]._buffers[leaf] = tensor
+                else:
+                    modules[owner]._parameters[leaf] = nn.Parameter(tensor, requires_grad=False)
+    return model.eval()
