@@ -42,7 +42,7 @@ from torch import Tensor, nn
 
 from maskkv_cli.models.base import Rope, rotate_in_dtype
 from maskkv_cli.models.diffusion_gemma_config import DiffusionGemmaConfig, LayerSpec, RopeSpec
-from maskkv_cli.models.rows import at_least_rows
+from maskkv_cli.models.rows import Linear, at_least_rows, linear
 
 DECODER = "model.decoder."
 ENCODER_TEXT = "model.encoder.language_model."
@@ -103,9 +103,9 @@ class GatedMLP(nn.Module):
 
     def __init__(self, d_model: int, hidden: int) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(d_model, hidden, bias=False)
-        self.up_proj = nn.Linear(d_model, hidden, bias=False)
-        self.down_proj = nn.Linear(hidden, d_model, bias=False)
+        self.gate_proj = Linear(d_model, hidden, bias=False)
+        self.up_proj = Linear(d_model, hidden, bias=False)
+        self.down_proj = Linear(hidden, d_model, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down_proj(gelu_tanh(self.gate_proj(x)) * self.up_proj(x))
@@ -126,10 +126,10 @@ class Attention(nn.Module):
         super().__init__()
         self.spec, self.n_heads, self.eps = spec, cfg.n_heads, cfg.rms_norm_eps
         d, hd, kv = cfg.d_model, spec.head_dim, spec.n_kv_heads
-        self.q_proj = nn.Linear(d, cfg.n_heads * hd, bias=False)
-        self.k_proj = nn.Linear(d, kv * hd, bias=False)
-        self.v_proj = nn.Linear(d, kv * hd, bias=False) if spec.has_v_proj else None
-        self.o_proj = nn.Linear(cfg.n_heads * hd, d, bias=False)
+        self.q_proj = Linear(d, cfg.n_heads * hd, bias=False)
+        self.k_proj = Linear(d, kv * hd, bias=False)
+        self.v_proj = Linear(d, kv * hd, bias=False) if spec.has_v_proj else None
+        self.o_proj = Linear(cfg.n_heads * hd, d, bias=False)
         self.q_norm = GemmaRMSNorm(hd, cfg.rms_norm_eps)
         self.k_norm = GemmaRMSNorm(hd, cfg.rms_norm_eps)
 
@@ -161,7 +161,7 @@ class Router(nn.Module):
     def __init__(self, cfg: DiffusionGemmaConfig) -> None:
         super().__init__()
         self.top_k, self.eps, self.root = cfg.top_k_experts, cfg.rms_norm_eps, cfg.d_model ** -0.5
-        self.proj = nn.Linear(cfg.d_model, cfg.n_experts, bias=False)
+        self.proj = Linear(cfg.d_model, cfg.n_experts, bias=False)
         self.scale = nn.Parameter(torch.ones(cfg.d_model))
         self.per_expert_scale = nn.Parameter(torch.ones(cfg.n_experts))
 
@@ -189,8 +189,8 @@ class Experts(nn.Module):
 
     def expert(self, e: int, x: Tensor) -> Tensor:
         """Expert e of rows x (r, d) -> (r, d)."""
-        gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)  # (r, I) each
-        return F.linear(gelu_tanh(gate) * up, self.down_proj[e])
+        gate, up = linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)  # (r, I) each
+        return linear(gelu_tanh(gate) * up, self.down_proj[e])
 
     def forward(self, x: Tensor, experts: Tensor, weights: Tensor) -> Tensor:
         """``sum_j weights[:, j] * expert_{experts[:, j]}(x)`` for x (N, d), experts and weights (N, k)."""
@@ -257,9 +257,9 @@ class SelfConditioning(nn.Module):
         super().__init__()
         self.eps = cfg.rms_norm_eps
         self.pre_norm = GemmaRMSNorm(cfg.d_model, cfg.rms_norm_eps)
-        self.gate_proj = nn.Linear(cfg.d_model, cfg.mlp_hidden_size, bias=False)
-        self.up_proj = nn.Linear(cfg.d_model, cfg.mlp_hidden_size, bias=False)
-        self.down_proj = nn.Linear(cfg.mlp_hidden_size, cfg.d_model, bias=False)
+        self.gate_proj = Linear(cfg.d_model, cfg.mlp_hidden_size, bias=False)
+        self.up_proj = Linear(cfg.d_model, cfg.mlp_hidden_size, bias=False)
+        self.down_proj = Linear(cfg.mlp_hidden_size, cfg.d_model, bias=False)
 
     def forward(self, e: Tensor, soft: Tensor | None) -> Tensor:
         """e, soft (B, C, d); ``soft=None`` is the zero signal (the MLP of zeros is exactly zero: skipped)."""
@@ -370,7 +370,7 @@ class DiffusionGemma(nn.Module):
     def head(self, x: Tensor) -> Tensor:
         """Final norm, the tied embedding as output projection, logits in fp32 soft-capped: (B, T, d) -> (B, T, V)."""
         norm = self.model["decoder"]["norm"]  # type: ignore[index]
-        logits = F.linear(norm(x), self.embedding.weight).float()
+        logits = linear(norm(x), self.embedding.weight).float()
         cap = self.config.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
