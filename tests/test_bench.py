@@ -413,11 +413,23 @@ def test_batch_limit_shares_the_prefill_and_attends_per_sequence(model, monkeypa
     assert one.attention_keys == budget + 16 and len(one.step_s) == gen.steps - 1
 
 
-def test_batch_limit_refuses_block_causal_models():
+def test_batch_limit_of_block_causal_models_steps_each_sequence_over_its_own_entries(monkeypatch):
+    """Two LLaDA2 sequences: every bare step attends per sequence over its own kept entries and blocks so far, as
+    the engine's batched steps do; the prefill windows are one bare forward of both."""
     blocky = random_model(named_config("llada2-tiny"))
     prompts = random_prompt(blocky.config, 24, 0, torch.device("cpu"), batch=2)
-    with pytest.raises(UsageError, match="one sequence at a time"):
-        lim.measure_batch_limit(blocky, prompts, GenerationConfig(gen_length=16, steps=8, block_length=8), 8)
+    gen = GenerationConfig(gen_length=16, steps=8, block_length=8)
+    batches: list[int] = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, *a, **kw):
+        batches.append(q.shape[0])
+        return real(q, k, v, *a, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    two = lim.measure_batch_limit(blocky, prompts, gen, 8)
+    assert two.keys == 8 and len(two.step_s) == len(lim.measure_limit(blocky, prompts[:1], gen, 8).step_s)
+    assert 2 in batches and 1 in batches  # the windows batched, the steps per sequence
 
 
 def test_cli_bench_speed_batch_sizes(tmp_path):
@@ -471,14 +483,15 @@ def test_cli_bench_speed_bad_batch_sizes(value):
 def test_cli_bench_speed_batches_refused_where_they_cannot_share_steps():
     from maskkv_cli.cli import app
 
-    result = runner.invoke(app, ["bench", "speed", "--config", "llada2-tiny", "--prompt-lengths", "32",
-                                 "--batch-sizes", "1,2", "--in-process"])
-    assert result.exit_code == 2 and "block-causal" in result.output and len(result.output.strip().splitlines()) == 1
     result = runner.invoke(app, ["bench", "speed", "--config", "tiny", "--prompt-lengths", "32", "--batch-sizes",
                                  "2", "--step-modes", "eager,compile", "--in-process"])
-    assert result.exit_code == 2 and "eager" in result.output
-    with pytest.raises(UsageError, match="block-causal"):
-        run_case(SpeedCase("full", None, 32, **{**TINY, "config": "llada2-tiny", "batch_size": 2}))
+    assert result.exit_code == 2 and "eager" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_block_causal_batches_in_bench_speed():
+    """LLaDA2's sequences share the engine's steps: a batch case runs, with its limit line."""
+    row = run_case(SpeedCase("maskkv", 8, 32, **{**TINY, "config": "llada2-tiny", "batch_size": 2}))
+    assert row["batch_size"] == 2 and _is_number(row["limit_s"]) and _is_number(row["tokens_per_s"])
 
 
 def test_repeats_run_round_by_round_and_keep_each_cases_median_run(tmp_path, monkeypatch):

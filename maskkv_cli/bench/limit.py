@@ -23,8 +23,9 @@ A batch of B sequences (``measure_batch_limit``) is timed as the engine runs a b
 engine runs prompts of any lengths back to back), then every later step one bare forward of all B responses in
 which the embedding, the projections, the MLP and the LM head take every sequence's rows at once
 and attention runs sequence by sequence over that sequence's own ``keys + L`` entries. Without a cache every step
-(step 0 included) is one bare full forward of the B sequences together, as the engine shares them. The limit of a
-batch of block-causal sequences is not measured (one sequence's is).
+(step 0 included) is one bare full forward of the B sequences together, as the engine shares them. A batch of
+block-causal sequences: each window of the prefill one bare forward of the B sequences, each later step (and each
+finished block's pass) one bare step of B lanes.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from torch import Tensor
 from maskkv_cli.engine.chunks import MLP_CHUNK
 from maskkv_cli.engine.lanes import StepLane, block_causal_visible
 from maskkv_cli.engine.step import step_logits
-from maskkv_cli.errors import UsageError
 from maskkv_cli.kv.cache import DenseLayer, PromptCache
 from maskkv_cli.models.base import dense_hidden
 from maskkv_cli.models.protocol import Block, DiffusionLM
@@ -184,7 +184,7 @@ def measure_batch_limit(model: DiffusionLM, prompts: Tensor, gen: GenerationConf
     if bsz == 1:
         return measure_limit(model, prompts, gen, keys, seed)
     if model.config.block_causal:
-        raise UsageError("block-causal models run one sequence at a time: their limit has no batch")
+        return _block_limit(model, prompts, gen, keys, seed, per_sequence=True)
     if keys is None:  # no cache: every step one full forward of the whole batch, as the engine shares them
         return measure_limit(model, prompts, gen, None, seed)
     dev = model.device
@@ -209,8 +209,10 @@ def measure_batch_limit(model: DiffusionLM, prompts: Tensor, gen: GenerationConf
 
 
 @torch.no_grad()
-def _block_limit(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, keys: int | None, seed: int) -> LimitTiming:
-    """The limit of a block-causal model (see the module doc)."""
+def _block_limit(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, keys: int | None, seed: int,
+                 per_sequence: bool = False) -> LimitTiming:
+    """The limit of a block-causal model (see the module doc); ``per_sequence``: the rows of ``prompt`` are a batch
+    of generations, each stepping over its own entries (the prefill windows run as one bare forward)."""
     dev, bl = model.device, gen.block_length
     bsz, m = prompt.shape
     split, total = m // bl * bl, -(-(m + gen.gen_length) // bl) * bl
@@ -240,11 +242,12 @@ def _block_limit(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, keys
         block = ids[:, split + offset : split + offset + bl]
         if i and blk != sched[i - 1][0]:  # the block before is finished: its final tokens pass once
             t0 = now(dev)
-            bare.step(ids[:, split + offset - bl : split + offset], torch.arange(1, device=dev), offset - bl)
+            bare.step(ids[:, split + offset - bl : split + offset], torch.arange(0, device=dev), offset - bl,
+                      per_sequence)
             steps.append(now(dev) - t0)
         if i:
             t0 = now(dev)
-            bare.step(block, torch.arange(bl - n, bl, device=dev), offset)
+            bare.step(block, torch.arange(bl - n, bl, device=dev), offset, per_sequence)
             steps.append(now(dev) - t0)
     del bare
     return LimitTiming(prefill_s, steps, prefill_s + sum(steps), kept, kept + total - split)

@@ -46,7 +46,7 @@ from maskkv_cli.engine.batch_memory import batch_memory
 from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.engine.step_runner import StepOptions
 from maskkv_cli.errors import UsageError
-from maskkv_cli.models.config import named_config
+from maskkv_cli.models.base import kv_bytes_per_token
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.sampling.llada2 import LLaDA2Options
 from maskkv_cli.sampling.stream import BatchJob, sample_many
@@ -115,9 +115,6 @@ def _gen_config(case: SpeedCase, gen_length: int | None = None, steps: int | Non
     return GenerationConfig(gen_length=gen_length or case.gen_length, steps=steps or case.steps,
                             block_length=min(case.block_length, gen_length or case.gen_length), seed=case.seed)
 
-
-BLOCK_CAUSAL_BATCH = ("--batch-sizes above 1 need a model whose sequences share steps: block-causal (LLaDA2) "
-                      "models run one sequence at a time; use --batch-sizes 1")
 
 
 # LLaDA2 runs the same steps whatever random weights give: no token is ever above the threshold (each step
@@ -265,8 +262,6 @@ def run_case(case: SpeedCase) -> dict[str, Any]:
     rss_start = rss_bytes()
     model = load_bench_model(case.config, case.model, dev, case.dtype, case.seed)
     cfg = model.config
-    if case.batch_size > 1 and cfg.block_causal:
-        raise UsageError(BLOCK_CAUSAL_BATCH)
     now(dev)
     loaded_mem = read_current(dev)
     policy = get_policy(case.policy)
@@ -282,7 +277,7 @@ def run_case(case: SpeedCase) -> dict[str, Any]:
     base_mem = read_current(dev)
     kv_bytes = kv_entries = 0
     elt = torch.finfo(model.dtype).bits // 8
-    kv_full = batch * 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * case.prompt_len * elt  # type: ignore[operator]
+    kv_full = batch * kv_bytes_per_token(model) * case.prompt_len
     extrapolated = False
     setup_s = 0.0
     if batch > 1:
@@ -445,8 +440,6 @@ class SpeedSettings:
             if any(not StepOptions.from_label(mode).eager for mode in self.step_modes):
                 raise UsageError("--batch-sizes above 1 run eager steps only (compiled or captured steps run one "
                                  "sequence at a time); use --step-modes eager")
-            if not self.model and named_config(self.config or "llada-small").block_causal:
-                raise UsageError(BLOCK_CAUSAL_BATCH)
         _gen_config(self.cases()[0])  # validates gen length, steps and block length
 
 
