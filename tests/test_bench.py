@@ -14,14 +14,10 @@ from maskkv_cli.bench import limit as lim
 from maskkv_cli.bench.cases import random_model, random_prompt
 from maskkv_cli.bench.memory import MemoryCase, compare, run_memory_case
 from maskkv_cli.bench.results import ResultsFolder, read_jsonl
-from maskkv_cli.bench.speed import (
-    SpeedCase,
-    SpeedSettings,
-    run_case,
-    run_case_subprocess,
-    run_sweep,
-)
+from maskkv_cli.bench.speed import run_sweep
+from maskkv_cli.bench.speed_case import run_case, run_case_subprocess
 from maskkv_cli.bench.speed_report import table_rows
+from maskkv_cli.bench.speed_settings import SpeedCase, SpeedSettings
 from maskkv_cli.cli.parsing import parse_count, parse_counts
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.config import named_config

@@ -13,7 +13,7 @@ from maskkv_cli.bench.results import ResultsFolder
 from maskkv_cli.fileio import atomic_write_bytes
 
 if TYPE_CHECKING:
-    from maskkv_cli.bench.speed import SpeedSettings
+    from maskkv_cli.bench.speed_settings import SpeedSettings
 
 __all__ = ["BATCH_COLUMNS", "batched", "fmt_bytes", "fmt_gflops", "fmt_ratio", "summary_markdown", "table_rows",
            "write_plot"]

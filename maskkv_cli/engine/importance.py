@@ -9,7 +9,6 @@ stores the result as a calibration profile (``maskkv_cli.models.calibration``).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -19,16 +18,10 @@ from maskkv_cli.engine.lanes import block_causal_visible
 from maskkv_cli.engine.prefill import attention_shift
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.base import dense_hidden
+from maskkv_cli.models.calibration import ImportanceResult
 from maskkv_cli.models.protocol import DiffusionLM
 
 __all__ = ["ImportanceResult", "layer_importance", "measure_importance"]
-
-
-@dataclass(frozen=True)
-class ImportanceResult:
-    importance: list[float]  # I(l) per layer, in [0, 2]
-    inputs: int  # sequences measured
-    tokens: int  # tokens the mean runs over
 
 
 @torch.no_grad()

@@ -17,13 +17,10 @@ import re
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from maskkv_cli.fileio import atomic_write_text
 from maskkv_cli.paths import config_file
-
-if TYPE_CHECKING:  # the measurement runs in the engine, above the models
-    from maskkv_cli.engine.importance import ImportanceResult
 
 __all__ = [
     "CalibrationProfile",
@@ -35,6 +32,15 @@ __all__ = [
     "profile_path",
     "save_profile",
 ]
+
+
+@dataclass(frozen=True)
+class ImportanceResult:
+    """A measured layer importance (``engine.importance.measure_importance``), what a profile stores."""
+
+    importance: list[float]  # I(l) per layer, in [0, 2]
+    inputs: int  # sequences measured
+    tokens: int  # tokens the mean runs over
 
 _FIELDS = ("model", "model_path", "n_layers", "importance", "inputs", "tokens", "created", "maskkv_version")
 

@@ -1,0 +1,150 @@
+"""What ``maskkv bench speed`` measures: one case (``SpeedCase``, every setting that decides one row) and the sweep's
+settings (``SpeedSettings``: the cases it runs, checked once before anything runs)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from maskkv_cli.bench.results import settings_key
+from maskkv_cli.engine.step_runner import StepOptions
+from maskkv_cli.errors import UsageError
+
+
+@dataclass(frozen=True)
+class SpeedCase:
+    """Everything that decides one row of the sweep."""
+
+    policy: str
+    budget: int | None
+    prompt_len: int
+    gen_length: int = 128
+    steps: int = 128
+    block_length: int = 32
+    config: str | None = "llada-small"
+    model: str | None = None
+    device: str = "cpu"
+    dtype: str = "auto"
+    none_steps: int = 3
+    seed: int = 0
+    threads: int = 1
+    limit: bool = True
+    warmup: bool = True
+    step_mode: str = "eager"  # later steps: eager, compile, cuda-graph or compile+cuda-graph (step_runner.py)
+    batch_size: int = 1  # sequences generated together (sample_many); 1: the single-sequence path
+
+    def key(self) -> str:
+        """The hash of the settings; batch size 1 is left out, so that a case keeps the key it had before batches."""
+        settings = asdict(self)
+        if self.batch_size == 1:
+            del settings["batch_size"]
+        return settings_key(settings)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> SpeedCase:
+        data = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise UsageError(f"unknown case fields: {', '.join(sorted(unknown))}")
+        return cls(**data)
+
+    @property
+    def method(self) -> str:
+        name = self.policy if self.budget is None else f"{self.policy}@{self.budget}"
+        return name if self.step_mode == "eager" else f"{name} {self.step_mode}"
+
+
+def gen_config(case: SpeedCase, gen_length: int | None = None, steps: int | None = None) -> Any:
+    from maskkv_cli.sampling import GenerationConfig
+
+    return GenerationConfig(gen_length=gen_length or case.gen_length, steps=steps or case.steps,
+                            block_length=min(case.block_length, gen_length or case.gen_length), seed=case.seed)
+
+
+@dataclass(frozen=True)
+class SpeedSettings:
+    prompt_lengths: tuple[int, ...] = (1024, 2048, 4096)
+    policies: tuple[str, ...] = ("none", "full", "maskkv")
+    budgets: tuple[int, ...] = (64, 256, 1024)
+    gen_length: int = 128
+    steps: int = 128
+    block_length: int = 32
+    config: str | None = "llada-small"
+    model: str | None = None
+    device: str = "cpu"
+    dtype: str = "auto"
+    none_steps: int = 3
+    seed: int = 0
+    threads: int = 1
+    limit: bool = True
+    warmup: bool = True
+    step_modes: tuple[str, ...] = ("eager",)  # each cache policy runs once per mode; ``none`` always eager
+    batch_sizes: tuple[int, ...] = (1,)  # each method runs once per batch size
+    repeats: int = 1  # runs of every case, round by round; a row is its case's median run
+
+    def as_dict(self) -> dict[str, Any]:
+        """The settings as JSON; batch sizes (1,) and one repeat are left out, so a run finds its folder from
+        before those settings."""
+        d = asdict(self)
+        for k in ("prompt_lengths", "policies", "budgets", "step_modes", "batch_sizes"):
+            d[k] = list(d[k])
+        if self.batch_sizes == (1,):
+            del d["batch_sizes"]
+        if self.repeats == 1:
+            del d["repeats"]
+        return d
+
+    def cases(self) -> list[SpeedCase]:
+        """For each prompt length (ascending): none, full, then each evicting policy at each budget, each at every
+        batch size (ascending)."""
+        from maskkv_cli.policies.base import get_policy
+
+        common = dict(gen_length=self.gen_length, steps=self.steps, block_length=self.block_length,
+                      config=None if self.model else self.config, model=self.model, device=self.device,
+                      dtype=self.dtype, none_steps=self.none_steps, seed=self.seed, threads=self.threads,
+                      limit=self.limit, warmup=self.warmup)
+        out: list[SpeedCase] = []
+        for m in sorted(set(self.prompt_lengths)):
+            for name in self.policies:
+                policy = get_policy(name)
+                modes = self.step_modes if policy.uses_cache else ("eager",)
+                budgets: Sequence[int | None] = self.budgets if policy.evicts else (None,)
+                out.extend(SpeedCase(name, b, m, step_mode=mode, batch_size=n, **common)  # type: ignore[arg-type]
+                           for mode in modes for b in budgets for n in sorted(set(self.batch_sizes)))
+        return out
+
+    def check(self) -> None:
+        from maskkv_cli.policies.base import get_policy
+
+        if not self.prompt_lengths or min(self.prompt_lengths) <= 0:
+            raise UsageError("--prompt-lengths must be positive numbers (e.g. 1k,2k,4k)")
+        if not self.policies:
+            raise UsageError("--policies is empty")
+        for name in self.policies:
+            if get_policy(name).evicts and (not self.budgets or min(self.budgets) <= 0):
+                raise UsageError(f"policy {name} needs positive --budgets")
+        if self.none_steps < 1:
+            raise UsageError("--none-steps must be at least 1")
+        if self.threads < 1:
+            raise UsageError("--threads must be at least 1")
+        if not self.step_modes:
+            raise UsageError("--step-modes is empty")
+        for mode in self.step_modes:
+            options = StepOptions.from_label(mode)
+            if options.cuda_graph and not self.device.startswith("cuda"):
+                raise UsageError(f"step mode {mode} needs --device cuda")
+        if self.repeats < 1:
+            raise UsageError("--repeats must be at least 1")
+        if not self.batch_sizes or min(self.batch_sizes) < 1:
+            raise UsageError("--batch-sizes must be positive whole numbers (e.g. 1,8)")
+        if max(self.batch_sizes) > 1:
+            if any(not StepOptions.from_label(mode).eager for mode in self.step_modes):
+                raise UsageError("--batch-sizes above 1 run eager steps only (compiled or captured steps run one "
+                                 "sequence at a time); use --step-modes eager")
+        gen_config(self.cases()[0])  # validates gen length, steps and block length
