@@ -93,7 +93,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--configs", default="local 1,local 2,ray 1,ray 2",
                         help="comma-separated, from: local 1, local 2, ray 1, ray 2, batch N (this process, "
-                             "--batch-size N), local W batch N (W worker processes, --batch-size N)")
+                             "--batch-size N), batch auto (--batch-size auto), local W batch N (W worker processes, --batch-size N)")
     args = parser.parse_args()
     order = [name.strip() for name in args.configs.split(",")]
     work = Path(tempfile.mkdtemp(prefix="bench-batch-"))
@@ -110,8 +110,8 @@ def main() -> None:
         ray_start = time.perf_counter() - started
     configs = {"local 1": Runner(devices=("cpu",)), "local 2": Runner(devices=("cpu", "cpu")),
                "ray 1": Runner(ray="auto", workers=1), "ray 2": Runner(ray="auto", workers=2)}
-    configs.update({name: Runner(device="cpu", batch_size=int(name.split()[1])) for name in order
-                    if name.startswith("batch ")})
+    configs.update({name: Runner(device="cpu", batch_size=None if name == "batch auto" else int(name.split()[1]))
+                    for name in order if name.startswith("batch ")})
     configs.update({name: Runner(devices=("cpu",) * int(name.split()[1]), batch_size=int(name.split()[3]))
                     for name in order if name.startswith("local ") and " batch " in name})
     runs: list[dict[str, object]] = []
@@ -131,7 +131,7 @@ def main() -> None:
             print(json.dumps(runs[-1]), flush=True)
     if uses_ray:
         ray.shutdown()
-    limits = batch_limits([n for n in order if n.startswith("batch ")], specs, model, settings, args.rounds)
+    limits = batch_limits([n for n in order if n.startswith("batch ") and n != "batch auto"], specs, model, settings, args.rounds)
     reference = answers[order[0]]
     same = {name: got == reference for name, got in answers.items()}
     summary: dict[str, dict[str, float]] = {}

@@ -43,7 +43,7 @@ def step_hidden(model: DiffusionLM, lanes: Sequence[StepLane]) -> list[Tensor]:
     heights = [lane.ids.shape[0] for lane in lanes]
     lengths = [lane.ids.shape[1] for lane in lanes]
     bounds = spans([lane.rows_run for lane in lanes])
-    ids = torch.cat([lane.ids.reshape(1, -1) for lane in lanes], 1)
+    ids = torch.cat([lane.ids.reshape(1, -1) for lane in lanes], 1) if len(lanes) > 1 else lanes[0].ids.reshape(1, -1)
     x = model.embed(ids)  # (1, N, d): every lane's rows back to back
     tables = RowTables(model, [torch.arange(lane.start, lane.start + n, device=ids.device)
                                for lane, n in zip(lanes, lengths, strict=True)],
@@ -99,7 +99,8 @@ def step_hidden(model: DiffusionLM, lanes: Sequence[StepLane]) -> list[Tensor]:
 def step_logits(model: DiffusionLM, lanes: Sequence[StepLane]) -> list[Tensor]:
     """``step_hidden`` and the LM head over every lane's rows in one product: each lane's logits (b, len(rows), V)."""
     hidden = step_hidden(model, lanes)
-    joined = torch.cat([h.reshape(1, -1, h.shape[-1]) for h in hidden], 1)
+    flat = [h.reshape(1, -1, h.shape[-1]) for h in hidden]
+    joined = torch.cat(flat, 1) if len(flat) > 1 else flat[0]
     logits = model.head(joined)
     parts = logits.split([h.shape[0] * h.shape[1] for h in hidden], 1)
     return [p.reshape(h.shape[0], h.shape[1], logits.shape[-1]) for p, h in zip(parts, hidden, strict=True)]

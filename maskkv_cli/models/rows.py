@@ -75,7 +75,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)`` over x (..., n_in) as a product of never fewer than ``small_rows + 1`` rows."""
     width = x.shape[-1]
     rows = x.numel() // width if width else 0
-    if rows == 0 or rows > few_rows(x):
+    if rows == 0 or rows > PROBE_ROWS or rows > few_rows(x):  # no probe finds more than PROBE_ROWS
         return F.linear(x, weight, bias)
     out = at_least_rows(lambda flat: F.linear(flat, weight, bias), x.reshape(rows, width))
     return out.reshape(*x.shape[:-1], out.shape[-1])
