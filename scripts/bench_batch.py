@@ -10,6 +10,11 @@ start-up is reported on its own.
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_batch.py --out runs/bench-batch
     OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_batch.py --configs "batch 1,batch 8" --rounds 3
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_batch.py --configs "batch 1,batch 8,batch auto" \
+        --docs 'licenses/*.txt' --questions qs.txt
+
+``--docs GLOB --questions FILE`` answers every question about every document instead (``maskkv batch --docs
+--questions``'s cross product), ``--jobs`` of them at most.
 
 For the ``batch N`` configurations the report adds the limit line of the model's work
 (``bench.limit.measure_batch_limit``: the bare forward passes of N sequences of the jobs' median prompt length
@@ -28,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from maskkv_cli.batch.jobs import AnswerSettings, JobSpec
+from maskkv_cli.batch.jobs import AnswerSettings, JobSpec, cross_product, read_questions
 from maskkv_cli.batch.run import Runner, run_batch
 from maskkv_cli.documents.corpus import load_corpus
 from maskkv_cli.models.catalog import resolve_default_model
@@ -91,13 +96,21 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/bench-batch"))
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--docs", help="a glob of documents: their cross product with --questions are the jobs")
+    parser.add_argument("--questions", type=Path, help="a file of questions, one per line (with --docs)")
     parser.add_argument("--configs", default="local 1,local 2,ray 1,ray 2",
                         help="comma-separated, from: local 1, local 2, ray 1, ray 2, batch N (this process, "
-                             "--batch-size N), batch auto (--batch-size auto), local W batch N (W worker processes, --batch-size N)")
+                             "--batch-size N), batch auto (--batch-size auto), local W batch N (W worker processes, "
+                             "--batch-size N)")
     args = parser.parse_args()
     order = [name.strip() for name in args.configs.split(",")]
     work = Path(tempfile.mkdtemp(prefix="bench-batch-"))
-    specs = make_jobs(work, 10, args.jobs // 10, seed=0)
+    if args.docs:
+        if args.questions is None:
+            parser.error("--docs needs --questions")
+        specs = cross_product([args.docs], read_questions(args.questions))[: args.jobs]
+    else:
+        specs = make_jobs(work, 10, args.jobs // 10, seed=0)
     model, _ = resolve_default_model(None)
     settings = AnswerSettings(policy="maskkv-plus")
     ray_start = 0.0
@@ -128,10 +141,13 @@ def main() -> None:
                          "jobs_per_minute": round(result.jobs_per_minute, 1), "steady_s": round(result.seconds, 2),
                          "wall_s": round(wall, 2), "runner": result.runner})
             runs[-1]["load_average"] = round(os.getloadavg()[0], 1)
+            if result.batch_note:  # how ``auto`` chose its size
+                runs[-1]["batch_note"] = result.batch_note
             print(json.dumps(runs[-1]), flush=True)
     if uses_ray:
         ray.shutdown()
-    limits = batch_limits([n for n in order if n.startswith("batch ") and n != "batch auto"], specs, model, settings, args.rounds)
+    sized = [n for n in order if n.startswith("batch ") and n != "batch auto"]
+    limits = batch_limits(sized, specs, model, settings, args.rounds)
     reference = answers[order[0]]
     same = {name: got == reference for name, got in answers.items()}
     summary: dict[str, dict[str, float]] = {}
