@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from maskkv_cli.engine.batch_memory import auto_batch_size, batch_memory, free_bytes
+from maskkv_cli.engine.batch_memory import auto_batch_size, batch_memory, free_bytes, model_geometry
 from maskkv_cli.engine.plan import CacheConfig, CachePlan, plan_cache
 from maskkv_cli.engine.prefix import compute_prefix
 from maskkv_cli.kv.prefix import PrefixStore
@@ -189,7 +189,7 @@ class Session:
         plan = plan_cache(self.model, cache, longest, self.model_path, block_length=gen.block_length)
         kept = plan.budget if plan.policy.evicts and plan.budget is not None else longest
         element = torch.finfo(self.model.dtype).bits // 8
-        memory = batch_memory(self.model.config, longest, gen.gen_length, kept, element)
+        memory = batch_memory(model_geometry(self.model), longest, gen.gen_length, kept, element)
         return auto_batch_size(memory, free_bytes(self.device), len(prompt_lens))
 
     def _plan(self, ids: list[int], gen: GenerationConfig, cache: CacheConfig, document_len: int = 0,

@@ -12,7 +12,13 @@ from golden_cases import BUDGETS, GOLDEN_DIR, build_models, dream_modes, llada_m
 from prompts import TEXTS
 
 import maskkv_cli.sampling.driver as driver
-from maskkv_cli.engine.batch_memory import auto_batch_size, batch_memory, parse_batch_size
+from maskkv_cli.engine.batch_memory import (
+    auto_batch_size,
+    batch_memory,
+    config_geometry,
+    model_geometry,
+    parse_batch_size,
+)
 from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.errors import UsageError
 from maskkv_cli.policies.base import get_policy, policy_names
@@ -162,7 +168,7 @@ def test_batch_size_option_and_memory_model(tiny_config) -> None:  # type: ignor
     for bad in ("0", "-2", "many"):
         with pytest.raises(UsageError, match="--batch-size"):
             parse_batch_size(bad)
-    memory = batch_memory(tiny_config, 1000, 32, 64, 4)
+    memory = batch_memory(config_geometry(tiny_config), 1000, 32, 64, 4)
     assert memory.total(2) - memory.total(1) == memory.cache_per_sequence + memory.step_per_sequence
     per = memory.cache_per_sequence + memory.step_per_sequence
     free = int((memory.prefill_peak + 5 * per) / 0.8) + 1
@@ -171,7 +177,23 @@ def test_batch_size_option_and_memory_model(tiny_config) -> None:  # type: ignor
     assert auto_batch_size(memory, free, 3)[0] == 3
     assert auto_batch_size(memory, 0, 3)[0] == 1
     # keeping fewer entries makes a sequence smaller
-    assert batch_memory(tiny_config, 1000, 32, 1000, 4).cache_per_sequence > memory.cache_per_sequence
+    assert batch_memory(config_geometry(tiny_config), 1000, 32, 1000, 4).cache_per_sequence > memory.cache_per_sequence
+
+
+def test_memory_model_reads_each_layers_geometry(tiny_config) -> None:  # type: ignore[no-untyped-def]
+    """The memory model sums each layer's own key/value heads and head size: a model whose layers all match the
+    config gives the config's figures; one layer with other heads changes the cache by exactly its share."""
+    from maskkv_cli.models.families import build_model
+
+    with torch.device("meta"):
+        model = build_model(tiny_config)
+    assert model_geometry(model) == config_geometry(tiny_config)
+    before = batch_memory(model_geometry(model), 1000, 32, 64, 4).cache_per_sequence
+    block = model.blocks[0]
+    old = 2 * block.n_kv_heads * block.head_dim
+    block.n_kv_heads, block.head_dim = 1, 2 * block.head_dim  # a layer of its own geometry
+    after = batch_memory(model_geometry(model), 1000, 32, 64, 4).cache_per_sequence
+    assert after - before == (2 * block.n_kv_heads * block.head_dim - old) * 4 * (64 + 32)
 
 
 def test_bench_quality_rows_do_not_depend_on_the_batch_size(tiny_dir: Path, tmp_path: Path,

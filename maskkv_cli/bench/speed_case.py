@@ -40,7 +40,7 @@ from maskkv_cli.bench.cases import (
 from maskkv_cli.bench.ceiling import ceiling_fields
 from maskkv_cli.bench.limit import measure_batch_limit, measure_limit, rows_schedule
 from maskkv_cli.bench.speed_settings import SpeedCase, gen_config
-from maskkv_cli.engine.batch_memory import batch_memory
+from maskkv_cli.engine.batch_memory import Geometry, batch_memory, model_geometry
 from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.engine.step_runner import StepOptions
 from maskkv_cli.errors import UsageError
@@ -172,14 +172,14 @@ def _run_batch(model: DiffusionLM, prompts: torch.Tensor, gen: Any, policy: Any,
                     sum(r.stats.kv_full_bytes for r in results))
 
 
-def memory_model_fields(cfg: Any, prompt_len: int, gen_length: int, kept: int | None,
+def memory_model_fields(shapes: Geometry, prompt_len: int, gen_length: int, kept: int | None,
                         element_bytes: int, batch: int) -> dict[str, int | None]:
     """The memory model's figures (``engine/batch_memory.py``) for a row: per sequence, once, and the whole
     batch; None without a cache (``kept`` None)."""
     if kept is None:
         return dict.fromkeys(("model_cache_per_sequence_bytes", "model_step_per_sequence_bytes",
                               "model_prefill_peak_bytes", "model_batch_bytes"))
-    memory = batch_memory(cfg, prompt_len, gen_length, kept, element_bytes)
+    memory = batch_memory(shapes, prompt_len, gen_length, kept, element_bytes)
     return {"model_cache_per_sequence_bytes": memory.cache_per_sequence,
             "model_step_per_sequence_bytes": memory.step_per_sequence,
             "model_prefill_peak_bytes": memory.prefill_peak, "model_batch_bytes": memory.total(batch)}
@@ -267,7 +267,7 @@ def run_case(case: SpeedCase) -> dict[str, Any]:
         "kv_entries": kv_entries,
         "kv_full_bytes": kv_full,
         "kv_bytes_per_sequence": kv_bytes // batch,
-        **memory_model_fields(cfg, case.prompt_len, case.gen_length, keys, elt, batch),
+        **memory_model_fields(model_geometry(model), case.prompt_len, case.gen_length, keys, elt, batch),
         "activation_bytes": max(0, peak - loaded_mem - kv_bytes),  # peak above weights, less the kept cache
         "warmup_s": warm_s,
         "setup_s": setup_s,  # compilation / graph capture of the step, kept out of total_s

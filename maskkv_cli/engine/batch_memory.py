@@ -1,11 +1,12 @@
 """How much memory a batch of sequences takes, and the largest batch that fits (``--batch-size auto``).
 
 The model (estimates from the shapes, no measurement): each sequence of a batch holds its compressed cache (the
-kept prompt entries per key/value head and its response slot, keys and values, every layer) and activations: the
-larger of its prefill rows through one layer (hidden state, keys and values of ``[prompt ; masks]``: prompts that
-join together share one prefill, ``sampling/batched.py``) and its step's rows (its response through one layer,
-plus the LM head over its rows). Once per batch: the prefill's attention chunk (fp32 scores of one sequence's
-query chunk, sequences are attended one at a time) and its MLP chunk.
+kept prompt entries per key/value head and its response slot, keys and values, every layer with its own heads and
+head size) and activations: the larger of its prefill rows through one layer (hidden state, keys and values of
+``[prompt ; masks]``: prompts that join together share one prefill, ``engine/prefill.py``) and its step's rows (its
+response through one layer, plus the LM head over its rows). Once per batch: the prefill's attention chunk (fp32
+scores of one sequence's query chunk, sequences are attended one at a time) and its MLP chunk. Where layers differ
+(``Geometry``), a layer's activations are those of the widest one.
 """
 
 from __future__ import annotations
@@ -20,9 +21,42 @@ if TYPE_CHECKING:  # this module imports no torch at load: the CLI parses --batc
     import torch
 
     from maskkv_cli.models.config import ModelConfig
+    from maskkv_cli.models.protocol import DiffusionLM
 
 MAX_AUTO_BATCH = 64  # ``auto`` never goes beyond this many sequences at once
 FREE_SHARE = 0.8  # of the free memory a batch may plan to use (allocator slack, fragmentation, the rest)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """The shapes the memory model reads: the sums and maxima of every layer's own geometry."""
+
+    d_model: int
+    mlp_hidden: int
+    vocab: int
+    kv_per_token: int  # key and value values of one position, summed over the layers
+    widest_kv: int  # the most key and value values of one position in one layer
+    widest_q: int  # the most query values of one position in one layer
+    most_heads: int  # the most query heads of one layer
+
+
+def model_geometry(model: DiffusionLM) -> Geometry:
+    """``Geometry`` from each block's own heads and head size."""
+    blocks = list(model.blocks)
+    cfg = model.config
+    return Geometry(cfg.d_model, cfg.mlp_hidden_size, cfg.vocab_size,
+                    sum(2 * b.n_kv_heads * b.head_dim for b in blocks),
+                    max(2 * b.n_kv_heads * b.head_dim for b in blocks),
+                    max(b.n_heads * b.head_dim for b in blocks), max(b.n_heads for b in blocks))
+
+
+def config_geometry(cfg: ModelConfig) -> Geometry:
+    """``Geometry`` of a config whose layers are all alike (the families of ``models/config.py``), for planning
+    without weights."""
+    n_kv = cfg.n_kv_heads or cfg.n_heads
+    kv = 2 * n_kv * cfg.head_dim
+    return Geometry(cfg.d_model, cfg.mlp_hidden_size, cfg.vocab_size, cfg.n_layers * kv, kv,
+                    cfg.n_heads * cfg.head_dim, cfg.n_heads)
 
 
 @dataclass(frozen=True)
@@ -37,17 +71,17 @@ class BatchMemory:
         return batch * (self.cache_per_sequence + self.step_per_sequence) + self.prefill_peak
 
 
-def batch_memory(cfg: ModelConfig, prompt_len: int, gen_length: int, kept: int, element_bytes: int) -> BatchMemory:
+def batch_memory(shapes: Geometry, prompt_len: int, gen_length: int, kept: int,
+                 element_bytes: int) -> BatchMemory:
     """The memory model for prompts of ``prompt_len`` tokens, ``gen_length`` response tokens and ``kept`` prompt
     entries per head (the budget; the prompt length with the full cache), in ``element_bytes`` per value."""
-    n_kv = cfg.n_kv_heads or cfg.n_heads
-    kv_row = 2 * cfg.n_layers * n_kv * cfg.head_dim * element_bytes  # keys and values of one position, all layers
-    cache = kv_row * (min(kept, prompt_len) + gen_length)
-    width = cfg.d_model + 2 * n_kv * cfg.head_dim + cfg.n_heads * cfg.head_dim + 3 * cfg.mlp_hidden_size
-    step = gen_length * width * element_bytes + gen_length * cfg.vocab_size * 4
+    g = shapes
+    cache = g.kv_per_token * element_bytes * (min(kept, prompt_len) + gen_length)
+    width = g.d_model + g.widest_kv + g.widest_q + 3 * g.mlp_hidden
+    step = gen_length * width * element_bytes + gen_length * g.vocab * 4
     t = prompt_len + gen_length
-    prefill_rows = t * (cfg.d_model * 2 + 2 * n_kv * cfg.head_dim) * element_bytes
-    once = 4 * min(t, QUERY_CHUNK) * t * cfg.n_heads + MLP_CHUNK * 3 * cfg.mlp_hidden_size * element_bytes
+    prefill_rows = t * (g.d_model * 2 + g.widest_kv) * element_bytes
+    once = 4 * min(t, QUERY_CHUNK) * t * g.most_heads + MLP_CHUNK * 3 * g.mlp_hidden * element_bytes
     return BatchMemory(cache, max(step, prefill_rows), once)
 
 
