@@ -78,6 +78,7 @@ class Session:
         self.summary_length = defaults.summary_length
         self.summary_block = defaults.summary_block
         self.llada2 = llada2_defaults(defaults.sampler)  # LLaDA2's sampler settings (its loop only reads them)
+        self.stored_llada2 = self.llada2  # the model's own (``generation_config.json``), what options go over
         self._documents: dict[str, list[int]] = {}  # text -> token ids (``document_ids``), oldest first
         self._probes: dict[str, list[int]] = {}  # the last document's empty-question prompt (``document_prompt_len``)
         self._prefix: tuple[tuple[object, ...], PrefixStore] | None = None  # the last computed document prefix
