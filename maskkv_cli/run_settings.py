@@ -9,10 +9,12 @@ prompt, so the session builds it per prompt (``engine.plan.plan_cache``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.engine.plan import CacheConfig
+from maskkv_cli.errors import UsageError
 from maskkv_cli.policies.base import PolicyOptions
 from maskkv_cli.sampling.dream import DreamOptions
 from maskkv_cli.sampling.llada import GenerationConfig
@@ -62,6 +64,17 @@ class RunSettings:
     editing_threshold: float | None = None  # LLaDA2.1's token editing (None: the model's default, else off)
     max_post_steps: int | None = None  # LLaDA2.1 (None: the model's default, else 16)
 
+    @classmethod
+    def from_values(cls, values: dict[str, Any], what: str = "setting") -> RunSettings:
+        """Settings given by name, their values as text or numbers (the harness's model args ``key=value``): each
+        converted to its field's type (``none`` / empty: None where None is allowed); an unknown name or a value
+        that is not of its type is a ``UsageError`` naming it (``what``: how the message calls a setting)."""
+        known = {f.name: str(f.type) for f in fields(cls)}
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise UsageError(f"unknown {what}{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}")
+        return cls(**{name: _typed(name, value, known[name]) for name, value in values.items()})
+
     def cache(self) -> CacheConfig:
         return CacheConfig(policy=self.policy, budget=self.budget, ratio=self.ratio,
                            options=PolicyOptions(seed=self.seed), layer_budgets=self.layer_budgets)
@@ -92,3 +105,23 @@ class RunSettings:
         return GenerationConfig(gen_length=gen_length, steps=steps, block_length=block_length,
                                 temperature=self.temperature, cfg_scale=self.cfg_scale, remasking=self.remasking,
                                 threshold=self.threshold, seed=self.seed)
+
+
+def _typed(name: str, value: Any, kind: str) -> Any:
+    """``value`` as the field type ``kind`` says (``int``, ``float``, ``str``, each ``| None`` or not)."""
+    optional = kind.endswith("| None")
+    base = kind.removesuffix("| None").strip()
+    if base == "str" and value is not None:
+        return str(value)  # a name as it is (``none`` is a policy)
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
+        if optional:
+            return None
+        raise UsageError(f"{name} needs a value")
+    try:
+        if base == "float":
+            return float(value)
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError
+        return int(value.strip()) if isinstance(value, str) else int(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{name} must be {'a whole number' if base == 'int' else 'a number'}, got {value!r}") from None

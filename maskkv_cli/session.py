@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,14 +14,14 @@ from maskkv_cli.engine.batch_memory import auto_batch_size, batch_memory, free_b
 from maskkv_cli.engine.plan import CacheConfig, CachePlan, plan_cache
 from maskkv_cli.engine.prefix import compute_prefix
 from maskkv_cli.kv.prefix import PrefixStore
-from maskkv_cli.models.config import ModelConfig, read_model_defaults
+from maskkv_cli.models.checkpoint import ModelFolder
+from maskkv_cli.models.config import read_model_defaults
 from maskkv_cli.models.families import family
-from maskkv_cli.models.loading import load_model
+from maskkv_cli.models.loading import load_checkpoint
 from maskkv_cli.models.protocol import DiffusionLM
-from maskkv_cli.paths import resolve_model_path
 from maskkv_cli.policies.base import get_policy
-from maskkv_cli.prompting import chat_prompt_ids, decode_answer, document_question, load_tokenizer, stop_ids
-from maskkv_cli.prompting.chat import use_chat_format
+from maskkv_cli.prompting import chat_prompt_ids, decode_answer, document_question, stop_ids
+from maskkv_cli.prompting.chat import tokenizer_from_folder, use_chat_format
 from maskkv_cli.prompting.fit import FittedContext
 from maskkv_cli.sampling import DreamOptions, Event, GenerationConfig, GenerationResult, SamplerOptions, sample
 from maskkv_cli.sampling.confidence import Confidence, answer_confidence
@@ -46,36 +46,39 @@ class Answer:
 class Session:
     """Model + tokenizer loaded once; ``answer`` may be called many times."""
 
-    def __init__(self, model_path: str, device: str = "cpu", dtype: str | None = None,
-                 device_map: str | None = None, dream: DreamOptions | None = None) -> None:
-        from maskkv_cli.models.loading import read_config
+    def __init__(self, model_path: str | os.PathLike[str] | ModelFolder, device: str = "cpu",
+                 dtype: str | None = None, device_map: str | None = None, dream: DreamOptions | None = None) -> None:
+        """``model_path``: a checkpoint folder or ORG/NAME (resolved here), or the ``ModelFolder`` a command
+        resolved at its edge (nothing is resolved again)."""
         from maskkv_cli.models.placement import parse_device_map, place_model
 
-        folder = resolve_model_path(model_path)
-        config = read_config(folder)
-        layer_devices = parse_device_map(device_map, config.n_layers)
+        folder = ModelFolder.of(model_path)
+        layer_devices = parse_device_map(device_map, folder.config.n_layers)
         self.device = layer_devices[0] if layer_devices else torch.device(device)
         load_on = "cpu" if layer_devices else self.device
-        self.model: DiffusionLM = load_model(model_path, device=load_on, dtype=dtype or
-                                             ("bf16" if self.device.type == "cuda" else None))
+        self.model: DiffusionLM = load_checkpoint(folder.path, folder.config, device=load_on, dtype=dtype or
+                                                  ("bf16" if self.device.type == "cuda" else None))
         if layer_devices:
             place_model(self.model, layer_devices)
-        self.init_text_side(model_path, folder, config, dream)
+        self.init_text_side(folder, dream)
 
-    def init_text_side(self, model_path: str, folder: Path, config: ModelConfig,
-                       dream: DreamOptions | None = None) -> None:
-        """What a session knows besides the weights: tokenizer, RoPE base, the model's stored defaults (read once
-        from ``generation_config.json``), Dream's options, the documents' token ids. A session that plans without
+    def init_text_side(self, folder: ModelFolder, dream: DreamOptions | None = None) -> None:
+        """What a session knows besides the weights: the checkpoint (``folder``; its cache plans look the
+        calibration profile up by it), tokenizer, RoPE base, the model's stored defaults (read once from
+        ``generation_config.json``), Dream's options, the documents' token ids. A session that plans without
         weights (``batch.cells.PlanningSession``) sets up only this."""
-        self.model_path = model_path
-        self.tokenizer: Any = use_chat_format(load_tokenizer(model_path), family(config.family).chat_format)
+        config = folder.config
+        self.folder = folder
+        self.model_path = folder.name  # what the outputs call the model (as given)
+        self.tokenizer: Any = use_chat_format(tokenizer_from_folder(folder.path), family(config.family).chat_format)
         self.base_theta = config.rope_theta
         self.dream = dream or DreamOptions()  # Dream's own sampler settings; LLaDA's loop has none
-        defaults = read_model_defaults(folder)
+        defaults = read_model_defaults(folder.path)
         self.generation_defaults = defaults.generation
         self.summary_length = defaults.summary_length
         self.summary_block = defaults.summary_block
         self.llada2 = llada2_defaults(defaults.sampler)  # LLaDA2's sampler settings (its loop only reads them)
+        self.stored_llada2 = self.llada2  # the model's own (``generation_config.json``), what options go over
         self._documents: dict[str, list[int]] = {}  # text -> token ids (``document_ids``), oldest first
         self._probes: dict[str, list[int]] = {}  # the last document's empty-question prompt (``document_prompt_len``)
         self._prefix: tuple[tuple[object, ...], PrefixStore] | None = None  # the last computed document prefix
@@ -199,7 +202,7 @@ class Session:
         whole = min(document_len, len(ids)) // block * block
         if self.model.config.block_causal and whole and get_policy(cache.policy).uses_cache:
             prefix = self.prefix_store(ids[:whole], block, rope_factor)
-        return plan_cache(self.model, cache, len(ids), self.model_path, block_length=block, prefix=prefix,
+        return plan_cache(self.model, cache, len(ids), self.folder, block_length=block, prefix=prefix,
                           rope_factor=rope_factor)
 
     def _answer(self, ids: list[int], plan: CachePlan, result: GenerationResult) -> Answer:

@@ -106,25 +106,59 @@ def test_the_harness_and_model_args_give_the_batch_size(tiny_dir: Path, tmp_path
         MaskKVLM(model=str(tiny_dir), device="cpu", max_batch_size=0)
 
 
-def test_a_block_causal_model_answers_one_at_a_time_in_order(tiny_tokenizer: Any, tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """LLaDA2 keeps its path: every request through ``engine_adapter.answer`` in the harness's order (the document a
-    request shares with the one before is computed once), whatever the batch size."""
+def test_a_block_causal_model_batches_its_requests_too(tiny_tokenizer: Any, tmp_path: Path,
+                                                     lanes_per_step: list[int], monkeypatch: pytest.MonkeyPatch
+                                                     ) -> None:
+    """LLaDA2 takes the batched path like every family: its requests of one answer length and temperature share
+    their steps, each with the start it shares with the request before (``document_lens``), and the answers are
+    those one at a time gives; LLaDA2's own settings reach its sampler."""
     from maskkv_cli.models.config import named_config
     from maskkv_cli.models.loading import build_model, save_model
+    from maskkv_cli.session import Session
 
     cfg = named_config("llada2-tiny").with_(vocab_size=len(tiny_tokenizer))
     folder = save_model(build_model(cfg).init_weights(seed=3, std=0.25).eval(), tmp_path / "llada2", tiny_tokenizer)
-    asked: list[int] = []
-    one = engine_adapter.answer
+    document = "".join(TEXTS[:2]) + "\n\n"  # one document, its questions asked one after another
+    chosen = []
+    for doc, (question, kwargs) in enumerate([("Where?", GREEDY_16), ("When?", GREEDY_16), ("Who?", SAMPLED_8),
+                                              ("What opens at nine?", GREEDY_16)]):
+        request = Instance("generate_until", {}, (document + question, dict(kwargs)), doc)
+        request.task_name, request.doc_id = "shared", doc
+        chosen.append(request)
+    alone = harness_lm(folder, 1, tmp_path / "one")
+    expected = alone.generate_until(chosen)
+    assert set(lanes_per_step) == {1}
+    lens: list[list[int]] = []
+    many = Session.answer_many
 
-    def answer(engine: Any, ids: list[int], *args: Any) -> Any:
-        asked.append(len(ids))
-        return one(engine, ids, *args)
+    def answer_many(self: Session, prompts: Any, *args: Any, document_lens: Any = None, **kwargs: Any) -> Any:
+        lens.append(list(document_lens))
+        return many(self, prompts, *args, document_lens=document_lens, **kwargs)
 
-    monkeypatch.setattr(engine_adapter, "answer", answer)
-    monkeypatch.setattr(engine_adapter, "answer_many", None)  # never reached
-    lm = harness_lm(folder, 4, tmp_path / "stats")
-    chosen = requests()[:3]
-    lm.generate_until(chosen)
-    assert asked == [len(lm._encode(r.args[0])) for r in chosen]
+    monkeypatch.setattr(Session, "answer_many", answer_many)
+    lanes_per_step.clear()
+    lm = harness_lm(folder, 4, tmp_path / "batched")
+    assert lm.generate_until(chosen) == expected
+    assert max(lanes_per_step) == 3  # the three greedy requests' steps together
+    start = len(lm._encode(document))  # about that: the document (and the template's start) is shared
+    assert len(lens) == 2 and lens[0][0] == 0 and all(n >= start - 2 for n in lens[0][1:] + lens[1]), lens
+    assert report_lines(tmp_path / "batched") == report_lines(tmp_path / "one")
+    edited = MaskKVLM.create_from_arg_string(f"model={folder},editing_threshold=0.5,max_post_steps=3,top_k=4",
+                                             {"device": "cpu"})
+    options = edited.engine.session.llada2
+    assert (options.editing_threshold, options.max_post_steps, options.top_k) == (0.5, 3, 4)
+    assert edited.settings.block_length == 32 and edited.settings.editing_threshold == 0.5
+
+
+def test_model_args_are_the_shared_run_settings(tiny_dir: Path) -> None:
+    lm = MaskKVLM(model=str(tiny_dir), device="cpu", policy="none", budget="8", steps="none", cfg="0.5",
+                  alg="maskgit_plus", top_p="0.9", seed=3)
+    s = lm.settings
+    assert (s.policy, s.budget, s.steps, s.cfg_scale, s.alg, s.top_p, s.seed, s.block_length) == (
+        "none", 8, None, 0.5, "maskgit_plus", 0.9, 3, 32)
+    assert lm.engine.session.dream.alg == "maskgit_plus" and lm.engine.session.dream.top_p == 0.9
+    for bad, words in (({"budget": "x"}, "budget must be a whole number"), ({"colour": "red"}, "unknown maskkv model"),
+                       ({"gen_length": 8}, "set by each request"), ({"budget": 8, "ratio": 0.5}, "not both"),
+                       ({"policy": "nope"}, "unknown policy")):
+        with pytest.raises(UsageError, match=words):
+            MaskKVLM(model=str(tiny_dir), device="cpu", **bad)

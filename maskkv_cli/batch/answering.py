@@ -17,6 +17,13 @@ if TYPE_CHECKING:
     from maskkv_cli.run_settings import RunSettings
 
 
+def use_settings(session: Any, run: RunSettings) -> None:
+    """The sampler options of a job's settings on the worker's session: Dream's, and LLaDA2's over the model's
+    stored defaults (as ``maskkv ask`` sets them from its options)."""
+    session.dream = run.dream()
+    session.llada2 = run.llada2(session.stored_llada2)
+
+
 def open_session(model_path: str, device: str, dtype: str | None) -> Any:
     """Load the model and tokenizer once per worker."""
     from maskkv_cli.session import Session
@@ -43,7 +50,7 @@ def answer_job(session: Any, text: str, question: str, settings: AnswerSettings)
 
     run = run_settings(settings)
     gen, cache = run.generation(session.generation_defaults), run.cache()
-    session.dream = run.dream()
+    use_settings(session, run)
     answer = ask(session, text, question, gen, cache, long=settings.long)
     notes = [m for m in (answer.fitted.rule, *answer.notes) if m]
     return {**answer_row(answer, is_embedded_model(session.model_path), question), "notes": notes}
@@ -60,7 +67,7 @@ def answer_jobs(session: Any, texts: dict[str, str], messages: list[dict[str, An
     settings = AnswerSettings(**messages[0]["settings"])
     run = run_settings(settings)
     gen, cache = run.generation(session.generation_defaults), run.cache()
-    session.dream = run.dream()
+    use_settings(session, run)
     items = [(texts[m["document_sha"]], m["question"]) for m in messages]
     size, why = batch_size_for(session, items, gen, cache, settings.long, batch_size)
     answers = ask_many(session, items, gen, cache, long=settings.long, batch_size=size)

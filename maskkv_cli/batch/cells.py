@@ -11,6 +11,7 @@ from typing import Any
 
 from maskkv_cli.batch.dispatch import Pool, results
 from maskkv_cli.errors import MaskKVError
+from maskkv_cli.models.checkpoint import ModelFolder
 from maskkv_cli.session import Session
 from maskkv_cli.tasks.cells import CellAnswer, CellRunner, QualityCell
 
@@ -19,14 +20,13 @@ class PlanningSession(Session):
     """The driver's stand-in for a session when the model runs elsewhere: tokenizer, config and the workers'
     precision (which enters the row keys), and no weights, so planning an 8B run does not load it here."""
 
-    def __init__(self, model_path: str, dtype: str | None, device_kind: str) -> None:  # no super(): no weights
-        from maskkv_cli.models.loading import parse_dtype, read_config
-        from maskkv_cli.paths import resolve_model_path
+    def __init__(self, model_path: str | ModelFolder, dtype: str | None, device_kind: str) -> None:  # no super()
+        from maskkv_cli.models.loading import parse_dtype
 
-        folder = resolve_model_path(model_path)
-        config = read_config(folder)
-        self.model = SimpleNamespace(config=config, dtype=parse_dtype(dtype, device_kind))  # type: ignore[assignment]
-        self.init_text_side(model_path, folder, config)
+        folder = ModelFolder.of(model_path)
+        self.model = SimpleNamespace(config=folder.config,  # type: ignore[assignment]
+                                     dtype=parse_dtype(dtype, device_kind))
+        self.init_text_side(folder)
 
     def answer_ids(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a planning session has no weights; the workers answer")

@@ -21,6 +21,7 @@ from maskkv_cli.errors import UsageError
 from maskkv_cli.prompting.fit import DEFAULT_LONG
 
 JOB_FIELDS = ("id", "document", "question", "policy", "budget", "gen_length")
+LATER_FIELDS = ("editing_threshold", "max_post_steps")  # in a job's key only when set (``key_fields``)
 
 
 @dataclass(frozen=True)
@@ -39,11 +40,18 @@ class AnswerSettings:
     seed: int = 0
     long: str = DEFAULT_LONG  # as ask: a document longer than the window is read in parts
     alg: str = "entropy"  # Dream only
-    top_p: float | None = None  # Dream only
-    top_k: int | None = None  # Dream only
+    top_p: float | None = None  # Dream and LLaDA2
+    top_k: int | None = None  # Dream and LLaDA2
+    editing_threshold: float | None = None  # LLaDA2.1 (None: the model's stored default)
+    max_post_steps: int | None = None  # LLaDA2.1 (None: the model's stored default)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def key_fields(self) -> dict[str, Any]:
+        """What a job's key hashes: every field, less the LLaDA2 options left at the model's defaults (so the keys
+        of runs made before those options existed stay the same, and so do their finished rows)."""
+        return {k: v for k, v in asdict(self).items() if v is not None or k not in LATER_FIELDS}
 
 
 @dataclass(frozen=True)
@@ -223,7 +231,7 @@ def job_key(document_sha: str, question: str, model_id: str, dtype: str, device_
             settings: AnswerSettings) -> str:
     """A stable hash of everything that decides the answer (24 hex characters)."""
     payload = {"document": document_sha, "question": question, "model": model_id, "dtype": dtype,
-               "device": device_kind, "settings": settings.as_dict()}
+               "device": device_kind, "settings": settings.key_fields()}
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 

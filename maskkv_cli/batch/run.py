@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from maskkv_cli.batch.dispatch import Pool, dispatch
 from maskkv_cli.batch.documents import LoadedDocument, load_documents
@@ -22,6 +22,9 @@ from maskkv_cli.devices import machine_info, resolve_device
 from maskkv_cli.documents.model import format_page_ranges, pages_label
 from maskkv_cli.errors import UsageError
 from maskkv_cli.reports.answers import answer_line, cell_confidence, untrained_note
+
+if TYPE_CHECKING:
+    from maskkv_cli.models.checkpoint import ModelFolder
 
 
 @dataclass(frozen=True)
@@ -146,7 +149,7 @@ def make_pool(runner: Runner, spec: WorkerSpec) -> tuple[Pool, str]:
 def run_batch(
     specs: Sequence[JobSpec],
     settings: AnswerSettings,
-    model_path: str,
+    model_path: str | ModelFolder,
     out: Path,
     *,
     runner: Runner = Runner(),
@@ -155,10 +158,10 @@ def run_batch(
     on_progress: Callable[[BatchProgress], None] | None = None,
     on_submit: Callable[[Pool, int, Job], None] | None = None,
 ) -> BatchResult:
-    """Answer every job not already finished in ``out``; returns the counts (failures are rows, not errors)."""
+    """Answer every job not already finished in ``out``; returns the counts (failures are rows, not errors).
+    ``model_path``: the ``ModelFolder`` the command chose, or a path (resolved here)."""
+    from maskkv_cli.models.checkpoint import ModelFolder
     from maskkv_cli.models.config import read_model_defaults
-    from maskkv_cli.models.fingerprint import model_fingerprint
-    from maskkv_cli.paths import resolve_model_path
     from maskkv_cli.policies.base import policy_names
     from maskkv_cli.run_settings import resolve_generation
     from maskkv_cli.sampling.llada import GenerationConfig
@@ -167,9 +170,10 @@ def run_batch(
     for policy in {s.policy or settings.policy for s in specs}:
         if policy not in known:
             raise UsageError(f"unknown policy {policy!r}; choose from: {', '.join(known)}")
-    folder_path = resolve_model_path(model_path)
-    model_id = model_fingerprint(model_path)
-    defaults = read_model_defaults(folder_path).generation
+    model = ModelFolder.of(model_path)  # a path is resolved here, once; the workers get its name
+    model_path = model.name
+    model_id = model.fingerprint
+    defaults = read_model_defaults(model.path).generation
     tell = on_progress or (lambda event: None)
     total = len(specs)
 

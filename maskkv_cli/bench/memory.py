@@ -73,7 +73,11 @@ class MemoryCase:
 
 
 class PhasePeaks:
-    """Peak memory per (layer, phase) of a prefill: hooks set the label, a thread samples memory."""
+    """Peak memory per (layer, phase) of a prefill: hooks set the label, a thread samples memory.
+
+    The hooks wrap what the engine calls on every family's model (``models.protocol``: each block's ``keys``,
+    ``values``, ``queries``, ``attn_proj`` and ``mlp``, the model's ``head``), never a family's own parameter
+    names, so LLaDA, Dream, LLaDA-MoE and LLaDA2 are profiled alike."""
 
     def __init__(self, model: Any, device: torch.device, policy: Any = None, interval_s: float = 0.001,
                  live: LiveBytes | None = None) -> None:
@@ -89,7 +93,6 @@ class PhasePeaks:
         self.order: list[tuple[int, str]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._handles: list[Any] = []
         self._patched: list[tuple[Any, str, Any | None]] = []
 
     # sampling
@@ -117,13 +120,6 @@ class PhasePeaks:
             self._record()
 
     # hooks
-    def _hook(self, module: Any, label: str, layer: int | None = None, pre: bool = True) -> None:
-        def fn(*_: Any) -> None:
-            self.mark(label, layer)
-
-        reg = module.register_forward_pre_hook if pre else module.register_forward_hook
-        self._handles.append(reg(fn))
-
     def _wrap(self, owner: Any, name: str, before: str, after: str, layer: int | None = None) -> None:
         real = getattr(owner, name)
 
@@ -145,9 +141,10 @@ class PhasePeaks:
             self._wrap(block, "keys", "k projection + RoPE", "k projection + RoPE", i)
             self._wrap(block, "values", "v projection", "v projection")
             self._wrap(block, "queries", "q projection + RoPE", "after q")
-            self._hook(block.attn_out, "attention output projection + residual")
-            self._hook(block.ff_norm, "MLP")
-        self._hook(self.model.transformer["ln_f"], "LM head", len(self.model.blocks))
+            label = "attention output projection + residual"  # the residual add follows the projection
+            self._wrap(block, "attn_proj", label, label)
+            self._wrap(block, "mlp", "MLP", "MLP")  # the same: the MLP and its residual add
+        self._wrap(self.model, "head", "LM head", "LM head", len(self.model.blocks))
         self._wrap(F, "scaled_dot_product_attention", "attention (SDPA)", "after attention")
         if self.policy is not None:
             self._wrap(self.policy, "scores", "scoring (policy votes)", "after scoring")
@@ -164,8 +161,6 @@ class PhasePeaks:
         self.mark("end")
         if self.live is not None:  # the "end" phase has no later mark: close its window here
             self.live_peaks[(self.layer, "end")] = self.live.take_window_peak()
-        for h in self._handles:
-            h.remove()
         for owner, name, real in reversed(self._patched):
             if real is None:  # an instance method: drop the shadowing attribute
                 delattr(owner, name)
@@ -184,10 +179,33 @@ class PhasePeaks:
         return out
 
 
+def prefill_input(model: Any, plan: Any, prompt: torch.Tensor, gen_length: int,
+                  block_length: int) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    """(ids, rows, layout) of the sampler's step 0 over ``prompt`` as ``plan`` says, for any family: ``[prompt ;
+    masks]`` and the first block's mask rows over a bidirectional model; for a block-causal one (LLaDA2) the
+    window of the prompt's whole blocks and the first response block, with its block-causal layout (as
+    ``sampling.forward.BlockForward`` runs it)."""
+    from maskkv_cli.engine.lanes import Layout
+
+    cfg, dev = model.config, prompt.device
+    m = prompt.shape[1]
+    if not cfg.block_causal:
+        mask = torch.full((1, gen_length), cfg.mask_token_id, dtype=prompt.dtype, device=dev)
+        rows = torch.arange(m, m + min(block_length, gen_length), device=dev)
+        return torch.cat([prompt, mask], 1), rows, None
+    total = -(-(m + gen_length) // block_length) * block_length  # the sampler's canvas: whole blocks
+    end = plan.split + block_length  # the first response block ends here (it may start inside the prompt)
+    mask = torch.full((1, end - m), cfg.mask_token_id, dtype=prompt.dtype, device=dev)
+    layout = Layout(block=block_length, mask_start=m, response_slots=total - plan.split)
+    return torch.cat([prompt, mask], 1), torch.arange(m, end, device=dev), layout
+
+
 def run_memory_case(case: MemoryCase) -> dict[str, Any]:
-    """One prefill (step 0) in this process; its memory row."""
+    """One prefill (step 0) in this process; its memory row. Any family: the hooks are the engine's
+    (``PhasePeaks``), the input and the plan its sampler's step 0 (``prefill_input``)."""
     from maskkv_cli.engine.plan import CachePlan
     from maskkv_cli.engine.prefill import prefill
+    from maskkv_cli.models.base import kv_bytes_per_token
     from maskkv_cli.policies import get_policy
     from maskkv_cli.stats import now
 
@@ -202,12 +220,11 @@ def run_memory_case(case: MemoryCase) -> dict[str, Any]:
     m, n = case.prompt_len, case.gen_length
     if policy.evicts and case.budget is None:
         raise UsageError(f"policy {case.policy} needs a budget")
-    plan = CachePlan.build(model, policy, case.budget, m)  # the sampler's step 0 over the cached segment
+    # the sampler's step 0 over the cached segment (a block-causal model's: its whole blocks, in blocks)
+    plan = CachePlan.build(model, policy, case.budget, m, block_length=min(case.block_length, n))
     layer_budgets = None if plan.layer_budgets is None else list(plan.layer_budgets)
     prompt = random_prompt(cfg, m, case.seed, dev)
-    mask = torch.full((1, n), cfg.mask_token_id, dtype=prompt.dtype, device=dev)
-    ids = torch.cat([prompt, mask], 1)
-    rows = torch.arange(m, m + min(case.block_length, n), device=dev)
+    ids, rows, layout = prefill_input(model, plan, prompt, n, min(case.block_length, n))
     small_rows(str(dev), model.dtype)  # the engine's once-per-process probe (models/rows.py), not the prefill's memory
     now(dev)
     loaded = read_current(dev)
@@ -218,9 +235,9 @@ def run_memory_case(case: MemoryCase) -> dict[str, Any]:
     with torch.no_grad(), live:
         if prof is not None:
             with prof:
-                logits, cache, _ = prefill(model, ids, plan.split, policy, layer_budgets, rows)
+                logits, cache, _ = prefill(model, ids, plan.split, policy, layer_budgets, rows, layout=layout)
         else:
-            logits, cache, _ = prefill(model, ids, plan.split, policy, layer_budgets, rows)
+            logits, cache, _ = prefill(model, ids, plan.split, policy, layer_budgets, rows, layout=layout)
     elapsed = now(dev) - t0
     peak = read_peak(dev)
     after = read_current(dev)
@@ -228,7 +245,6 @@ def run_memory_case(case: MemoryCase) -> dict[str, Any]:
     del logits
     above = max(0, peak - loaded)
     kv = cache.prompt_nbytes()
-    elt = torch.finfo(model.dtype).bits // 8
     row: dict[str, Any] = {
         "key": case.key(),
         "method": case.method,
@@ -243,7 +259,7 @@ def run_memory_case(case: MemoryCase) -> dict[str, Any]:
         "kv_bytes": kv,
         "kv_resident_bytes": cache.nbytes(),
         "kv_entries": cache.logical_entries(),
-        "kv_full_bytes": 2 * cfg.n_layers * cfg.n_heads * cfg.head_dim * m * elt,
+        "kv_full_bytes": kv_bytes_per_token(model) * plan.split,  # each layer's own heads x head size
         "kv_share": kv / above if above else None,
         "activation_bytes": max(0, above - cache.nbytes()),
         LIVE: live.peak,

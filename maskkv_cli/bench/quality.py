@@ -49,7 +49,6 @@ from maskkv_cli.bench.results import ResultsFolder, read_jsonl, settings_key
 from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.errors import UsageError
 from maskkv_cli.fileio import atomic_write_text
-from maskkv_cli.models.fingerprint import model_fingerprint
 from maskkv_cli.tasks.cells import CellAnswer, CellRunner, QualityCell, answer_prompts
 from maskkv_cli.tasks.metrics import aggregate, digit_mixing, distractor_values, is_no_answer, metric_for, score
 
@@ -184,7 +183,7 @@ class _Recorder:
                  source: TaskSource, tasks_label: str, samples: int, seed: int, out: Path | None, fresh: bool,
                  layer_budgets: str) -> None:
         self.groups, self.cases, self.seed, self.layer_budgets = groups, cases, seed, layer_budgets
-        model_id = model_fingerprint(session.model_path)
+        model_id = session.folder.fingerprint  # hashed once per session's checkpoint
         dtype = str(session.model.dtype).removeprefix("torch.")
         self.group_gens = [group_generation(gen, g) for g in groups]
         self.settings: dict[str, Any] = {

@@ -76,20 +76,22 @@ class DocumentRun:
 
 @contextmanager
 def document_run(document: Path, password: str | None, opts: RunOptions) -> Iterator[DocumentRun]:
-    """Offer to pull a model not on disk, then, under the live panel, read the document (its warnings become
-    notes) and load the model on the device the panel measures (resolved once from ``auto``)."""
+    """Offer to pull a model not on disk (resolving ``--model`` once, into the ``ModelFolder`` loaded below), then,
+    under the live panel, read the document (its warnings become notes) and load the model on the device the panel
+    measures (resolved once from ``auto``)."""
     from maskkv_cli.cli.render import LiveRun
     from maskkv_cli.documents.store import DocumentStore
 
     err, live_on = consoles(opts.quiet, opts.as_json)
-    pull_first(opts.model, opts.yes, opts.quiet, opts.as_json)
+    folder, message = pull_first(opts.model, opts.yes, opts.quiet, opts.as_json)  # the run's one resolution
     device = resolve_device(opts.device)
     with LiveRun(err, live_on, device) as live:
         live.phase("parse", str(document))
         doc, _ = DocumentStore().ingest(document, password=password)
         warn_document(doc, opts.quiet, opts.as_json)
         live.phase("load model")
-        yield DocumentRun(live, live_on, doc, opts.load_session(device))
+        note(message, opts.quiet, opts.as_json)
+        yield DocumentRun(live, live_on, doc, opts.load_session(device, folder))
 
 
 def echo_answer(text: str, confidence: Any, what: str, embedded: bool, quiet: bool) -> None:

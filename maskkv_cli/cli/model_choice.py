@@ -4,12 +4,15 @@ machine (``maskkv pull``, or the offer to when a command names one), and loading
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from maskkv_cli.cli.common import fail, note
 from maskkv_cli.devices import resolve_device
+
+if TYPE_CHECKING:
+    from maskkv_cli.models.checkpoint import ModelFolder
 
 __all__ = ["choose_model", "ensure_model", "load_session", "pull_first", "run_pull"]
 
@@ -74,16 +77,18 @@ def run_pull(repo_id: str, revision: str | None, quiet: bool, as_json: bool) -> 
         return hub_pull(repo_id, revision, on_event=display)
 
 
-def ensure_model(model: str, yes: bool, quiet: bool, as_json: bool) -> None:
-    """Make sure ``--model`` is on this machine: a folder is remembered for ``maskkv models``; an ORG/NAME id not
-    in the cache is pulled with --yes or after asking on a terminal, else the error gives the pull command."""
+def ensure_model(model: str, yes: bool, quiet: bool, as_json: bool,
+                 folder: ModelFolder | None = None) -> ModelFolder:
+    """Make sure ``--model`` is on this machine and resolve it, once: the ``ModelFolder`` the command passes down.
+    A folder is remembered for ``maskkv models``; an ORG/NAME id not in the cache is pulled with --yes or after
+    asking on a terminal, else the error gives the pull command. ``folder``: ``model`` resolved already."""
     from pathlib import Path
 
     from maskkv_cli.errors import ModelNotDownloaded
-    from maskkv_cli.paths import resolve_model_path
+    from maskkv_cli.models.checkpoint import ModelFolder
 
     try:
-        folder = resolve_model_path(model)
+        folder = folder or ModelFolder.of(model)
     except ModelNotDownloaded as exc:
         interactive = sys.stdin.isatty() and sys.stderr.isatty() and not as_json
         if not yes and interactive:
@@ -93,46 +98,53 @@ def ensure_model(model: str, yes: bool, quiet: bool, as_json: bool) -> None:
             raise fail(f"model {exc.repo_id} is not on this machine; download it with `maskkv pull {exc.repo_id}` "
                        f"(or add --yes to download it now)") from None
         run_pull(exc.repo_id, None, quiet, as_json)
-        return
+        return ModelFolder.of(model)  # the snapshot just pulled
     from maskkv_cli.models.catalog import shipped_model
     from maskkv_cli.paths import hf_cache_dir, maskkv_home
 
     shipped = shipped_model()
     own = [hf_cache_dir().resolve(), maskkv_home().resolve()]  # the cache and maskkv's own demo models
-    inside = any(root in folder.resolve().parents for root in own)
-    if Path(model).expanduser().is_dir() and not inside and (shipped is None or
-                                                             folder.resolve() != shipped.resolve()):
+    resolved = folder.path.resolve()
+    inside = any(root in resolved.parents for root in own)
+    if Path(model).expanduser().is_dir() and not inside and (shipped is None or resolved != shipped.resolve()):
         from maskkv_cli.models.catalog import remember_folder
 
         try:
-            remember_folder(folder)
+            remember_folder(folder.path)
         except OSError:
             pass  # the list is a convenience; a read-only home must not stop a run
+    return folder
 
 
-def choose_model(model: str | None, yes: bool, quiet: bool, as_json: bool) -> str:
+def choose_model(model: str | ModelFolder | None, yes: bool, quiet: bool, as_json: bool) -> ModelFolder:
     """``--model``, else the default (saying so when the embedded model is used), made sure to be on this machine
-    (``ensure_model``); returns the path or id to load."""
-    from maskkv_cli.models.catalog import resolve_default_model
+    and resolved (``ensure_model``): the command's one ``ModelFolder``. One given (the command chose it before)
+    comes back as it is."""
+    from maskkv_cli.models.catalog import default_model
+    from maskkv_cli.models.checkpoint import ModelFolder
 
-    path, message = resolve_default_model(model)
+    if isinstance(model, ModelFolder):
+        return model
+    name, message, folder = default_model(model)
     note(message, quiet, as_json)
-    ensure_model(path, yes, quiet, as_json)
-    return path
+    return ensure_model(name, yes, quiet, as_json, folder)
 
 
-def pull_first(model: str | None, yes: bool, quiet: bool, as_json: bool) -> None:
-    """Offer (or, with --yes, run) the pull of a --model ORG/NAME not on disk before a live panel starts."""
-    from maskkv_cli.models.catalog import resolve_default_model
+def pull_first(model: str | None, yes: bool, quiet: bool, as_json: bool) -> tuple[ModelFolder, str | None]:
+    """Offer (or, with --yes, run) the pull of a --model ORG/NAME not on disk before a live panel starts: the
+    resolved ``ModelFolder`` to load under the panel, and the default model's note to show there (or None)."""
+    from maskkv_cli.models.catalog import default_model
 
-    ensure_model(resolve_default_model(model)[0], yes, quiet, as_json)
+    name, message, folder = default_model(model)
+    return ensure_model(name, yes, quiet, as_json, folder), message
 
 
-def load_session(model: str | None, device: str, dtype: str, quiet: bool, as_json: bool,
+def load_session(model: str | ModelFolder | None, device: str, dtype: str, quiet: bool, as_json: bool,
                  device_map: str | None = None, yes: bool = False, dream: Any = None) -> Any:
-    """Choose the model (``choose_model``) and load it with its tokenizer; ``dream``: Dream's sampler options."""
+    """Choose the model (``choose_model``; ``model`` may be the ``ModelFolder`` chosen before) and load it with its
+    tokenizer; ``dream``: Dream's sampler options."""
     from maskkv_cli.session import Session
 
-    path = choose_model(model, yes, quiet, as_json)
-    return Session(path, device=resolve_device(device), dtype=None if dtype == "auto" else dtype, device_map=device_map,
-                   dream=dream)
+    folder = choose_model(model, yes, quiet, as_json)
+    return Session(folder, device=resolve_device(device), dtype=None if dtype == "auto" else dtype,
+                   device_map=device_map, dream=dream)

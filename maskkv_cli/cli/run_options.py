@@ -82,14 +82,15 @@ class RunOptions:
         """The cache request, checked (a bad budget, ratio or mode is a usage error before anything loads)."""
         return self.settings().cache()
 
-    def load_session(self, device: str, **more: Any) -> Any:
-        """Resolve, offer to pull and load the model on ``device`` (already resolved from ``auto``)."""
+    def load_session(self, device: str, folder: Any = None, **more: Any) -> Any:
+        """Resolve, offer to pull and load the model on ``device`` (already resolved from ``auto``); ``folder``: the
+        ``ModelFolder`` the command resolved ``--model`` to already (``cli.model_choice.pull_first``)."""
         from maskkv_cli.cli.model_choice import load_session
 
         settings = self.settings()
-        session = load_session(self.model, device, self.dtype, self.quiet, self.as_json, self.device_map, self.yes,
-                               dream=settings.dream(), **more)
-        session.llada2 = settings.llada2(session.llada2)  # the options given over the model's stored defaults
+        session = load_session(folder or self.model, device, self.dtype, self.quiet, self.as_json, self.device_map,
+                               self.yes, dream=settings.dream(), **more)
+        session.llada2 = settings.llada2(session.stored_llada2)  # the options given over the model's stored defaults
         return session
 
     def generation(self, defaults: dict[str, int], **more: Any) -> Any:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from maskkv_cli.defaults import DEFAULT_BUDGET, DEFAULT_POLICY, LAYER_BUDGET_CHOICES
 from maskkv_cli.engine.step_runner import StepOptions
@@ -24,6 +25,9 @@ from maskkv_cli.kv.budgets import resolve_budget
 from maskkv_cli.kv.prefix import PrefixStore
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import Policy, PolicyOptions, get_policy, uses_importance
+
+if TYPE_CHECKING:
+    from maskkv_cli.models.checkpoint import ModelFolder
 
 __all__ = ["LAYER_BUDGET_MODES", "CacheConfig", "CachePlan", "check_layer_budgets", "plan_cache", "resolve_importance"]
 
@@ -123,7 +127,7 @@ class CachePlan:
 
 
 def resolve_importance(
-    model_path: str | os.PathLike[str],
+    model_path: str | os.PathLike[str] | ModelFolder,
     options: PolicyOptions,
     policy_name: str,
     mode: str = "auto",
@@ -136,7 +140,8 @@ def resolve_importance(
     - ``online``: ``importance`` None (the plan stays uniform); the caller must run the prefill with
       ``online_importance=True`` so that the budgets come from the current input.
     Only the policies that use layer importance (``maskkv`` and its variants) read it; for the others
-    ``options`` come back unchanged, no note.
+    ``options`` come back unchanged, no note. ``model_path``: a ``ModelFolder`` (a session's: nothing is resolved
+    or hashed again per prompt), or a path, resolved here.
     """
     if mode not in LAYER_BUDGET_MODES:
         raise UsageError(f"--layer-budgets must be one of auto, online, uniform; got {mode!r}")
@@ -151,18 +156,20 @@ def resolve_importance(
     if options.importance is not None:
         return options, None
     from maskkv_cli.models.calibration import find_profile, profile_path
+    from maskkv_cli.models.checkpoint import ModelFolder
 
-    path = profile_path(model_path)
-    profile, reason = find_profile(model_path)
+    model = ModelFolder.of(model_path)  # resolved once for the path and the profile
+    path = profile_path(model)
+    profile, reason = find_profile(model)
     if profile is not None:
         return replace(options, importance=profile.importance), f"using calibration profile {path} for layer budgets"
-    hint = f"run `maskkv calibrate --model {model_path}`"
+    hint = f"run `maskkv calibrate --model {model.name}`"
     if reason is not None:
         return options, f"ignoring calibration profile {path}: {reason}; uniform layer budgets ({hint} to redo it)"
     return options, f"no calibration profile for this model: uniform layer budgets ({hint} to create one)"
 
 
-def _importance_choice(model_path: str | os.PathLike[str] | None, cache: CacheConfig,
+def _importance_choice(model_path: str | os.PathLike[str] | ModelFolder | None, cache: CacheConfig,
                        policy_uses_importance: bool) -> tuple[PolicyOptions, str | None, str | None]:
     """(policy options, importance source, note) for the cache's ``layer_budgets`` mode; the source None lets
     ``CachePlan.build`` name it from the options."""
@@ -182,11 +189,12 @@ def _importance_choice(model_path: str | os.PathLike[str] | None, cache: CacheCo
 
 
 def plan_cache(model: DiffusionLM, cache: CacheConfig, prompt_len: int,
-               model_path: str | os.PathLike[str] | None = None,
+               model_path: str | os.PathLike[str] | ModelFolder | None = None,
                step_options: StepOptions | None = None, block_length: int | None = None,
                prefix: PrefixStore | None = None, rope_factor: float = 1.0) -> CachePlan:
-    """The plan for ``cache`` over a prompt of ``prompt_len`` tokens of ``model`` (loaded from ``model_path``,
-    where its calibration profile is looked up for ``layer_budgets="auto"``); ``rope_factor``: the prompt's RoPE
+    """The plan for ``cache`` over a prompt of ``prompt_len`` tokens of ``model`` (loaded from ``model_path``, a
+    path or the ``ModelFolder`` it was loaded from, where its calibration profile is looked up for
+    ``layer_budgets="auto"``); ``rope_factor``: the prompt's RoPE
     base scaling (``--long rope-scale``)."""
     budget = cache.resolved_budget(prompt_len)
     options, source, note = _importance_choice(model_path, cache, uses_importance(cache.policy))

@@ -11,12 +11,11 @@ prompts of one answer length and temperature in batches through ``Session.answer
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.devices import resolve_device
 from maskkv_cli.prompting.fit import middle_cut
 
@@ -25,28 +24,30 @@ if TYPE_CHECKING:
     from maskkv_cli.session import Answer
 
 
-@dataclass(frozen=True)
-class Settings:
-    """Cache policy and sampler settings of one evaluation run (the harness's model args)."""
+HARNESS_DEFAULTS: dict[str, Any] = {"block_length": 32}  # blocks of 32 when they divide a request's answer length
+PER_REQUEST = ("gen_length", "temperature")  # each request's own (``max_gen_toks``, ``do_sample`` + temperature)
+ALIASES = {"cfg": "cfg_scale"}  # the harness's name for a setting
 
-    policy: str = DEFAULT_POLICY
-    budget: int | None = None  # prompt K/V pairs per head per layer; None: the policy's default (256)
-    ratio: float | None = None  # budget as a share of the prompt, instead of ``budget``
-    layer_budgets: str = "auto"
-    steps: int | None = None  # denoising steps per answer; None: one token per step (the paper's LongBench setting)
-    block_length: int = 32
-    remasking: str = "low_confidence"
-    threshold: float | None = None
-    cfg_scale: float = 0.0
-    seed: int = 0
 
-    def run(self, temperature: float = 0.0) -> RunSettings:
-        """These settings (and a request's temperature) as the one builder of generation and cache settings."""
-        from maskkv_cli.run_settings import RunSettings
+def harness_settings(args: dict[str, Any]) -> RunSettings:
+    """The run settings of the harness's model args: every shared run setting (``run_settings.RunSettings``: the
+    cache policy, budget or ratio, layer budgets, steps, block length, sampler options, LLaDA2's
+    ``editing_threshold`` and ``max_post_steps``, seed) by its name (``cfg`` for ``cfg_scale``), as text or a
+    value; the answer length and the temperature are each request's own."""
+    from maskkv_cli.errors import UsageError
+    from maskkv_cli.run_settings import RunSettings
 
-        return RunSettings(policy=self.policy, budget=self.budget, ratio=self.ratio, layer_budgets=self.layer_budgets,
-                           seed=self.seed, steps=self.steps, block_length=self.block_length, temperature=temperature,
-                           cfg_scale=self.cfg_scale, remasking=self.remasking, threshold=self.threshold)
+    given = {ALIASES.get(name, name): value for name, value in args.items() if value is not None}
+    per_request = sorted(set(given) & set(PER_REQUEST))
+    if per_request:
+        raise UsageError(f"{', '.join(per_request)}: set by each request (max_gen_toks, do_sample and temperature), "
+                         "not a maskkv model arg")
+    return RunSettings.from_values({**HARNESS_DEFAULTS, **given}, "maskkv model arg")
+
+
+def request_run(settings: RunSettings, temperature: float) -> RunSettings:
+    """``settings`` with a request's temperature."""
+    return replace(settings, temperature=temperature)
 
 
 @dataclass
@@ -62,12 +63,18 @@ class Reply:
 class Engine:
     """A loaded model and tokenizer with the few facts the harness model needs."""
 
-    def __init__(self, model: str | None, device: str = "auto", dtype: str | None = None) -> None:
-        from maskkv_cli.models.catalog import resolve_default_model
+    def __init__(self, model: str | None, device: str = "auto", dtype: str | None = None,
+                 settings: RunSettings | None = None) -> None:
+        """``settings``: the run's; its sampler options (Dream's, LLaDA2's over the model's stored defaults) are
+        set on the session once, as ``maskkv ask`` does from its options."""
+        from maskkv_cli.models.catalog import default_model
         from maskkv_cli.session import Session
 
-        path, self.note = resolve_default_model(model)
-        self.session = Session(path, device=resolve_device(device), dtype=dtype)
+        path, self.note, known = default_model(model)
+        self.session = Session(known or path, device=resolve_device(device), dtype=dtype)
+        if settings is not None:
+            self.session.dream = settings.dream()
+            self.session.llada2 = settings.llada2(self.session.stored_llada2)
         cfg = self.session.model.config
         self.path = path
         self.tokenizer: Any = self.session.tokenizer
@@ -75,7 +82,7 @@ class Engine:
         self.bos_id: int | None = cfg.bos_token_id
         self.mask_id: int = cfg.mask_token_id
         self.family: str = cfg.family
-        self.block_causal: bool = cfg.block_causal  # LLaDA2: requests run one at a time, in order (see answer)
+        self.block_causal: bool = cfg.block_causal  # LLaDA2: a document shared with the request before runs once
         self.device: torch.device = self.session.device
         self.last_ids: list[int] = []  # the previous request's prompt (its shared start is a document, see answer)
 
@@ -145,7 +152,13 @@ def reply_of(result: Answer, prompt_tokens: int, truncated: bool) -> Reply:
     return Reply(result.text, prompt_tokens, truncated, stats)
 
 
-def answer(engine: Engine, ids: list[int], gen_length: int, settings: Settings,
+def shared_start(ids: Sequence[int], before: Sequence[int]) -> int:
+    """How many leading ids ``ids`` shares with the prompt ``before`` (a block-causal model computes that start's
+    whole blocks once: the harness asks a document's questions one after another)."""
+    return next((i for i, (a, b) in enumerate(zip(ids, before, strict=False)) if a != b), min(len(ids), len(before)))
+
+
+def answer(engine: Engine, ids: list[int], gen_length: int, settings: RunSettings,
            temperature: float = 0.0) -> Reply:
     """Generate up to ``gen_length`` tokens after the prompt ``ids`` under the settings' cache policy.
 
@@ -153,24 +166,23 @@ def answer(engine: Engine, ids: list[int], gen_length: int, settings: Settings,
     one block (as ``bench quality`` does for LongBench's answer lengths); steps default to one token per step.
     """
     ids, cut = fit_prompt(engine, ids, gen_length)
-    run = settings.run(temperature)
+    run = request_run(settings, temperature)
     gen, cache = run.answer_generation(gen_length), run.cache()
-    # A block-causal model computes the start this prompt shares with the previous one once (the harness asks
-    # the tasks' questions of a document one after another): the split depends on the order of the requests, so
-    # an answer may differ from the same request alone by rounding, not by what is computed.
-    shared = next((i for i, (a, b) in enumerate(zip(ids, engine.last_ids, strict=False)) if a != b),
-                  min(len(ids), len(engine.last_ids)))
+    # A block-causal model computes the start this prompt shares with the previous one once: the split depends on
+    # the order of the requests, so an answer may differ from the same request alone by rounding, not by what is
+    # computed.
+    shared = shared_start(ids, engine.last_ids)
     engine.last_ids = list(ids)
     return reply_of(engine.session.answer_ids(ids, gen, cache, document_len=shared), len(ids), cut)
 
 
-def batch_size(engine: Engine, prompts: Sequence[list[int]], gen_length: int, settings: Settings,
+def batch_size(engine: Engine, prompts: Sequence[list[int]], gen_length: int, settings: RunSettings,
                temperature: float = 0.0, requested: int | None = None,
                max_batch_size: int | None = None) -> tuple[int, str | None]:
     """How many of these prompts (one answer length and temperature) ``answer_many`` denoises together:
     ``requested``, or for None the most that fit free memory by the memory model (``Session.batch_size``), at most
     ``max_batch_size``; with the line saying how an automatic size was chosen."""
-    run = settings.run(temperature)
+    run = request_run(settings, temperature)
     lengths = [len(fit_prompt(engine, list(ids), gen_length)[0]) for ids in prompts]
     size, note = engine.session.batch_size(requested, lengths, run.answer_generation(gen_length), run.cache())
     if requested is None and max_batch_size is not None and size > max_batch_size:
@@ -178,15 +190,18 @@ def batch_size(engine: Engine, prompts: Sequence[list[int]], gen_length: int, se
     return size, note
 
 
-def answer_many(engine: Engine, prompts: Sequence[list[int]], gen_length: int, settings: Settings,
+def answer_many(engine: Engine, prompts: Sequence[list[int]], gen_length: int, settings: RunSettings,
                 temperature: float = 0.0, batch_size: int = 1,
                 on_answer: Callable[[int, Reply], None] | None = None) -> list[Reply]:
     """``answer`` for every prompt (one answer length and temperature), up to ``batch_size`` of them denoised
-    together (``Session.answer_many``); each reply is the one ``answer`` gives its prompt alone on a
-    bidirectional model (no document prefix is shared: a block-causal model's requests go through ``answer``).
-    Replies in the prompts' order; ``on_answer(i, reply)`` as each finishes."""
+    together (``Session.answer_many``), every family alike; each reply is the one ``answer`` gives its prompt
+    after the prompt before it (a block-causal model computes the start a prompt shares with the one before
+    once: ``document_lens``). Replies in the prompts' order; ``on_answer(i, reply)`` as each finishes."""
     fitted = [fit_prompt(engine, list(ids), gen_length) for ids in prompts]
-    run = settings.run(temperature)
+    shared = [shared_start(ids, fitted[i - 1][0] if i else engine.last_ids) for i, (ids, _) in enumerate(fitted)]
+    if fitted:
+        engine.last_ids = list(fitted[-1][0])
+    run = request_run(settings, temperature)
     gen, cache = run.answer_generation(gen_length), run.cache()
     replies: dict[int, Reply] = {}
 
@@ -196,5 +211,6 @@ def answer_many(engine: Engine, prompts: Sequence[list[int]], gen_length: int, s
         if on_answer is not None:
             on_answer(i, replies[i])
 
-    engine.session.answer_many([ids for ids, _ in fitted], gen, cache, batch_size, on_answer=finished)
+    engine.session.answer_many([ids for ids, _ in fitted], gen, cache, batch_size, on_answer=finished,
+                               document_lens=shared)
     return [replies[i] for i in range(len(fitted))]

@@ -1,8 +1,10 @@
 """``MaskKVLM``: maskkv as an lm-evaluation-harness model (``--model maskkv``).
 
-Model args (``--model_args key=value,...``): ``model`` (checkpoint folder; default the embedded tiny model),
-``policy``, ``budget`` or ``ratio``, ``layer_budgets``, ``steps`` (per answer; default one token per step),
-``block_length``, ``remasking``, ``threshold``, ``cfg``, ``seed``, ``device``, ``dtype``, ``max_gen_toks``
+Model args (``--model_args key=value,...``): ``model`` (checkpoint folder; default the embedded tiny model), every
+shared run setting by its name (``run_settings.RunSettings``: ``policy``, ``budget`` or ``ratio``,
+``layer_budgets``, ``steps`` (per answer; default one token per step), ``block_length`` (default 32),
+``remasking``, ``threshold``, ``cfg``, ``alg``, ``top_p``, ``top_k``, LLaDA2's ``editing_threshold`` and
+``max_post_steps``, ``seed``), ``device``, ``dtype``, ``max_gen_toks``
 (for requests that name none), ``mc_samples`` and ``mc_batch`` (log-likelihood estimate), ``stats_dir`` (where
 the per-request statistics go), ``batch_size`` (``generate_until`` requests denoised together: a number, or
 ``auto``, the default: the most that fit free memory by the memory model, at most ``max_batch_size``; the
@@ -11,8 +13,8 @@ harness's own ``--batch_size`` arrives here too).
 Requests: ``generate_until`` runs the sampler under the cache policy with the request's ``max_gen_toks`` as the
 answer length and cuts the answer at the first of its ``until`` strings; greedy unless the request asks for
 ``do_sample`` with a temperature. Requests with the same answer length and temperature run in batches
-(``Session.answer_many``), each answer the one it gets alone; a block-causal model (LLaDA2) answers them one at a
-time in the harness's order, reusing the document a request shares with the one before. ``loglikelihood`` uses
+(``Session.answer_many``), each answer the one it gets alone, every family alike; a block-causal model (LLaDA2)
+computes the document a request shares with the one before it once. ``loglikelihood`` uses
 the Monte Carlo estimate of ``likelihood.py``; ``loglikelihood_rolling`` (perplexity tasks) is refused with a
 one-line error.
 
@@ -51,12 +53,6 @@ def _optional_int(value: Any) -> int | None:
     return int(value)
 
 
-def _optional_float(value: Any) -> float | None:
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
-        return None
-    return float(value)
-
-
 @dataclass(frozen=True)
 class Generation:
     """One ``generate_until`` request as the engine takes it."""
@@ -83,27 +79,19 @@ def cut_at_stops(text: str, until: Any) -> str:
 class MaskKVLM(LM):
     """A diffusion LM (LLaDA or Dream) whose prompt K/V cache is kept by a maskkv policy."""
 
-    def __init__(self, model: str | None = None, policy: str | None = None, budget: Any = None, ratio: Any = None,
-                 layer_budgets: str = "auto", steps: Any = None, block_length: Any = 32,
-                 remasking: str = "low_confidence", threshold: Any = None, cfg: Any = 0.0, seed: Any = 0,
-                 device: str | None = None, dtype: str | None = None, max_gen_toks: Any = DEFAULT_MAX_GEN_TOKS,
-                 mc_samples: Any = 32, mc_batch: Any = 8, stats_dir: str | None = None,
-                 batch_size: Any = None, max_batch_size: Any = None, **unknown: Any) -> None:
+    def __init__(self, model: str | None = None, device: str | None = None, dtype: str | None = None,
+                 max_gen_toks: Any = DEFAULT_MAX_GEN_TOKS, mc_samples: Any = 32, mc_batch: Any = 8,
+                 stats_dir: str | None = None, batch_size: Any = None, max_batch_size: Any = None,
+                 **run_args: Any) -> None:
+        """``run_args``: the shared run settings by name (``engine_adapter.harness_settings``)."""
         super().__init__()
         from maskkv_cli.errors import UsageError
 
-        if unknown:
-            raise UsageError(f"unknown maskkv model args: {', '.join(sorted(unknown))}")
+        self.settings = engine_adapter.harness_settings(run_args)
         names = engine_adapter.policy_names()
-        chosen = policy or engine_adapter.DEFAULT_POLICY
-        if chosen not in names:
-            raise UsageError(f"unknown policy {chosen!r}; choose one of: {', '.join(names)}")
-        self.settings = engine_adapter.Settings(
-            policy=chosen, budget=_optional_int(budget), ratio=_optional_float(ratio),
-            layer_budgets=str(layer_budgets), steps=_optional_int(steps), block_length=int(block_length),
-            remasking=str(remasking), threshold=_optional_float(threshold), cfg_scale=float(cfg), seed=int(seed))
-        if self.settings.budget is not None and self.settings.ratio is not None:
-            raise UsageError("give budget or ratio, not both")
+        if self.settings.policy not in names:
+            raise UsageError(f"unknown policy {self.settings.policy!r}; choose one of: {', '.join(names)}")
+        self.settings.cache()  # budget and ratio both, a bad mode: one line before the model loads
         self.max_gen_toks = int(max_gen_toks)
         self.batch_size = engine_adapter.batch_size_arg(batch_size)
         self.max_batch_size = _optional_int(max_batch_size)
@@ -127,8 +115,8 @@ class MaskKVLM(LM):
             self._rank = self.accelerator.process_index
             self._world_size = self.accelerator.num_processes
             target = str(self.accelerator.device)  # one model per device: cuda:LOCAL_RANK, or the CPU
-        self.engine = engine_adapter.Engine(model, device=target,
-                                            dtype=None if dtype in (None, "auto") else str(dtype))
+        self.engine = engine_adapter.Engine(model, device=target, dtype=None if dtype in (None, "auto") else str(dtype),
+                                            settings=self.settings)
         self._device = self.engine.device
         if self.engine.note and self._rank == 0:
             log.info(self.engine.note)
@@ -202,7 +190,7 @@ class MaskKVLM(LM):
                         "truncated": reply.truncated, "answer_chars": len(text), **reply.stats}
             bar.update(1)
 
-        if self.engine.block_causal or self.batch_size == 1:
+        if self.batch_size == 1:
             for i, one in enumerate(asked):
                 answered(i, engine_adapter.answer(self.engine, one.ids, one.length, self.settings, one.temperature))
         else:

@@ -9,7 +9,6 @@ uses it is the cache plan's decision (``engine.plan.resolve_importance``).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -20,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from maskkv_cli.fileio import atomic_write_text
-from maskkv_cli.paths import config_file
+from maskkv_cli.models.checkpoint import ModelFolder, config_hash
+from maskkv_cli.paths import config_file, resolve_model_path
 
 __all__ = [
     "CalibrationProfile",
@@ -90,10 +90,10 @@ class CalibrationProfile:
                    str(data["maskkv_version"]))
 
 
-def _folder(model_path: str | os.PathLike[str]) -> Path:
-    from maskkv_cli.paths import resolve_model_path
-
-    return resolve_model_path(model_path)
+def _checkpoint(model_path: str | os.PathLike[str] | ModelFolder) -> ModelFolder:
+    """``model_path`` as a ``ModelFolder``: a session's comes as it is (nothing resolved or hashed again), a path
+    is resolved and its config.json read and hashed here."""
+    return ModelFolder.of(model_path)
 
 
 def _display_name(folder: Path) -> str:
@@ -105,40 +105,32 @@ def _display_name(folder: Path) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "model"
 
 
-def model_key(model_path: str | os.PathLike[str]) -> str:
-    """``<folder name>-<12 hex digits of sha256 of config.json>`` (the JSON re-serialized with sorted keys, so
-    whitespace and key order do not matter; the raw bytes when it is not JSON)."""
-    folder = _folder(model_path)
-    raw = (folder / "config.json").read_bytes()
-    try:
-        canonical = json.dumps(json.loads(raw), sort_keys=True, separators=(",", ":")).encode()
-    except ValueError:
-        canonical = raw
-    return f"{_display_name(folder)}-{hashlib.sha256(canonical).hexdigest()[:12]}"
+def model_key(model_path: str | os.PathLike[str] | ModelFolder) -> str:
+    """``<folder name>-<12 hex digits of sha256 of config.json>`` (``models.checkpoint.config_hash``: the JSON
+    re-serialized with sorted keys, so whitespace and key order do not matter; the raw bytes when it is not
+    JSON)."""
+    if isinstance(model_path, ModelFolder):
+        return f"{_display_name(model_path.path)}-{model_path.config_hash}"
+    folder = resolve_model_path(model_path)  # a path: only its config.json's bytes are needed, not a config
+    return f"{_display_name(folder)}-{config_hash(folder)}"
 
 
 def profile_dir() -> Path:
     return config_file().parent / "calibration"
 
 
-def profile_path(model_path: str | os.PathLike[str]) -> Path:
+def profile_path(model_path: str | os.PathLike[str] | ModelFolder) -> Path:
     return profile_dir() / f"{model_key(model_path)}.json"
 
 
-def _model_layers(folder: Path) -> int:
-    from maskkv_cli.models.loading import read_config
-
-    return read_config(folder).n_layers
-
-
-def make_profile(model_path: str | os.PathLike[str], result: ImportanceResult) -> CalibrationProfile:
+def make_profile(model_path: str | os.PathLike[str] | ModelFolder, result: ImportanceResult) -> CalibrationProfile:
     from maskkv_cli import __version__
 
-    folder = _folder(model_path)
-    n_layers = _model_layers(folder)
+    model = _checkpoint(model_path)
+    n_layers = model.config.n_layers
     if len(result.importance) != n_layers:
         raise ValueError(f"{len(result.importance)} importance values for a model with {n_layers} layers")
-    return CalibrationProfile(model_key(folder), str(folder.resolve()), n_layers, tuple(result.importance),
+    return CalibrationProfile(model_key(model), str(model.path.resolve()), n_layers, tuple(result.importance),
                               result.inputs, result.tokens, datetime.now(UTC).isoformat(timespec="seconds"),
                               __version__)
 
@@ -149,14 +141,14 @@ def save_profile(profile: CalibrationProfile, path: Path | None = None) -> Path:
     return atomic_write_text(target, json.dumps(profile.to_dict(), indent=2) + "\n")
 
 
-def find_profile(model_path: str | os.PathLike[str]) -> tuple[CalibrationProfile | None, str | None]:
+def find_profile(model_path: str | os.PathLike[str] | ModelFolder) -> tuple[CalibrationProfile | None, str | None]:
     """(the model's profile or None, why a profile file present was ignored or None).
 
     A missing file gives ``(None, None)``. A file that cannot be read, is not valid JSON, is made for another
     model or does not have one value per layer of this model is ignored with a reason.
     """
-    folder = _folder(model_path)
-    key = model_key(folder)
+    model = _checkpoint(model_path)
+    key = model_key(model)
     path = profile_dir() / f"{key}.json"
     if not path.is_file():
         return None, None
@@ -172,12 +164,12 @@ def find_profile(model_path: str | os.PathLike[str]) -> tuple[CalibrationProfile
         return None, str(exc)
     if profile.model != key:
         return None, f"it was made for model {profile.model!r}, not {key!r}"
-    n_layers = _model_layers(folder)
+    n_layers = model.config.n_layers
     if profile.n_layers != n_layers:
         return None, f"it has {profile.n_layers} layers, the model has {n_layers}"
     return profile, None
 
 
-def load_profile(model_path: str | os.PathLike[str]) -> CalibrationProfile | None:
+def load_profile(model_path: str | os.PathLike[str] | ModelFolder) -> CalibrationProfile | None:
     """The model's calibration profile, or None when there is none or it is unusable (see ``find_profile``)."""
     return find_profile(model_path)[0]

@@ -17,8 +17,9 @@ from safetensors import safe_open
 from maskkv_cli.defaults import PULL_HINT, REAL_MODEL, configured_model
 from maskkv_cli.errors import MaskKVError, ModelLoadError, ModelNotDownloaded
 from maskkv_cli.fileio import atomic_write_text
+from maskkv_cli.models.checkpoint import ModelFolder
 from maskkv_cli.models.loading import check_keys, read_config, weight_files
-from maskkv_cli.paths import config_file, hf_cache_dir, maskkv_home, resolve_model_path, shipped_model_folder
+from maskkv_cli.paths import config_file, hf_cache_dir, maskkv_home, shipped_model_folder
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 REMEMBERED = "models.json"
@@ -38,12 +39,19 @@ def resolve_default_model(model: str | None) -> tuple[str, str | None]:
     """(model path or id, a one-line note to show the user or None). A default model set in ``MASKKV_MODEL`` or the
     config file that is not there fails naming where it was set (an ORG/NAME not downloaded yet is offered for
     pulling by the caller, as ``--model ORG/NAME``)."""
+    name, note, _ = default_model(model)
+    return name, note
+
+
+def default_model(model: str | None) -> tuple[str, str | None, ModelFolder | None]:
+    """``resolve_default_model``'s name and note, and the ``ModelFolder`` when checking a configured default
+    resolved it already (None otherwise: the caller resolves the name, once)."""
     if model:
-        return model, None
+        return model, None, None
     configured = configured_model()
     if configured:
         try:
-            resolve_model_path(configured)
+            return configured, None, ModelFolder.of(configured)
         except ModelNotDownloaded:
             pass
         except ModelLoadError as exc:
@@ -52,15 +60,15 @@ def resolve_default_model(model: str | None) -> tuple[str, str | None]:
                                      "checkpoint folder or ORG/NAME, unset it, or pass --model") from None
             raise ModelLoadError(f"`model = \"{configured}\"` in {config_file()} names no usable model ({exc}); fix "
                                  "or remove that line, or pass --model") from None
-        return configured, None
+        return configured, None, None
     shipped = shipped_model()
     if shipped is not None:
         return str(shipped), ("no --model given: using the embedded tiny LLaDA (trained here to find needle facts "
                               "in text and copy lead summaries; it cannot chat). For real answers: "
-                              f"`{PULL_HINT}`, then --model {REAL_MODEL}.")
+                              f"`{PULL_HINT}`, then --model {REAL_MODEL}."), None
     from maskkv_cli.models.demo import tiny_random_model
 
-    return str(tiny_random_model()), TINY_RANDOM_NOTE
+    return str(tiny_random_model()), TINY_RANDOM_NOTE, None
 
 
 def is_embedded_model(path: str) -> bool:

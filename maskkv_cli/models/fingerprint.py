@@ -7,7 +7,7 @@ from pathlib import Path
 
 from maskkv_cli.paths import resolve_model_path
 
-__all__ = ["model_fingerprint"]
+__all__ = ["folder_fingerprint", "model_fingerprint"]
 
 _FINGERPRINT_BYTES = 1 << 20
 
@@ -25,7 +25,11 @@ def model_fingerprint(path: str | Path) -> str:
     folder lives, so a copy of the same checkpoint reuses rows. Files that cannot change an answer (the training
     record, read-me and licence files) are left out, so editing a model's notes keeps its finished rows.
     """
-    folder = resolve_model_path(path)
+    return folder_fingerprint(resolve_model_path(path))
+
+
+def folder_fingerprint(folder: Path) -> str:
+    """``model_fingerprint`` of a folder already resolved (``models.checkpoint.ModelFolder.fingerprint``)."""
     digest = hashlib.sha256()
     for item in sorted(folder.iterdir()):
         if item.name.startswith(".") or not item.is_file() or _is_model_note(item.name):

@@ -123,7 +123,12 @@ def load_model(
     """Build the model (LLaDA or Dream, from ``config.json``) on the meta device and load each tensor straight
     into place (no random init, no second copy)."""
     folder = resolve_model_path(path)
-    cfg = read_config(folder)
+    return load_checkpoint(folder, read_config(folder), device, dtype)
+
+
+def load_checkpoint(folder: Path, cfg: ModelConfig, device: str | torch.device = "cpu",
+                    dtype: str | torch.dtype | None = None) -> DiffusionLM:
+    """``load_model`` of a folder already resolved whose config was read (``models.checkpoint.ModelFolder``)."""
     device = torch.device(device)
     dt = parse_dtype(dtype, device)
     files = weight_files(folder)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import unicodedata
+from pathlib import Path
 from typing import Any, Protocol
 
 from maskkv_cli.errors import ModelLoadError
@@ -27,10 +28,13 @@ class StopTokens(Protocol):
 
 def load_tokenizer(path: str | os.PathLike[str]) -> Any:
     """``AutoTokenizer`` from a local model folder (or a locally cached HF id); never downloads."""
+    return tokenizer_from_folder(resolve_model_path(path))
+
+
+def tokenizer_from_folder(folder: Path) -> Any:
+    """``load_tokenizer`` of a folder already resolved (a session's ``ModelFolder.path``)."""
     from transformers import AutoTokenizer
 
-
-    folder = resolve_model_path(path)
     if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         raise ModelLoadError(f"model folder {folder} has no tokenizer files (tokenizer.json, tokenizer_config.json)")
     from transformers.utils import logging as hf_logging

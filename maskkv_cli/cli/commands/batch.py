@@ -11,37 +11,22 @@ import typer
 
 from maskkv_cli.cli.common import fail, guarded, live_display_on
 from maskkv_cli.cli.options import (
-    AlgOpt,
     BatchJobsOpt,
     BatchOutOpt,
     BatchQuestionsOpt,
-    BlockOpt,
-    BudgetOpt,
-    DeviceOpt,
     DevicesOpt,
-    DtypeOpt,
-    GenLengthOpt,
-    JsonOpt,
-    LayerBudgetsOpt,
     LongOpt,
-    ModelOpt,
     PasswordOpt,
-    PolicyOpt,
-    QuietOpt,
-    RatioOpt,
     RayOpt,
-    SeedOpt,
-    StepsOpt,
-    TemperatureOpt,
-    ThresholdOpt,
-    TopKOpt,
-    TopPOpt,
     WorkersOpt,
-    YesOpt,
 )
 from maskkv_cli.cli.parsing import parse_devices
-from maskkv_cli.defaults import DEFAULT_POLICY
+from maskkv_cli.cli.run_options import CACHE, OUTPUT, SAMPLER, RunOptions, run_options
 from maskkv_cli.prompting.fit import DEFAULT_LONG, LONG_MODES
+
+# the shared options batch takes: the cache and the sampler's, all of them (LLaDA2's included), and the model's
+# but --device-map (each worker holds its model on one device)
+BATCH_MODEL = ("model", "device", "dtype", "yes")
 
 
 class _Progress:
@@ -88,6 +73,7 @@ def _duration(seconds: float) -> str:
 
 
 @guarded
+@run_options(*CACHE, *SAMPLER, *BATCH_MODEL, *OUTPUT)
 def batch(
     jobs: Annotated[Path | None, typer.Argument(help="A .jsonl or .csv file of jobs: document, question (optional "
                                                 "id, policy, budget, gen_length).", show_default=False)] = None,
@@ -99,28 +85,11 @@ def batch(
     devices: DevicesOpt = None,
     workers: WorkersOpt = None,
     ray: RayOpt = None,
-    model: ModelOpt = None,
-    policy: PolicyOpt = DEFAULT_POLICY,
-    layer_budgets: LayerBudgetsOpt = "auto",
-    budget: BudgetOpt = None,
-    ratio: RatioOpt = None,
-    gen_length: GenLengthOpt = None,
-    steps: StepsOpt = None,
-    block_length: BlockOpt = None,
-    temperature: TemperatureOpt = 0.0,
-    threshold: ThresholdOpt = None,
-    alg: AlgOpt = "entropy",
-    top_p: TopPOpt = None,
-    top_k: TopKOpt = None,
     long: LongOpt = DEFAULT_LONG,
     password: PasswordOpt = None,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    seed: SeedOpt = 0,
-    yes: YesOpt = False,
-    as_json: JsonOpt = False,
-    quiet: QuietOpt = False,
     batch_size: BatchJobsOpt = "auto",
+    *,
+    opts: RunOptions,
 ) -> None:
     """Answer many questions about many documents; resumable, on several devices or a Ray cluster.
 
@@ -141,12 +110,12 @@ def batch(
 
         maskkv batch jobs.jsonl --out runs/r1 --batch-size 8
     """
-    from maskkv_cli.batch.jobs import AnswerSettings, cross_product, read_jobs_file, read_questions
+    from maskkv_cli.batch.jobs import cross_product, read_jobs_file, read_questions
     from maskkv_cli.batch.run import Runner, run_batch
     from maskkv_cli.cli.model_choice import choose_model
     from maskkv_cli.engine.batch_memory import parse_batch_size
-    from maskkv_cli.run_settings import RunSettings
 
+    quiet, as_json = opts.quiet, opts.as_json
     if out is None:
         raise fail("give a results folder with --out DIR (a rerun into it skips finished jobs)", 2)
     if (jobs is None) == (docs is None):
@@ -155,7 +124,7 @@ def batch(
         raise fail("--docs needs --questions FILE (one question per line)", 2)
     if long not in LONG_MODES:
         raise fail(f"--long must be one of {', '.join(LONG_MODES)}, got {long!r}", 2)
-    RunSettings(policy=policy, budget=budget, ratio=ratio, seed=seed, layer_budgets=layer_budgets).cache()  # as ask
+    opts.cache()  # as ask: a bad budget, ratio or mode stops here
     size = parse_batch_size(batch_size)
     names = parse_devices(devices, workers, ray)
     if ray:
@@ -164,14 +133,11 @@ def batch(
         import_ray()  # without the extra: say so before reading any document
     specs = read_jobs_file(jobs) if jobs is not None else cross_product(list(docs or []),
                                                                          read_questions(questions))  # type: ignore
-    path = choose_model(model, yes, quiet, as_json)  # as ask: an ORG/NAME not on this machine is pulled or named
-    settings = AnswerSettings(policy=policy, budget=budget, ratio=ratio, layer_budgets=layer_budgets,
-                              gen_length=gen_length, steps=steps, block_length=block_length,
-                              temperature=temperature, threshold=threshold, seed=seed, long=long, alg=alg,
-                              top_p=top_p, top_k=top_k)
-    runner = Runner(devices=names, ray=ray, workers=workers if ray else None, device=device, batch_size=size)
+    folder = choose_model(opts.model, opts.yes, quiet, as_json)  # as ask: an ORG/NAME not here is pulled or named
+    settings = answer_settings(opts, long)
+    runner = Runner(devices=names, ray=ray, workers=workers if ray else None, device=opts.device, batch_size=size)
     with _Progress(live_display_on(quiet, as_json)) as progress:
-        result = run_batch(specs, settings, path, out, runner=runner, dtype=dtype, password=password,
+        result = run_batch(specs, settings, folder, out, runner=runner, dtype=opts.dtype, password=password,
                            on_progress=progress)
     if as_json:
         typer.echo(json.dumps(result.as_dict()))
@@ -191,3 +157,14 @@ def batch(
             sys.stderr.write(f"  ... {len(result.failures) - 10} more in {out / 'summary.md'}\n")
     if result.failed:
         raise typer.Exit(1)
+
+
+def answer_settings(opts: RunOptions, long: str) -> Any:
+    """The jobs' ``batch.jobs.AnswerSettings``: every shared option a job's answer depends on, as ``opts`` holds it
+    (the fields both have; the model's and the output's are the run's, not a job's)."""
+    from dataclasses import fields
+
+    from maskkv_cli.batch.jobs import AnswerSettings
+
+    names = {f.name for f in fields(AnswerSettings)} & {f.name for f in fields(RunOptions)}
+    return AnswerSettings(**{name: getattr(opts, name) for name in names}, long=long)

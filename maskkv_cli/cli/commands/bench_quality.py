@@ -252,13 +252,13 @@ def quality(
         from maskkv_cli.batch.cells import PlanningSession, pooled_cells
         from maskkv_cli.batch.run import Runner, make_pool
         from maskkv_cli.batch.worker import WorkerSpec
-        from maskkv_cli.models.catalog import resolve_default_model
+        from maskkv_cli.models.catalog import default_model
 
-        path, message = resolve_default_model(model)
+        path, message, known = default_model(model)
         note(message, quiet, as_json)
         pool, device_kind = make_pool(Runner(devices=worker_devices, ray=ray, workers=workers if ray else None),
                                       WorkerSpec(path, dtype=None if dtype == "auto" else dtype))
-        session = PlanningSession(path, None if dtype == "auto" else dtype, device_kind)
+        session = PlanningSession(known or path, None if dtype == "auto" else dtype, device_kind)
         cell_runner = pooled_cells(pool)
     else:
         session = load_session(model, device, dtype, quiet, as_json)

@@ -115,35 +115,34 @@ def calibrate(
 
     from maskkv_cli.engine.importance import measure_importance
     from maskkv_cli.models.calibration import make_profile, save_profile
-    from maskkv_cli.models.catalog import resolve_default_model
+    from maskkv_cli.models.catalog import default_model
     from maskkv_cli.prompting.calibration import calibration_inputs
 
     if samples < 1 or max_tokens < 1:
         raise UsageError("--samples and --max-tokens must be positive")
     if gen_length is not None and gen_length < 0:
         raise UsageError("--gen-length must not be negative")
-    path, msg = resolve_default_model(model)
+    path, msg, known = default_model(model)
     note(msg, quiet, as_json)
     texts = read_texts(docs) if docs else builtin_corpus()
 
     import torch
 
+    from maskkv_cli.models.checkpoint import ModelFolder
     from maskkv_cli.models.config import read_model_defaults
     from maskkv_cli.models.families import family
-    from maskkv_cli.models.loading import load_model, read_config
-    from maskkv_cli.paths import resolve_model_path
-    from maskkv_cli.prompting import load_tokenizer
-    from maskkv_cli.prompting.chat import use_chat_format
+    from maskkv_cli.models.loading import load_checkpoint
+    from maskkv_cli.prompting.chat import tokenizer_from_folder, use_chat_format
 
-    folder = resolve_model_path(path)
-    cfg = read_config(folder)
+    checkpoint = ModelFolder.of(known or path)  # resolved once: the tokenizer, the weights and the profile's key
+    folder, cfg = checkpoint.path, checkpoint.config
     if gen_length is None:
         gen_length = _default_gen_length(folder)
-    tokenizer = use_chat_format(load_tokenizer(path), family(cfg.family).chat_format)
+    tokenizer = use_chat_format(tokenizer_from_folder(folder), family(cfg.family).chat_format)
     # a block-causal model is measured as it runs: in blocks (its stored block length, else 32)
     block = read_model_defaults(folder).generation.get("block_length", 32) if cfg.block_causal else None
     inputs = calibration_inputs(tokenizer, texts, max_tokens, samples, gen_length, cfg.mask_token_id)
-    llada = load_model(path, device=resolve_device(device), dtype=None if dtype == "auto" else dtype)
+    llada = load_checkpoint(folder, cfg, device=resolve_device(device), dtype=None if dtype == "auto" else dtype)
     batches = (torch.tensor([seq], dtype=torch.long) for seq in inputs)
 
     err = Console(stderr=True)
@@ -157,7 +156,7 @@ def calibrate(
                                         block=block)
     else:
         result = measure_importance(llada, batches, block=block)
-    profile = make_profile(path, result)
+    profile = make_profile(checkpoint, result)
     saved = save_profile(profile)
 
     if as_json:

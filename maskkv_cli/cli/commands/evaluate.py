@@ -10,35 +10,19 @@ from typing import Annotated, Any
 import typer
 
 from maskkv_cli.cli.common import fail, guarded, note
-from maskkv_cli.cli.options import (
-    BlockOpt,
-    BudgetOpt,
-    DeviceOpt,
-    DtypeOpt,
-    EvalBatchOpt,
-    HarnessTasksOpt,
-    JsonOpt,
-    LayerBudgetsOpt,
-    ModelOpt,
-    PolicyOpt,
-    QuietOpt,
-    RatioOpt,
-    SeedOpt,
-    StepsOpt,
-)
-from maskkv_cli.defaults import DEFAULT_POLICY
+from maskkv_cli.cli.options import EvalBatchOpt, HarnessTasksOpt
+from maskkv_cli.cli.run_options import CACHE, OUTPUT, SAMPLER, RunOptions, run_options
+
+# every shared option but the answer length and the temperature, which each request sets; the model's but
+# --device-map and --yes (each rank holds its model on one device; a model not on this machine is an error)
+EVAL_SAMPLER = tuple(name for name in SAMPLER if name not in ("gen_length", "temperature"))
+EVAL_MODEL = ("model", "device", "dtype")
 
 
 @guarded
+@run_options(*CACHE, *EVAL_SAMPLER, *EVAL_MODEL, *OUTPUT)
 def evaluate(
     tasks: HarnessTasksOpt,
-    model: ModelOpt = None,
-    policy: PolicyOpt = DEFAULT_POLICY,
-    budget: BudgetOpt = None,
-    ratio: RatioOpt = None,
-    layer_budgets: LayerBudgetsOpt = "auto",
-    steps: StepsOpt = None,
-    block_length: BlockOpt = None,
     include_path: Annotated[Path | None, typer.Option(
         "--include-path", help="A folder of task YAML files of your own (local data files allowed).",
         show_default=False)] = None,
@@ -56,11 +40,8 @@ def evaluate(
     mc_samples: Annotated[int, typer.Option(
         "--mc-samples", help="Monte Carlo samples per log-likelihood request (multiple-choice tasks).")] = 32,
     batch_size: EvalBatchOpt = "auto",
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    seed: SeedOpt = 0,
-    as_json: JsonOpt = False,
-    quiet: QuietOpt = False,
+    *,
+    opts: RunOptions,
 ) -> None:
     """Evaluate with EleutherAI's lm-evaluation-harness, maskkv as the model (needs `pip install 'maskkv[eval]'`).
 
@@ -79,8 +60,8 @@ def evaluate(
 
     if not harness_available():
         raise fail(INSTALL_HINT)
-    if budget is not None and ratio is not None:
-        raise fail("give either --budget or --ratio, not both", 2)
+    quiet, as_json = opts.quiet, opts.as_json
+    opts.cache()  # as ask: a bad budget, ratio or mode stops here
     names = [t.strip() for t in tasks.split(",") if t.strip()]
     if not names:
         raise fail("--tasks is empty; give harness task names, e.g. --tasks longbench_hotpotqa", 2)
@@ -88,15 +69,11 @@ def evaluate(
     from maskkv_cli.evaluation.runner import run_eval
     from maskkv_cli.models.catalog import resolve_default_model
 
-    model, message = resolve_default_model(model)
+    model, message = resolve_default_model(opts.model)
     note(message, quiet, as_json)
 
-    model_args: dict[str, Any] = {"model": model, "policy": policy, "budget": budget, "ratio": ratio,
-                                  "layer_budgets": layer_budgets, "steps": steps, "seed": seed,
-                                  "device": device, "dtype": dtype, "mc_samples": mc_samples,
-                                  "batch_size": batch_size}
-    if block_length is not None:
-        model_args["block_length"] = block_length
+    model_args: dict[str, Any] = {"model": model, "device": opts.device, "dtype": opts.dtype,
+                                  "mc_samples": mc_samples, "batch_size": batch_size, **harness_args(opts)}
     run = run_eval(names, model_args, include_path=None if include_path is None else str(include_path),
                    builtin_tasks=builtin_tasks, chat_template=chat_template, limit=limit, output=output)
     if run.results is None:
@@ -115,3 +92,15 @@ def _quiet_harness(quiet: bool) -> None:
     import logging
 
     logging.getLogger("lm_eval").setLevel(logging.WARNING if quiet else logging.INFO)
+
+
+def harness_args(opts: RunOptions) -> dict[str, Any]:
+    """The shared options as the harness model's args (``evaluation.engine_adapter.harness_settings``): every run
+    setting ``opts`` holds, less those left at None (the harness model's defaults then hold: blocks of 32)."""
+    from dataclasses import fields
+
+    from maskkv_cli.run_settings import RunSettings
+
+    names = {f.name for f in fields(RunSettings)} & {f.name for f in fields(RunOptions)}
+    return {name: getattr(opts, name) for name in sorted(names - {"gen_length", "temperature"})
+            if getattr(opts, name) is not None}

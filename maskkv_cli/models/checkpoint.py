@@ -1,0 +1,65 @@
+"""A checkpoint resolved once: the folder a model name stands for, its config and its identity.
+
+A command resolves ``--model`` (a folder, or an ``ORG/NAME`` in the local Hugging Face cache) at its edge into one
+``ModelFolder`` and passes that value down: the session loads the weights and the tokenizer from ``path``, the
+cache plan looks the calibration profile up by ``config_hash`` for every prompt, and the results folders key
+their rows by ``fingerprint``, without any layer resolving the name or hashing ``config.json`` again. The
+library's entry points that take a path string (``load_model``, ``Session``, ``plan_cache``, the calibration
+store) still do, once per call; ``ModelFolder.of`` turns either into this value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from maskkv_cli.models.config import ModelConfig
+from maskkv_cli.models.fingerprint import folder_fingerprint
+from maskkv_cli.paths import resolve_model_path
+
+__all__ = ["ModelFolder", "config_hash"]
+
+
+def config_hash(folder: Path) -> str:
+    """12 hex digits of the sha256 of ``folder/config.json``, the JSON re-serialized with sorted keys (so that
+    whitespace and key order do not matter; the raw bytes when it is not JSON)."""
+    raw = (folder / "config.json").read_bytes()
+    try:
+        canonical = json.dumps(json.loads(raw), sort_keys=True, separators=(",", ":")).encode()
+    except ValueError:
+        canonical = raw
+    return hashlib.sha256(canonical).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class ModelFolder:
+    """One checkpoint as a command runs it (see the module doc)."""
+
+    name: str  # what was given (a folder or ORG/NAME): what the outputs call the model and the hints repeat
+    path: Path  # the folder it resolved to (for an id, its snapshot in the HF cache)
+    config: ModelConfig  # config.json, read once
+    config_hash: str  # ``config_hash(path)``: the calibration profile's key
+
+    @classmethod
+    def of(cls, model: str | os.PathLike[str] | ModelFolder) -> ModelFolder:
+        """``model`` itself when it is one already; else the name resolved (``paths.resolve_model_path``, which
+        raises ``ModelNotDownloaded`` / ``ModelLoadError``), its config read and hashed, once."""
+        if isinstance(model, ModelFolder):
+            return model
+        from maskkv_cli.models.loading import read_config  # torch: only when a folder is actually read
+
+        path = resolve_model_path(model)
+        return cls(str(model), path, read_config(path), config_hash(path))
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """``models.fingerprint.model_fingerprint`` of the folder (its files hashed), on first use only: batch and
+        bench quality key their rows by it, a plain ``ask`` never reads it."""
+        return folder_fingerprint(self.path)
+
+    def __str__(self) -> str:
+        return self.name
