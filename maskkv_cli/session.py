@@ -189,7 +189,7 @@ class Session:
         if not prompt_lens:
             return 1, None
         longest = max(prompt_lens)
-        plan = plan_cache(self.model, cache, longest, self.model_path, block_length=gen.block_length)
+        plan = plan_cache(self.model, cache, longest, self.folder, block_length=gen.block_length)
         kept = plan.budget if plan.policy.evicts and plan.budget is not None else longest
         element = torch.finfo(self.model.dtype).bits // 8
         memory = batch_memory(model_geometry(self.model), longest, gen.gen_length, kept, element)

@@ -63,6 +63,14 @@ def test_ask_with_three_questions_resolves_the_model_once(counted: Counter[str],
     assert (counted["resolve"], counted["parse"], counted["hash"]) == (1, 1, 1)
 
 
+def test_ask_with_auto_batch_size_resolves_the_model_once(counted: Counter[str], doc: Path,
+                                                           tiny_dir: Path) -> None:
+    result = runner.invoke(app, ["ask", str(doc), "Where?", "-q", "Who?", "-q", "When?", "--batch-size", "auto",
+                                 "--model", str(tiny_dir), *FAST])
+    assert result.exit_code == 0, result.output
+    assert (counted["resolve"], counted["parse"], counted["hash"]) == (1, 1, 1)
+
+
 def test_ask_one_at_a_time_resolves_the_model_once(counted: Counter[str], doc: Path, tiny_dir: Path) -> None:
     result = runner.invoke(app, ["ask", str(doc), "Where?", "-q", "Who?", "--batch-size", "1",
                                  "--model", str(tiny_dir), *FAST])
