@@ -22,6 +22,7 @@ from maskkv_cli.sampling.diffusion_gemma_kv import (
     compress,
     encode_prompt,
     first_step,
+    first_step_compressing,
     full_layer_importance,
     generate_compressed,
 )
@@ -266,6 +267,23 @@ def test_the_forward_votes_at_the_first_step_only(model):
     again = forward(DecodeRequest(canvas, None))
     assert torch.equal(again, model.decode(canvas, forward.compression.cache))
     assert not torch.equal(again, logits)
+
+
+@pytest.mark.parametrize("name", ["maskkv", "snapkv", "pyramidkv", "adakv", "streamingllm"])
+def test_layer_by_layer_equals_all_votes_then_compress(model, name):
+    """Cutting each full layer as the first step reaches it (one layer's votes held) is ``first_step`` then
+    ``compress``: the same logits, cache and choices."""
+    ids, canvas = _prompt(2, seed=6), _canvas(2, seed=7)
+    prompt, comp = _compress(model, name, 6, ids, canvas, importance=IMPORTANCE)
+    logits, streamed = first_step_compressing(model, prompt, canvas,
+                                              get_policy(name, PolicyOptions(importance=IMPORTANCE)), 6)
+    assert torch.equal(logits, model.decode(canvas, prompt.cache))
+    assert streamed.layer_budgets == comp.layer_budgets
+    for a, b in zip(streamed.cache, comp.cache, strict=True):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+        assert (a.kept is None) == (b.kept is None) and (a.kept is None or torch.equal(a.kept, b.kept))
+    for x, y in zip(streamed.choices, comp.choices, strict=True):
+        assert torch.equal(x.positions, y.positions) and torch.equal(x.head_budgets, y.head_budgets)
 
 
 def test_refused_policies(model):

@@ -35,7 +35,8 @@ and so are policies with residual entries (``maskkv-plus``, ``maskkv-residual``:
 The loop (``denoising_loop``) is the sampler of ``generate_reference`` as a generator: it yields ``DecodeRequest`` /
 ``CommitRequest`` and is sent the decoder's raw logits (None after a commit), drawing random numbers in the same
 order. ``CompressingForward`` answers the requests: its first decode runs over the full cache, shows each full
-layer's queries and keys to the policy (the votes), returns those exact logits and compresses; every later step
+layer's queries and keys to the policy (the votes), cutting each full layer as the pass reaches it (the layer
+budgets are fixed before: one layer's votes at a time), and returns those exact logits; every later step
 decodes over the compressed cache, and a committed canvas joins it through the encoder, uncompressed.
 ``generate_compressed`` drives the two.
 """
@@ -198,16 +199,15 @@ def check_policy(policy: Policy) -> None:
                          "prompt (its encoder is causal, so 'full' is exact)")
 
 
-def compress(model: DiffusionGemma, prompt: EncodedPrompt, votes: Votes, policy: Policy,
-             budget: int) -> Compression:
-    """The prompt cache with each full layer cut to the policy's choice at ``budget`` entries per KV head on average
-    (see the module doc); ``votes`` from ``first_step`` over ``prompt.cache``."""
+def layer_budgets(model: DiffusionGemma, prompt: EncodedPrompt, policy: Policy, budget: int) -> list[int] | None:
+    """The budget of each full layer (in order) at ``budget`` entries per KV head on average, or None when nothing
+    is evicted (a policy that keeps everything, a budget at least the prompt, no full layer). They depend on the
+    prompt length alone (MaskKV's importance is given, offline), so each layer can be cut as soon as it is scored."""
     check_policy(policy)
-    cache = prompt.cache
-    full = model.config.full_layers
+    cache, full = prompt.cache, model.config.full_layers
     m = cache.length
     if not policy.evicts or budget >= m or not full:
-        return Compression(cache, (), None)
+        return None
     for i in full:
         if cache.layers[i].kept is not None or cache.layers[i].keys.shape[2] != m:
             raise ValueError("compress takes the encoder's cache of the prompt alone (nothing compressed or "
@@ -216,25 +216,66 @@ def compress(model: DiffusionGemma, prompt: EncodedPrompt, votes: Votes, policy:
     if policy.uses_importance and importance is not None and len(importance) != len(full):
         raise UsageError(f"{policy.name}: {len(importance)} layer importances for {len(full)} full-attention layers "
                          "(DiffusionGemma's budgets are over its full layers)")
-    budgets = policy.layer_budgets(len(full), budget, m)
-    group = model.config.n_heads // cache.layers[full[0]].keys.shape[1]
-    layers = list(cache.layers)
+    return policy.layer_budgets(len(full), budget, m)
+
+
+def select_full_layer(model: DiffusionGemma, prompt: EncodedPrompt, policy: Policy, j: int, layer_budget: int,
+                      canvas_q: Tensor, keys: Tensor) -> tuple[LayerKV, LayerChoice]:
+    """Full layer number ``j`` (of the full layers, in order) cut to the policy's choice: its scores and head
+    budgets from the votes (canvas queries (B, H, C, D), keys ``[prompt ; canvas]``), each head's best entries
+    kept in position order (``kv.cache.select_layer``), padded to the longest head under ``LayerKV.kept``."""
+    full = model.config.full_layers
+    i, m = full[j], prompt.cache.length
+    kv = prompt.cache.layers[i]
+    view = layer_view(j, len(full), canvas_q, keys, m, prompt.window_queries.get(i))
+    scores = policy.scores(view, layer_budget)
+    heads = policy.head_budgets(view, layer_budget, scores)
+    chosen = select_layer(kv.keys, kv.values, scores, heads, m, 0, model.config.n_heads // kv.keys.shape[1])
+    kept = torch.arange(chosen.prompt_slots, device=kv.keys.device)[None, None, :] < chosen.lengths[..., None]
+    pref = policy.preference(view)
+    assert chosen.positions is not None
+    choice = LayerChoice(i, layer_budget, chosen.lengths.cpu(), chosen.positions.cpu(),
+                         None if pref is None else pref.cpu())
+    return LayerKV(chosen.k, chosen.v, None if bool(kept.all()) else kept), choice
+
+
+def compress(model: DiffusionGemma, prompt: EncodedPrompt, votes: Votes, policy: Policy,
+             budget: int) -> Compression:
+    """The prompt cache with each full layer cut to the policy's choice at ``budget`` entries per KV head on average
+    (see the module doc); ``votes`` from ``first_step`` over ``prompt.cache`` (``first_step_compressing`` does the
+    same a layer at a time, without keeping every layer's votes)."""
+    budgets = layer_budgets(model, prompt, policy, budget)
+    if budgets is None:
+        return Compression(prompt.cache, (), None)
+    layers = list(prompt.cache.layers)
     choices = []
-    for j, (i, lb) in enumerate(zip(full, budgets, strict=True)):
-        canvas_q, keys = votes[i]
-        view = layer_view(j, len(full), canvas_q, keys, m, prompt.window_queries.get(i))
-        scores = policy.scores(view, lb)
-        heads = policy.head_budgets(view, lb, scores)
-        kv = cache.layers[i]
-        chosen = select_layer(kv.keys, kv.values, scores, heads, m, 0, group)
-        slots = chosen.prompt_slots
-        kept = torch.arange(slots, device=kv.keys.device)[None, None, :] < chosen.lengths[..., None]
-        layers[i] = LayerKV(chosen.k, chosen.v, None if bool(kept.all()) else kept)
-        pref = policy.preference(view)
-        assert chosen.positions is not None
-        choices.append(LayerChoice(i, lb, chosen.lengths.cpu(), chosen.positions.cpu(),
-                                   None if pref is None else pref.cpu()))
-    return Compression(PromptCache(tuple(layers), m), tuple(choices), tuple(budgets))
+    for j, (i, lb) in enumerate(zip(model.config.full_layers, budgets, strict=True)):
+        layers[i], choice = select_full_layer(model, prompt, policy, j, lb, *votes[i])
+        choices.append(choice)
+    return Compression(PromptCache(tuple(layers), prompt.cache.length), tuple(choices), tuple(budgets))
+
+
+@torch.no_grad()
+def first_step_compressing(model: DiffusionGemma, prompt: EncodedPrompt, canvas: Tensor, policy: Policy,
+                           budget: int) -> tuple[Tensor, Compression]:
+    """The first denoising step over the full cache (its raw logits, exact) and the compression its votes give,
+    each full layer scored and cut as the step reaches it (its votes are dropped right after): the result of
+    ``first_step`` then ``compress``, holding one layer's votes at a time."""
+    budgets = layer_budgets(model, prompt, policy, budget)
+    if budgets is None:
+        return model.decode(canvas, prompt.cache), Compression(prompt.cache, (), None)
+    full = model.config.full_layers
+    layers = list(prompt.cache.layers)
+    choices: list[LayerChoice] = []
+
+    def observe(i: int, _x: Tensor, q: Tensor, k: Tensor, _v: Tensor) -> None:
+        if i in full:
+            j = full.index(i)
+            layers[i], choice = select_full_layer(model, prompt, policy, j, budgets[j], q, k)
+            choices.append(choice)
+
+    logits = model.decode(canvas, prompt.cache, observe=observe)
+    return logits, Compression(PromptCache(tuple(layers), prompt.cache.length), tuple(choices), tuple(budgets))
 
 
 # ----- the loop ---------------------------------------------------------------------------------------------------
@@ -317,8 +358,8 @@ class CompressingForward:
         if self.compression is None:  # the first step of the first canvas: the votes
             if request.self_conditioning is not None:
                 raise ValueError("the votes come from a canvas's first step (no self-conditioning)")
-            logits, votes = first_step(self.model, self.cache, request.canvas)
-            self.compression = compress(self.model, self.prompt, votes, self.policy, self.budget)
+            logits, self.compression = first_step_compressing(self.model, self.prompt, request.canvas, self.policy,
+                                                              self.budget)
             self.cache = self.compression.cache
             self.prompt = EncodedPrompt(self.prompt.cache, {})  # the window queries are no longer needed
             return logits
@@ -362,4 +403,5 @@ def generate_compressed(model: DiffusionGemma, prompt_ids: Tensor, policy: Polic
 
 __all__ = ["CommitRequest", "CompressedOutput", "CompressingForward", "Compression", "DecodeRequest",
            "EncodedPrompt", "LayerChoice", "LoopOutput", "compress", "denoising_loop", "drive_loop",
-           "encode_prompt", "first_step", "full_layer_importance", "generate_compressed", "layer_view"]
+           "encode_prompt", "first_step", "first_step_compressing", "full_layer_importance", "generate_compressed",
+           "layer_budgets", "layer_view", "select_full_layer"]
