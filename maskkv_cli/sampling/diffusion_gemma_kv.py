@@ -346,23 +346,22 @@ class CompressingForward:
     def __init__(self, model: DiffusionGemma, prompt_ids: Tensor, policy: Policy, budget: int) -> None:
         check_policy(policy)
         self.model, self.policy, self.budget = model, policy, budget
-        self.prompt = encode_prompt(model, prompt_ids, policy.options.window)
+        self.prompt: EncodedPrompt | None = encode_prompt(model, prompt_ids, policy.options.window)
         self.cache = self.prompt.cache
         self.compression: Compression | None = None
 
     @torch.no_grad()
     def __call__(self, request: DecodeRequest | CommitRequest) -> Tensor | None:
+        if self.prompt is not None:  # the first step of the first canvas: the votes
+            if not isinstance(request, DecodeRequest) or request.self_conditioning is not None:
+                raise ValueError("the votes come from the first canvas's first step (no self-conditioning)")
+            logits, self.compression = first_step_compressing(self.model, self.prompt, request.canvas, self.policy,
+                                                              self.budget)
+            self.cache, self.prompt = self.compression.cache, None  # the full cache and window queries go
+            return logits
         if isinstance(request, CommitRequest):
             self.cache = self.model.commit(self.cache, request.tokens)
             return None
-        if self.compression is None:  # the first step of the first canvas: the votes
-            if request.self_conditioning is not None:
-                raise ValueError("the votes come from a canvas's first step (no self-conditioning)")
-            logits, self.compression = first_step_compressing(self.model, self.prompt, request.canvas, self.policy,
-                                                              self.budget)
-            self.cache = self.compression.cache
-            self.prompt = EncodedPrompt(self.prompt.cache, {})  # the window queries are no longer needed
-            return logits
         return self.model.decode(request.canvas, self.cache, request.self_conditioning)
 
 
