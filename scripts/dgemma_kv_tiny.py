@@ -12,7 +12,7 @@ budget B (entries per KV head per full layer, on average), then, against the ful
 - ``fresh``: a first step on another random canvas (queries that did not vote): the same two numbers;
 - ``kept``: the share of the step-2 canvas queries' prompt attention (over the full cache, per full layer and KV
   head, averaged) that lands on the entries the policy kept: the selection's quality before the layers above
-  amplify the error (a random model amplifies it a lot: even 120 of 128 entries kept leave a logit error of 0.2);
+  amplify the error (a random model amplifies it a lot: in one case 120 of 128 entries kept left a logit error of 0.24);
 - ``tokens``: a whole generation of 2 canvases in the deterministic limit (t_min 0, t_max 1e-6, 8 steps), the
   share of the generated tokens equal to the full cache's (chaotic on a random model: a rough number).
 
