@@ -26,14 +26,16 @@ decoder's as ``model.decoder.layers.{i}.encoder_layer_scalar`` (checkpoint
 ``model.encoder.language_model.layers.{i}.layer_scalar``); ``checkpoint_key`` maps it. Loading:
 ``models.loading.load_diffusion_gemma``.
 
-Not here (the engine integration, issue #47): padded batches, prompt KV compression, chunked or layer-streamed
+Prompt KV compression (a policy's kept entries per full layer and head, ``LayerKV.kept``) is
+``sampling/diffusion_gemma_kv.py``; ``encode`` and ``decode`` honour it and can show each layer's queries and keys
+to an observer (its votes). Not here (the engine integration, issue #47): padded batches, chunked or layer-streamed
 prefill beyond calling ``encode`` chunk by chunk, device maps.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -113,7 +115,7 @@ class GatedMLP(nn.Module):
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
     """SDPA of q (B, H, Tq, D) over k, v (B, H_kv, Tk, D) with softmax scale 1 (QK-norm replaces 1/sqrt(D)); query
-    head h reads KV head h // (H / H_kv). ``mask`` (Tq, Tk) bool, True = may attend."""
+    head h reads KV head h // (H / H_kv). ``mask`` (Tq, Tk) or (B, H, Tq or 1, Tk) bool, True = may attend."""
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0, enable_gqa=k.shape[1] != q.shape[1])
 
 
@@ -273,10 +275,30 @@ class SelfConditioning(nn.Module):
 
 @dataclass(frozen=True)
 class LayerKV:
-    """One layer's cached prompt entries: keys post-norm and post-RoPE, values unit-RMS, (B, H_kv, T_l, D_l)."""
+    """One layer's cached prompt entries: keys post-norm and post-RoPE, values unit-RMS, (B, H_kv, T_l, D_l).
+
+    ``kept`` (B, H_kv, T_l) bool, only in a compressed layer (``sampling/diffusion_gemma_kv.py``): which slots hold
+    an entry of that head (each head keeps its own number, padded to the longest; False slots are never attended).
+    None: every slot is an entry."""
 
     keys: Tensor
     values: Tensor
+    kept: Tensor | None = None
+
+
+# Called by ``encode`` and ``decode`` with (layer index, layer input x (B, T, d), rotated q (B, H, T, D), and the
+# keys and values the queries attend to, cached entries first (B, H_kv, T_l + T, D)), before the layer's attention.
+LayerObserver = Callable[[int, Tensor, Tensor, Tensor, Tensor], None]
+
+
+def entry_mask(kept: Tensor | None, new: int, n_heads: int) -> Tensor | None:
+    """(B, H, 1, T_l + new) bool over [cached slots ; new entries] for a layer's ``kept`` slots, laid out per query
+    head (query head h reads KV head h // (H / H_kv)); None when every slot is an entry."""
+    if kept is None:
+        return None
+    b, h_kv, _ = kept.shape
+    ones = torch.ones(b, h_kv, new, dtype=torch.bool, device=kept.device)
+    return torch.cat((kept, ones), dim=-1).repeat_interleave(n_heads // h_kv, dim=1)[:, :, None, :]
 
 
 @dataclass(frozen=True)
@@ -311,7 +333,8 @@ def _visible_prompt(kv: LayerKV, spec: LayerSpec) -> LayerKV:
     if keep is None or kv.keys.shape[2] <= keep:
         return kv
     start = kv.keys.shape[2] - keep
-    return LayerKV(kv.keys[:, :, start:], kv.values[:, :, start:])
+    kept = None if kv.kept is None else kv.kept[:, :, start:]
+    return LayerKV(kv.keys[:, :, start:], kv.values[:, :, start:], kept)
 
 
 # ----- the model -------------------------------------------------------------------------------------------------
@@ -384,10 +407,14 @@ class DiffusionGemma(nn.Module):
         return PromptCache(tuple(layers), 0)
 
     # ----- the encoder -------------------------------------------------------------------------------------------
-    def encode(self, ids: Tensor, cache: PromptCache | None = None, hidden_states: bool = False) -> EncoderOutput:
+    def encode(self, ids: Tensor, cache: PromptCache | None = None, hidden_states: bool = False,
+               observe: LayerObserver | None = None) -> EncoderOutput:
         """The causal pass over ids (B, n) at positions ``cache.length ..`` (0 .. without a cache): the cache with
         these n positions appended, and, with ``hidden_states``, the normed last hidden state and each layer's
-        output. Encoding a prompt in chunks, each with the cache of the ones before, gives the cache of one pass."""
+        output. Encoding a prompt in chunks, each with the cache of the ones before, gives the cache of one pass.
+        A compressed layer's slots (``LayerKV.kept``) all lie before ``cache.length``: every new query sees its
+        kept entries (never its padding), and the new entries join it uncompressed. ``observe``: see
+        ``LayerObserver``."""
         if cache is None:
             cache = self.empty_cache(ids.shape[0])
         n, start = ids.shape[1], cache.length
@@ -411,15 +438,24 @@ class DiffusionGemma(nn.Module):
                 if spec.window is not None:  # sliding: itself and the W - 1 positions before
                     visible &= key_pos[None, :] > positions[:, None] - spec.window
                 masks[mask_key] = visible
-            o = attend(q, keys, values, masks[mask_key])  # (B, H, n, D)
+            mask = masks[mask_key]
+            slots = entry_mask(kv.kept, n, self.config.n_heads)
+            if slots is not None:  # a compressed layer: its padding slots are never attended
+                mask = mask[None, None] & slots  # (B, H, n, T_l + n)
+            if observe is not None:
+                observe(layer.spec.index, x, q, keys, values)
+            o = attend(q, keys, values, mask)  # (B, H, n, D)
             x = layer.finish(x, o, layer.encoder_layer_scalar)
             if outputs is not None:
                 outputs.append(x)
+            kept = None if kv.kept is None else torch.cat(
+                (kv.kept, torch.ones(*kv.kept.shape[:2], n, dtype=torch.bool, device=kv.kept.device)), dim=-1)
             keep = spec.cached_prompt_entries
             if keep is not None:  # a sliding layer keeps the latest W - 1 entries
                 first = max(keys.shape[2] - keep, 0)
                 keys, values = keys[:, :, first:], values[:, :, first:]
-            new_layers.append(LayerKV(keys, values))
+                kept = None if kept is None else kept[:, :, first:]
+            new_layers.append(LayerKV(keys, values, kept))
         new_cache = PromptCache(tuple(new_layers), start + n)
         if outputs is None:
             return EncoderOutput(new_cache)
@@ -442,10 +478,11 @@ class DiffusionGemma(nn.Module):
         return soft
 
     def decode(self, canvas: Tensor, cache: PromptCache, self_conditioning_logits: Tensor | None = None,
-               self_conditioning_mask: Tensor | None = None) -> Tensor:
+               self_conditioning_mask: Tensor | None = None, observe: LayerObserver | None = None) -> Tensor:
         """Logits (B, C, V) fp32 of the canvas ids (B, C) at positions ``cache.length ..``, attending over each
-        layer's visible prompt entries and the whole canvas; ``self_conditioning_logits`` (B, C, V): the previous
-        step's (tempered) logits, None at a canvas's first step. The cache is not changed."""
+        layer's visible prompt entries (a compressed layer's kept slots only) and the whole canvas;
+        ``self_conditioning_logits`` (B, C, V): the previous step's (tempered) logits, None at a canvas's first
+        step. The cache is not changed. ``observe``: see ``LayerObserver``."""
         c, start = canvas.shape[1], cache.length
         ropes = self.rope(torch.arange(start, start + c, device=canvas.device))
         soft = None if self_conditioning_logits is None else self.soft_embedding(
@@ -456,7 +493,10 @@ class DiffusionGemma(nn.Module):
             prompt = _visible_prompt(kv, layer.spec)
             keys = torch.cat((prompt.keys, k), dim=2)  # (B, H_kv, T_vis + C, D)
             values = torch.cat((prompt.values, v), dim=2)
-            x = layer.finish(x, attend(q, keys, values), layer.layer_scalar)  # bidirectional: no mask
+            if observe is not None:
+                observe(layer.spec.index, x, q, keys, values)
+            mask = entry_mask(prompt.kept, c, self.config.n_heads)  # bidirectional: None unless compressed
+            x = layer.finish(x, attend(q, keys, values, mask), layer.layer_scalar)
         return self.head(x)
 
     # ----- checkpoint keys ---------------------------------------------------------------------------------------
@@ -514,5 +554,5 @@ def parameter_count(cfg: DiffusionGemmaConfig) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-__all__ = ["DiffusionGemma", "EncoderOutput", "LayerKV", "PromptCache", "checkpoint_shapes",
-           "parameter_count", "rope_tables"]
+__all__ = ["DiffusionGemma", "EncoderOutput", "LayerKV", "LayerObserver", "PromptCache", "checkpoint_shapes",
+           "entry_mask", "parameter_count", "rope_tables"]

@@ -187,11 +187,21 @@ def denoising_step(model: DiffusionGemma, cache: PromptCache, canvas: Tensor, ar
     current canvas, ``argmax`` the previous step's argmax, ``self_conditioning`` the previous step's tempered
     logits (None at the first step), ``finished`` the rows that stopped."""
     raw = model.decode(canvas, cache, self_conditioning)  # (B, C, V) fp32
+    return step_on_logits(raw, canvas, argmax, self_conditioning, cur_step, finished, history, settings,
+                          model.config.vocab_size, model.dtype, generator)
+
+
+def step_on_logits(raw: Tensor, canvas: Tensor, argmax: Tensor, self_conditioning: Tensor | None, cur_step: int,
+                   finished: Tensor, history: Tensor | None, settings: DiffusionGemmaSampling, vocab_size: int,
+                   dtype: torch.dtype, generator: torch.Generator | None = None) -> StepResult:
+    """The sampler's step on the decoder's raw logits (B, C, V) of ``canvas``: ``denoising_step`` without the
+    model (for loops that have their logits computed elsewhere, e.g. over a compressed cache); ``dtype`` is the
+    embedding's, the dtype the self-conditioning signal goes back in."""
     logits = temper(raw, cur_step, settings)
     sampled = sample_canvas(logits, generator)
     new_argmax = logits.argmax(dim=-1)
     accepted = entropy_bound_accept(logits, settings.entropy_bound)
-    noise = random_canvas(*canvas.shape, model.config.vocab_size, generator, canvas.device)
+    noise = random_canvas(*canvas.shape, vocab_size, generator, canvas.device)
     new_canvas = renoise(accept(canvas, sampled, accepted), accepted, noise)
     if settings.adaptive_stopping:
         if bool(finished.any()):  # rows that stopped keep what they had
@@ -202,7 +212,7 @@ def denoising_step(model: DiffusionGemma, cache: PromptCache, canvas: Tensor, ar
                                              settings.confidence_threshold)  # type: ignore[arg-type]
         finished = finished | stop
     # the signal goes back in the embedding's dtype, as upstream casts it
-    return StepResult(new_canvas, new_argmax, logits.to(model.dtype), sampled, accepted, finished, history)
+    return StepResult(new_canvas, new_argmax, logits.to(dtype), sampled, accepted, finished, history)
 
 
 # ----- the reference driver ----------------------------------------------------------------------------------------

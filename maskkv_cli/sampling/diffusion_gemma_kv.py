@@ -1,0 +1,406 @@
+"""MaskKV (and the baselines) on DiffusionGemma's prompt cache, and a generation loop over the compressed cache.
+
+DiffusionGemma (``models/diffusion_gemma.py``) has no mask token: its canvas starts as uniform-random ids and the
+first denoising step has no self-conditioning signal. **Our reading** of mask-query voting for such a model: the
+voters are the decoder's queries of the *first step of the first canvas* (the random initial canvas, zero
+self-conditioning), attending over ``[cached prompt keys ; canvas keys]`` of each full-attention layer with the
+softmax over all of them (scale 1, as the model attends). Random ids are not masks; whether their queries vote as
+well as LLaDA's mask queries is a question for the real checkpoint, not settled here.
+
+What is compressed (``compress``):
+
+- only the **full-attention** layers (D_f of them: 5 in the released model, 2 KV heads each). Sliding-window layers
+  already hold at most W - 1 entries, all of which the canvas sees; they stay exact;
+- the budget B is the average number of prompt entries kept per KV head per full layer (the spec's convention over
+  the D_f evictable layers): ``policy.layer_budgets(D_f, B, M)`` gives each full layer its budget (MaskKV: the
+  boundary-aware split over the full layers, their first and last as the boundary group, from ``importance``
+  given per full layer, e.g. averaged ``full_layer_importance`` over a calibration set; without it uniform, as the
+  policy does elsewhere), ``policy.head_budgets`` splits it over the layer's KV heads (MaskKV: prompt preference;
+  AdaKV: its layer-wide top-k) and ``kv.cache.select_layer`` keeps each head's best entries, in position order;
+- per-head budgets differ, so a layer's heads are padded to its longest head and ``LayerKV.kept`` (B, H_kv, K) says
+  which slots are entries: the model's attention never reads a False slot (a boolean SDPA mask), so each head
+  attends exactly to its own kept set. With equal budgets no mask is stored;
+- positions are carried by ``PromptCache.length`` (unchanged by eviction); keys keep the RoPE of their original
+  positions;
+- a budget at least the prompt (or a policy that does not evict, ``full``) compresses nothing: the same cache.
+
+The baselines' observation windows: SnapKV, PyramidKV and AdaKV vote with the prompt's last W queries. DiffusionGemma
+reads its prompt with a **causal encoder**, so those queries are the encoder's queries of the last W prompt
+positions on each full layer, each seeing the prompt keys up to its own position (causal inside the window, as in
+SnapKV's autoregressive original; no canvas key), collected while the prompt is encoded (``encode_prompt``).
+StreamingLLM keeps the first 4 entries and the most recent ones; ``random`` is uniform. Ablations that vote with
+every prompt query (``prompt-vote``, ``all-vote``) are refused (only the last ``window`` encoder queries are kept),
+and so are policies with residual entries (``maskkv-plus``, ``maskkv-residual``: not ported to this cache).
+
+The loop (``denoising_loop``) is the sampler of ``generate_reference`` as a generator: it yields ``DecodeRequest`` /
+``CommitRequest`` and is sent the decoder's raw logits (None after a commit), drawing random numbers in the same
+order. ``CompressingForward`` answers the requests: its first decode runs over the full cache, shows each full
+layer's queries and keys to the policy (the votes), cutting each full layer as the pass reaches it (the layer
+budgets are fixed before: one layer's votes at a time), and returns those exact logits; every later step
+decodes over the compressed cache, and a committed canvas joins it through the encoder, uncompressed.
+``generate_compressed`` drives the two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from maskkv_cli.errors import UsageError
+from maskkv_cli.kv.cache import select_layer
+from maskkv_cli.models.diffusion_gemma import DiffusionGemma, LayerKV, PromptCache, attend, entry_mask
+from maskkv_cli.policies.base import LayerView, Policy
+from maskkv_cli.sampling.diffusion_gemma_steps import (
+    DiffusionGemmaSampling,
+    finalize_canvas,
+    random_canvas,
+    step_on_logits,
+)
+
+SCALE = 1.0  # DiffusionGemma's softmax scale (QK-norm replaces 1 / sqrt(D))
+
+
+# ----- the votes -----------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EncodedPrompt:
+    """The encoder's prompt cache and, per full layer, the rotated queries of the last prompt positions (B, H, w, D)
+    (the baselines' observation window)."""
+
+    cache: PromptCache
+    window_queries: dict[int, Tensor]
+
+
+@torch.no_grad()
+def encode_prompt(model: DiffusionGemma, ids: Tensor, window: int = 32) -> EncodedPrompt:
+    """Encode the prompt ids (B, M) in one pass, keeping each full layer's queries of the last ``min(window, M)``
+    positions."""
+    full = set(model.config.full_layers)
+    w = min(window, ids.shape[1])
+    queries: dict[int, Tensor] = {}
+
+    def observe(i: int, _x: Tensor, q: Tensor, _k: Tensor, _v: Tensor) -> None:
+        if i in full and w:
+            queries[i] = q[:, :, -w:]
+
+    return EncodedPrompt(model.encode(ids, observe=observe).cache, queries)
+
+
+Votes = dict[int, tuple[Tensor, Tensor]]  # full layer -> (canvas queries, keys over [prompt ; canvas])
+
+
+@torch.no_grad()
+def first_step(model: DiffusionGemma, cache: PromptCache, canvas: Tensor) -> tuple[Tensor, Votes]:
+    """The first denoising step over the full cache (no self-conditioning): its raw logits (B, C, V) and, per full
+    layer, the canvas queries (B, H, C, D) and the keys they attend to, ``[prompt ; canvas]`` (B, H_kv, M + C, D)."""
+    full = set(model.config.full_layers)
+    seen: Votes = {}
+
+    def observe(i: int, _x: Tensor, q: Tensor, k: Tensor, _v: Tensor) -> None:
+        if i in full:
+            seen[i] = (q, k)
+
+    return model.decode(canvas, cache, observe=observe), seen
+
+
+@torch.no_grad()
+def full_layer_importance(model: DiffusionGemma, cache: PromptCache, canvas: Tensor) -> list[float]:
+    """I(l) = 1 - mean over canvas tokens of cos(h_in, h_out) of each full layer's attention sub-layer (the residual
+    stream before and after adding attention) at the first denoising step of ``canvas`` over ``cache``: MaskKV's
+    layer importance, one value per full layer in order. Average it over a calibration set for the offline
+    budgets."""
+    full = model.config.full_layers
+    values: dict[int, float] = {}
+
+    def observe(i: int, x: Tensor, q: Tensor, k: Tensor, v: Tensor) -> None:
+        if i not in full:
+            return
+        layer = model.layers[i]
+        cached = cache.layers[i]
+        mask = entry_mask(cached.kept, q.shape[2], q.shape[1])
+        h = x + layer.post_attention_layernorm(layer.self_attn.out(attend(q, k, v, mask)))
+        values[i] = 1.0 - float(F.cosine_similarity(x.float(), h.float(), dim=-1).mean())
+
+    model.decode(canvas, cache, observe=observe)
+    return [values[i] for i in full]
+
+
+def _visible(prompt_len: int, total: int, device: torch.device) -> Callable[[int, int], Tensor]:
+    """``LayerView.visible`` over ``[prompt ; canvas]``: which keys the queries of rows [start, stop) see."""
+
+    def visible(start: int, stop: int) -> Tensor:
+        rows = torch.arange(start, stop, device=device)[:, None]  # (R, 1) query positions
+        keys = torch.arange(total, device=device)[None, :]  # (1, M + C): prompt, then canvas
+        prompt_row = rows < prompt_len
+        # a prompt (encoder) query sees the prompt up to itself; a canvas query sees everything
+        return torch.where(prompt_row, keys <= rows, torch.ones_like(keys, dtype=torch.bool))
+
+    return visible
+
+
+def layer_view(index: int, n_full: int, canvas_q: Tensor, keys: Tensor, prompt_len: int,
+               window_q: Tensor | None) -> LayerView:
+    """The policies' view of one full layer: queries and keys over ``[prompt ; canvas]`` (M + C positions). The
+    canvas rows are the first step's canvas queries (``mask_mass``: the votes), the last ``w`` prompt rows the
+    encoder's window queries (causal); other prompt rows are not kept and are refused."""
+    b, h, c, d = canvas_q.shape
+    total = prompt_len + c
+    w = 0 if window_q is None else window_q.shape[2]
+
+    def compute_q(start: int, stop: int) -> Tensor:
+        if start >= prompt_len:
+            return canvas_q[:, :, start - prompt_len : stop - prompt_len]
+        if window_q is not None and start >= prompt_len - w and stop <= prompt_len:
+            first = prompt_len - w
+            return window_q[:, :, start - first : stop - first]
+        raise UsageError(f"DiffusionGemma compression keeps the canvas queries and the last {w} prompt queries; "
+                         f"this policy asks for prompt queries {start}..{stop - 1} (the prompt-vote / all-vote "
+                         "ablations are not supported on this model)")
+
+    q = torch.empty(b, h, total, d, dtype=canvas_q.dtype, device="meta")
+    return LayerView(index, n_full, q, keys, prompt_len, SCALE, compute_q=compute_q, mask_start=prompt_len,
+                     visible=_visible(prompt_len, total, keys.device))
+
+
+# ----- compression ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LayerChoice:
+    """What the policy kept on one full layer (CPU tensors)."""
+
+    layer: int  # the model's layer index
+    layer_budget: int
+    head_budgets: Tensor  # (B, H_kv) entries kept per KV head
+    positions: Tensor  # (B, H_kv, K) kept prompt positions ascending; past a head's budget: padding
+    preference: Tensor | None  # (B, H_kv) P_h when the policy computes it
+
+
+@dataclass(frozen=True)
+class Compression:
+    cache: PromptCache
+    choices: tuple[LayerChoice, ...]  # one per full layer; empty when nothing was evicted
+    layer_budgets: tuple[int, ...] | None  # per full layer; None when nothing was evicted
+
+    @property
+    def evicted(self) -> bool:
+        return self.layer_budgets is not None
+
+
+def check_policy(policy: Policy) -> None:
+    if policy.residual_spread > 0:
+        raise UsageError(f"policy {policy.name!r} adds residual entries, which DiffusionGemma's compressed cache does "
+                         "not support yet; use maskkv, a baseline or full")
+    if not policy.uses_cache:
+        raise UsageError(f"policy {policy.name!r} recomputes without a cache; DiffusionGemma always caches its "
+                         "prompt (its encoder is causal, so 'full' is exact)")
+
+
+def layer_budgets(model: DiffusionGemma, prompt: EncodedPrompt, policy: Policy, budget: int) -> list[int] | None:
+    """The budget of each full layer (in order) at ``budget`` entries per KV head on average, or None when nothing
+    is evicted (a policy that keeps everything, a budget at least the prompt, no full layer). They depend on the
+    prompt length alone (MaskKV's importance is given, offline), so each layer can be cut as soon as it is scored."""
+    check_policy(policy)
+    cache, full = prompt.cache, model.config.full_layers
+    m = cache.length
+    if not policy.evicts or budget >= m or not full:
+        return None
+    for i in full:
+        if cache.layers[i].kept is not None or cache.layers[i].keys.shape[2] != m:
+            raise ValueError("compress takes the encoder's cache of the prompt alone (nothing compressed or "
+                             "committed after it)")
+    importance = policy.options.importance
+    if policy.uses_importance and importance is not None and len(importance) != len(full):
+        raise UsageError(f"{policy.name}: {len(importance)} layer importances for {len(full)} full-attention layers "
+                         "(DiffusionGemma's budgets are over its full layers)")
+    return policy.layer_budgets(len(full), budget, m)
+
+
+def select_full_layer(model: DiffusionGemma, prompt: EncodedPrompt, policy: Policy, j: int, layer_budget: int,
+                      canvas_q: Tensor, keys: Tensor) -> tuple[LayerKV, LayerChoice]:
+    """Full layer number ``j`` (of the full layers, in order) cut to the policy's choice: its scores and head
+    budgets from the votes (canvas queries (B, H, C, D), keys ``[prompt ; canvas]``), each head's best entries
+    kept in position order (``kv.cache.select_layer``), padded to the longest head under ``LayerKV.kept``."""
+    full = model.config.full_layers
+    i, m = full[j], prompt.cache.length
+    kv = prompt.cache.layers[i]
+    view = layer_view(j, len(full), canvas_q, keys, m, prompt.window_queries.get(i))
+    scores = policy.scores(view, layer_budget)
+    heads = policy.head_budgets(view, layer_budget, scores)
+    chosen = select_layer(kv.keys, kv.values, scores, heads, m, 0, model.config.n_heads // kv.keys.shape[1])
+    kept = torch.arange(chosen.prompt_slots, device=kv.keys.device)[None, None, :] < chosen.lengths[..., None]
+    pref = policy.preference(view)
+    assert chosen.positions is not None
+    choice = LayerChoice(i, layer_budget, chosen.lengths.cpu(), chosen.positions.cpu(),
+                         None if pref is None else pref.cpu())
+    return LayerKV(chosen.k, chosen.v, None if bool(kept.all()) else kept), choice
+
+
+def compress(model: DiffusionGemma, prompt: EncodedPrompt, votes: Votes, policy: Policy,
+             budget: int) -> Compression:
+    """The prompt cache with each full layer cut to the policy's choice at ``budget`` entries per KV head on average
+    (see the module doc); ``votes`` from ``first_step`` over ``prompt.cache`` (``first_step_compressing`` does the
+    same a layer at a time, without keeping every layer's votes)."""
+    budgets = layer_budgets(model, prompt, policy, budget)
+    if budgets is None:
+        return Compression(prompt.cache, (), None)
+    layers = list(prompt.cache.layers)
+    choices = []
+    for j, (i, lb) in enumerate(zip(model.config.full_layers, budgets, strict=True)):
+        layers[i], choice = select_full_layer(model, prompt, policy, j, lb, *votes[i])
+        choices.append(choice)
+    return Compression(PromptCache(tuple(layers), prompt.cache.length), tuple(choices), tuple(budgets))
+
+
+@torch.no_grad()
+def first_step_compressing(model: DiffusionGemma, prompt: EncodedPrompt, canvas: Tensor, policy: Policy,
+                           budget: int) -> tuple[Tensor, Compression]:
+    """The first denoising step over the full cache (its raw logits, exact) and the compression its votes give,
+    each full layer scored and cut as the step reaches it (its votes are dropped right after): the result of
+    ``first_step`` then ``compress``, holding one layer's votes at a time."""
+    budgets = layer_budgets(model, prompt, policy, budget)
+    if budgets is None:
+        return model.decode(canvas, prompt.cache), Compression(prompt.cache, (), None)
+    full = model.config.full_layers
+    layers = list(prompt.cache.layers)
+    choices: list[LayerChoice] = []
+
+    def observe(i: int, _x: Tensor, q: Tensor, k: Tensor, _v: Tensor) -> None:
+        if i in full:
+            j = full.index(i)
+            layers[i], choice = select_full_layer(model, prompt, policy, j, budgets[j], q, k)
+            choices.append(choice)
+
+    logits = model.decode(canvas, prompt.cache, observe=observe)
+    return logits, Compression(PromptCache(tuple(layers), prompt.cache.length), tuple(choices), tuple(budgets))
+
+
+# ----- the loop ---------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DecodeRequest:
+    """One decoder pass: the raw logits (B, C, V) of ``canvas`` are sent back."""
+
+    canvas: Tensor  # (B, C)
+    self_conditioning: Tensor | None  # the previous step's tempered logits; None at a canvas's first step
+
+
+@dataclass(frozen=True)
+class CommitRequest:
+    """A finished canvas's tokens (B, C) join the cache; None is sent back."""
+
+    tokens: Tensor
+
+
+@dataclass(frozen=True)
+class LoopOutput:
+    sequences: Tensor  # (B, P + n C)
+    decoder_passes: Tensor  # (B,)
+    steps: tuple[int, ...]  # denoising steps per canvas
+
+
+GemmaLoop = Generator[DecodeRequest | CommitRequest, Tensor | None, LoopOutput]
+
+
+def denoising_loop(prompt_ids: Tensor, vocab_size: int, canvas_length: int, dtype: torch.dtype,
+                   settings: DiffusionGemmaSampling, generator: torch.Generator | None = None) -> GemmaLoop:
+    """``generate_reference``'s loop as a generator (the same random draws in the same order): yields what it needs
+    computed and returns the output."""
+    b, c, device = prompt_ids.shape[0], canvas_length, prompt_ids.device
+    sequences = prompt_ids
+    finished_rows = torch.zeros(b, dtype=torch.bool, device=device)
+    passes = torch.zeros(b, dtype=torch.int64, device=device)
+    steps: list[int] = []
+    for canvas_index in range(-(-settings.max_new_tokens // c)):
+        if canvas_index:
+            yield CommitRequest(sequences[:, -c:])
+        canvas = random_canvas(b, c, vocab_size, generator, device)
+        argmax, signal, history = canvas, None, None
+        done = torch.zeros(b, dtype=torch.bool, device=device)
+        run = 0
+        for cur_step in range(settings.max_denoising_steps, 0, -1):
+            passes += ~(done | finished_rows)
+            raw = yield DecodeRequest(canvas, signal)
+            assert raw is not None
+            step = step_on_logits(raw, canvas, argmax, signal, cur_step, done, history, settings, vocab_size, dtype,
+                                  generator)
+            canvas, argmax, signal, done, history = step.canvas, step.argmax, step.logits, step.finished, step.history
+            run += 1
+            if bool(done.all()):
+                break
+        steps.append(run)
+        sequences, finished_rows = finalize_canvas(torch.cat((sequences, argmax), dim=-1), finished_rows, c,
+                                                   settings.eos_token_ids, settings.pad_token_id)
+        if bool(finished_rows.all()):
+            break
+    return LoopOutput(sequences, passes, tuple(steps))
+
+
+class CompressingForward:
+    """Answers a loop's requests over one prompt's cache: the first decode votes and compresses (see the module
+    doc), commits append uncompressed."""
+
+    def __init__(self, model: DiffusionGemma, prompt_ids: Tensor, policy: Policy, budget: int) -> None:
+        check_policy(policy)
+        self.model, self.policy, self.budget = model, policy, budget
+        self.prompt: EncodedPrompt | None = encode_prompt(model, prompt_ids, policy.options.window)
+        self.cache = self.prompt.cache
+        self.compression: Compression | None = None
+
+    @torch.no_grad()
+    def __call__(self, request: DecodeRequest | CommitRequest) -> Tensor | None:
+        if self.prompt is not None:  # the first step of the first canvas: the votes
+            if not isinstance(request, DecodeRequest) or request.self_conditioning is not None:
+                raise ValueError("the votes come from the first canvas's first step (no self-conditioning)")
+            logits, self.compression = first_step_compressing(self.model, self.prompt, request.canvas, self.policy,
+                                                              self.budget)
+            self.cache, self.prompt = self.compression.cache, None  # the full cache and window queries go
+            return logits
+        if isinstance(request, CommitRequest):
+            self.cache = self.model.commit(self.cache, request.tokens)
+            return None
+        return self.model.decode(request.canvas, self.cache, request.self_conditioning)
+
+
+@dataclass(frozen=True)
+class CompressedOutput:
+    sequences: Tensor
+    decoder_passes: Tensor
+    steps: tuple[int, ...]
+    compression: Compression
+
+
+def drive_loop(loop: GemmaLoop, forward: CompressingForward) -> LoopOutput:
+    """Run a loop to its end, each request answered by ``forward``."""
+    try:
+        request = next(loop)
+        while True:
+            request = loop.send(forward(request))
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+@torch.no_grad()
+def generate_compressed(model: DiffusionGemma, prompt_ids: Tensor, policy: Policy, budget: int,
+                        settings: DiffusionGemmaSampling | None = None, generator: torch.Generator | None = None,
+                        seed: int | None = None) -> CompressedOutput:
+    """``generate_reference`` with the prompt cache compressed by ``policy`` at ``budget`` (see the module doc): the
+    same random numbers in the same order, so ``full`` (or a budget at least the prompt) gives its tokens."""
+    settings = settings or DiffusionGemmaSampling()
+    if generator is None and seed is not None:
+        generator = torch.Generator().manual_seed(seed)
+    forward = CompressingForward(model, prompt_ids, policy, budget)
+    loop = denoising_loop(prompt_ids, model.config.vocab_size, model.config.canvas_length, model.dtype, settings,
+                          generator)
+    out = drive_loop(loop, forward)
+    assert forward.compression is not None
+    return CompressedOutput(out.sequences, out.decoder_passes, out.steps, forward.compression)
+
+
+__all__ = ["CommitRequest", "CompressedOutput", "CompressingForward", "Compression", "DecodeRequest",
+           "EncodedPrompt", "LayerChoice", "LoopOutput", "compress", "denoising_loop", "drive_loop",
+           "encode_prompt", "first_step", "first_step_compressing", "full_layer_importance", "generate_compressed",
+           "layer_budgets", "layer_view", "select_full_layer"]
