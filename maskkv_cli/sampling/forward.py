@@ -34,11 +34,13 @@ Lane = PrefillLane | StepLane
 class StepRequest:
     """What a denoising loop asks of the forward at one step: logits of the rows ``rows`` of the sequence ``x``
     (B, M + L) (response positions for ``CachedForward``, rows of the block for ``BlockForward``); ``block_start``:
-    the first position of the block that holds them (``BlockForward``: the block's first sequence position)."""
+    the first position of the block that holds them (``BlockForward``: the block's first sequence position);
+    ``finish``: the block is finished, its final tokens run once more for their keys and values (``BlockForward``)."""
 
     x: Tensor
     rows: Tensor
     block_start: int | None = None
+    finish: bool = False
 
 
 class Forward:
@@ -138,7 +140,12 @@ class BlockForward(Forward):
     """A block-causal model's block at one step, as the plan says: without a cache the whole window of blocks
     again (block-causal mask); with one, the prefill over ``[prompt ; first block]`` at the first step, then the
     current block only, over the kept prompt entries, the finished blocks and itself; a finished block's final
-    tokens run once more (``request.finish``) so that the blocks after it see their exact keys and values."""
+    tokens run once more (``request.finish``) so that the blocks after it see their exact keys and values.
+
+    That pass attends as the next window of the no-cache loop computes the block: over the next block's slots too,
+    masked (``StepLane.reach``), not as the last block of its own window. SDPA rounds a row's sum by how many keys
+    it runs over, masked ones included (CPU's kernel: in groups of 16 keys, and by its key tiles), so the block cut
+    off at its end would get keys and values other than the windows after it use (bf16: other tokens)."""
 
     def __init__(self, model: DiffusionLM, plan: CachePlan, block_length: int, total: int) -> None:
         if not plan.step_options.eager:
@@ -164,7 +171,8 @@ class BlockForward(Forward):
         if self.cache is None:
             layout = Layout(block=self.block, mask_start=self.prompt_len, response_slots=self.total - self.split)
             return self._prefill_lane(x[:, :end], start + rows, self.total - self.split, layout)
-        return StepLane(x[:, start:end], rows, start, self.cache, start - self.split, rope_factor=factor)
+        reach = self.block if request.finish else 0
+        return StepLane(x[:, start:end], rows, start, self.cache, start - self.split, rope_factor=factor, reach=reach)
 
     def alone(self, request: StepRequest) -> Tensor:
         raise AssertionError("a block-causal model's steps always share the engine")
