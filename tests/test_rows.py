@@ -95,3 +95,20 @@ def test_fp32_probe_data_is_plain_random_data() -> None:
         w, x = probe_data(n_in, n_out, torch.float32, g)
         assert torch.equal(w, torch.randn(n_out, n_in, generator=h))
         assert torch.equal(x, torch.randn(4 * 32, n_in, generator=h))
+
+
+@pytest.mark.parametrize("config", FAMILIES)
+def test_a_few_rows_queries_keys_and_values_equal_those_rows_beside_others(config: str, threads) -> None:
+    """Every family's q/k/v products keep the floor too (LLaDA2 slices its fused projection's weight by hand): a
+    block-causal model's current block runs its few rows through them alone at a cached step, the same rows run
+    inside the whole window without a cache."""
+    model = build_model(named_config(config)).init_weights(seed=2, std=0.2).eval()
+    x = torch.randn(1, 40, model.config.d_model, generator=torch.Generator().manual_seed(1))
+    rope = model.rope(torch.arange(40))
+    block = model.blocks[0]
+    with torch.no_grad():
+        together = block.qkv(x, rope)
+        for m in range(1, small_rows() + 3):
+            alone = block.qkv(x[:, 3 : 3 + m], rope.rows(3, 3 + m))
+            for a, t in zip(alone, together, strict=True):
+                assert torch.equal(a, t[:, :, 3 : 3 + m]), m
