@@ -142,10 +142,13 @@ class BlockForward(Forward):
     current block only, over the kept prompt entries, the finished blocks and itself; a finished block's final
     tokens run once more (``request.finish``) so that the blocks after it see their exact keys and values.
 
-    That pass attends as the next window of the no-cache loop computes the block: over the next block's slots too,
-    masked (``StepLane.reach``), not as the last block of its own window. SDPA rounds a row's sum by how many keys
-    it runs over, masked ones included (CPU's kernel: in groups of 16 keys, and by its key tiles), so the block cut
-    off at its end would get keys and values other than the windows after it use (bf16: other tokens)."""
+    That pass attends as the windows of the no-cache loop after it compute the block: over every later slot of the
+    canvas too, masked (``StepLane.reach``), not as the last block of its own window. SDPA rounds a row's sum by
+    how many keys it runs over, masked ones included (CPU's kernel: by its tiles of up to 512 keys and the blocking
+    of its products over them), so the block cut off at its end would get other keys and values than the windows
+    after it use (bf16: other tokens). Spanning to the canvas's end, as the last window does, matched more later
+    windows than spanning one block (94% against 68% of block-and-window pairs, head dim 128, blocks of 32, 1,100
+    positions): where the later windows themselves round a block otherwise, no single copy matches them all."""
 
     def __init__(self, model: DiffusionLM, plan: CachePlan, block_length: int, total: int) -> None:
         if not plan.step_options.eager:
@@ -171,7 +174,7 @@ class BlockForward(Forward):
         if self.cache is None:
             layout = Layout(block=self.block, mask_start=self.prompt_len, response_slots=self.total - self.split)
             return self._prefill_lane(x[:, :end], start + rows, self.total - self.split, layout)
-        reach = self.block if request.finish else 0
+        reach = self.total - end if request.finish else 0  # a finished block spans the rest of the canvas
         return StepLane(x[:, start:end], rows, start, self.cache, start - self.split, rope_factor=factor, reach=reach)
 
     def alone(self, request: StepRequest) -> Tensor:
