@@ -105,8 +105,9 @@ def measure(name: str, dtype: torch.dtype, measures: set[str]) -> dict[str, obje
             full = generate(model, ids, gen, get_policy("full"), llada2=options).tokens
             ok = bool(torch.equal(plain, full))
             runs, same = runs + 1, same + ok
-            cell = cells.setdefault(f"{loop} threshold {threshold}", [0, 0])
-            cell[0], cell[1] = cell[0] + ok, cell[1] + 1
+            for name in (f"{loop} threshold {threshold}", f"prompt {n}"):  # by loop and threshold, by length
+                cell = cells.setdefault(name, [0, 0])
+                cell[0], cell[1] = cell[0] + ok, cell[1] + 1
         for n in lengths if "logits" in measures else ():
             total = -(-(n + gen_length) // block) * block
             x = torch.randint(6, vocab, (1, total), generator=torch.Generator().manual_seed(1000 + n))
