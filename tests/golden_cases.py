@@ -1,7 +1,8 @@
 """Golden outputs: what the tiny models answer today, recorded once and compared by tests/test_golden.py.
 
-The cases pin behaviour across refactors: the response tokens of the LLaDA and Dream samplers for every
-policy at two budgets under three decoding rules, and the JSON of ``ask``, ``summarize``, ``profile`` and
+The cases pin behaviour across refactors: the response tokens of every family (LLaDA, Dream, LLaDA-MoE on LLaDA's
+sampler, LLaDA2's block diffusion) for every policy at two budgets under three decoding rules each, LLaDA2 in bf16
+too (none, full and MaskKV), and the JSON of ``ask``, ``summarize``, ``profile`` and
 ``demo`` plus the predictions of ``bench quality``, with timings, memory readings and temporary paths
 removed. Every case names its policy explicitly, so a change of the default policy does not move them
 (``demo`` compares the default policy with ``full`` by design, and says so in its JSON).
@@ -29,9 +30,11 @@ VOLATILE = {"prefill_s", "step_s", "total_s", "setup_s", "median_step_s", "token
 
 
 def build_models(folder: Path) -> dict[str, Any]:
-    """The test suite's tiny LLaDA (conftest.py) and a tiny Dream on the same tokenizer; the LLaDA saved."""
+    """The test suite's tiny LLaDA (conftest.py), a tiny Dream, LLaDA-MoE and LLaDA2 (and that LLaDA2 in bf16) on
+    the same tokenizer; the LLaDA saved."""
     from maskkv_cli.models.config import named_config
     from maskkv_cli.models.dream import Dream
+    from maskkv_cli.models.families import build_model
     from maskkv_cli.models.llada import LLaDA
     from maskkv_cli.models.loading import save_model
     from maskkv_cli.models.tokenizer_build import build_bpe_tokenizer
@@ -40,8 +43,12 @@ def build_models(folder: Path) -> dict[str, Any]:
     tok = build_bpe_tokenizer(TEXTS, vocab_size=320)
     llada = LLaDA(named_config("tiny").with_(vocab_size=len(tok))).init_weights(seed=1, std=0.2).eval()
     dream = Dream(named_config("dream-tiny").with_(vocab_size=len(tok))).init_weights(seed=2, std=0.2).eval()
+    moe = build_model(named_config("llada-moe-tiny").with_(vocab_size=len(tok))).init_weights(seed=3, std=0.2).eval()
+    llada2 = build_model(named_config("llada2-tiny").with_(vocab_size=len(tok))).init_weights(seed=4, std=0.25).eval()
+    llada2_bf16 = build_model(llada2.config).init_weights(seed=4, std=0.25).to(torch.bfloat16).eval()
     llada_dir = save_model(llada, folder / "tiny-llada", tok)
-    return {"tokenizer": tok, "llada": llada, "dream": dream, "llada_dir": llada_dir}
+    return {"tokenizer": tok, "llada": llada, "dream": dream, "llada-moe": moe, "llada2": llada2,
+            "llada2-bf16": llada2_bf16, "llada_dir": llada_dir}
 
 
 def prompt_ids(tok: Any) -> torch.Tensor:
@@ -67,18 +74,43 @@ def dream_modes() -> dict[str, Any]:
             "origin": DreamGenerationConfig(gen_length=8, steps=8, alg="origin", temperature=0.5, seed=4)}
 
 
+def llada2_modes() -> dict[str, Any]:
+    """LLaDA2's modes as (settings, LLaDA2 options): LLaDA2.0 at its default threshold, with a temperature, and
+    LLaDA2.1's token editing at its release's quality setting."""
+    from maskkv_cli import GenerationConfig
+    from maskkv_cli.sampling import LLaDA2Options
+
+    base = {"gen_length": 16, "steps": 16, "block_length": 8}
+    return {"greedy": (GenerationConfig(**base), LLaDA2Options()),
+            "temperature": (GenerationConfig(**base, temperature=0.7, seed=3), LLaDA2Options()),
+            "editing": (GenerationConfig(**base, threshold=0.7), LLaDA2Options(editing_threshold=0.5,
+                                                                              max_post_steps=4))}
+
+
+BF16_POLICIES = ("none", "full", "maskkv")  # LLaDA2 in bf16: the no-cache loop, its exact cache, eviction
+
+
 def token_cases(models: dict[str, Any], policies: Iterable[str]) -> dict[str, list[int]]:
     """``family/policy/budget/mode`` -> response token ids."""
     from maskkv_cli import generate
     from maskkv_cli.policies.base import get_policy
     from maskkv_cli.sampling.dream import generate_dream
 
+    def llada2(model: Any, ids: torch.Tensor, mode: Any, policy: Any, budget: int) -> Any:
+        gen, options = mode
+        return generate(model, ids, gen, policy, budget, llada2=options)
+
     ids = prompt_ids(models["tokenizer"])
     out: dict[str, list[int]] = {}
-    runs = (("llada", models["llada"], generate, llada_modes()), ("dream", models["dream"], generate_dream,
-                                                                     dream_modes()))
-    for family, model, sample, modes in runs:
-        for policy in policies:
+    policies = list(policies)
+    runs = (("llada", models["llada"], generate, llada_modes(), policies),
+            ("dream", models["dream"], generate_dream, dream_modes(), policies),
+            ("llada-moe", models["llada-moe"], generate, llada_modes(), policies),
+            ("llada2", models["llada2"], llada2, llada2_modes(), policies),
+            ("llada2-bf16", models["llada2-bf16"], llada2, llada2_modes(), [p for p in policies
+                                                                            if p in BF16_POLICIES]))
+    for family, model, sample, modes, names in runs:
+        for policy in names:
             for budget in BUDGETS:
                 for mode, gen in modes.items():
                     result = sample(model, ids, gen, get_policy(policy), budget)

@@ -256,19 +256,22 @@ def threads(request: pytest.FixtureRequest) -> Iterator[int]:
     torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("config", ["tiny", "dream-tiny", "llada-moe-tiny", "llada2-tiny"])
-def test_every_probability_is_bit_identical_for_each_family(config: str, threads: int) -> None:
+@pytest.mark.parametrize(("config", "dtype"), [("tiny", "fp32"), ("dream-tiny", "fp32"), ("llada-moe-tiny", "fp32"),
+                                               ("llada2-tiny", "fp32"), ("llada-moe-tiny", "bf16"),
+                                               ("llada2-tiny", "bf16")])
+def test_every_probability_is_bit_identical_for_each_family(config: str, dtype: str, threads: int) -> None:
     """Not only the tokens: every committed token's probability is the same float alone and in a batch of eight
     prompts of different lengths, every policy kind in one batch (the plain forward, the full cache, MaskKV, online
     layer budgets), at one and two threads (two threads' few-rows kernel reaches 11 rows on this project's
     machines: every product keeps the row floor, models/rows.py). The block-causal family steps its blocks in the
-    same forwards as the others."""
+    same forwards as the others (its finished blocks' passes, spanning the canvas masked, among them). In bf16 too,
+    whose few-rows kernels (1-2 rows) the floor covers as well."""
     from maskkv_cli.bench.cases import random_model
     from maskkv_cli.engine.plan import CacheConfig, plan_cache
     from maskkv_cli.models.config import named_config
     from maskkv_cli.sampling import sample
 
-    model = random_model(named_config(config))
+    model = random_model(named_config(config), dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
     g = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size - 100
     prompts = [torch.randint(6, vocab, (1, n), generator=g) for n in (40, 57, 63, 75, 90, 101, 33, 48)]

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from golden_cases import GOLDEN_DIR, build_models, cli_cases, token_cases
+from golden_cases import BUDGETS, GOLDEN_DIR, build_models, cli_cases, token_cases
 from golden_diff import moved_paths
 
 from maskkv_cli.policies.base import policy_names
@@ -32,6 +32,22 @@ def test_tokens_equal_the_golden_ones(models: dict) -> None:
     now = token_cases(models, policy_names())
     moved = moved_paths(golden, now)
     assert not moved, f"{len(moved)} token cases moved, e.g. {moved[:5]}"
+
+
+def test_every_family_is_pinned() -> None:
+    """The golden tokens cover all four families (and LLaDA2 in bf16)."""
+    families = {key.split("/")[0] for key in load("tokens")}
+    assert families == {"llada", "dream", "llada-moe", "llada2", "llada2-bf16"}
+
+
+def test_llada2_golden_full_equals_none() -> None:
+    """LLaDA2's recorded ``full`` tokens are its recorded no-cache tokens, in every mode, in fp32 and in bf16."""
+    golden = load("tokens")
+    pairs = [(key, key.replace("/none/", "/full/")) for key in golden
+             if key.split("/")[0] in ("llada2", "llada2-bf16") and "/none/" in key]
+    assert len(pairs) == 2 * len(BUDGETS) * 3
+    for none, full in pairs:
+        assert golden[full] == golden[none], full
 
 
 def test_command_json_equals_the_golden_one(models: dict, tmp_path: Path) -> None:

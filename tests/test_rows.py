@@ -9,7 +9,7 @@ from torch import nn
 
 from maskkv_cli.models.config import named_config
 from maskkv_cli.models.families import build_model
-from maskkv_cli.models.rows import Linear, at_least_rows, linear, small_rows
+from maskkv_cli.models.rows import PROBE_SHAPES, Linear, at_least_rows, linear, probe_data, small_rows
 
 FAMILIES = ["tiny", "dream-tiny", "llada-moe-tiny", "llada2-tiny"]
 
@@ -66,3 +66,49 @@ def test_a_few_rows_through_a_whole_layer_equal_those_rows_beside_others(config:
         w, h = torch.randn(384, 128, generator=g), torch.randn(128, 128, generator=g)
         whole = torch.nn.functional.linear(h, w)
         assert any(not torch.equal(torch.nn.functional.linear(h[:m], w), whole[:m]) for m in range(1, small_rows() + 1))
+
+
+def test_the_bf16_floor_keeps_rows_on_rounding_midpoints(threads) -> None:
+    """bf16 rounds a product's fp32 sum once more, so random data hides a few-rows kernel; on the probe's data
+    (outputs on bf16 rounding midpoints) a few rows through ``linear`` equal those rows inside a larger product,
+    for every probed shape, and where this platform has bf16 few-rows kernels the bare product shows them."""
+    bf16 = torch.bfloat16
+    few = small_rows("cpu", bf16)
+    assert 0 <= few <= 32
+    g = torch.Generator().manual_seed(0)
+    bare_differs = False
+    for n_in, n_out in PROBE_SHAPES:
+        w, x = probe_data(n_in, n_out, bf16, g)
+        assert w.dtype == bf16 and x.dtype == bf16
+        whole = torch.nn.functional.linear(x, w)
+        for m in range(1, few + 3):
+            assert torch.equal(linear(x[:m], w), whole[:m]), (n_in, n_out, m)
+        bare_differs |= any(not torch.equal(torch.nn.functional.linear(x[:m], w), whole[:m])
+                            for m in range(1, few + 1))
+    assert bare_differs == (few > 0)
+
+
+def test_fp32_probe_data_is_plain_random_data() -> None:
+    """The fp32 probe draws what it always drew (so fp32's counts, and every fp32 result, stay as they were)."""
+    g, h = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
+    for n_in, n_out in PROBE_SHAPES[:2]:
+        w, x = probe_data(n_in, n_out, torch.float32, g)
+        assert torch.equal(w, torch.randn(n_out, n_in, generator=h))
+        assert torch.equal(x, torch.randn(4 * 32, n_in, generator=h))
+
+
+@pytest.mark.parametrize("config", FAMILIES)
+def test_a_few_rows_queries_keys_and_values_equal_those_rows_beside_others(config: str, threads) -> None:
+    """Every family's q/k/v products keep the floor too (LLaDA2 slices its fused projection's weight by hand): a
+    block-causal model's current block runs its few rows through them alone at a cached step, the same rows run
+    inside the whole window without a cache."""
+    model = build_model(named_config(config)).init_weights(seed=2, std=0.2).eval()
+    x = torch.randn(1, 40, model.config.d_model, generator=torch.Generator().manual_seed(1))
+    rope = model.rope(torch.arange(40))
+    block = model.blocks[0]
+    with torch.no_grad():
+        together = block.qkv(x, rope)
+        for m in range(1, small_rows() + 3):
+            alone = block.qkv(x[:, 3 : 3 + m], rope.rows(3, 3 + m))
+            for a, t in zip(alone, together, strict=True):
+                assert torch.equal(a, t[:, :, 3 : 3 + m]), m

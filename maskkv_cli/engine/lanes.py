@@ -81,7 +81,9 @@ class StepLane:
     are all it writes). With a ``cache`` the rows are response positions [offset, offset + n) of it: they write
     their keys and values there and attend to what the cache's layers show them. Without one the rows are a whole
     sequence attending to themselves (the plain forward: every row through every layer, ``visible`` (n, n) saying
-    which rows each one sees, None: all)."""
+    which rows each one sees, None: all). ``reach``: a cached lane's attention also runs over the next ``reach``
+    response slots, masked (``LayerCache.visible``): a block-causal model's finished block, computed as the windows
+    after it compute it."""
 
     ids: Tensor
     rows: Tensor
@@ -90,6 +92,7 @@ class StepLane:
     offset: int = 0
     visible: Tensor | None = None
     rope_factor: float = 1.0
+    reach: int = 0
 
     @property
     def rows_run(self) -> int:

@@ -71,7 +71,7 @@ def step_hidden(model: DiffusionLM, lanes: Sequence[StepLane]) -> list[Tensor]:
                     continue
                 q_lane = q_lane[:, :, r]
                 x_lane = x_lane.view(h, -1, x.shape[-1])[:, r].reshape(1, -1, x.shape[-1])
-            keys, values, bias = layer.visible(lane.offset, lane.ids.shape[1])
+            keys, values, bias = layer.visible(lane.offset, lane.ids.shape[1], lane.reach)
             outs.append(attention(q_lane, keys, values, bias))
             kept.append(x_lane)
         del q, k, v

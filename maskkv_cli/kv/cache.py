@@ -15,7 +15,10 @@ step's rows write (``write_response``), which entries they see (``visible``), an
 
 A step's rows at response positions ``[offset, offset + n)`` see every prompt slot and the response slot before
 ``offset + n``: the whole slot for a bidirectional model (``offset`` 0, ``n`` = L), the blocks so far for a
-block-causal one. The stored prefix of a block-causal document is ``kv/prefix.py``.
+block-causal one. The response slot starts as zeros, so a block-causal step may also span the next response
+positions, masked (``visible``'s ``reach``): a finished block's final pass attends as the windows after it do,
+whose attention runs over the later blocks' keys masked (SDPA's rounding depends on how many keys it runs over,
+masked ones included; docs/models.md). The stored prefix of a block-causal document is ``kv/prefix.py``.
 """
 
 from __future__ import annotations
@@ -55,12 +58,22 @@ class LayerCache:
         self.k[:, :, start : start + k.shape[2]].copy_(k)
         self.v[:, :, start : start + v.shape[2]].copy_(v)
 
-    def visible(self, offset: int, n: int) -> tuple[Tensor, Tensor, Tensor | None]:
-        """(keys, values, bias) that the rows at response positions [offset, offset + n) attend to."""
+    def visible(self, offset: int, n: int, reach: int = 0) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(keys, values, mask) that the rows at response positions [offset, offset + n) attend to.
+
+        ``reach``: the attention also runs over the next ``reach`` response slots (as far as the slot goes), masked
+        out (a bool mask, or ``-inf`` in the bias): they change no weight, only how SDPA groups its sums, so that
+        these rows round as a longer block-causal window rounds them."""
         end = self.prompt_slots + offset + n
-        if end >= self.k.shape[2]:
-            return self.k, self.v, self.bias
-        return self.k[:, :, :end], self.v[:, :, :end], None if self.bias is None else self.bias[..., :end]
+        span = min(end + reach, self.k.shape[2])
+        keys, values = (self.k, self.v) if span >= self.k.shape[2] else (self.k[:, :, :span], self.v[:, :, :span])
+        bias = None if self.bias is None else self.bias[..., :span]
+        if span > end:  # the reached slots are masked (the others as the bias says)
+            seen = torch.arange(span, device=self.k.device) < end
+            if bias is None:
+                return keys, values, seen[None, None, None]
+            bias = bias.masked_fill(~seen, float("-inf"))
+        return keys, values, bias
 
     @property
     def seq_len(self) -> int:
@@ -120,8 +133,13 @@ class PromptCache:
 
 
 def _buffers(k: Tensor, v: Tensor, slots: int, response_len: int) -> tuple[Tensor, Tensor]:
+    """A layer's key and value buffers: ``slots`` prompt slots (the caller fills them) and the response slot, zeros
+    until a step writes it (a masked key must be finite: a masked NaN or inf would still reach SDPA's sums)."""
     b, h, _, d = k.shape
-    return k.new_empty(b, h, slots + response_len, d), v.new_empty(b, h, slots + response_len, d)
+    kb, vb = k.new_empty(b, h, slots + response_len, d), v.new_empty(b, h, slots + response_len, d)
+    kb[:, :, slots:].zero_()
+    vb[:, :, slots:].zero_()
+    return kb, vb
 
 
 def dense_layer(k: Tensor, v: Tensor, prompt_len: int, response_len: int) -> LayerCache:
@@ -209,6 +227,8 @@ def add_residual(layer: LayerCache, k_r: Tensor, v_r: Tensor, offset: Tensor, he
     vb[:, :, :k_slots] = layer.v[:, :, :k_slots]
     kb[:, :, k_slots] = k_r
     vb[:, :, k_slots] = v_r
+    kb[:, :, k_slots + 1 :] = layer.k[:, :, k_slots:]  # the response slot as it was (zeros where unwritten)
+    vb[:, :, k_slots + 1 :] = layer.v[:, :, k_slots:]
     bias = torch.zeros(b, hq, 1, slots + 1, dtype=layer.k.dtype, device=layer.k.device)
     if layer.bias is not None:
         bias[..., :k_slots] = layer.bias[..., :k_slots]

@@ -16,13 +16,12 @@ shared_experts}``, ``model.norm``, ``lm_head``) except that each layer's MLP mod
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from maskkv_cli.models.base import HFLayoutBlock, HFLayoutModel, RMSNorm, Rope, rotate_in_dtype
 from maskkv_cli.models.config import ModelConfig
 from maskkv_cli.models.moe import feed_forward_module
-from maskkv_cli.models.rows import Linear
+from maskkv_cli.models.rows import Linear, linear
 
 
 class LLaDA2Attention(nn.Module):
@@ -47,9 +46,10 @@ class LLaDA2Block(HFLayoutBlock):
         self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
 
     def _rows(self, n: Tensor, first: int, count: int) -> Tensor:
-        """Heads ``first .. first + count`` of the fused projection (only those rows of its weight are used)."""
+        """Heads ``first .. first + count`` of the fused projection (only those rows of its weight are used), as a
+        product that keeps the row floor (``rows.linear``), as ``Linear`` does."""
         w = self.attention.query_key_value.weight[first * self.head_dim : (first + count) * self.head_dim]
-        return self.heads(torch.nn.functional.linear(n, w), count)
+        return self.heads(linear(n, w), count)
 
     def q_heads(self, n: Tensor) -> Tensor:
         q = self._rows(n, 0, self.n_heads)

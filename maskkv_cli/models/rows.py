@@ -2,7 +2,8 @@
 
 A product's rows are the same numbers whether it has 12 rows or 12,000 (the blocked kernels reduce each row the
 same way), but a product of only a few rows takes another kernel that rounds differently (oneDNN/MKL fp32 on this
-project's machines: 1-3 rows with one thread, up to 11 with two). So every linear layer of a model runs its product
+project's machines: 1-3 rows with one thread, up to 11 with two; bf16: 1-2 rows of a small product, a single row of
+a long reduction, at one thread and two). So every linear layer of a model runs its product
 with at least ``small_rows + 1`` rows (``Linear``, ``linear``: a few rows get zero rows after them, dropped from the
 result). A row's numbers then do not depend on how many other rows share its product: a sequence's last rows of a
 block give the same floats alone as beside other sequences' rows (``engine/step.py`` joins every sequence of a batch
@@ -22,15 +23,40 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 PROBE_ROWS = 32  # small_rows looks at products of up to this many rows
+# (inputs, outputs) of the probed products: two mid-sized ones, then a small one (bf16 products below some size take
+# another kernel for a few rows) and a long reduction (a single bf16 row takes another kernel there)
+PROBE_SHAPES = ((128, 384), (512, 1024), (64, 32), (2048, 64))
+
+
+def probe_data(n_in: int, n_out: int, dtype: torch.dtype, g: torch.Generator) -> tuple[Tensor, Tensor]:
+    """w (n_out, n_in) and x (4 * ``PROBE_ROWS``, n_in) on which two kernels that sum in another order give other
+    results. In fp32 random numbers do: a product's result is its fp32 accumulator itself. A narrower dtype rounds
+    that accumulator once more, which hides a difference unless the exact value lies on one of its rounding
+    midpoints (random data hid bf16's few-rows kernels so: 0 rows were probed). So there every row of x is one
+    random row ending in two ones, and w's last two columns put each output's exact value on a midpoint of
+    ``dtype``'s rounding (to within about twice the narrow precision, far inside fp32's): a kernel whose sum
+    differs in its last fp32 bits rounds it to the other side."""
+    if torch.finfo(dtype).eps <= torch.finfo(torch.float32).eps:
+        w = torch.randn(n_out, n_in, generator=g).to(dtype)
+        return w, torch.randn(4 * PROBE_ROWS, n_in, generator=g).to(dtype)
+    w = torch.randn(n_out, n_in, generator=g).to(dtype)
+    x = torch.randn(n_in, generator=g).to(dtype)
+    x[-2:] = 1
+    exact = w[:, :-2].double() @ x[:-2].double()  # each product of two narrow floats is exact in float64
+    rounded = exact.to(dtype).double()
+    half_ulp = torch.finfo(dtype).eps * torch.pow(2.0, torch.frexp(rounded).exponent.double() - 2)
+    rest = rounded + torch.where(exact >= rounded, half_ulp, -half_ulp) - exact  # to the nearest midpoint
+    w[:, -2] = rest.to(dtype)  # rest in two narrow parts: their sum carries about twice the narrow precision
+    w[:, -1] = (rest - w[:, -2].double()).to(dtype)
+    return w, x.expand(4 * PROBE_ROWS, -1).contiguous()
 
 
 @functools.lru_cache(maxsize=16)
 def _probe(device: str, dtype: torch.dtype, threads: int) -> int:
     g = torch.Generator().manual_seed(0)
     worst = 0
-    for n_in, n_out in ((128, 384), (512, 1024)):
-        w = torch.randn(n_out, n_in, generator=g).to(device=device, dtype=dtype)
-        x = torch.randn(4 * PROBE_ROWS, n_in, generator=g).to(device=device, dtype=dtype)
+    for n_in, n_out in PROBE_SHAPES:
+        w, x = (t.to(device) for t in probe_data(n_in, n_out, dtype, g))
         whole = F.linear(x, w)
         for m in range(1, PROBE_ROWS + 1):
             if not torch.equal(F.linear(x[:m], w), whole[:m]):
@@ -41,7 +67,8 @@ def _probe(device: str, dtype: torch.dtype, threads: int) -> int:
 def small_rows(device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> int:
     """The most rows a matrix product may have and still round differently from the same rows inside a larger
     product, on this platform (0: never): probed once per process (per device, dtype and CPU thread count) on fixed
-    data of two shapes, each product compared row for row with a 4 x ``PROBE_ROWS``-row one."""
+    data (``probe_data``) of the shapes ``PROBE_SHAPES``, each product compared row for row with a 4 x
+    ``PROBE_ROWS``-row one."""
     device = torch.device(device)
     threads = torch.get_num_threads() if device.type == "cpu" else 0
     return _probe(str(device), dtype, threads)

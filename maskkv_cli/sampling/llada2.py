@@ -209,7 +209,7 @@ def llada2_loop(run: BlockDenoising) -> Loop:
         if run.options.stop_at_eos and bool((run.x[:, run.m : end] == run.eos_id).any(dim=1).all()):
             break  # every row has its end-of-text token: nothing after it changes the answer
         if blk + 1 < run.n_blocks and run.forward.keeps_blocks:
-            yield StepRequest(run.x, finish_rows(run.device), blk * run.block)  # the finished block's keys, values
+            yield StepRequest(run.x, finish_rows(run.device), blk * run.block, finish=True)  # its keys, values
 
 
 def llada2_run(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, plan: CachePlan,
