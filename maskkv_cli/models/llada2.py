@@ -16,7 +16,6 @@ shared_experts}``, ``model.norm``, ``lm_head``) except that each layer's MLP mod
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from maskkv_cli.models.base import HFLayoutBlock, HFLayoutModel, RMSNorm, Rope, rotate_in_dtype
@@ -30,6 +29,7 @@ class LLaDA2Attention(nn.Module):
         super().__init__()
         hd, heads = cfg.head_dim, cfg.n_heads + 2 * cfg.n_kv_heads  # type: ignore[operator]
         self.query_key_value = Linear(cfg.d_model, heads * hd, bias=False)
+        self.query_key_value.splits = (cfg.n_heads * hd, (cfg.n_heads + cfg.n_kv_heads) * hd)  # type: ignore[operator]
         if cfg.qk_norm:
             self.query_layernorm = RMSNorm(hd, cfg.rms_norm_eps)
             self.key_layernorm = RMSNorm(hd, cfg.rms_norm_eps)
@@ -48,8 +48,8 @@ class LLaDA2Block(HFLayoutBlock):
 
     def _rows(self, n: Tensor, first: int, count: int) -> Tensor:
         """Heads ``first .. first + count`` of the fused projection (only those rows of its weight are used)."""
-        w = self.attention.query_key_value.weight[first * self.head_dim : (first + count) * self.head_dim]
-        return self.heads(torch.nn.functional.linear(n, w), count)
+        projection = self.attention.query_key_value
+        return self.heads(projection.output_rows(n, first * self.head_dim, (first + count) * self.head_dim), count)
 
     def q_heads(self, n: Tensor) -> Tensor:
         q = self._rows(n, 0, self.n_heads)
