@@ -48,3 +48,24 @@ def test_quantized_while_loading_matches_the_embedded_model(mode: str, agree: fl
         ref, out = base(ids), quant(ids)
     assert (out.argmax(-1) == ref.argmax(-1)).float().mean() >= agree
     assert (out - ref).norm() / ref.norm() <= rel
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+@pytest.mark.parametrize("config", ["tiny", "llada2-tiny"])
+def test_quantized_sequences_get_the_same_floats_alone_and_in_a_batch(config: str, mode: str) -> None:
+    """The row floor still holds with quantized products: tokens and probabilities alone equal those in a batch."""
+    from maskkv_cli.engine.plan import CacheConfig, plan_cache
+    from maskkv_cli.sampling import GenerationConfig, sample
+    from maskkv_cli.sampling.stream import BatchJob, sample_many
+
+    model = quantize_model(random_model(named_config(config)), mode)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(6, 400, (1, n), generator=g) for n in (40, 57, 33, 48)]
+    gen = GenerationConfig(gen_length=16, steps=16, block_length=8)
+    kinds = [CacheConfig("maskkv", 16), CacheConfig("full"), CacheConfig("none")]
+    jobs = [BatchJob(p, gen, plan_cache(model, kinds[i % len(kinds)], p.shape[1], block_length=gen.block_length))
+            for i, p in enumerate(prompts)]
+    for job, together in zip(jobs, sample_many(model, jobs, 4), strict=True):
+        alone = sample(model, job.prompt, gen, job.plan)
+        assert together.tokens.tolist() == alone.tokens.tolist()
+        assert torch.equal(together.token_probs.nan_to_num(-1.0), alone.token_probs.nan_to_num(-1.0))
