@@ -108,6 +108,8 @@ class RunStats:
     kv_full_bytes: int = 0  # what the full prompt cache would take
     setup_s: float = 0.0  # one-time step compilation / CUDA-graph capture, kept out of prefill_s and total_s
     step_mode: str = "eager"
+    weights_bytes: int = 0  # the loaded model's parameters and buffers as held (quantized ones packed)
+    quantization: str = "none"  # its weights' quantization: none, int8, int4 (models/quantize.py)
 
     @property
     def median_step_s(self) -> float:

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from maskkv_cli.models.base import HFLayoutBlock, HFLayoutModel, RMSNorm, Rope, rotate_in_dtype
 from maskkv_cli.models.config import ModelConfig
 from maskkv_cli.models.moe import feed_forward_module
-from maskkv_cli.models.rows import Linear, linear
+from maskkv_cli.models.rows import Linear
 
 
 class LLaDA2Attention(nn.Module):
@@ -29,6 +29,7 @@ class LLaDA2Attention(nn.Module):
         super().__init__()
         hd, heads = cfg.head_dim, cfg.n_heads + 2 * cfg.n_kv_heads  # type: ignore[operator]
         self.query_key_value = Linear(cfg.d_model, heads * hd, bias=False)
+        self.query_key_value.splits = (cfg.n_heads * hd, (cfg.n_heads + cfg.n_kv_heads) * hd)  # type: ignore[operator]
         if cfg.qk_norm:
             self.query_layernorm = RMSNorm(hd, cfg.rms_norm_eps)
             self.key_layernorm = RMSNorm(hd, cfg.rms_norm_eps)
@@ -47,9 +48,9 @@ class LLaDA2Block(HFLayoutBlock):
 
     def _rows(self, n: Tensor, first: int, count: int) -> Tensor:
         """Heads ``first .. first + count`` of the fused projection (only those rows of its weight are used), as a
-        product that keeps the row floor (``rows.linear``), as ``Linear`` does."""
-        w = self.attention.query_key_value.weight[first * self.head_dim : (first + count) * self.head_dim]
-        return self.heads(linear(n, w), count)
+        product that keeps the row floor (``Linear.output_rows``)."""
+        projection = self.attention.query_key_value
+        return self.heads(projection.output_rows(n, first * self.head_dim, (first + count) * self.head_dim), count)
 
     def q_heads(self, n: Tensor) -> Tensor:
         q = self._rows(n, 0, self.n_heads)

@@ -28,6 +28,7 @@ from maskkv_cli.models.diffusion_gemma import checkpoint_shapes as diffusion_gem
 from maskkv_cli.models.diffusion_gemma_config import from_hf as diffusion_gemma_from_hf
 from maskkv_cli.models.families import build_model, config_from_hf, config_to_hf, family, parameter_shapes
 from maskkv_cli.models.protocol import DiffusionLM
+from maskkv_cli.models.quantize import loading_quantizer
 from maskkv_cli.paths import resolve_model_path
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -119,15 +120,17 @@ def load_model(
     path: str | os.PathLike[str],
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype | None = None,
+    quantize: str | None = None,
 ) -> DiffusionLM:
     """Build the model (LLaDA or Dream, from ``config.json``) on the meta device and load each tensor straight
-    into place (no random init, no second copy)."""
+    into place (no random init, no second copy). ``quantize`` ("int8", "int4"): each linear layer is quantized as
+    soon as it is read (``models/quantize.py``), so the full-precision model is never resident."""
     folder = resolve_model_path(path)
-    return load_checkpoint(folder, read_config(folder), device, dtype)
+    return load_checkpoint(folder, read_config(folder), device, dtype, quantize)
 
 
 def load_checkpoint(folder: Path, cfg: ModelConfig, device: str | torch.device = "cpu",
-                    dtype: str | torch.dtype | None = None) -> DiffusionLM:
+                    dtype: str | torch.dtype | None = None, quantize: str | None = None) -> DiffusionLM:
     """``load_model`` of a folder already resolved whose config was read (``models.checkpoint.ModelFolder``)."""
     device = torch.device(device)
     dt = parse_dtype(dtype, device)
@@ -144,6 +147,7 @@ def load_checkpoint(folder: Path, cfg: ModelConfig, device: str | torch.device =
     with torch.device("meta"):
         model = build_model(cfg)
     modules = dict(model.named_modules())
+    quantized = loading_quantizer(model, quantize)
     for key in left_out:  # e.g. a router's expert bias that a checkpoint does not carry: zeros, as upstream inits it
         owner, _, leaf = model.parameter_name(key).rpartition(".")
         modules[owner]._parameters[leaf] = nn.Parameter(torch.zeros(expected[key], device=device, dtype=dt),
@@ -154,6 +158,9 @@ def load_checkpoint(folder: Path, cfg: ModelConfig, device: str | torch.device =
                 owner, _, leaf = model.parameter_name(key).rpartition(".")
                 tensor = f.get_tensor(key).to(device=device, dtype=dt)
                 modules[owner]._parameters[leaf] = nn.Parameter(tensor, requires_grad=False)
+                del tensor
+                if quantized is not None:
+                    quantized(owner)
     model.eval()
     rows.prepare(model)  # the row floor's probe now, not inside the first measured step
     return model

@@ -113,8 +113,17 @@ class Linear(nn.Linear):
     Every family builds its projections, MLPs, experts and LM head from it (``tests/test_rows.py`` checks that no
     plain ``nn.Linear`` is left in a model)."""
 
+    # Output-row boundaries at which the family takes parts of this layer (a fused projection's q, k and v rows):
+    # a quantized layer stores each part on its own (``models/quantize.py``), as a packed weight cannot be sliced
+    splits: tuple[int, ...] = ()
+
     def forward(self, x: Tensor) -> Tensor:
         return linear(x, self.weight, self.bias)
+
+    def output_rows(self, x: Tensor, start: int, stop: int) -> Tensor:
+        """Outputs ``start .. stop`` of this layer of x (only those rows of its weight are used; no bias), with the
+        row floor of ``linear``."""
+        return linear(x, self.weight[start:stop])
 
 
 def prepare(model: nn.Module) -> None:

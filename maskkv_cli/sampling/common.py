@@ -19,6 +19,7 @@ from maskkv_cli.engine.selection import LayerRecord
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.base import kv_bytes_per_token
 from maskkv_cli.models.protocol import DiffusionLM
+from maskkv_cli.models.quantize import quantization_of, weights_bytes
 from maskkv_cli.sampling.forward import CachedForward, Forward
 from maskkv_cli.stats import RunStats, memory_now, model_devices, now, reset_cuda_peaks
 
@@ -108,6 +109,7 @@ class StepMeter:
             stats.kv_entries = forward.cache.logical_entries()
             stats.kv_bytes = forward.cache.prompt_nbytes()
         stats.kv_full_bytes = kv_bytes_per_token(self.model) * forward.split * forward.batch
+        stats.weights_bytes, stats.quantization = weights_bytes(self.model), quantization_of(self.model)
         self.emit(Event("done", 0, 0, self.steps, 0, 0, stats.total_s))
 
 
