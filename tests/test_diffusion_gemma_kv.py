@@ -258,7 +258,7 @@ def test_the_forward_votes_at_the_first_step_only(model):
     ids = _prompt()
     forward = CompressingForward(model, ids, get_policy("maskkv"), 6)
     full_cache = forward.cache
-    from maskkv_cli.sampling.diffusion_gemma_kv import DecodeRequest
+    from maskkv_cli.sampling.diffusion_gemma_steps import DecodeRequest
 
     canvas = _canvas()
     logits = forward(DecodeRequest(canvas, None))

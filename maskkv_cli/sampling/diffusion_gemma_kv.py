@@ -32,9 +32,9 @@ StreamingLLM keeps the first 4 entries and the most recent ones; ``random`` is u
 every prompt query (``prompt-vote``, ``all-vote``) are refused (only the last ``window`` encoder queries are kept),
 and so are policies with residual entries (``maskkv-plus``, ``maskkv-residual``: not ported to this cache).
 
-The loop (``denoising_loop``) is the sampler of ``generate_reference`` as a generator: it yields ``DecodeRequest`` /
-``CommitRequest`` and is sent the decoder's raw logits (None after a commit), drawing random numbers in the same
-order. ``CompressingForward`` answers the requests: its first decode runs over the full cache, shows each full
+The loop (``diffusion_gemma_steps.denoising_loop``, the one ``generate_reference`` drives too) yields
+``DecodeRequest`` / ``CommitRequest`` and is sent the decoder's raw logits (None after a commit).
+``CompressingForward`` answers the requests: its first decode runs over the full cache, shows each full
 layer's queries and keys to the policy (the votes), cutting each full layer as the pass reaches it (the layer
 budgets are fixed before: one layer's votes at a time), and returns those exact logits; every later step
 decodes over the compressed cache, and a committed canvas joins it through the encoder, uncompressed.
@@ -43,7 +43,7 @@ decodes over the compressed cache, and a committed canvas joins it through the e
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -55,10 +55,11 @@ from maskkv_cli.kv.cache import select_layer
 from maskkv_cli.models.diffusion_gemma import DiffusionGemma, LayerKV, PromptCache, attend, entry_mask
 from maskkv_cli.policies.base import LayerView, Policy
 from maskkv_cli.sampling.diffusion_gemma_steps import (
+    CommitRequest,
+    DecodeRequest,
     DiffusionGemmaSampling,
-    finalize_canvas,
-    random_canvas,
-    step_on_logits,
+    denoising_loop,
+    drive_loop,
 )
 
 SCALE = 1.0  # DiffusionGemma's softmax scale (QK-norm replaces 1 / sqrt(D))
@@ -278,67 +279,6 @@ def first_step_compressing(model: DiffusionGemma, prompt: EncodedPrompt, canvas:
     return logits, Compression(PromptCache(tuple(layers), prompt.cache.length), tuple(choices), tuple(budgets))
 
 
-# ----- the loop ---------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class DecodeRequest:
-    """One decoder pass: the raw logits (B, C, V) of ``canvas`` are sent back."""
-
-    canvas: Tensor  # (B, C)
-    self_conditioning: Tensor | None  # the previous step's tempered logits; None at a canvas's first step
-
-
-@dataclass(frozen=True)
-class CommitRequest:
-    """A finished canvas's tokens (B, C) join the cache; None is sent back."""
-
-    tokens: Tensor
-
-
-@dataclass(frozen=True)
-class LoopOutput:
-    sequences: Tensor  # (B, P + n C)
-    decoder_passes: Tensor  # (B,)
-    steps: tuple[int, ...]  # denoising steps per canvas
-
-
-GemmaLoop = Generator[DecodeRequest | CommitRequest, Tensor | None, LoopOutput]
-
-
-def denoising_loop(prompt_ids: Tensor, vocab_size: int, canvas_length: int, dtype: torch.dtype,
-                   settings: DiffusionGemmaSampling, generator: torch.Generator | None = None) -> GemmaLoop:
-    """``generate_reference``'s loop as a generator (the same random draws in the same order): yields what it needs
-    computed and returns the output."""
-    b, c, device = prompt_ids.shape[0], canvas_length, prompt_ids.device
-    sequences = prompt_ids
-    finished_rows = torch.zeros(b, dtype=torch.bool, device=device)
-    passes = torch.zeros(b, dtype=torch.int64, device=device)
-    steps: list[int] = []
-    for canvas_index in range(-(-settings.max_new_tokens // c)):
-        if canvas_index:
-            yield CommitRequest(sequences[:, -c:])
-        canvas = random_canvas(b, c, vocab_size, generator, device)
-        argmax, signal, history = canvas, None, None
-        done = torch.zeros(b, dtype=torch.bool, device=device)
-        run = 0
-        for cur_step in range(settings.max_denoising_steps, 0, -1):
-            passes += ~(done | finished_rows)
-            raw = yield DecodeRequest(canvas, signal)
-            assert raw is not None
-            step = step_on_logits(raw, canvas, argmax, signal, cur_step, done, history, settings, vocab_size, dtype,
-                                  generator)
-            canvas, argmax, signal, done, history = step.canvas, step.argmax, step.logits, step.finished, step.history
-            run += 1
-            if bool(done.all()):
-                break
-        steps.append(run)
-        sequences, finished_rows = finalize_canvas(torch.cat((sequences, argmax), dim=-1), finished_rows, c,
-                                                   settings.eos_token_ids, settings.pad_token_id)
-        if bool(finished_rows.all()):
-            break
-    return LoopOutput(sequences, passes, tuple(steps))
-
-
 class CompressingForward:
     """Answers a loop's requests over one prompt's cache: the first decode votes and compresses (see the module
     doc), commits append uncompressed."""
@@ -373,16 +313,6 @@ class CompressedOutput:
     compression: Compression
 
 
-def drive_loop(loop: GemmaLoop, forward: CompressingForward) -> LoopOutput:
-    """Run a loop to its end, each request answered by ``forward``."""
-    try:
-        request = next(loop)
-        while True:
-            request = loop.send(forward(request))
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
-
-
 @torch.no_grad()
 def generate_compressed(model: DiffusionGemma, prompt_ids: Tensor, policy: Policy, budget: int,
                         settings: DiffusionGemmaSampling | None = None, generator: torch.Generator | None = None,
@@ -400,7 +330,7 @@ def generate_compressed(model: DiffusionGemma, prompt_ids: Tensor, policy: Polic
     return CompressedOutput(out.sequences, out.decoder_passes, out.steps, forward.compression)
 
 
-__all__ = ["CommitRequest", "CompressedOutput", "CompressingForward", "Compression", "DecodeRequest",
-           "EncodedPrompt", "LayerChoice", "LoopOutput", "compress", "denoising_loop", "drive_loop",
+__all__ = ["CompressedOutput", "CompressingForward", "Compression",
+           "EncodedPrompt", "LayerChoice", "compress",
            "encode_prompt", "first_step", "first_step_compressing", "full_layer_importance", "generate_compressed",
            "layer_budgets", "layer_view", "select_full_layer"]

@@ -25,7 +25,7 @@ commits the *argmax* canvas of the last step run (not the sampled one) and retur
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 import torch
@@ -215,41 +215,57 @@ def step_on_logits(raw: Tensor, canvas: Tensor, argmax: Tensor, self_conditionin
     return StepResult(new_canvas, new_argmax, logits.to(dtype), sampled, accepted, finished, history)
 
 
-# ----- the reference driver ----------------------------------------------------------------------------------------
+# ----- the loop and the reference driver ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class ReferenceOutput:
+class DecodeRequest:
+    """One decoder pass: the raw logits (B, C, V) of ``canvas`` are sent back."""
+
+    canvas: Tensor  # (B, C)
+    self_conditioning: Tensor | None  # the previous step's tempered logits; None at a canvas's first step
+
+
+@dataclass(frozen=True)
+class CommitRequest:
+    """A finished canvas's tokens (B, C) join the cache; None is sent back."""
+
+    tokens: Tensor
+
+
+@dataclass(frozen=True)
+class LoopOutput:
     sequences: Tensor  # (B, P + n C): the prompt and n whole canvases
     decoder_passes: Tensor  # (B,) decoder passes counted per row (as transformers' tokens_per_forward counts them)
     steps: tuple[int, ...]  # denoising steps run per canvas
 
 
-def generate_reference(model: DiffusionGemma, prompt_ids: Tensor, settings: DiffusionGemmaSampling | None = None,
-                       generator: torch.Generator | None = None, seed: int | None = None) -> ReferenceOutput:
-    """Canvas after canvas with the full prompt cache (no compression): transformers' ``generate`` for a batch of
-    equal-length, unpadded prompts (B, P). ``seed`` makes a CPU generator (the same numbers as
-    ``torch.manual_seed(seed)`` before transformers' ``generate``); without either, the global generator."""
-    settings = settings or DiffusionGemmaSampling()
-    if generator is None and seed is not None:
-        generator = torch.Generator().manual_seed(seed)
-    cfg = model.config
-    b, c = prompt_ids.shape[0], cfg.canvas_length
-    device = prompt_ids.device
+GemmaLoop = Generator[DecodeRequest | CommitRequest, Tensor | None, LoopOutput]
+Forward = Callable[[DecodeRequest | CommitRequest], Tensor | None]
+
+
+def denoising_loop(prompt_ids: Tensor, vocab_size: int, canvas_length: int, dtype: torch.dtype,
+                   settings: DiffusionGemmaSampling, generator: torch.Generator | None = None) -> GemmaLoop:
+    """The whole sampler, canvas after canvas, as a generator: it yields the decoder passes and commits it needs
+    (answered by a forward: ``generate_reference``'s over the full cache, ``diffusion_gemma_kv``'s over a compressed
+    one) and returns the output. The random draws come in transformers' order."""
+    b, c, device = prompt_ids.shape[0], canvas_length, prompt_ids.device
     sequences = prompt_ids
     finished_rows = torch.zeros(b, dtype=torch.bool, device=device)
     passes = torch.zeros(b, dtype=torch.int64, device=device)
     steps: list[int] = []
-    cache = model.encode(prompt_ids).cache
-    for canvas_index in range(math.ceil(settings.max_new_tokens / c)):
-        if canvas_index:  # the last committed canvas joins the cache
-            cache = model.commit(cache, sequences[:, -c:])
-        canvas = random_canvas(b, c, cfg.vocab_size, generator, device)
+    for canvas_index in range(-(-settings.max_new_tokens // c)):
+        if canvas_index:
+            yield CommitRequest(sequences[:, -c:])
+        canvas = random_canvas(b, c, vocab_size, generator, device)
         argmax, signal, history = canvas, None, None
         done = torch.zeros(b, dtype=torch.bool, device=device)
         run = 0
         for cur_step in range(settings.max_denoising_steps, 0, -1):
             passes += ~(done | finished_rows)
-            step = denoising_step(model, cache, canvas, argmax, signal, cur_step, done, history, settings, generator)
+            raw = yield DecodeRequest(canvas, signal)
+            assert raw is not None
+            step = step_on_logits(raw, canvas, argmax, signal, cur_step, done, history, settings, vocab_size, dtype,
+                                  generator)
             canvas, argmax, signal, done, history = step.canvas, step.argmax, step.logits, step.finished, step.history
             run += 1
             if bool(done.all()):
@@ -259,4 +275,40 @@ def generate_reference(model: DiffusionGemma, prompt_ids: Tensor, settings: Diff
                                                    settings.eos_token_ids, settings.pad_token_id)
         if bool(finished_rows.all()):
             break
-    return ReferenceOutput(sequences, passes, tuple(steps))
+    return LoopOutput(sequences, passes, tuple(steps))
+
+
+def drive_loop(loop: GemmaLoop, forward: Forward) -> LoopOutput:
+    """Run a loop to its end, each request answered by ``forward``."""
+    try:
+        request = next(loop)
+        while True:
+            request = loop.send(forward(request))
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+class FullCacheForward:
+    """Answers a loop's requests over the full prompt cache: decodes over it, commits append to it."""
+
+    def __init__(self, model: DiffusionGemma, prompt_ids: Tensor) -> None:
+        self.model, self.cache = model, model.encode(prompt_ids).cache
+
+    def __call__(self, request: DecodeRequest | CommitRequest) -> Tensor | None:
+        if isinstance(request, CommitRequest):
+            self.cache = self.model.commit(self.cache, request.tokens)
+            return None
+        return self.model.decode(request.canvas, self.cache, request.self_conditioning)
+
+
+def generate_reference(model: DiffusionGemma, prompt_ids: Tensor, settings: DiffusionGemmaSampling | None = None,
+                       generator: torch.Generator | None = None, seed: int | None = None) -> LoopOutput:
+    """Canvas after canvas with the full prompt cache (no compression): transformers' ``generate`` for a batch of
+    equal-length, unpadded prompts (B, P). ``seed`` makes a CPU generator (the same numbers as
+    ``torch.manual_seed(seed)`` before transformers' ``generate``); without either, the global generator."""
+    settings = settings or DiffusionGemmaSampling()
+    if generator is None and seed is not None:
+        generator = torch.Generator().manual_seed(seed)
+    loop = denoising_loop(prompt_ids, model.config.vocab_size, model.config.canvas_length, model.dtype, settings,
+                          generator)
+    return drive_loop(loop, FullCacheForward(model, prompt_ids))
