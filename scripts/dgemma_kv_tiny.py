@@ -53,19 +53,7 @@ V, C = 512, 16
 def tiny_model() -> DiffusionGemma:
     cfg = named_config("diffusiongemma-tiny").with_(n_layers=6, layer_types=(SLIDING, FULL) * 3, n_global_kv_heads=2,
                                                     canvas_length=C)
-    model = DiffusionGemma(cfg).eval()
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 1:
-                p.copy_(0.5 + torch.rand(p.shape, generator=gen))
-            elif "embed_tokens" in name:
-                p.copy_(1.5 * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
-        for b in model.buffers():
-            b.copy_(0.5 + torch.rand(b.shape, generator=gen))
-    return model
+    return DiffusionGemma(cfg).eval().init_spread_weights(0)
 
 
 def kept_share(model: DiffusionGemma, cache: PromptCache, canvas: torch.Tensor, signal: torch.Tensor,

@@ -40,19 +40,7 @@ IMPORTANCE = (0.1, 0.5, 0.2)  # per full layer
 @pytest.fixture(scope="module")
 def model() -> DiffusionGemma:
     torch.manual_seed(0)
-    m = DiffusionGemma(CFG).eval()
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            if p.dim() == 1:  # norm weights, router scales
-                p.copy_(0.5 + torch.rand(p.shape, generator=gen))
-            elif "embed_tokens" in name:
-                p.copy_(1.5 * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
-        for b in m.buffers():
-            b.copy_(0.5 + torch.rand(b.shape, generator=gen))
-    return m
+    return DiffusionGemma(CFG).eval().init_spread_weights(0)
 
 
 def _prompt(batch: int = 1, n: int = M, seed: int = 1) -> torch.Tensor:

@@ -538,6 +538,23 @@ class DiffusionGemma(nn.Module):
                 buf.fill_(1.0)
         return self
 
+    def init_spread_weights(self, seed: int = 0) -> DiffusionGemma:
+        """Random weights under which the choice of kept prompt entries shows in the logits (for tests and tiny
+        measurements of the compressed cache): vectors (norm weights, router scales) and buffers (layer scalars)
+        uniform in [0.5, 1.5), the embedding N(0, 1.5^2), every matrix N(0, 1 / fan-in); reproducible from seed."""
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if p.dim() == 1:
+                    p.copy_(0.5 + torch.rand(p.shape, generator=gen))
+                elif "embed_tokens" in name:
+                    p.copy_(1.5 * torch.randn(p.shape, generator=gen))
+                else:
+                    p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
+            for buf in self.buffers():
+                buf.copy_(0.5 + torch.rand(buf.shape, generator=gen))
+        return self
+
 
 def checkpoint_shapes(cfg: DiffusionGemmaConfig) -> dict[str, tuple[int, ...]]:
     """Checkpoint key -> shape of every tensor the model reads (parameters and layer scalars), from the config."""
