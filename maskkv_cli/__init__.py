@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from maskkv_cli.allocator import configure_once
+from maskkv_cli.runtime.allocator import configure_once
 
 __version__ = "0.1.0"
 
@@ -25,13 +25,13 @@ _LAZY = {
     "DreamOptions": "maskkv_cli.sampling",
     "generate_dream": "maskkv_cli.sampling",
     "sample": "maskkv_cli.sampling",
-    "ask": "maskkv_cli.pipeline",
+    "ask": "maskkv_cli.app.pipeline",
     "ModelConfig": "maskkv_cli.models.config",
     "named_config": "maskkv_cli.models.config",
     "LLaDA": "maskkv_cli.models.llada",
     "get_policy": "maskkv_cli.policies.base",
     "PolicyOptions": "maskkv_cli.policies.base",
-    "Session": "maskkv_cli.session",
+    "Session": "maskkv_cli.app.session",
     "CacheConfig": "maskkv_cli.engine.plan",
 }
 

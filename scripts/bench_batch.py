@@ -65,11 +65,11 @@ def batch_limits(names: list[str], specs: list[JobSpec], model_path: str, settin
         return {}
     import torch
 
+    from maskkv_cli.app.pipeline import prepare
+    from maskkv_cli.app.run_settings import RunSettings
+    from maskkv_cli.app.session import Session
     from maskkv_cli.bench.limit import measure_batch_limit
     from maskkv_cli.engine.plan import plan_cache
-    from maskkv_cli.pipeline import prepare
-    from maskkv_cli.run_settings import RunSettings
-    from maskkv_cli.session import Session
 
     session = Session(model_path)
     run = RunSettings(policy=settings.policy, budget=settings.budget)

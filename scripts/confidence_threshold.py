@@ -31,11 +31,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from maskkv_cli import pipeline  # noqa: E402
+from maskkv_cli.app import pipeline  # noqa: E402
+from maskkv_cli.app.run_settings import RunSettings  # noqa: E402
+from maskkv_cli.app.session import Session  # noqa: E402
 from maskkv_cli.documents.corpus import split_paragraphs  # noqa: E402
 from maskkv_cli.models.catalog import shipped_model  # noqa: E402
-from maskkv_cli.run_settings import RunSettings  # noqa: E402
-from maskkv_cli.session import Session  # noqa: E402
 from maskkv_cli.tasks.metrics import is_no_answer, score  # noqa: E402
 from maskkv_cli.tasks.synthetic import generate_tasks  # noqa: E402
 

@@ -39,11 +39,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import torch  # noqa: E402
 
-from maskkv_cli import pipeline  # noqa: E402
+from maskkv_cli.app import pipeline  # noqa: E402
+from maskkv_cli.app.run_settings import RunSettings  # noqa: E402
+from maskkv_cli.app.session import Session  # noqa: E402
 from maskkv_cli.models.catalog import shipped_model  # noqa: E402
 from maskkv_cli.prompting.fit import char_offset, part_windows  # noqa: E402
-from maskkv_cli.run_settings import RunSettings  # noqa: E402
-from maskkv_cli.session import Session  # noqa: E402
 from maskkv_cli.tasks.synthetic import KEY_WORDS, NEEDLE_TEMPLATE, QUESTION_SINGLE  # noqa: E402
 
 LICENSES = Path("/usr/share/common-licenses")

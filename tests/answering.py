@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from maskkv_cli.session import Session
+from maskkv_cli.app.session import Session
 
 
 def replace_answers(monkeypatch: pytest.MonkeyPatch, answer_ids: Callable[..., Any]) -> None:

@@ -52,8 +52,8 @@ def isolated_home(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def session():
     """A session on the embedded tiny model, one per test module (the server's tests; a module may define its own)."""
+    from maskkv_cli.app.session import Session
     from maskkv_cli.models.catalog import shipped_model
-    from maskkv_cli.session import Session
 
     return Session(str(shipped_model()))
 

@@ -1,4 +1,4 @@
-"""The start-up allocator setting (``maskkv_cli/allocator.py``): applied on import, off with MASKKV_MALLOC=default."""
+"""The start-up allocator setting (``runtime/allocator.py``): applied on import, off with MASKKV_MALLOC=default."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from maskkv_cli import allocator
+from maskkv_cli.runtime import allocator
 
 GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 
@@ -19,7 +19,7 @@ GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 PROBE = r"""
 import ctypes, json
 import maskkv_cli
-from maskkv_cli import allocator
+from maskkv_cli.runtime import allocator
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in

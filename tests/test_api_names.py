@@ -23,13 +23,13 @@ DOCUMENTED = [
     ("maskkv_cli.sampling", "DreamGenerationConfig"),
     ("maskkv_cli.sampling", "sample"),
     ("maskkv_cli.sampling", "DreamOptions"),
-    ("maskkv_cli.pipeline", "ask"),
-    ("maskkv_cli.pipeline", "prepare"),
+    ("maskkv_cli.app.pipeline", "ask"),
+    ("maskkv_cli.app.pipeline", "prepare"),
     ("maskkv_cli.policies", "get_policy"),
     ("maskkv_cli.policies.base", "register"),
     ("maskkv_cli.kv.budgets", "distribute_exact"),
     ("maskkv_cli.engine.plan", "resolve_importance"),
-    ("maskkv_cli.stats", "now"),
+    ("maskkv_cli.runtime.stats", "now"),
     ("maskkv_cli.cli", "app"),
 ]
 

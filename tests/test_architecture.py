@@ -60,3 +60,10 @@ def test_every_option_is_declared_once() -> None:
     twice = {flag: n for flag, n in _declared_flags().items() if n > DIFFERENT_OPTIONS_ONE_FLAG.get(flag, 1)}
     assert not twice, f"declared more than once (use cli/options.py's declaration): {twice}"
     assert {"--seed", "--policies", "--out", "--questions", "--tasks"} <= set(_declared_flags())
+
+
+def test_the_root_holds_the_entry_points_and_a_few_foundations() -> None:
+    """The package's root: ``__init__``, ``__main__`` and at most four foundations; the rest lives in packages."""
+    modules = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert {"__init__.py", "__main__.py"} <= set(modules)
+    assert len(modules) <= 6, f"{len(modules)} modules at the root of maskkv_cli: {', '.join(modules)}"

@@ -10,12 +10,12 @@ import pytest
 from pdfs import BODY, make_pdf
 from typer.testing import CliRunner
 
+from maskkv_cli.app.run_settings import resolve_generation
 from maskkv_cli.batch.folder import AnswersFolder, read_rows
 from maskkv_cli.batch.jobs import AnswerSettings, JobSpec, cross_product, job_key, read_jobs_file
 from maskkv_cli.batch.run import Runner, run_batch
 from maskkv_cli.cli import app
 from maskkv_cli.errors import UsageError
-from maskkv_cli.run_settings import resolve_generation
 from maskkv_cli.sampling.llada import GenerationConfig
 
 runner = CliRunner()
@@ -258,7 +258,7 @@ def test_bench_quality_sharded_over_worker_processes_gives_the_same_rows(tmp_pat
 
 def test_a_job_that_fails_while_answering_is_a_row_and_the_run_goes_on(
         tmp_path: Path, corpus: dict[str, Path], tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from maskkv_cli.session import Session
+    from maskkv_cli.app.session import Session
 
     class OutOfMemoryError(RuntimeError):  # the name torch.cuda.OutOfMemoryError has
         pass

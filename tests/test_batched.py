@@ -141,9 +141,9 @@ def test_cfg_and_no_cache_lanes(models: dict) -> None:
 
 def test_ask_many_equals_ask(tiny_dir: Path) -> None:
     """Questions about one document, one of them read in parts, answered together equal each asked alone."""
+    from maskkv_cli.app.pipeline import ask, ask_many
+    from maskkv_cli.app.session import Session
     from maskkv_cli.engine.plan import CacheConfig
-    from maskkv_cli.pipeline import ask, ask_many
-    from maskkv_cli.session import Session
 
     session = Session(str(tiny_dir))
     short = TEXTS[0]
@@ -289,9 +289,9 @@ def test_every_probability_is_bit_identical_for_each_family(config: str, dtype: 
 def test_rope_scaled_prompts_batch_with_others(tiny_dir: Path) -> None:
     """Under ``--long rope-scale`` each prompt carries its own RoPE base scaling (its lanes' tables), so a text
     beyond the window read whole answers the same beside other questions as alone."""
+    from maskkv_cli.app.pipeline import ask, ask_many
+    from maskkv_cli.app.session import Session
     from maskkv_cli.engine.plan import CacheConfig
-    from maskkv_cli.pipeline import ask, ask_many
-    from maskkv_cli.session import Session
 
     session = Session(str(tiny_dir))
     long = "\n".join(TEXTS[i % 4] * 3 for i in range(40))

@@ -11,10 +11,10 @@ import pytest
 from answering import replace_answers
 from typer.testing import CliRunner
 
+from maskkv_cli.app.session import Session
 from maskkv_cli.bench.quality_plan import plan_cases
 from maskkv_cli.bench.quality_report import add_retention, display_order, no_answer_markdown, summary_markdown
 from maskkv_cli.cli import app
-from maskkv_cli.session import Session
 
 runner = CliRunner()
 FAST = ["--gen-length", "8", "--steps", "8", "--block-length", "8"]

@@ -8,7 +8,7 @@ import pytest
 from prompts import NEEDLE_DOC, NEEDLE_PARAGRAPH
 from typer.testing import CliRunner
 
-import maskkv_cli.session as session_module
+import maskkv_cli.app.session as session_module
 from maskkv_cli.cli import app
 
 runner = CliRunner()

@@ -119,7 +119,7 @@ def test_summarize_uses_a_lead_summary_models_trained_format(pdf, tiny_dir, tmp_
     block; another model keeps the length from --length and the merge instruction."""
     import shutil
 
-    import maskkv_cli.pipeline as pipeline
+    import maskkv_cli.app.pipeline as pipeline
     from maskkv_cli.prompting.parts import merge_instruction, part_instruction
 
     lead = tmp_path / "lead-model"
@@ -215,8 +215,8 @@ def test_model_folder_missing_files(pdf, tmp_path):
 
 
 def test_interrupt_exits_130_and_keeps_store(pdf, tiny_dir, monkeypatch):
+    from maskkv_cli.app.session import Session
     from maskkv_cli.documents.store import DocumentStore
-    from maskkv_cli.session import Session
 
     def boom(*a, **k):
         raise KeyboardInterrupt
@@ -230,7 +230,7 @@ def test_interrupt_exits_130_and_keeps_store(pdf, tiny_dir, monkeypatch):
 
 
 def test_out_of_memory_message(pdf, tiny_dir, monkeypatch):
-    from maskkv_cli.session import Session
+    from maskkv_cli.app.session import Session
 
     def oom(*a, **k):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
@@ -256,9 +256,9 @@ def test_layer_budget_modes_and_calibration_note(pdf, tiny_dir):
 def test_live_panel_and_session_resolve_auto_to_the_same_device(pdf, tiny_dir, monkeypatch, command):
     # With a GPU visible, --device auto must give the live panel the device the session runs on (it showed the
     # CPU's memory while the model ran on CUDA). The session stops right away: no GPU is needed.
+    from maskkv_cli.app.session import Session
     from maskkv_cli.cli import render
     from maskkv_cli.errors import MaskKVError
-    from maskkv_cli.session import Session
 
     seen: dict[str, str] = {}
     panel_init = render.LiveRun.__init__
@@ -280,7 +280,7 @@ def test_live_panel_and_session_resolve_auto_to_the_same_device(pdf, tiny_dir, m
 
 
 def test_resolve_device(monkeypatch):
-    from maskkv_cli.devices import resolve_device
+    from maskkv_cli.runtime.devices import resolve_device
 
     assert resolve_device("cpu") == "cpu" and resolve_device("cuda:1") == "cuda:1"
     for available, want in ((True, "cuda"), (False, "cpu")):

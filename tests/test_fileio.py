@@ -1,4 +1,4 @@
-"""The one atomic write (``maskkv_cli/fileio.py``): the target is the old file or the new one, never a mix, and a
+"""The one atomic write (``runtime/fileio.py``): the target is the old file or the new one, never a mix, and a
 failed write leaves no temporary file."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from maskkv_cli.fileio import atomic_file, atomic_write_bytes, atomic_write_text, open_file_mode
+from maskkv_cli.runtime.fileio import atomic_file, atomic_write_bytes, atomic_write_text, open_file_mode
 
 
 def test_writes_replaces_and_creates_the_folder(tmp_path: Path) -> None:

@@ -313,6 +313,7 @@ def test_dream_family(tiny_tokenizer: Any, tmp_path: Path) -> None:
     applied, fewer bytes kept than the full cache, and a log-likelihood estimate."""
     from lm_eval.api.instance import Instance
 
+    from maskkv_cli.app.session import Session
     from maskkv_cli.engine.plan import CacheConfig
     from maskkv_cli.evaluation import register
     from maskkv_cli.models.config import named_config
@@ -320,7 +321,6 @@ def test_dream_family(tiny_tokenizer: Any, tmp_path: Path) -> None:
     from maskkv_cli.models.loading import save_model
     from maskkv_cli.policies.base import PolicyOptions
     from maskkv_cli.sampling.llada import GenerationConfig
-    from maskkv_cli.session import Session
 
     register()
     from maskkv_cli.evaluation.harness_model import MaskKVLM

@@ -112,9 +112,9 @@ def test_a_block_causal_model_batches_its_requests_too(tiny_tokenizer: Any, tmp_
     """LLaDA2 takes the batched path like every family: its requests of one answer length and temperature share
     their steps, each with the start it shares with the request before (``document_lens``), and the answers are
     those one at a time gives; LLaDA2's own settings reach its sampler."""
+    from maskkv_cli.app.session import Session
     from maskkv_cli.models.config import named_config
     from maskkv_cli.models.loading import build_model, save_model
-    from maskkv_cli.session import Session
 
     cfg = named_config("llada2-tiny").with_(vocab_size=len(tiny_tokenizer))
     folder = save_model(build_model(cfg).init_weights(seed=3, std=0.25).eval(), tmp_path / "llada2", tiny_tokenizer)

@@ -227,10 +227,10 @@ def test_prefill_from_a_stored_prefix_equals_the_whole_prefill(llada2):
 def test_one_document_many_questions_computes_it_once(tmp_path, llada2, tiny_tokenizer, monkeypatch):
     """``ask -q`` over one document: its blocks run once for all questions, and each answer equals the one a fresh
     session gives to that question alone."""
-    import maskkv_cli.session as session_mod
+    import maskkv_cli.app.session as session_mod
+    from maskkv_cli.app.pipeline import ask
+    from maskkv_cli.app.session import Session
     from maskkv_cli.engine.plan import CacheConfig
-    from maskkv_cli.pipeline import ask
-    from maskkv_cli.session import Session
 
     folder = save_model(llada2, tmp_path / "llada2", tiny_tokenizer)
     calls: list[int] = []

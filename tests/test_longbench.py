@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from maskkv_cli.app.session import Session
 from maskkv_cli.bench.quality import group_generation
 from maskkv_cli.bench.quality_sources import TaskGroup, build_groups
 from maskkv_cli.cli import app
 from maskkv_cli.errors import UsageError
 from maskkv_cli.prompting.fit import middle_cut
 from maskkv_cli.sampling.llada import GenerationConfig
-from maskkv_cli.session import Session
 from maskkv_cli.tasks.longbench import (
     MAX_NEW_TOKENS,
     TEMPLATES,

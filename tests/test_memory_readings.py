@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from maskkv_cli import stats
 from maskkv_cli.bench.live_bytes import LiveBytes
+from maskkv_cli.runtime import stats
 
 MIB = 1 << 20
 

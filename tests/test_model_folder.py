@@ -28,7 +28,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
         seen["resolve"] += 1
         return real(name)  # type: ignore[arg-type]
 
-    import maskkv_cli.session  # noqa: F401  (the modules that bind the name on import, imported before the spy)
+    import maskkv_cli.app.session  # noqa: F401  (the modules that bind the name on import, imported before the spy)
 
     for module in [m for name, m in list(sys.modules.items()) if name.startswith("maskkv_cli") and m is not None]:
         if hasattr(module, "resolve_model_path"):
@@ -104,12 +104,12 @@ def test_a_configured_default_is_resolved_once(counted: Counter[str], doc: Path,
 
 
 def test_path_strings_still_work_at_the_library_entry_points(tiny_dir: Path) -> None:
+    from maskkv_cli.app.session import Session
     from maskkv_cli.engine.plan import CacheConfig, plan_cache, resolve_importance
     from maskkv_cli.models.calibration import model_key, profile_path
     from maskkv_cli.models.checkpoint import ModelFolder
     from maskkv_cli.models.fingerprint import model_fingerprint
     from maskkv_cli.policies.base import PolicyOptions
-    from maskkv_cli.session import Session
 
     folder = ModelFolder.of(str(tiny_dir))
     assert ModelFolder.of(folder) is folder and folder.name == str(tiny_dir) and folder.path == tiny_dir

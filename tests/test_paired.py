@@ -12,6 +12,7 @@ import pytest
 from answering import replace_answers
 from typer.testing import CliRunner
 
+from maskkv_cli.app.session import Session
 from maskkv_cli.bench.paired import (
     add_intervals,
     paired_comparisons,
@@ -21,7 +22,6 @@ from maskkv_cli.bench.paired import (
     wilson_interval,
 )
 from maskkv_cli.cli import app
-from maskkv_cli.session import Session
 
 
 def test_wilson_interval_known_values() -> None:

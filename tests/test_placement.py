@@ -9,12 +9,12 @@ from typer.testing import CliRunner
 import maskkv_cli.engine.lanes as lanes
 import maskkv_cli.engine.prefill as prefill_module
 import maskkv_cli.engine.step as step_module
+from maskkv_cli.app.session import Session
 from maskkv_cli.cli import app
 from maskkv_cli.engine.plan import CacheConfig
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.placement import parse_device_map, split_layers
 from maskkv_cli.sampling.llada import GenerationConfig
-from maskkv_cli.session import Session
 
 CPU = torch.device("cpu")
 

@@ -301,7 +301,7 @@ def test_profile_document_resets_cuda_peaks_between_runs(monkeypatch):
 
     from maskkv_cli.models.config import named_config
     from maskkv_cli.reports.profile_report import profile_document
-    from maskkv_cli.stats import RunStats
+    from maskkv_cli.runtime.stats import RunStats
 
     resets: list[object] = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
@@ -320,7 +320,7 @@ def test_profile_document_resets_cuda_peaks_between_runs(monkeypatch):
         return SimpleNamespace(text="ok", prompt_len=10, budget=None, result=result, notes=[], fitted=fitted,
                                confidence=None)
 
-    monkeypatch.setattr("maskkv_cli.pipeline.ask", ask)
+    monkeypatch.setattr("maskkv_cli.app.pipeline.ask", ask)
     report = profile_document(session, _doc("doc"), "Q?", None, [RunSpec("none"), RunSpec("full")], warmup=False)
     assert seen == ["none", "full"] and len(resets) == 2
     assert "reset before each run" in report.memory_note and report.focus is None

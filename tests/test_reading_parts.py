@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from maskkv_cli.pipeline import Answer, answer_row, choose_part, claim, parts_stats, spans_pages, trained_question
+from maskkv_cli.app.pipeline import Answer, answer_row, choose_part, claim, parts_stats, spans_pages, trained_question
 from maskkv_cli.prompting import NO_ANSWER
 from maskkv_cli.prompting.fit import FittedContext, part_windows
 from maskkv_cli.reports.answers import answer_line, cell_confidence, context_line
+from maskkv_cli.runtime.stats import RunStats
 from maskkv_cli.sampling.confidence import Confidence
-from maskkv_cli.stats import RunStats
 
 
 def test_part_windows_cover_the_text_with_the_overlap_and_end_at_its_end() -> None:
@@ -64,7 +64,7 @@ def test_not_in_the_document_only_when_every_part_says_so() -> None:
 
 
 def test_an_answer_from_two_neighbouring_parts_comes_from_their_overlap() -> None:
-    from maskkv_cli.pipeline import common_source
+    from maskkv_cli.app.pipeline import common_source
 
     assert common_source([(0, 100), (90, 190)]) == ((90, 100),)
     assert common_source([(0, 100)]) == ((0, 100),)

@@ -81,9 +81,9 @@ def test_the_openai_client_asks_an_uploaded_document_plain_and_streamed(client, 
     assert pages["kept_total"] == stats["kv_entries"]  # every kept entry is on a page or in the question/template
 
     # exactly what `maskkv ask` answers: pipeline.ask on the stored document with the same settings
+    from maskkv_cli.app.pipeline import ask as pipeline_ask
+    from maskkv_cli.app.run_settings import RunSettings
     from maskkv_cli.documents.store import DocumentStore
-    from maskkv_cli.pipeline import ask as pipeline_ask
-    from maskkv_cli.run_settings import RunSettings
 
     doc = DocumentStore(store_root).get(document_id)
     settings = RunSettings()

@@ -22,9 +22,9 @@ FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "-
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
+    from maskkv_cli.app.session import Session
     from maskkv_cli.models.catalog import shipped_model
     from maskkv_cli.server import BackgroundServer, ServerConfig, create_app
-    from maskkv_cli.session import Session
 
     config = ServerConfig(api_key=API_KEY, store_root=tmp_path_factory.mktemp("store"))
     with BackgroundServer(create_app(Session(str(shipped_model())), config)) as url:

@@ -30,7 +30,7 @@ def llada2_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: Any) ->
 @pytest.fixture
 def sampled_with(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The LLaDA2 options of the session each answer was sampled with."""
-    import maskkv_cli.pipeline as pipeline
+    import maskkv_cli.app.pipeline as pipeline
 
     seen: list[Any] = []
     for name in ("ask", "ask_many"):

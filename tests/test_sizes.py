@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from maskkv_cli.sizes import human_size
+from maskkv_cli.runtime.sizes import human_size
 
 
 @pytest.mark.parametrize("n,decimal,binary", [

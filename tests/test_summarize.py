@@ -72,7 +72,7 @@ def test_the_embedded_model_shows_each_part_s_lead_with_its_pages_and_says_what_
 
 
 def test_another_model_writes_the_final_summary_within_length(tmp_path: Path, tiny_dir: Path, monkeypatch) -> None:
-    import maskkv_cli.pipeline as pipeline
+    import maskkv_cli.app.pipeline as pipeline
 
     seen = []
     real = pipeline.ask

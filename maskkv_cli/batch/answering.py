@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from maskkv_cli.batch.jobs import AnswerSettings
 
 if TYPE_CHECKING:
-    from maskkv_cli.run_settings import RunSettings
+    from maskkv_cli.app.run_settings import RunSettings
 
 
 def use_settings(session: Any, run: RunSettings) -> None:
@@ -26,14 +26,14 @@ def use_settings(session: Any, run: RunSettings) -> None:
 
 def open_session(model_path: str, device: str, dtype: str | None) -> Any:
     """Load the model and tokenizer once per worker."""
-    from maskkv_cli.session import Session
+    from maskkv_cli.app.session import Session
 
     return Session(model_path, device=device, dtype=dtype)
 
 
 def run_settings(settings: AnswerSettings) -> RunSettings:
     """A job's settings as the one builder of generation and cache settings takes them (the same for ``ask``)."""
-    from maskkv_cli.run_settings import RunSettings
+    from maskkv_cli.app.run_settings import RunSettings
 
     shared = {f.name for f in fields(RunSettings)}
     return RunSettings(**{name: value for name, value in asdict(settings).items() if name in shared})
@@ -45,8 +45,8 @@ def answer_job(session: Any, text: str, question: str, settings: AnswerSettings)
     Returns the row fields that come from answering: answer, budget, prompt and dropped tokens, RoPE factor,
     run statistics and notes.
     """
+    from maskkv_cli.app.pipeline import answer_row, ask
     from maskkv_cli.models.catalog import is_embedded_model
-    from maskkv_cli.pipeline import answer_row, ask
 
     run = run_settings(settings)
     gen, cache = run.generation(session.generation_defaults), run.cache()
@@ -61,8 +61,8 @@ def answer_jobs(session: Any, texts: dict[str, str], messages: list[dict[str, An
     """Answer a group of jobs with equal settings together (``pipeline.ask_many``: every prompt of every job, parts
     included, denoised up to the batch size at a time; None: the most that fit by the memory model); each job's
     fields are those ``answer_job`` gives it alone, plus the batch size used."""
+    from maskkv_cli.app.pipeline import answer_row, ask_many, batch_size_for
     from maskkv_cli.models.catalog import is_embedded_model
-    from maskkv_cli.pipeline import answer_row, ask_many, batch_size_for
 
     settings = AnswerSettings(**messages[0]["settings"])
     run = run_settings(settings)

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from maskkv_cli.app.session import Session
 from maskkv_cli.batch.dispatch import Pool, results
 from maskkv_cli.errors import MaskKVError
 from maskkv_cli.models.checkpoint import ModelFolder
-from maskkv_cli.session import Session
 from maskkv_cli.tasks.cells import CellAnswer, CellRunner, QualityCell
 
 

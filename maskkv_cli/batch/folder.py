@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from maskkv_cli.errors import UsageError
-from maskkv_cli.fileio import atomic_write_text
+from maskkv_cli.runtime.fileio import atomic_write_text
 
 ANSWERS_FILE = "answers.jsonl"
 CONFIG_FILE = "config.json"

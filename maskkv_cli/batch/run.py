@@ -18,10 +18,10 @@ from maskkv_cli.batch.documents import LoadedDocument, load_documents
 from maskkv_cli.batch.folder import CONFIG_FILE, SUMMARY_FILE, AnswersFolder
 from maskkv_cli.batch.jobs import AnswerSettings, Job, JobSpec, group_jobs, job_settings, plan_jobs
 from maskkv_cli.batch.worker import WorkerSpec
-from maskkv_cli.devices import machine_info, resolve_device
 from maskkv_cli.documents.model import format_page_ranges, pages_label
 from maskkv_cli.errors import UsageError
 from maskkv_cli.reports.answers import answer_line, cell_confidence, untrained_note
+from maskkv_cli.runtime.devices import machine_info, resolve_device
 
 if TYPE_CHECKING:
     from maskkv_cli.models.checkpoint import ModelFolder
@@ -99,7 +99,7 @@ def _row(job: Job, fields: dict[str, Any], attempts: int, gen_length: int | None
     """A row of answers.jsonl: the job, and what answering it gave (what was read named by page when ``pages``,
     the document's page spans, are known)."""
     if pages and fields.get("read"):
-        from maskkv_cli.pipeline import add_pages
+        from maskkv_cli.app.pipeline import add_pages
 
         add_pages(fields, pages)
     return {"key": job.key, "id": job.id, "document": job.document, "document_sha": job.document_sha,
@@ -160,10 +160,10 @@ def run_batch(
 ) -> BatchResult:
     """Answer every job not already finished in ``out``; returns the counts (failures are rows, not errors).
     ``model_path``: the ``ModelFolder`` the command chose, or a path (resolved here)."""
+    from maskkv_cli.app.run_settings import resolve_generation
     from maskkv_cli.models.checkpoint import ModelFolder
     from maskkv_cli.models.config import read_model_defaults
     from maskkv_cli.policies.base import policy_names
-    from maskkv_cli.run_settings import resolve_generation
     from maskkv_cli.sampling.llada import GenerationConfig
 
     known = policy_names()

@@ -21,7 +21,7 @@ import statistics
 import torch
 from torch import nn
 
-from maskkv_cli.stats import now
+from maskkv_cli.runtime.stats import now
 
 MATMUL_SIZE = {"cpu": 1024, "cuda": 8192}  # large enough to run at full speed, small enough to take < 1 s
 MATMUL_REPEATS = 7

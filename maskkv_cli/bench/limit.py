@@ -41,8 +41,8 @@ from maskkv_cli.engine.step import step_logits
 from maskkv_cli.kv.cache import DenseLayer, PromptCache
 from maskkv_cli.models.base import dense_hidden
 from maskkv_cli.models.protocol import Block, DiffusionLM
+from maskkv_cli.runtime.stats import now
 from maskkv_cli.sampling.llada import GenerationConfig, transfer_schedule
-from maskkv_cli.stats import now
 
 
 def rows_schedule(gen: GenerationConfig, prompt_len: int | None = None) -> list[tuple[int, int]]:

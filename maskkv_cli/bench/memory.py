@@ -32,7 +32,7 @@ from maskkv_cli.bench.live_bytes import LiveBytes
 from maskkv_cli.bench.results import ResultsFolder, settings_key
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.rows import small_rows
-from maskkv_cli.stats import read_current, read_peak, reset_peak
+from maskkv_cli.runtime.stats import read_current, read_peak, reset_peak
 
 TARGET_SHARE = 0.2  # MaskKV's live peak above weights should be at most this share of the full cache's
 LIVE = "live_peak_above_weights_bytes"  # rows without it come from an older engine and are measured again
@@ -207,7 +207,7 @@ def run_memory_case(case: MemoryCase) -> dict[str, Any]:
     from maskkv_cli.engine.prefill import prefill
     from maskkv_cli.models.base import kv_bytes_per_token
     from maskkv_cli.policies import get_policy
-    from maskkv_cli.stats import now
+    from maskkv_cli.runtime.stats import now
 
     torch.set_num_threads(case.threads)
     dev = torch.device(case.device)

@@ -48,7 +48,7 @@ from maskkv_cli.bench.quality_sources import DOCUMENT_QUESTION, TaskGroup, TaskS
 from maskkv_cli.bench.results import ResultsFolder, read_jsonl, settings_key
 from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.errors import UsageError
-from maskkv_cli.fileio import atomic_write_text
+from maskkv_cli.runtime.fileio import atomic_write_text
 from maskkv_cli.tasks.cells import CellAnswer, CellRunner, QualityCell, answer_prompts
 from maskkv_cli.tasks.metrics import aggregate, digit_mixing, distractor_values, is_no_answer, metric_for, score
 
@@ -64,7 +64,7 @@ def group_generation(gen: Any, group: TaskGroup) -> Any:
     """The run's generation settings, or for a group with its own answer length: that length, one token per
     step (the MaskKV paper's LongBench setting) and the run's block length when it divides the length; a group
     the model was trained to decode in its own blocks (lead summaries, ``summary_block_length``) gets those."""
-    from maskkv_cli.run_settings import fitted_block
+    from maskkv_cli.app.run_settings import fitted_block
 
     length = group.gen_length
     if length is None or length == gen.gen_length:
@@ -213,7 +213,7 @@ class _Recorder:
         self.total = sum(g.n for g in groups) * len(cases)
 
     def cache_for(self, case: Case) -> Any:
-        from maskkv_cli.run_settings import RunSettings
+        from maskkv_cli.app.run_settings import RunSettings
 
         return RunSettings(policy=case.policy, budget=case.budget, seed=self.seed,
                            layer_budgets=self.layer_budgets).cache()

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from maskkv_cli.bench.paired import paired_markdown
-from maskkv_cli.fileio import atomic_write_bytes
+from maskkv_cli.runtime.fileio import atomic_write_bytes
 from maskkv_cli.tasks.synthetic import UNANSWERABLE_KINDS
 
 TABLE_HEADERS: tuple[str, ...] = ("task", "length", "policy", "budget", "n", "accuracy", "95% interval",

@@ -114,7 +114,7 @@ def read_tasks_file(path: str | Path, samples: int) -> tuple[list[FileGroup], Ta
 def encode_tasks(session: Any, tasks: Sequence[Task], gen_length: int) -> tuple[list[list[int]], int]:
     """Prompt ids of each task as ``pipeline.ask`` builds them (document then question, a context too long cut in
     its middle), and how many were cut."""
-    from maskkv_cli.pipeline import prepare
+    from maskkv_cli.app.pipeline import prepare
 
     prepared = [prepare(session, task.context, task.input, gen_length) for task in tasks]
     return [p.ids for p in prepared], sum(p.fitted.dropped > 0 for p in prepared)

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from maskkv_cli.devices import machine_info
-from maskkv_cli.fileio import atomic_write_text
+from maskkv_cli.runtime.devices import machine_info
+from maskkv_cli.runtime.fileio import atomic_write_text
 
 RUNS_ROOT = Path("runs")
 

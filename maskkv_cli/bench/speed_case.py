@@ -46,9 +46,9 @@ from maskkv_cli.engine.step_runner import StepOptions
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.base import kv_bytes_per_token
 from maskkv_cli.models.protocol import DiffusionLM
+from maskkv_cli.runtime.stats import now, read_current, read_peak, reset_peak, rss_bytes
 from maskkv_cli.sampling.llada2 import LLaDA2Options
 from maskkv_cli.sampling.stream import BatchJob, sample_many
-from maskkv_cli.stats import now, read_current, read_peak, reset_peak, rss_bytes
 
 WARMUP_PROMPT = 256  # prompt tokens of the warm-up run (or the case's own length when shorter)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from maskkv_cli.bench.results import ResultsFolder
-from maskkv_cli.fileio import atomic_write_bytes
+from maskkv_cli.runtime.fileio import atomic_write_bytes
 
 if TYPE_CHECKING:
     from maskkv_cli.bench.speed_settings import SpeedSettings

@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 
 from maskkv_cli import __version__
-from maskkv_cli.allocator import configure_once
 from maskkv_cli.cli.common import State
+from maskkv_cli.runtime.allocator import configure_once
 
 app = typer.Typer(
     name="maskkv",

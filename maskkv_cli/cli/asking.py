@@ -15,7 +15,7 @@ import typer
 from maskkv_cli.cli.common import live_display_on, note, note_once
 from maskkv_cli.cli.model_choice import pull_first
 from maskkv_cli.cli.run_options import RunOptions
-from maskkv_cli.devices import resolve_device
+from maskkv_cli.runtime.devices import resolve_device
 
 __all__ = ["DocumentRun", "ask_live", "consoles", "document_run", "echo_answer", "warn_document"]
 
@@ -36,7 +36,7 @@ def warn_document(doc: Any, quiet: bool, as_json: bool) -> None:
 
 def ask_live(session: Any, context: str, question: str, gen: Any, cache: Any, long: str, live: Any) -> Any:
     """``pipeline.ask`` with the live display following its prompt, steps and cache."""
-    from maskkv_cli.pipeline import ask
+    from maskkv_cli.app.pipeline import ask
 
     answer = ask(session, context, question, gen, cache, long=long, on_event=live, on_prompt=live.prompt_ready,
                  on_part=live.part)
@@ -48,7 +48,7 @@ def ask_together(session: Any, context: str, questions: list[str], gen: Any, cac
                  requested: int | None, live: Any, quiet: bool, as_json: bool) -> list[Any]:
     """``pipeline.ask_many``: every question (each part of a long document) denoised up to the batch size together,
     the live display counting answers; ``requested`` None: the batch size by the memory model, said in a note."""
-    from maskkv_cli.pipeline import ask_many, batch_size_for
+    from maskkv_cli.app.pipeline import ask_many, batch_size_for
 
     items = [(context, q) for q in questions]
     size, why = batch_size_for(session, items, gen, cache, long, requested)

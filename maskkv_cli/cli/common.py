@@ -73,8 +73,8 @@ def note_once(message: str | None, quiet: bool, as_json: bool) -> None:
         import hashlib
         import json
 
-        from maskkv_cli.fileio import atomic_write_text
         from maskkv_cli.paths import maskkv_home
+        from maskkv_cli.runtime.fileio import atomic_write_text
 
         path = maskkv_home() / NOTES_SHOWN
         key = hashlib.sha256(message.encode()).hexdigest()[:16]
@@ -96,7 +96,7 @@ def note_once(message: str | None, quiet: bool, as_json: bool) -> None:
 def one_line_stats(stats: Any, prompts: int = 1) -> str:
     """A run's statistics in one line; ``prompts``: how many prompts it took (a document read in parts), whose
     prompt tokens, prefill and steps are summed and whose cache is the largest of one."""
-    from maskkv_cli.sizes import human_size
+    from maskkv_cli.runtime.sizes import human_size
 
     kept, full = human_size(stats.kv_bytes, binary=True), human_size(stats.kv_full_bytes, binary=True)
     kv = f"KV {kept} of {full} ({stats.compression:.1f}x smaller)" if stats.kv_bytes else "no KV cache"

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from maskkv_cli.cli.common import fail, note
-from maskkv_cli.devices import resolve_device
+from maskkv_cli.runtime.devices import resolve_device
 
 if TYPE_CHECKING:
     from maskkv_cli.models.checkpoint import ModelFolder
@@ -42,7 +42,7 @@ class _PullDisplay:
             return
         if event.kind == "plan":
             if not self.live:
-                from maskkv_cli.sizes import human_size
+                from maskkv_cli.runtime.sizes import human_size
 
                 self.console.print(f"{event.files} files to download, {human_size(event.n)}" if event.files else
                                    "every file is already in the cache")
@@ -143,7 +143,7 @@ def load_session(model: str | ModelFolder | None, device: str, dtype: str, quiet
                  device_map: str | None = None, yes: bool = False, dream: Any = None) -> Any:
     """Choose the model (``choose_model``; ``model`` may be the ``ModelFolder`` chosen before) and load it with its
     tokenizer; ``dream``: Dream's sampler options."""
-    from maskkv_cli.session import Session
+    from maskkv_cli.app.session import Session
 
     folder = choose_model(model, yes, quiet, as_json)
     return Session(folder, device=resolve_device(device), dtype=None if dtype == "auto" else dtype,

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from maskkv_cli.sizes import human_size
+from maskkv_cli.runtime.sizes import human_size
 
 
 def answer_lines(text: str, confidence: Any, what: str, embedded: bool) -> tuple[str | None, str]:
@@ -118,7 +118,7 @@ class LiveRun:
             self.live = None
 
     def _render(self) -> Table:
-        from maskkv_cli.stats import memory_now
+        from maskkv_cli.runtime.stats import memory_now
 
         cur, peak, kind = memory_now(self.device)
         table = Table.grid(padding=(0, 2))

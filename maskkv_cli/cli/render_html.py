@@ -10,7 +10,7 @@ from pathlib import Path
 from maskkv_cli.cli.render_profile import MAX_PAGE_ROWS, RAMP, number_text, ratio_text, seconds_text, write_report
 from maskkv_cli.reports.pagemap import OUTSIDE, group_pages
 from maskkv_cli.reports.profile_report import ProfileReport, quantize
-from maskkv_cli.sizes import human_size
+from maskkv_cli.runtime.sizes import human_size
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:1100px}

@@ -15,13 +15,13 @@ from rich.table import Table
 from rich.text import Text
 
 from maskkv_cli.errors import MaskKVError
-from maskkv_cli.fileio import atomic_write_bytes, open_file_mode
 from maskkv_cli.models.catalog import empty_note, is_embedded_model
 from maskkv_cli.policies.base import uses_importance
 from maskkv_cli.reports.answers import answer_line, context_line
 from maskkv_cli.reports.pagemap import OUTSIDE, PageCount, group_pages
 from maskkv_cli.reports.profile_report import ProfileReport, RunProfile, quantize
-from maskkv_cli.sizes import human_size
+from maskkv_cli.runtime.fileio import atomic_write_bytes, open_file_mode
+from maskkv_cli.runtime.sizes import human_size
 
 RAMP = ("#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725")
 GLYPHS = ".:-=+*#%@"  # the same levels without colour

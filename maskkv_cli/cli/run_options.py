@@ -72,7 +72,7 @@ class RunOptions:
 
     def settings(self, **more: Any) -> Any:
         """The run's ``RunSettings`` (``more``: settings only some commands take, e.g. ``cfg_scale``)."""
-        from maskkv_cli.run_settings import RunSettings
+        from maskkv_cli.app.run_settings import RunSettings
 
         shared = {f.name for f in fields(RunSettings)}
         values = {f.name: getattr(self, f.name) for f in fields(self) if f.name in shared}

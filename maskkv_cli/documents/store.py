@@ -23,8 +23,8 @@ from typing import Any, BinaryIO
 
 from maskkv_cli.documents import Document, parse_document, read_source
 from maskkv_cli.errors import MaskKVError, UsageError
-from maskkv_cli.fileio import atomic_file
 from maskkv_cli.paths import maskkv_home
+from maskkv_cli.runtime.fileio import atomic_file
 
 # 2: pages with a damaged text layer are dropped (``textlayer.py``); entries of format 1 are parsed again.
 FORMAT_VERSION = 2

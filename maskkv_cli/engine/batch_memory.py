@@ -105,7 +105,7 @@ def free_bytes(device: torch.device) -> int:
 def auto_batch_size(memory: BatchMemory, free: int, jobs: int) -> tuple[int, str]:
     """The largest batch (at most ``jobs`` and ``MAX_AUTO_BATCH``) whose memory fits ``FREE_SHARE`` of ``free``
     bytes, and a line saying how it was chosen."""
-    from maskkv_cli.sizes import human_size
+    from maskkv_cli.runtime.sizes import human_size
 
     room = int(free * FREE_SHARE) - memory.prefill_peak
     per = memory.cache_per_sequence + memory.step_per_sequence

@@ -26,7 +26,7 @@ from maskkv_cli.engine.step import step_hidden
 from maskkv_cli.errors import UsageError
 from maskkv_cli.kv.cache import PromptCache
 from maskkv_cli.models.protocol import DiffusionLM
-from maskkv_cli.stats import now
+from maskkv_cli.runtime.stats import now
 
 
 @dataclass(frozen=True)

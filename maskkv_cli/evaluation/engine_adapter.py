@@ -3,7 +3,7 @@
 Everything the evaluation package needs from maskkv (load a model, answer a prompt under a cache policy, score
 tokens with the bidirectional forward) goes through the functions here. The harness builds each prompt itself
 (its task templates, its chat-template switch), so ``answer`` starts from prompt ids: it calls
-``Session.answer_ids``, the sampling half of ``maskkv_cli.pipeline.ask`` (which fits a document and builds
+``Session.answer_ids``, the sampling half of ``maskkv_cli.app.pipeline.ask`` (which fits a document and builds
 maskkv's own prompt first), as ``bench quality`` does for prompts it has already built. ``answer_many`` answers
 prompts of one answer length and temperature in batches through ``Session.answer_many``.
 """
@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from maskkv_cli.devices import resolve_device
 from maskkv_cli.prompting.fit import middle_cut
+from maskkv_cli.runtime.devices import resolve_device
 
 if TYPE_CHECKING:
-    from maskkv_cli.run_settings import RunSettings
-    from maskkv_cli.session import Answer
+    from maskkv_cli.app.run_settings import RunSettings
+    from maskkv_cli.app.session import Answer
 
 
 HARNESS_DEFAULTS: dict[str, Any] = {"block_length": 32}  # blocks of 32 when they divide a request's answer length
@@ -34,8 +34,8 @@ def harness_settings(args: dict[str, Any]) -> RunSettings:
     cache policy, budget or ratio, layer budgets, steps, block length, sampler options, LLaDA2's
     ``editing_threshold`` and ``max_post_steps``, seed) by its name (``cfg`` for ``cfg_scale``), as text or a
     value; the answer length and the temperature are each request's own."""
+    from maskkv_cli.app.run_settings import RunSettings
     from maskkv_cli.errors import UsageError
-    from maskkv_cli.run_settings import RunSettings
 
     given = {ALIASES.get(name, name): value for name, value in args.items() if value is not None}
     per_request = sorted(set(given) & set(PER_REQUEST))
@@ -67,8 +67,8 @@ class Engine:
                  settings: RunSettings | None = None) -> None:
         """``settings``: the run's; its sampler options (Dream's, LLaDA2's over the model's stored defaults) are
         set on the session once, as ``maskkv ask`` does from its options."""
+        from maskkv_cli.app.session import Session
         from maskkv_cli.models.catalog import default_model
-        from maskkv_cli.session import Session
 
         path, self.note, known = default_model(model)
         self.session = Session(known or path, device=resolve_device(device), dtype=dtype)

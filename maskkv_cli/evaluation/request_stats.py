@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from maskkv_cli.fileio import atomic_write_text
+from maskkv_cli.runtime.fileio import atomic_write_text
 
 REQUESTS_FILE = "maskkv_requests_{stamp}.jsonl"
 SUMMARY_FILE = "maskkv_summary_{stamp}.json"

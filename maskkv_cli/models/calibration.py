@@ -18,9 +18,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from maskkv_cli.fileio import atomic_write_text
 from maskkv_cli.models.checkpoint import ModelFolder, config_hash
 from maskkv_cli.paths import config_file, resolve_model_path
+from maskkv_cli.runtime.fileio import atomic_write_text
 
 __all__ = [
     "CalibrationProfile",

@@ -16,10 +16,10 @@ from safetensors import safe_open
 
 from maskkv_cli.defaults import PULL_HINT, REAL_MODEL, configured_model
 from maskkv_cli.errors import MaskKVError, ModelLoadError, ModelNotDownloaded
-from maskkv_cli.fileio import atomic_write_text
 from maskkv_cli.models.checkpoint import ModelFolder
 from maskkv_cli.models.loading import check_keys, read_config, weight_files
 from maskkv_cli.paths import config_file, hf_cache_dir, maskkv_home, shipped_model_folder
+from maskkv_cli.runtime.fileio import atomic_write_text
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 REMEMBERED = "models.json"

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from maskkv_cli.errors import MaskKVError, ModelLoadError
-from maskkv_cli.fileio import atomic_write_text
 from maskkv_cli.models.loading import INDEX_FILE, SINGLE_FILE, weight_files
 from maskkv_cli.paths import hf_cache_dir
-from maskkv_cli.sizes import human_size
+from maskkv_cli.runtime.fileio import atomic_write_text
+from maskkv_cli.runtime.sizes import human_size
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 # Everything the loader and the tokenizer read besides the weights; remote code (*.py) and pickled weights

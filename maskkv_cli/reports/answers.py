@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from maskkv_cli.app.pipeline import says_absent
 from maskkv_cli.defaults import PULL_HINT, REAL_MODEL
 from maskkv_cli.documents.model import pages_label
-from maskkv_cli.pipeline import says_absent
 
 __all__ = ["answer_line", "cell_confidence", "confidence_words", "context_line", "read_words",
            "untrained_note"]

@@ -24,7 +24,7 @@ from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.engine.selection import LayerRecord
 from maskkv_cli.errors import UsageError
 from maskkv_cli.reports.pagemap import PageMap, map_pages
-from maskkv_cli.stats import RunStats
+from maskkv_cli.runtime.stats import RunStats
 
 __all__ = [
     "ProfileReport",
@@ -210,9 +210,9 @@ def profile_document(
     """
     import time
 
+    from maskkv_cli.app.pipeline import answer_row, ask
+    from maskkv_cli.app.run_settings import RunSettings
     from maskkv_cli.models.catalog import is_embedded_model
-    from maskkv_cli.pipeline import answer_row, ask
-    from maskkv_cli.run_settings import RunSettings
 
     if not specs:
         raise UsageError("no run to profile")

@@ -20,8 +20,8 @@ from maskkv_cli.errors import UsageError
 from maskkv_cli.models.base import kv_bytes_per_token
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.models.quantize import quantization_of, weights_bytes
+from maskkv_cli.runtime.stats import RunStats, memory_now, model_devices, now, reset_cuda_peaks
 from maskkv_cli.sampling.forward import CachedForward, Forward
-from maskkv_cli.stats import RunStats, memory_now, model_devices, now, reset_cuda_peaks
 
 
 @dataclass(frozen=True)

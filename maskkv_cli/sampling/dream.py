@@ -21,11 +21,11 @@ from maskkv_cli.engine.step_runner import StepOptions
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import Policy
+from maskkv_cli.runtime.stats import now
 from maskkv_cli.sampling.common import Denoising, Event, GenerationResult, suppress_mask, top_k_commit
 from maskkv_cli.sampling.driver import Loop, drive
 from maskkv_cli.sampling.forward import StepRequest
 from maskkv_cli.sampling.llada import GenerationConfig
-from maskkv_cli.stats import now
 
 DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 

@@ -38,12 +38,12 @@ from torch import Tensor
 from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.protocol import DiffusionLM
+from maskkv_cli.runtime.stats import RunStats, now
 from maskkv_cli.sampling.common import Event, GenerationResult, StepMeter
 from maskkv_cli.sampling.dream import filter_logits
 from maskkv_cli.sampling.driver import Loop, drive
 from maskkv_cli.sampling.forward import BlockForward, StepRequest, finish_rows
 from maskkv_cli.sampling.llada import GenerationConfig, transfer_schedule
-from maskkv_cli.stats import RunStats, now
 
 DEFAULT_THRESHOLD = 0.95  # LLaDA2.0's and 2.1's commit threshold when neither the user nor the model sets one
 DEFAULT_MAX_POST_STEPS = 16

@@ -5,7 +5,7 @@ imports it. It needs the ``serve`` extra (Starlette, uvicorn, python-multipart).
 
 ```python
 from maskkv_cli.server import BackgroundServer, ServerConfig, create_app
-from maskkv_cli.session import Session
+from maskkv_cli.app.session import Session
 
 app = create_app(Session("/models/LLaDA-8B-Instruct", device="cuda"), ServerConfig(queue=4))
 with BackgroundServer(app) as url:      # a free port on 127.0.0.1

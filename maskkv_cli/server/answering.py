@@ -9,18 +9,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from maskkv_cli.app.pipeline import Answer, answer_row, ask
+from maskkv_cli.app.run_settings import RunSettings
+from maskkv_cli.app.session import Session
 from maskkv_cli.documents import Document
 from maskkv_cli.engine.plan import CacheConfig
 from maskkv_cli.errors import UsageError
-from maskkv_cli.pipeline import Answer, answer_row, ask
 from maskkv_cli.prompting import decode_answer, stop_ids
 from maskkv_cli.reports.pagemap import PageMap, map_pages
-from maskkv_cli.run_settings import RunSettings
 from maskkv_cli.sampling import Event, GenerationConfig
 from maskkv_cli.server.chat_request import ChatRequest
 from maskkv_cli.server.errors import bad_request
 from maskkv_cli.server.runner import Job
-from maskkv_cli.session import Session
 
 __all__ = ["Completion", "CommittedText", "Plan", "answer_chat", "plan_request"]
 

@@ -34,6 +34,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from maskkv_cli.app.session import Session
 from maskkv_cli.documents.store import DocumentStore
 from maskkv_cli.errors import MaskKVError, UsageError
 from maskkv_cli.sampling.service import GenerationService
@@ -44,7 +45,6 @@ from maskkv_cli.server.documents import ingest_upload, list_documents, resolve_d
 from maskkv_cli.server.errors import APIError
 from maskkv_cli.server.responses import EventStream, Reply, sse
 from maskkv_cli.server.runner import Cancelled, Job, QueueFull, Runner, TimedOut
-from maskkv_cli.session import Session
 
 __all__ = ["Gate", "create_app", "model_id"]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from maskkv_cli.app.run_settings import RunSettings
 from maskkv_cli.errors import UsageError
-from maskkv_cli.run_settings import RunSettings
 
 __all__ = ["MIB", "ServerConfig"]
 

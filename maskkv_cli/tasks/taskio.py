@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from maskkv_cli.fileio import atomic_write_text
+from maskkv_cli.runtime.fileio import atomic_write_text
 
 __all__ = ["Task", "count_words", "load_jsonl", "record_to_task", "save_jsonl", "task_to_record"]
 

@@ -24,12 +24,12 @@ import torch.nn.functional as F
 
 from maskkv_cli.documents.corpus import load_corpus
 from maskkv_cli.errors import UsageError
-from maskkv_cli.fileio import atomic_file
 from maskkv_cli.models.config import named_config
 from maskkv_cli.models.llada import LLaDA
 from maskkv_cli.models.loading import load_model, save_model
 from maskkv_cli.models.tokenizer_build import build_bpe_tokenizer
 from maskkv_cli.prompting import chat_prompt_ids, document_question, load_tokenizer
+from maskkv_cli.runtime.fileio import atomic_file
 from maskkv_cli.tasks.sources import load_source
 from maskkv_cli.tasks.synthetic import UNANSWERABLE_KINDS, generate_tasks
 from maskkv_cli.tasks.taskio import Task

@@ -83,8 +83,8 @@ def ask(
                     shown.add(message)
                     note_once(message, quiet, as_json)
         results = list(zip(qs, answers, strict=True))
+    from maskkv_cli.app.pipeline import answer_row
     from maskkv_cli.models.catalog import is_embedded_model
-    from maskkv_cli.pipeline import answer_row
 
     embedded = is_embedded_model(session.model_path)
     spans = doc.page_spans()

@@ -37,7 +37,7 @@ from maskkv_cli.cli.options import (
     repeats_option,
 )
 from maskkv_cli.cli.parsing import parse_count, parse_counts, parse_policies
-from maskkv_cli.devices import resolve_device
+from maskkv_cli.runtime.devices import resolve_device
 
 CPU_LENGTHS = "1k,2k,4k"
 GPU_LENGTHS = "1k,2k,4k,8k,16k,32k"
@@ -255,7 +255,7 @@ def reuse(
         maskkv bench reuse --doc-tokens 1k --questions-per-doc 4 --repeats 1 --json
     """
     from maskkv_cli.bench.reuse import ReuseCase, run_reuse
-    from maskkv_cli.sizes import human_size
+    from maskkv_cli.runtime.sizes import human_size
 
     case = ReuseCase(config=config, doc_tokens=parse_count(doc_tokens, "--doc-tokens"), questions=questions,
                      gen_length=gen_length, block_length=block_length, policy=policy, budget=budget, repeats=repeats,

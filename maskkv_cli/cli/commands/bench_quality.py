@@ -208,13 +208,13 @@ def quality(
 
         maskkv bench quality --haystack stdlib-heldout --tasks niah_single,niah_none --lengths 512,1k
     """
+    from maskkv_cli.app.run_settings import RunSettings
     from maskkv_cli.bench.quality import run_quality
     from maskkv_cli.bench.quality_plan import is_tasks_file, parse_kinds, plan_cases
     from maskkv_cli.bench.quality_sources import TaskSource, build_groups, read_haystack, read_tasks_file
     from maskkv_cli.cli.parsing import parse_policies
     from maskkv_cli.engine.batch_memory import parse_batch_size
     from maskkv_cli.engine.plan import check_layer_budgets
-    from maskkv_cli.run_settings import RunSettings
     from maskkv_cli.tasks.longbench import load_templates
 
     if samples <= 0:

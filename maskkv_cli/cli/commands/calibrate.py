@@ -22,8 +22,8 @@ from maskkv_cli.cli.options import (
     ModelOpt,
     QuietOpt,
 )
-from maskkv_cli.devices import resolve_device
 from maskkv_cli.errors import DocumentError, UsageError
+from maskkv_cli.runtime.devices import resolve_device
 
 DEFAULT_GEN_LENGTH = 128
 DocsArg = Annotated[list[Path] | None, typer.Argument(

@@ -12,7 +12,7 @@ from maskkv_cli.cli.common import guarded, one_line_stats
 from maskkv_cli.cli.model_choice import load_session
 from maskkv_cli.cli.options import BudgetOpt, DeviceOpt, JsonOpt, ModelOpt, QuietOpt, SeedOpt, length_option
 from maskkv_cli.defaults import DEFAULT_POLICY
-from maskkv_cli.fileio import atomic_write_text
+from maskkv_cli.runtime.fileio import atomic_write_text
 
 
 @guarded
@@ -37,9 +37,9 @@ def demo(
 
         maskkv demo --budget 8 --length 500
     """
+    from maskkv_cli.app.pipeline import ask
+    from maskkv_cli.app.run_settings import RunSettings
     from maskkv_cli.paths import maskkv_home
-    from maskkv_cli.pipeline import ask
-    from maskkv_cli.run_settings import RunSettings
     from maskkv_cli.tasks.metrics import score
     from maskkv_cli.tasks.synthetic import generate_tasks
 

@@ -99,7 +99,7 @@ def harness_args(opts: RunOptions) -> dict[str, Any]:
     setting ``opts`` holds, less those left at None (the harness model's defaults then hold: blocks of 32)."""
     from dataclasses import fields
 
-    from maskkv_cli.run_settings import RunSettings
+    from maskkv_cli.app.run_settings import RunSettings
 
     names = {f.name for f in fields(RunSettings)} & {f.name for f in fields(RunOptions)}
     return {name: getattr(opts, name) for name in sorted(names - {"gen_length", "temperature"})

@@ -11,7 +11,7 @@ from maskkv_cli.cli.asking import echo_answer
 from maskkv_cli.cli.common import fail, guarded, live_display_on, note_once
 from maskkv_cli.cli.options import CfgOpt, RemaskOpt
 from maskkv_cli.cli.run_options import CACHE, MODEL, OUTPUT, SAMPLER, RunOptions, run_options
-from maskkv_cli.devices import resolve_device
+from maskkv_cli.runtime.devices import resolve_device
 
 
 @guarded
@@ -56,7 +56,7 @@ def generate(
 
     embedded = is_embedded_model(session.model_path)
     if as_json:
-        from maskkv_cli.pipeline import confidence_fields
+        from maskkv_cli.app.pipeline import confidence_fields
 
         typer.echo(json.dumps({"answer": answer.text, **confidence_fields(answer, "answer", embedded),
                                "model": session.model_path, "budget": answer.budget, "stats": stats.as_dict()}))

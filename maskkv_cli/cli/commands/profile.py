@@ -22,7 +22,7 @@ from maskkv_cli.cli.options import (
 )
 from maskkv_cli.cli.run_options import OUTPUT, RunOptions, run_options
 from maskkv_cli.defaults import DEFAULT_POLICY
-from maskkv_cli.devices import resolve_device
+from maskkv_cli.runtime.devices import resolve_device
 
 DEFAULT_QUESTION = "Summarize the document."
 

@@ -11,7 +11,7 @@ import typer
 from maskkv_cli.cli.common import fail, guarded
 from maskkv_cli.cli.model_choice import run_pull
 from maskkv_cli.cli.options import JsonOpt, QuietOpt
-from maskkv_cli.sizes import human_size
+from maskkv_cli.runtime.sizes import human_size
 
 
 @guarded

@@ -11,7 +11,7 @@ import typer
 from maskkv_cli.cli.common import fail, guarded, note
 from maskkv_cli.cli.options import LongOpt, ServeBatchOpt
 from maskkv_cli.cli.run_options import CACHE, MODEL, SAMPLER, RunOptions, run_options
-from maskkv_cli.devices import resolve_device
+from maskkv_cli.runtime.devices import resolve_device
 
 MIB = 1 << 20
 SERVE_PACKAGES = ("starlette", "uvicorn", "multipart")

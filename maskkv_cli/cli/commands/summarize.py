@@ -40,7 +40,7 @@ def summarize(
 
     check_source(document)  # a wrong path fails at once, before anything heavy is imported or loaded
 
-    from maskkv_cli.pipeline import used_every_token
+    from maskkv_cli.app.pipeline import used_every_token
     from maskkv_cli.prompting.parts import (
         adds_nothing,
         merge_instruction,
@@ -96,8 +96,8 @@ def summarize(
         elif final_tokens != gen_tokens:  # one part: its summary is the summary, asked within the final budget
             final = ask_live(session, source, part_instruction(length), final_gen, cache, "truncate", live)
         final = replace(final, text=trim_summary(final.text, length, source, used_every_token(session, final)))
+    from maskkv_cli.app.pipeline import confidence_fields
     from maskkv_cli.models.catalog import is_embedded_model
-    from maskkv_cli.pipeline import confidence_fields
 
     embedded = is_embedded_model(session.model_path)
     show_parts = len(summaries) > 1 and adds_nothing(final.text, written)

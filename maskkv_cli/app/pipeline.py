@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from maskkv_cli.app.session import Answer, Session
 from maskkv_cli.engine.plan import CacheConfig
 from maskkv_cli.prompting import NO_ANSWER, document_question, stop_ids
 from maskkv_cli.prompting.fit import (
@@ -32,10 +33,9 @@ from maskkv_cli.prompting.fit import (
     fit_context,
     part_windows,
 )
+from maskkv_cli.runtime.stats import RunStats
 from maskkv_cli.sampling import Event, GenerationConfig
 from maskkv_cli.sampling.confidence import LOW_CONFIDENCE_STATISTIC, Confidence
-from maskkv_cli.session import Answer, Session
-from maskkv_cli.stats import RunStats
 
 __all__ = ["CLAIMS", "Answer", "PartsAnswer", "Prompt", "Session", "add_pages", "answer_row", "ask", "ask_in_parts",
            "ask_many", "batch_size_for", "choose_part", "claim", "common_source", "confidence_fields", "part_prompts",
