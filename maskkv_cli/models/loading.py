@@ -147,7 +147,7 @@ def load_checkpoint(folder: Path, cfg: ModelConfig, device: str | torch.device =
     with torch.device("meta"):
         model = build_model(cfg)
     modules = dict(model.named_modules())
-    quantized = loading_quantizer(model, quantize)
+    quantized = loading_quantizer(model, quantize, device, dt)
     for key in left_out:  # e.g. a router's expert bias that a checkpoint does not carry: zeros, as upstream inits it
         owner, _, leaf = model.parameter_name(key).rpartition(".")
         modules[owner]._parameters[leaf] = nn.Parameter(torch.zeros(expected[key], device=device, dtype=dt),

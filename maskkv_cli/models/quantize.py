@@ -10,13 +10,16 @@ The formats (torchao's tensor subclasses; each product still goes through ``rows
 
 - ``int8``: ``Int8WeightOnlyConfig`` (per output row, symmetric): ``Int8Tensor``; its product casts the int8 weight
   to the activation dtype and runs the dtype's own matrix product, so it rounds by rows as the unquantized one.
-- ``int4``: ``PrototypeInt4WeightOnlyConfig`` (groups of ``INT4_GROUPS[0]`` input columns, asymmetric, tinygemm's
-  parameters): ``Int4OpaqueTensor``, whose product is PyTorch's own CPU kernel ``aten._weight_int4pack_mm_for_cpu``.
-  torchao's non-prototype ``Int4WeightOnlyConfig`` packs only for CUDA kernels (its formats plain, preshuffled,
-  plain_int32 and tile_packed_to_4d all need mslk / tinygemm on a GPU), and ``IntxWeightOnlyConfig`` keeps int4 in
-  one byte per value (``unpacked_to_int8``) or needs torchao's C++ CPU kernels; so the CPU's packed int4 weight-only
-  path is the prototype config. A layer whose input width no group size divides stays unquantized (and is named
-  by ``quantized_layers``).
+- ``int4`` on the CPU: ``PrototypeInt4WeightOnlyConfig`` (groups of ``INT4_GROUPS[0]`` input columns, asymmetric,
+  tinygemm's parameters): ``Int4OpaqueTensor``, whose product is PyTorch's own CPU kernel
+  ``aten._weight_int4pack_mm_for_cpu``. torchao's non-prototype ``Int4WeightOnlyConfig`` packs only for CUDA kernels
+  (its formats plain, preshuffled, plain_int32 and tile_packed_to_4d all need mslk / tinygemm on a GPU), and
+  ``IntxWeightOnlyConfig`` keeps int4 in one byte per value (``unpacked_to_int8``) or needs torchao's C++ CPU
+  kernels; so the CPU's packed int4 weight-only path is the prototype config. A layer whose input width no group
+  size divides stays unquantized (and is named by ``quantized_layers``).
+- ``int4`` on CUDA: ``Int4WeightOnlyConfig`` with the ``tile_packed_to_4d`` format (``Int4TilePackedTo4dTensor``,
+  PyTorch's own tinygemm kernel ``aten._weight_int4pack_mm``): bf16 only, compute capability 8.0 or newer
+  (``check_supported`` says so before loading). Not run on a GPU by this project's tests.
 
 A layer the family reads in parts (``Linear.splits``: LLaDA2's fused q/k/v projection) is stored as one quantized
 ``Linear`` per part (``SplitLinear``): a packed int4 weight cannot be sliced by rows.
@@ -37,13 +40,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from maskkv_cli.errors import MaskKVError, UsageError
+from maskkv_cli.defaults import QUANTIZE_CHOICES, check_quantize
+from maskkv_cli.errors import MaskKVError
 from maskkv_cli.models.rows import Linear
 
-__all__ = ["MODES", "QuantizeError", "SplitLinear", "check_mode", "loading_quantizer", "quantization_of",
-           "quantize_model", "quantized_layers", "tensor_bytes", "weights_bytes"]
+__all__ = ["MODES", "QuantizeError", "SplitLinear", "check_mode", "check_supported", "loading_quantizer",
+           "quantization_of", "quantize_model", "quantized_layers", "tensor_bytes", "weights_bytes"]
 
-MODES = ("int8", "int4")
+MODES = tuple(m for m in QUANTIZE_CHOICES if m != "none")  # ("int8", "int4")
 INSTALL = "pip install -e '.[quant]'"
 INT4_GROUPS = (128, 64, 32)  # the group sizes the CPU int4 kernel takes, largest (fewest scale bytes) first
 
@@ -56,9 +60,30 @@ def check_mode(mode: str | None) -> str | None:
     """``mode`` as given when it is a quantization maskkv knows (None and "none": no quantization)."""
     if mode in (None, "none"):
         return None
-    if mode not in MODES:
-        raise UsageError(f"unknown quantization {mode!r}; choose one of none, {', '.join(MODES)}")
-    return mode
+    return check_quantize(mode)
+
+
+def check_supported(mode: str | None, device: torch.device | str, dtype: torch.dtype) -> None:
+    """A one-line error when torchao cannot run ``mode`` on ``device`` in ``dtype`` (before any weight is read):
+    int8 runs on the CPU and CUDA in fp32, bf16 and fp16; int4 on the CPU in those three (PyTorch's int4pack kernel)
+    and on CUDA in bf16 only, on a GPU of compute capability 8.0 or newer (PyTorch's tinygemm kernel)."""
+    mode = check_mode(mode)
+    if mode is None:
+        return
+    device = torch.device(device)
+    name = str(dtype).removeprefix("torch.")
+    if device.type not in ("cpu", "cuda"):
+        raise QuantizeError(f"--quantize {mode} runs on the CPU and on CUDA, not on {device.type}; use --device cpu or "
+                            "cuda, or leave --quantize out")
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise QuantizeError(f"--quantize {mode} takes fp32, bf16 or fp16 weights, not {name}")
+    if mode == "int4" and device.type == "cuda":
+        if dtype != torch.bfloat16:
+            raise QuantizeError(f"--quantize int4 on CUDA runs PyTorch's tinygemm kernel, which takes bf16 only, not "
+                                f"{name}: use --dtype bf16 (the GPU default), or --quantize int8")
+        if torch.cuda.get_device_capability(device)[0] < 8:
+            raise QuantizeError("--quantize int4 on CUDA needs a GPU of compute capability 8.0 or newer (tinygemm); "
+                                "use --quantize int8 on this one")
 
 
 @contextlib.contextmanager
@@ -102,9 +127,13 @@ def quantize_weight_of(layer: nn.Linear, mode: str) -> bool:
         config = quantization.Int8WeightOnlyConfig(set_inductor_config=False)
     else:
         group = int4_group(layer.in_features)
-        if group is None or layer.weight.device.type != "cpu":
+        if group is None:
             return False
-        config = int4.PrototypeInt4WeightOnlyConfig(group_size=group, set_inductor_config=False)
+        if layer.weight.device.type == "cuda":  # tinygemm's layout, PyTorch's ``_weight_int4pack_mm`` (bf16)
+            config = quantization.Int4WeightOnlyConfig(group_size=group, int4_packing_format="tile_packed_to_4d",
+                                                       set_inductor_config=False)
+        else:
+            config = int4.PrototypeInt4WeightOnlyConfig(group_size=group, set_inductor_config=False)
     with torch.no_grad():
         quantization.quantize_(layer, config, filter_fn=lambda m, _: m is layer)
     return is_quantized(layer.weight)
@@ -183,6 +212,8 @@ def quantize_model(model: nn.Module, mode: str | None) -> nn.Module:
     mode = check_mode(mode)
     if mode is None:
         return model
+    first = next(model.parameters())
+    check_supported(mode, first.device, first.dtype)
     torchao_modules()
     for name in targets(model):
         layer = model.get_submodule(name)
@@ -191,13 +222,16 @@ def quantize_model(model: nn.Module, mode: str | None) -> nn.Module:
     return model
 
 
-def loading_quantizer(model: nn.Module, mode: str | None) -> Callable[[str], None] | None:
+def loading_quantizer(model: nn.Module, mode: str | None, device: torch.device | str = "cpu",
+                      dtype: torch.dtype = torch.float32) -> Callable[[str], None] | None:
     """For ``load_model``: a callback taking the module name each loaded tensor went to; once a target layer
     holds all its tensors it is quantized at once, so its full-precision weight lives only until the next one
-    is read. None when ``mode`` is None."""
+    is read. None when ``mode`` is None. Called before any weight is read, so that torchao missing or a
+    ``device`` / ``dtype`` it cannot run (``check_supported``) is a one-line error before the load."""
     mode = check_mode(mode)
     if mode is None:
         return None
+    check_supported(mode, device, dtype)
     torchao_modules()
     pending = set(targets(model))
     _mark(model, mode)
