@@ -157,9 +157,11 @@ def run_batch(
     password: str | None = None,
     on_progress: Callable[[BatchProgress], None] | None = None,
     on_submit: Callable[[Pool, int, Job], None] | None = None,
+    quantize: str = "none",
 ) -> BatchResult:
     """Answer every job not already finished in ``out``; returns the counts (failures are rows, not errors).
-    ``model_path``: the ``ModelFolder`` the command chose, or a path (resolved here)."""
+    ``model_path``: the ``ModelFolder`` the command chose, or a path (resolved here); ``quantize``: the weights'
+    quantization every worker loads (none, int8, int4; part of every job's key)."""
     from maskkv_cli.app.run_settings import resolve_generation
     from maskkv_cli.models.checkpoint import ModelFolder
     from maskkv_cli.models.config import read_model_defaults
@@ -183,7 +185,7 @@ def run_batch(
     documents = load_documents([s.document for s in specs], password, parsed)
     shas = {path: doc.sha256 for path, doc in documents.items()}
     texts = {doc.sha256: doc.text for doc in documents.values() if not doc.error}
-    spec = WorkerSpec(model_path=model_path, dtype=None if dtype == "auto" else dtype)
+    spec = WorkerSpec(model_path=model_path, dtype=None if dtype == "auto" else dtype, quantize=quantize)
     pool, device_kind = make_pool(runner, spec)
 
     def generation(gen_length: int | None) -> tuple[int, int, int]:
@@ -192,7 +194,7 @@ def run_batch(
         return triple
 
     jobs, duplicates = plan_jobs(list(specs), shas, lambda s: job_settings(s, settings, generation), model_id,
-                                 resolve_dtype(dtype, device_kind), device_kind)
+                                 resolve_dtype(dtype, device_kind), device_kind, quantize)
     started = time.perf_counter()
     folder = AnswersFolder(out).open(job.key for job in jobs)
     counts = {"ok": 0, "failed": 0, "ran": 0, "answered": 0}
@@ -202,7 +204,8 @@ def run_batch(
     first_sent: list[float] = []
     try:
         config = {"model": model_path, "model_id": model_id, "dtype": resolve_dtype(dtype, device_kind),
-                  "device": device_kind, "settings": settings.as_dict(), "generation_defaults": defaults,
+                  "quantize": quantize, "device": device_kind, "settings": settings.as_dict(),
+                  "generation_defaults": defaults,
                   "runner": pool_label(pool, runner), "jobs": len(jobs), "machine": machine_info(),
                   "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         folder.write_text(CONFIG_FILE, json.dumps(config, indent=2, default=str) + "\n")
@@ -261,7 +264,7 @@ def run_batch(
                                      and r.get("claim") != "untrained-question"),
                              untrained=sum(1 for r in answered_rows if r.get("claim") == "untrained-question"),
                              batch_sizes=sorted(sizes), batch_note=batch_notes[0] if batch_notes else "")
-        folder.write_text(SUMMARY_FILE, summary_markdown(result, config_of(model_path, settings),
+        folder.write_text(SUMMARY_FILE, summary_markdown(result, config_of(model_path, settings, quantize),
                                                          [folder.rows[j.key] for j in jobs if j.key in folder.rows]))
         folder.close()
     return result
@@ -271,8 +274,9 @@ def pool_label(pool: Any, runner: Runner) -> str:
     return getattr(pool, "kind", "") or runner.label
 
 
-def config_of(model_path: str, settings: AnswerSettings) -> dict[str, Any]:
-    return {"model": model_path, **settings.as_dict()}
+def config_of(model_path: str, settings: AnswerSettings, quantize: str = "none") -> dict[str, Any]:
+    """What summary.md names: the model (with its weights' quantization when there is one) and the settings."""
+    return {"model": model_path if quantize == "none" else f"{model_path} ({quantize} weights)", **settings.as_dict()}
 
 
 def _shown(row: dict[str, Any]) -> str:

@@ -17,21 +17,34 @@ from maskkv_cli.bench.speed_report import summary_markdown, write_plot
 from maskkv_cli.bench.speed_settings import SpeedCase, SpeedSettings
 
 
+def _ratio(reference: float | None, value: float | None) -> float | None:
+    """``reference / value`` (a time ratio: above 1, ``value`` is faster), None when either is missing or 0."""
+    return reference / value if reference and value else None
+
+
 def add_ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Speedups over ``none`` and ``full`` at the same prompt length and batch size, tokens/s over batch size 1's
-    of the same method and prompt length (all in the same run), and measured / limit."""
-    by_len: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
+    """Speedups over ``none`` and ``full`` at the same prompt length, batch size and weight quantization, tokens/s
+    over batch size 1's of the same method and prompt length, the quantized rows' speedups over the unquantized
+    run of the same case (end to end, the median step, the prefill; all in the same run), and measured / limit."""
+    by_len: dict[tuple[int, int, str], dict[str, dict[str, Any]]] = {}
     for row in rows:
-        by_len.setdefault((row["prompt_len"], row.get("batch_size", 1)), {})[row["method"]] = row
+        by_len.setdefault((row["prompt_len"], row.get("batch_size", 1), row.get("quantize", "none")),
+                          {})[row["method"]] = row
     out = []
     for row in rows:
         row = dict(row)
-        peers = by_len[(row["prompt_len"], row.get("batch_size", 1))]
+        quantize = row.get("quantize", "none")
+        peers = by_len[(row["prompt_len"], row.get("batch_size", 1), quantize)]
         for ref in ("none", "full"):
             other = peers.get(ref)
             row[f"speedup_vs_{ref}"] = (other["total_s"] / row["total_s"]
                                         if other and row["total_s"] > 0 else None)
-        single = by_len.get((row["prompt_len"], 1), {}).get(row["method"])
+        if quantize != "none":
+            plain = by_len.get((row["prompt_len"], row.get("batch_size", 1), "none"), {}).get(row["method"], {})
+            row["speedup_vs_unquantized"] = _ratio(plain.get("total_s"), row["total_s"])
+            row["step_speedup_vs_unquantized"] = _ratio(plain.get("step_s"), row["step_s"])
+            row["prefill_speedup_vs_unquantized"] = _ratio(plain.get("prefill_s"), row["prefill_s"])
+        single = by_len.get((row["prompt_len"], 1, quantize), {}).get(row["method"])
         row["speedup_vs_batch1"] = (row["tokens_per_s"] / single["tokens_per_s"]
                                     if single and single["tokens_per_s"] > 0 else None)
         runs, single_runs = row.get("tokens_per_s_runs"), (single or {}).get("tokens_per_s_runs")

@@ -200,7 +200,7 @@ def run_case(case: SpeedCase) -> dict[str, Any]:
         raise UsageError("--batch-sizes must be positive whole numbers")
     started = time.time()
     rss_start = rss_bytes()
-    model = load_bench_model(case.config, case.model, dev, case.dtype, case.seed)
+    model = load_bench_model(case.config, case.model, dev, case.dtype, case.seed, case.quantize)
     cfg = model.config
     now(dev)
     loaded_mem = read_current(dev)
