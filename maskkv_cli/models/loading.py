@@ -152,15 +152,21 @@ def load_checkpoint(folder: Path, cfg: ModelConfig, device: str | torch.device =
         owner, _, leaf = model.parameter_name(key).rpartition(".")
         modules[owner]._parameters[leaf] = nn.Parameter(torch.zeros(expected[key], device=device, dtype=dt),
                                                         requires_grad=False)
+    # Quantizing on the CPU, every tensor kept is the loader's own copy: a tensor read in the file's dtype is
+    # otherwise a view of the file's mapping, which would keep the whole shard mapped (and the pages of the
+    # layers already quantized resident) for as long as any such view lives.
+    own_copy = quantized is not None and device.type == "cpu"
     for file in sorted(set(files.values())):
         with safe_open(str(file), framework="pt", device=_safetensors_device(device)) as f:
             for key in f.keys():
                 owner, _, leaf = model.parameter_name(key).rpartition(".")
-                tensor = f.get_tensor(key).to(device=device, dtype=dt)
+                tensor = f.get_tensor(key).to(device=device, dtype=dt, copy=own_copy)
                 modules[owner]._parameters[leaf] = nn.Parameter(tensor, requires_grad=False)
                 del tensor
                 if quantized is not None:
                     quantized(owner)
+                    modules[owner] = model.get_submodule(owner)  # a layer split in parts replaces the one read
+                    # (dropping it here frees its full-precision weight now, not when loading ends)
     model.eval()
     rows.prepare(model)  # the row floor's probe now, not inside the first measured step
     return model

@@ -242,6 +242,56 @@ def memory(
 
 
 @guarded
+def loading(
+    quantize: BenchQuantizeOpt = "none,int8,int4",
+    config: Annotated[str, config_option("Named model shape whose random weights are written as a bf16 checkpoint "
+                                         "in shards (removed after the run).")] = "llada2-small",
+    model: BenchModelOpt = None,
+    shard_mb: Annotated[int, typer.Option("--shard-mb", help="Shard size of the random checkpoint, MiB (a tensor "
+                                          "larger than this gets a shard of its own).")] = 256,
+    device: Annotated[str, device_option("cpu (peak RSS) or cuda (allocator peak).")] = "cpu",
+    dtype: DtypeOpt = "auto",
+    threads: ThreadsOpt = 1,
+    seed: SeedOpt = 0,
+    out: OutOpt = None,
+    fresh: FreshOpt = False,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Peak memory of loading a checkpoint in several shards, unquantized and quantized while loading, each in a
+    fresh process, against the target: the weights held + the largest shard.
+
+    Examples:
+
+        maskkv bench loading
+
+        maskkv bench loading --dtype bf16 --quantize int8,int4 --json
+
+        maskkv bench loading --model ~/models/LLaDA2.1-mini --dtype bf16
+    """
+    from maskkv_cli.bench.loading import LoadSettings, loading_table, run_loading
+
+    settings = LoadSettings(quantize=tuple(m.strip() for m in quantize.split(",") if m.strip()),
+                            config=None if model else config, model=model, shard_mb=shard_mb,
+                            dtype=dtype, device=resolve_device(device), seed=seed, threads=threads)
+
+    def on_case(i: int, n: int, case: Any, row: dict[str, Any] | None) -> None:
+        if not quiet and not as_json:
+            what = f"[{i + 1}/{n}] loading with {case.quantize} weights"
+            sys.stderr.write(f"{what}: running...\n" if row is None else f"{what}: "
+                             + ("reused\n" if row.get("reused") else f"{row['load_s']:.1f} s\n"))
+
+    folder, rows = run_loading(settings, out, fresh, on_case=on_case)
+    if as_json:
+        typer.echo(json.dumps({"results": rows}))
+        return
+    head, body = loading_table(rows)
+    _print_table("maskkv bench loading", head, body, left=("weights", "dtype", "within", "note"))
+    if not quiet:
+        sys.stderr.write(f"results: {folder.path}\n")
+
+
+@guarded
 def reuse(
     doc_tokens: Annotated[str, typer.Option("--doc-tokens", help="Tokens of the document (e.g. 4k).")] = "4k",
     questions: Annotated[int, typer.Option("--questions-per-doc", help="Questions asked of the document.")] = 8,
