@@ -64,7 +64,8 @@ class Session:
         self.device = layer_devices[0] if layer_devices else torch.device(device)
         load_on = "cpu" if layer_devices else self.device
         self.model: DiffusionLM = load_checkpoint(folder.path, folder.config, device=load_on, dtype=dtype or
-                                                  ("bf16" if self.device.type == "cuda" else None), quantize=quantize)
+                                                  ("bf16" if self.device.type == "cuda" else None), quantize=quantize,
+                                                  prequantized=folder.prequantized)
         if layer_devices:
             place_model(self.model, layer_devices)
         self.init_text_side(folder, dream)

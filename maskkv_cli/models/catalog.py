@@ -12,12 +12,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from safetensors import safe_open
-
 from maskkv_cli.defaults import PULL_HINT, REAL_MODEL, configured_model
 from maskkv_cli.errors import MaskKVError, ModelLoadError, ModelNotDownloaded
 from maskkv_cli.models.checkpoint import ModelFolder
-from maskkv_cli.models.loading import check_keys, read_config, weight_files
+from maskkv_cli.models.loading import check_keys, read_config, scan_shapes, weight_files
+from maskkv_cli.models.prequantized import check_request, read_prequantized
 from maskkv_cli.paths import config_file, hf_cache_dir, maskkv_home, shipped_model_folder
 from maskkv_cli.runtime.fileio import atomic_write_text
 
@@ -129,11 +128,11 @@ def inspect(folder: Path, name: str, source: str) -> LocalModel:
     try:
         from maskkv_cli.models.families import parameter_shapes
 
-        found: dict[str, tuple[int, ...]] = {}
-        for file in sorted(set(weight_files(folder).values())):
-            with safe_open(str(file), framework="pt") as f:
-                for key in f.keys():
-                    found[key] = tuple(f.get_slice(key).get_shape())
+        pre = read_prequantized(folder)
+        check_request(pre, folder, None)  # a pre-quantized format maskkv does not run is the problem
+        found, _ = scan_shapes(weight_files(folder), pre is not None)
+        if pre is not None:
+            dtype = f"{dtype or '?'}, {pre.mode} weights (torchao)"
         params = 0
         for shape in found.values():
             n = 1

@@ -27,8 +27,9 @@ from maskkv_cli.models.diffusion_gemma import DiffusionGemma
 from maskkv_cli.models.diffusion_gemma import checkpoint_shapes as diffusion_gemma_shapes
 from maskkv_cli.models.diffusion_gemma_config import from_hf as diffusion_gemma_from_hf
 from maskkv_cli.models.families import build_model, config_from_hf, config_to_hf, family, parameter_shapes
+from maskkv_cli.models.prequantized import PreQuantized, TorchaoShard, check_request, read_prequantized
 from maskkv_cli.models.protocol import DiffusionLM
-from maskkv_cli.models.quantize import loading_quantizer
+from maskkv_cli.models.quantize import loading_quantizer, mark_prequantized
 from maskkv_cli.paths import resolve_model_path
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -50,13 +51,27 @@ def parse_dtype(dtype: str | torch.dtype | None, device: torch.device | str = "c
 
 
 def read_config(folder: Path) -> ModelConfig:
+    return read_folder_config(folder)[0]
+
+
+def read_folder_config(folder: Path) -> tuple[ModelConfig, PreQuantized | None]:
+    """The model's config and the checkpoint's own quantization (``models/prequantized.py``), from one parse of
+    config.json."""
     try:
         data = json.loads((folder / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ModelLoadError(f"cannot read {folder / 'config.json'}: {exc}") from None
+    pre = read_prequantized(folder, data) if isinstance(data, dict) else None
     if isinstance(data, dict):
         data = {**_generation_ids(folder), **data}  # config.json's own ids win
-    return config_from_hf(data, source=str(folder / "config.json"))
+    return config_from_hf(data, source=str(folder / "config.json")), pre
+
+
+class _ReadIt:
+    """``load_checkpoint``'s default for ``prequantized``: read it from the folder's config.json."""
+
+
+READ_IT = _ReadIt()
 
 
 ID_FIELDS = ("mask_token_id", "eos_token_id", "bos_token_id", "pad_token_id")
@@ -116,6 +131,28 @@ def check_keys(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int,
         raise ModelLoadError(f"checkpoint {where} does not match its config.json; " + "; ".join(problems))
 
 
+def scan_shapes(files: dict[str, Path], torchao: bool = False
+                ) -> tuple[dict[str, tuple[int, ...]], dict[Path, TorchaoShard]]:
+    """Every tensor's shape from the files' headers, by checkpoint key; ``torchao``: a pre-quantized checkpoint's
+    files, whose quantized tensors are listed by their own names (not their parts') with each file's
+    ``TorchaoShard`` (a class maskkv does not run is refused here, before any weight is read)."""
+    found: dict[str, tuple[int, ...]] = {}
+    shards: dict[Path, TorchaoShard] = {}
+    for file in sorted(set(files.values())):
+        with safe_open(str(file), framework="pt") as f:
+            shapes = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
+            if torchao:
+                shard = shards[file] = TorchaoShard(f.metadata())
+                shard.check(file)
+                for name, keys in shard.names.items():
+                    for key in keys:
+                        if key.endswith("_qdata") and key in shapes:
+                            found[name] = shapes[key]  # an Int8Tensor's shape is its values'
+                        shapes.pop(key, None)
+            found.update(shapes)
+    return found, shards
+
+
 def load_model(
     path: str | os.PathLike[str],
     device: str | torch.device = "cpu",
@@ -126,20 +163,24 @@ def load_model(
     into place (no random init, no second copy). ``quantize`` ("int8", "int4"): each linear layer is quantized as
     soon as it is read (``models/quantize.py``), so the full-precision model is never resident."""
     folder = resolve_model_path(path)
-    return load_checkpoint(folder, read_config(folder), device, dtype, quantize)
+    cfg, pre = read_folder_config(folder)
+    return load_checkpoint(folder, cfg, device, dtype, quantize, pre)
 
 
 def load_checkpoint(folder: Path, cfg: ModelConfig, device: str | torch.device = "cpu",
-                    dtype: str | torch.dtype | None = None, quantize: str | None = None) -> DiffusionLM:
-    """``load_model`` of a folder already resolved whose config was read (``models.checkpoint.ModelFolder``)."""
+                    dtype: str | torch.dtype | None = None, quantize: str | None = None,
+                    prequantized: PreQuantized | None | _ReadIt = READ_IT) -> DiffusionLM:
+    """``load_model`` of a folder already resolved whose config was read (``models.checkpoint.ModelFolder``, which
+    passes ``prequantized`` too: the checkpoint's own quantization, else read here).
+
+    A checkpoint quantized before it was saved (``quantization_config``, ``models/prequantized.py``) loads as it is
+    when maskkv runs its format (torchao int8), else is refused in one line before any weight is read."""
     device = torch.device(device)
     dt = parse_dtype(dtype, device)
+    pre = read_prequantized(folder) if isinstance(prequantized, _ReadIt) else prequantized
+    quantize = check_request(pre, folder, quantize)
     files = weight_files(folder)
-    found: dict[str, tuple[int, ...]] = {}
-    for file in sorted(set(files.values())):
-        with safe_open(str(file), framework="pt") as f:
-            for key in f.keys():
-                found[key] = tuple(f.get_slice(key).get_shape())
+    found, shards = scan_shapes(files, pre is not None)
     expected = parameter_shapes(cfg)
     optional = getattr(family(cfg.family).model_class, "optional_keys", ())
     left_out = [k for k in expected if k not in found and k.endswith(optional)] if optional else []
@@ -147,7 +188,7 @@ def load_checkpoint(folder: Path, cfg: ModelConfig, device: str | torch.device =
     with torch.device("meta"):
         model = build_model(cfg)
     modules = dict(model.named_modules())
-    quantized = loading_quantizer(model, quantize, device, dt)
+    quantized = None if pre is not None else loading_quantizer(model, quantize, device, dt)
     for key in left_out:  # e.g. a router's expert bias that a checkpoint does not carry: zeros, as upstream inits it
         owner, _, leaf = model.parameter_name(key).rpartition(".")
         modules[owner]._parameters[leaf] = nn.Parameter(torch.zeros(expected[key], device=device, dtype=dt),
@@ -155,10 +196,20 @@ def load_checkpoint(folder: Path, cfg: ModelConfig, device: str | torch.device =
     # Quantizing on the CPU, every tensor kept is the loader's own copy: a tensor read in the file's dtype is
     # otherwise a view of the file's mapping, which would keep the whole shard mapped (and the pages of the
     # layers already quantized resident) for as long as any such view lives.
-    own_copy = quantized is not None and device.type == "cpu"
+    own_copy = (quantized is not None or pre is not None) and device.type == "cpu"
+    parts: dict[str, dict[str, torch.Tensor]] = {}  # a quantized tensor's parts read so far
     for file in sorted(set(files.values())):
+        shard = shards.get(file)
+        part_of = {key: name for name, keys in shard.names.items() for key in keys} if shard else {}
         with safe_open(str(file), framework="pt", device=_safetensors_device(device)) as f:
             for key in f.keys():
+                if key in part_of:  # a part of a pre-quantized tensor: kept as stored (int8 values, scales)
+                    name = part_of[key]
+                    got = parts.setdefault(name, {})
+                    got[key] = f.get_tensor(key).to(device=device, copy=own_copy)
+                    if len(got) == len(shard.names[name]):  # type: ignore[union-attr]
+                        _set_quantized(model, modules, name, shard.build(name, parts.pop(name)), folder)  # type: ignore[union-attr]
+                    continue
                 owner, _, leaf = model.parameter_name(key).rpartition(".")
                 tensor = f.get_tensor(key).to(device=device, dtype=dt, copy=own_copy)
                 modules[owner]._parameters[leaf] = nn.Parameter(tensor, requires_grad=False)
@@ -167,9 +218,23 @@ def load_checkpoint(folder: Path, cfg: ModelConfig, device: str | torch.device =
                     quantized(owner)
                     modules[owner] = model.get_submodule(owner)  # a layer split in parts replaces the one read
                     # (dropping it here frees its full-precision weight now, not when loading ends)
+    if parts:
+        raise ModelLoadError(f"checkpoint {folder}: the quantized tensors {_names(parts)} miss some of their parts")
+    if pre is not None:
+        mark_prequantized(model, pre.mode or "none")  # and its layers read in parts split by rows
     model.eval()
     rows.prepare(model)  # the row floor's probe now, not inside the first measured step
     return model
+
+
+def _set_quantized(model: nn.Module, modules: dict[str, nn.Module], name: str, weight: torch.Tensor,
+                   folder: Path) -> None:
+    """A pre-quantized tensor into its place: the weight of a linear layer (nothing else runs quantized)."""
+    owner, _, leaf = model.parameter_name(name).rpartition(".")  # type: ignore[attr-defined]
+    if not isinstance(modules.get(owner), rows.Linear) or leaf != "weight":
+        raise ModelLoadError(f"checkpoint {folder}: {name} is quantized, but only linear layers' weights run "
+                             "quantized in maskkv")
+    modules[owner]._parameters[leaf] = nn.Parameter(weight, requires_grad=False)
 
 
 def save_model(
@@ -249,6 +314,10 @@ def load_diffusion_gemma(
     if not isinstance(data, dict) or data.get("model_type") != "diffusion_gemma":
         raise ModelLoadError(f"{folder / 'config.json'}: not a DiffusionGemma config (model_type "
                              f"{data.get('model_type') if isinstance(data, dict) else None!r})")
+    pre = read_prequantized(folder, data)
+    if pre is not None:  # its experts are 3-D tensors: no pre-quantized layout of them is read here
+        raise ModelLoadError(f"{folder} holds pre-quantized weights ({pre.detail}); maskkv loads DiffusionGemma "
+                             "checkpoints in fp32 / bf16 / fp16: load the model's bf16 release")
     generation = _generation_ids(folder)
     if "eos_token_id" not in data and generation.get("eos_token_id") is not None:
         data = {**data, "eos_token_id": generation["eos_token_id"]}  # the released ids [1, 106, 50]

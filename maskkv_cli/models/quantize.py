@@ -45,7 +45,8 @@ from maskkv_cli.errors import MaskKVError
 from maskkv_cli.models.rows import Linear
 
 __all__ = ["MODES", "QuantizeError", "SplitLinear", "check_mode", "check_supported", "loading_quantizer",
-           "quantization_of", "quantize_model", "quantized_layers", "tensor_bytes", "weights_bytes"]
+           "mark_prequantized", "quantization_of", "quantize_model", "quantized_layers", "tensor_bytes",
+           "weights_bytes"]
 
 MODES = tuple(m for m in QUANTIZE_CHOICES if m != "none")  # ("int8", "int4")
 INSTALL = "pip install -e '.[quant]'"
@@ -220,6 +221,17 @@ def quantize_model(model: nn.Module, mode: str | None) -> nn.Module:
         _replace(model, name, quantize_layer(layer, mode))  # type: ignore[arg-type]
     _mark(model, mode)
     return model
+
+
+def mark_prequantized(model: nn.Module, mode: str) -> None:
+    """A model whose weights came quantized from its checkpoint (``models/prequantized.py``): its mode recorded,
+    and each layer the family reads in parts (``Linear.splits``) with a quantized weight stored as a
+    ``SplitLinear`` of its rows' parts, as ``quantize_model`` stores it."""
+    for name in targets(model):
+        layer = model.get_submodule(name)
+        if isinstance(layer, Linear) and layer.splits and is_quantized(layer.weight):
+            _replace(model, name, split_layer(layer))
+    _mark(model, mode)
 
 
 def loading_quantizer(model: nn.Module, mode: str | None, device: torch.device | str = "cpu",

@@ -152,7 +152,7 @@ def calibrate(
     block = read_model_defaults(folder).generation.get("block_length", 32) if cfg.block_causal else None
     inputs = calibration_inputs(tokenizer, texts, max_tokens, samples, gen_length, cfg.mask_token_id)
     llada = load_checkpoint(folder, cfg, device=resolve_device(device), dtype=None if dtype == "auto" else dtype,
-                            quantize=weights)
+                            quantize=weights, prequantized=checkpoint.prequantized)
     batches = (torch.tensor([seq], dtype=torch.long) for seq in inputs)
 
     err = Console(stderr=True)
