@@ -298,9 +298,12 @@ def load_diffusion_gemma(
     path: str | os.PathLike[str],
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype | None = None,
+    quantize: str | None = None,
 ) -> DiffusionGemma:
     """A DiffusionGemma folder as transformers saves it (``config.json`` with ``model_type: diffusion_gemma``,
     safetensors) as ``models.diffusion_gemma.DiffusionGemma``, built on the meta device and filled in place.
+    ``quantize`` ("int8", "int4"): the attention, dense MLP and self-conditioning projections and each expert's
+    matrices are quantized as soon as they are read (``models/quantize.py``), as ``load_model`` does.
 
     The vision tower's keys (``model.encoder.vision_tower.*``, ``model.encoder.embed_vision.*``) are skipped: the
     model is text only. Text weights are read from ``model.decoder.*`` (where ``save_pretrained`` writes the tied
@@ -349,6 +352,8 @@ def load_diffusion_gemma(
         if name not in found:  # a layer scalar the checkpoint lacks
             owner, _, leaf = name.rpartition(".")
             modules[owner]._buffers[leaf] = torch.ones(1, device=device, dtype=dt)
+    quantized = loading_quantizer(model, quantize, device, dt)
+    own_copy = quantized is not None and device.type == "cpu"  # as in load_checkpoint: no view keeps a shard mapped
     for file, names in sorted(by_file.items()):
         with safe_open(str(file), framework="pt", device=_safetensors_device(device)) as f:
             for name, key in names:
@@ -357,9 +362,12 @@ def load_diffusion_gemma(
                     raise ModelLoadError(f"checkpoint {folder}: {key} is {list(shape)}, expected "
                                          f"{list(expected[name])}")
                 owner, _, leaf = name.rpartition(".")
-                tensor = f.get_tensor(key).to(device=device, dtype=dt)
+                tensor = f.get_tensor(key).to(device=device, dtype=dt, copy=own_copy)
                 if leaf in modules[owner]._buffers:
                     modules[owner]._buffers[leaf] = tensor
                 else:
                     modules[owner]._parameters[leaf] = nn.Parameter(tensor, requires_grad=False)
+                del tensor
+                if quantized is not None:
+                    quantized(owner)
     return model.eval()

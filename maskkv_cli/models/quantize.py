@@ -191,10 +191,31 @@ def quantize_layer(layer: Linear, mode: str) -> nn.Module:
 
 
 def targets(model: nn.Module) -> list[str]:
-    """Names of the layers ``quantize_model`` quantizes: every ``Linear`` inside the blocks."""
+    """Names of the layers ``quantize_model`` quantizes: every ``Linear`` inside the blocks, or those a model names
+    itself (``quantization_targets``: DiffusionGemma's)."""
+    own = getattr(model, "quantization_targets", None)
+    if own is not None:
+        return list(own())
     blocks = model.blocks  # type: ignore[attr-defined]
     prefix = next(name for name, m in model.named_modules() if m is blocks)
     return [f"{prefix}.{name}" for name, m in blocks.named_modules() if isinstance(m, Linear)]
+
+
+def quantize_matrix(weight: Tensor, mode: str) -> Tensor:
+    """One weight matrix (out, in) in ``mode`` (through a ``Linear`` of that shape, as every layer is quantized);
+    the matrix as it is when int4 has no group size for its input width."""
+    layer = Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    layer.weight = nn.Parameter(weight.detach(), requires_grad=False)
+    quantize_weight_of(layer, mode)
+    return layer.weight.detach()
+
+
+def quantize_expert_tensors(model: nn.Module, mode: str, owner: str | None = None) -> None:
+    """The experts held as 3-D tensors (a module with ``quantize_experts``: DiffusionGemma's), each expert's
+    matrices quantized on their own; ``owner``: only that module (while loading)."""
+    for name, m in model.named_modules():
+        if hasattr(m, "quantize_experts") and (owner is None or name == owner):
+            m.quantize_experts(lambda w: quantize_matrix(w, mode))
 
 
 def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
@@ -219,6 +240,7 @@ def quantize_model(model: nn.Module, mode: str | None) -> nn.Module:
     for name in targets(model):
         layer = model.get_submodule(name)
         _replace(model, name, quantize_layer(layer, mode))  # type: ignore[arg-type]
+    quantize_expert_tensors(model, mode)
     _mark(model, mode)
     return model
 
@@ -248,7 +270,12 @@ def loading_quantizer(model: nn.Module, mode: str | None, device: torch.device |
     pending = set(targets(model))
     _mark(model, mode)
 
+    experts = {name for name, m in model.named_modules() if hasattr(m, "quantize_experts")}
+
     def loaded(owner: str) -> None:
+        if owner in experts:  # a 3-D expert tensor, quantized expert by expert as soon as it is read
+            quantize_expert_tensors(model, mode, owner)
+            return
         if owner not in pending:
             return
         layer = model.get_submodule(owner)
