@@ -27,7 +27,8 @@ class PlanningSession(Session):
 
         folder = ModelFolder.of(model_path)
         self.model = SimpleNamespace(config=folder.config,  # type: ignore[assignment]
-                                     dtype=parse_dtype(dtype, device_kind), quantization=quantize)
+                                     dtype=parse_dtype(dtype, device_kind, quantize),
+                                     quantization=quantize)
         self.init_text_side(folder)
 
     def answer_ids(self, *args: Any, **kwargs: Any) -> Any:

@@ -87,11 +87,12 @@ class BatchResult:
                 "failures": [{"id": r["id"], "document": r["document"], "error": r["error"]} for r in self.failures]}
 
 
-def resolve_dtype(dtype: str, device_kind: str) -> str:
-    """The precision a worker loads in: ``auto`` is bf16 on a GPU and fp32 on the CPU (as ``Session``)."""
+def resolve_dtype(dtype: str, device_kind: str, quantize: str = "none") -> str:
+    """The precision a worker loads in: ``auto`` is bf16 on a GPU and fp32 on the CPU, bf16 there too with int4
+    weights (as ``Session``: ``models.loading.parse_dtype``)."""
     if dtype != "auto":
         return dtype
-    return "bf16" if device_kind == "cuda" else "fp32"
+    return "bf16" if device_kind == "cuda" or quantize == "int4" else "fp32"
 
 
 def _row(job: Job, fields: dict[str, Any], attempts: int, gen_length: int | None,
@@ -194,7 +195,7 @@ def run_batch(
         return triple
 
     jobs, duplicates = plan_jobs(list(specs), shas, lambda s: job_settings(s, settings, generation), model_id,
-                                 resolve_dtype(dtype, device_kind), device_kind, quantize)
+                                 resolve_dtype(dtype, device_kind, quantize), device_kind, quantize)
     started = time.perf_counter()
     folder = AnswersFolder(out).open(job.key for job in jobs)
     counts = {"ok": 0, "failed": 0, "ran": 0, "answered": 0}
@@ -203,7 +204,7 @@ def run_batch(
     failures: list[dict[str, Any]] = []
     first_sent: list[float] = []
     try:
-        config = {"model": model_path, "model_id": model_id, "dtype": resolve_dtype(dtype, device_kind),
+        config = {"model": model_path, "model_id": model_id, "dtype": resolve_dtype(dtype, device_kind, quantize),
                   "quantize": quantize, "device": device_kind, "settings": settings.as_dict(),
                   "generation_defaults": defaults,
                   "runner": pool_label(pool, runner), "jobs": len(jobs), "machine": machine_info(),

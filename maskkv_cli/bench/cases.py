@@ -58,7 +58,7 @@ def load_bench_model(config: str | None, model_path: str | None, device: torch.d
 
     if model_path:
         return load_model(model_path, device=device, dtype=None if dtype == "auto" else dtype, quantize=quantize)
-    model = random_model(named_config(config or "llada-small"), device, parse_dtype(dtype, device), seed)
+    model = random_model(named_config(config or "llada-small"), device, parse_dtype(dtype, device, quantize), seed)
     return quantize_model(model, quantize)  # type: ignore[return-value]
 
 

@@ -99,7 +99,7 @@ def _warm(folder: Path, mode: str, device: torch.device, dtype: str) -> None:
     parameter_shapes(cfg)
     with torch.device("meta"):
         build_model(cfg)
-    dt = parse_dtype(None if dtype == "auto" else dtype, device)
+    dt = parse_dtype(None if dtype == "auto" else dtype, device, mode)
     small_rows(device, dt)
     if check_mode(mode) is not None:
         quantize_weight_of(Linear(128, 32, bias=False, device=device, dtype=dt), mode)

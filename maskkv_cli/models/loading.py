@@ -38,12 +38,16 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
           "float16": torch.float16, "fp16": torch.float16}
 
 
-def parse_dtype(dtype: str | torch.dtype | None, device: torch.device | str = "cpu") -> torch.dtype:
-    """``auto``/None: bf16 on CUDA, fp32 on the CPU."""
+def parse_dtype(dtype: str | torch.dtype | None, device: torch.device | str = "cpu",
+                quantize: str | None = None) -> torch.dtype:
+    """``auto``/None: bf16 on CUDA, fp32 on the CPU; bf16 on the CPU too for int4 weights (``quantize``), whose
+    CPU kernel (``aten._weight_int4pack_mm_for_cpu``) takes fp32 activations on a slow path (50-80x the time of the
+    unquantized fp32 product on this project's AMD EPYC CPU, against 1.7-2.4x in bf16; docs/models.md)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype in (None, "auto"):
-        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+        cpu = torch.device(device).type == "cpu"
+        return torch.float32 if cpu and quantize != "int4" else torch.bfloat16
     try:
         return DTYPES[dtype]
     except KeyError:
@@ -176,9 +180,9 @@ def load_checkpoint(folder: Path, cfg: ModelConfig, device: str | torch.device =
     A checkpoint quantized before it was saved (``quantization_config``, ``models/prequantized.py``) loads as it is
     when maskkv runs its format (torchao int8), else is refused in one line before any weight is read."""
     device = torch.device(device)
-    dt = parse_dtype(dtype, device)
     pre = read_prequantized(folder) if isinstance(prequantized, _ReadIt) else prequantized
     quantize = check_request(pre, folder, quantize)
+    dt = parse_dtype(dtype, device, quantize)
     files = weight_files(folder)
     found, shards = scan_shapes(files, pre is not None)
     expected = parameter_shapes(cfg)
@@ -326,7 +330,7 @@ def load_diffusion_gemma(
         data = {**data, "eos_token_id": generation["eos_token_id"]}  # the released ids [1, 106, 50]
     cfg = diffusion_gemma_from_hf(data, str(folder / "config.json"))
     device = torch.device(device)
-    dt = parse_dtype(dtype, device)
+    dt = parse_dtype(dtype, device, quantize)
     expected = {DiffusionGemma.parameter_name(k): v for k, v in diffusion_gemma_shapes(cfg).items()}
     files = weight_files(folder)
     found: dict[str, tuple[str, Path]] = {}  # parameter name -> (the key read, its file)
