@@ -4,6 +4,7 @@ weights, ``--json`` stats carry them, the keys of results tell quantized runs ap
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -237,3 +238,38 @@ def test_the_harness_model_loads_quantized_weights(tiny_dir: Path) -> None:
     from maskkv_cli.models.quantize import quantization_of
 
     assert quantization_of(lm.engine.session.model) == "int8"
+
+
+def test_bench_speed_compares_the_quantizations_round_by_round(tmp_path: Path) -> None:
+    """``bench speed --quantize none,int8,int4 --repeats 2 --in-process``: the three alternate run after run in one
+    process, each row its median run, the quantized rows with their step and prefill speedups over none."""
+    from maskkv_cli.bench.speed import run_sweep
+    from maskkv_cli.bench.speed_report import table_rows
+    from maskkv_cli.bench.speed_settings import SpeedSettings
+
+    settings = SpeedSettings(prompt_lengths=(32,), policies=("maskkv",), budgets=(8,), gen_length=16, steps=8,
+                             block_length=8, config="llada2-tiny", quantize=("none", "int8", "int4"), repeats=2,
+                             dtype="bf16", limit=False)
+    assert [c.quantize for c in settings.cases()] == ["none", "int8", "int4"]
+    order: list[str] = []
+
+    from maskkv_cli.bench.speed_case import run_case
+
+    def runner(case: Any) -> dict[str, Any]:
+        order.append(case.quantize)
+        return run_case(case)
+
+    folder, rows = run_sweep(settings, out=tmp_path / "speed", runner=runner)
+    assert order == ["none", "int8", "int4"] * 2  # alternating, round by round
+    plain, int8, int4 = rows
+    assert plain["weights_bytes"] > int8["weights_bytes"] > int4["weights_bytes"]
+    for row in (int8, int4):
+        expected = statistics.median(plain["step_s_runs"]) / statistics.median(row["step_s_runs"])
+        assert row["step_speedup_vs_unquantized"] == pytest.approx(expected)
+        assert len(row["prefill_speedup_vs_unquantized_runs"]) == 2
+    head, body = table_rows(rows)
+    assert head[head.index("method") + 1] == "weights" and [b[head.index("weights")] for b in body] == [
+        "none", "int8", "int4"]
+    assert "step vs unq" in head and "round by round: steps" in (folder.path / "summary.md").read_text()
+    with pytest.raises(Exception, match="unknown quantization"):
+        SpeedSettings(quantize=("int3",), config="tiny").check()

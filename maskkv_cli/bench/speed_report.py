@@ -142,7 +142,14 @@ def summary_markdown(settings: SpeedSettings, rows: Sequence[dict[str, Any]], fo
         lines.append("- weights: the linear layers and experts quantized (torchao weight-only int8 / int4, "
                      "`models/quantize.py`) or none; weights bytes as held (packed values, scales and zero points); "
                      "step vs unq / prefill vs unq: the unquantized run's median step / prefill time over this row's "
-                     "(same method, prompt and batch; above 1: faster)")
+                     "(same method, prompt and batch; above 1: faster; with repeats, each the median over the runs)")
+        for row in rows:
+            per_round = row.get("step_speedup_vs_unquantized_runs")
+            if per_round:
+                prefill = row.get("prefill_speedup_vs_unquantized_runs") or []
+                lines.append(f"- {row['method']} {row['quantize']} at prompt {row['prompt_len']} against none, round "
+                             "by round: steps " + ", ".join(fmt_ratio(r, 2) for r in per_round)
+                             + "; prefill " + ", ".join(fmt_ratio(r, 2) for r in prefill))
     if s.repeats > 1:
         lines.append(f"- every case ran {s.repeats} times, round by round (each round ran every case once, in the "
                      "order of the table); a row is its case's run with the median total time, and vs batch 1 "
