@@ -42,6 +42,9 @@ def test_ask_json_stats_carry_the_quantized_weights(tmp_path: Path, tiny_dir: Pa
     assert plain["weights_bytes"] > int8["weights_bytes"] > int4["weights_bytes"] > 0
     none = _stats([*base, "--quantize", "none"])
     assert (none["quantization"], none["weights_bytes"]) == ("none", plain["weights_bytes"])
+    shown = runner.invoke(app, [*base[:-1], "--quantize", "int4"])  # the run's line names them (stderr)
+    assert shown.exit_code == 0 and ", int4 weights " in shown.stderr
+    assert " weights " not in runner.invoke(app, base[:-1]).stderr  # an unquantized run's line is as it was
 
 
 def test_generate_summarize_and_profile_take_the_flag(tmp_path: Path, tiny_dir: Path,
