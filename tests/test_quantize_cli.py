@@ -276,3 +276,23 @@ def test_bench_speed_compares_the_quantizations_round_by_round(tmp_path: Path) -
     assert "step vs unq" in head and "round by round: steps" in (folder.path / "summary.md").read_text()
     with pytest.raises(Exception, match="unknown quantization"):
         SpeedSettings(quantize=("int3",), config="tiny").check()
+
+
+def test_ask_a_pdf_with_int4_weights_on_llada2_and_llada(tmp_path: Path, tiny_dir: Path, tiny_tokenizer: Any) -> None:
+    """Issue 48's end: ``maskkv ask doc.pdf "..." --model FOLDER --quantize int4`` runs a LLaDA2 and a LLaDA
+    checkpoint on the CPU (random tiny ones here)."""
+    from pdfs import BODY, make_pdf
+
+    from maskkv_cli.models.config import named_config
+    from maskkv_cli.models.loading import build_model, save_model
+
+    cfg = named_config("llada2-tiny").with_(vocab_size=len(tiny_tokenizer))
+    llada2 = save_model(build_model(cfg).init_weights(seed=3, std=0.25).eval(), tmp_path / "llada2", tiny_tokenizer)
+    doc = tmp_path / "doc.pdf"
+    doc.write_bytes(make_pdf(BODY))
+    for folder in (llada2, tiny_dir):
+        result = runner.invoke(app, ["ask", str(doc), "Who keeps the tide tables?", "--model", str(folder),
+                                     "--quantize", "int4", "-n", "16", "--block-length", "8", "--json"])
+        assert result.exit_code == 0, result.output
+        stats = json.loads(result.stdout)["answers"][0]["stats"]
+        assert stats["quantization"] == "int4" and stats["steps_run"] > 0
