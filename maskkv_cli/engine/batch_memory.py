@@ -120,8 +120,11 @@ class BatchMemory:
     """Bytes of one batch by the memory model: per sequence (cache, step) and once (the prefill's peak)."""
 
     cache_per_sequence: int  # compressed K/V of one sequence, every layer (kept entries + response slot)
-    step_per_sequence: int  # activations of one sequence: the larger of its prefill rows and its step's rows
-    prefill_peak: int  # once per batch: the prefill's attention chunk and MLP chunk
+    # activations of one sequence: the larger of its prefill rows and its step's rows (DiffusionGemma: one step)
+    step_per_sequence: int
+    # once per batch: the prefill's attention chunk and MLP chunk (DiffusionGemma: the rest of the full cache
+    # before the cut, and the larger of the encoder's chunk and the first step's extra copy)
+    prefill_peak: int
     terms: dict[str, int] = field(default_factory=dict, compare=False)  # the parts of the three, by name
 
     def total(self, batch: int) -> int:
@@ -173,11 +176,11 @@ def _canvas_memory(shapes: Geometry, prompt_len: int, gen_length: int, kept: int
     step_copy = max([g.widest_growing_kv * b * (held + committed + c),
                      *(g.widest_kv * b * (min(prompt_len + committed, cap) + c) for _, cap in g.capped)])
     excess = g.kv_per_token * b * (prompt_len - held)  # the full cache before the first step cut it
-    n = min(prompt_len, QUERY_CHUNK)
-    t = prompt_len + committed
-    encoder = (n * (width * b + norm) + moe_chunk_bytes(g, n, b) + n * t  # rows, routed copies, the boolean mask
-               + 4 * g.most_heads * n * t  # fp32 scores of the chunk's queries
-               + g.widest_growing_kv * b * t)  # the layer's cache with the chunk appended (a copy)
+    n = min(prompt_len, QUERY_CHUNK)  # the prompt's last encoder chunk, over all of the prompt before it
+    m = prompt_len
+    encoder = (n * (width * b + norm) + moe_chunk_bytes(g, n, b) + n * m  # rows, routed copies, the boolean mask
+               + 4 * g.most_heads * n * m  # fp32 scores of the chunk's queries
+               + g.widest_growing_kv * b * m)  # the layer's cache with the chunk appended (a copy)
     first_step = g.widest_growing_kv * b * (prompt_len - held) + VOTE_CHUNKS  # the uncut layer beside the canvas
     terms = {"cache: growing layers": grown, "cache: capped layers": capped, "step rows": step_rows,
              "step logits": logits, "step cache copy": step_copy, "full cache before the cut": excess,
