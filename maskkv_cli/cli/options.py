@@ -76,6 +76,7 @@ threads_option = declare("--threads")
 length_option = declare("--length")
 batch_size_option = declare("--batch-size")
 repeats_option = declare("--repeats")
+quantize_option = declare("--quantize")
 
 
 ModelOpt = Annotated[str | None, model_option(
