@@ -16,6 +16,7 @@ from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.engine.plan import CacheConfig
 from maskkv_cli.errors import UsageError
 from maskkv_cli.policies.base import PolicyOptions
+from maskkv_cli.sampling.diffusion_gemma import DiffusionGemmaOptions, refused_flags
 from maskkv_cli.sampling.dream import DreamOptions
 from maskkv_cli.sampling.llada import GenerationConfig
 from maskkv_cli.sampling.llada2 import LLaDA2Options
@@ -89,6 +90,12 @@ class RunSettings:
                        editing_threshold=base.editing_threshold if self.editing_threshold is None
                        else self.editing_threshold,
                        max_post_steps=base.max_post_steps if self.max_post_steps is None else self.max_post_steps)
+
+    def diffusion_gemma(self, defaults: DiffusionGemmaOptions | None = None) -> DiffusionGemmaOptions:
+        """DiffusionGemma's options: the model's stored ones (``defaults``), with the flags these settings give that
+        its sampler does not take (``--steps``, ``--block-length``, ...), which its generations then refuse."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return replace(defaults or DiffusionGemmaOptions(), refused=refused_flags(values))
 
     def generation(self, defaults: dict[str, int] | None = None) -> GenerationConfig:
         """The lengths as given, gaps filled from the model's stored defaults (``resolve_generation``)."""

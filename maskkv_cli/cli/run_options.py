@@ -91,6 +91,7 @@ class RunOptions:
         session = load_session(folder or self.model, device, self.dtype, self.quiet, self.as_json, self.device_map,
                                self.yes, dream=settings.dream(), **more)
         session.llada2 = settings.llada2(session.stored_llada2)  # the options given over the model's stored defaults
+        session.diffusion_gemma = settings.diffusion_gemma(session.stored_diffusion_gemma)
         return session
 
     def generation(self, defaults: dict[str, int], **more: Any) -> Any:
