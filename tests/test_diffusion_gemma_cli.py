@@ -188,18 +188,24 @@ def test_temperature_and_refused_options():
     assert (greedy.t_min, greedy.t_max, greedy.max_new_tokens, greedy.eos_token_ids) == (0.0, 1e-6, GEN, (1,))
     assert (sampling_settings(_gen(temperature=0.8), opts, (1,), 0).t_min,
             sampling_settings(_gen(temperature=0.4), opts, (1,), 0).t_min) == (pytest.approx(0.4), pytest.approx(0.2))
-    given = RunSettings(steps=4, block_length=8, top_k=3).diffusion_gemma(opts)
-    with pytest.raises(UsageError, match=r"^--steps, --block-length, --top-k are not options"):
-        sampling_settings(_gen(), given, (1,), 0)
+    RunSettings(gen_length=GEN, temperature=0.8, seed=3, policy="snapkv", budget=8).check_family("diffusion_gemma")
+    with pytest.raises(UsageError, match=r"^--steps, --block-length, --cfg, --top-k are not options of the "):
+        RunSettings(steps=4, block_length=8, cfg_scale=1.0, top_k=3).check_family("diffusion_gemma")
+    RunSettings(steps=4, block_length=8, top_k=3).check_family("llada2")  # its own options
     with pytest.raises(UsageError, match=r"^--threshold is not an option"):
-        sampling_settings(_gen(threshold=0.5), opts, (1,), 0)
+        sampling_settings(_gen(threshold=0.5), opts, (1,), 0)  # the Python API meets the same refusal
 
 
-def test_other_samplers_options_are_refused_in_one_line(folder, doc):
+def test_other_samplers_options_are_refused_in_one_line(folder, doc, tmp_path):
     result = runner.invoke(app, ["ask", str(doc), QUESTION, "--model", str(folder), "--steps", "4"])
     assert result.exit_code != 0 and "Traceback" not in result.output
-    assert result.stderr.startswith("error: --steps is not an option of DiffusionGemma's sampler")
+    assert result.stderr.startswith("error: --steps is not an option of the diffusion_gemma sampler")
     assert result.stderr.count("\n") == 1
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text(json.dumps({"document": str(doc), "question": QUESTION}) + "\n")
+    result = runner.invoke(app, ["batch", str(jobs), "--out", str(tmp_path / "out"), "--model", str(folder),
+                                 "--block-length", "8"])
+    assert result.exit_code != 0 and "--block-length is not an option" in result.stderr
 
 
 # ----- the same tokens as transformers -------------------------------------------------------------------------------
@@ -297,3 +303,46 @@ def test_summarize_runs(folder, doc):
     result = runner.invoke(app, ["summarize", str(doc), "--model", str(folder), "--length", "10", "--json"])
     assert result.exit_code == 0, result.output
     assert "summary" in json.loads(result.stdout)
+
+
+def test_batch_and_the_servers_generation_service_run_it(folder, doc, tmp_path):
+    """``maskkv batch`` answers as ``ask`` does; the server's ``GenerationService`` (other threads' generations run in
+    its thread) gives every request the tokens it gets alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from maskkv_cli.sampling.service import GenerationService
+
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text(json.dumps({"document": str(doc), "question": QUESTION}) + "\n")
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["batch", str(jobs), "--out", str(out), "--model", str(folder), "-n", str(GEN),
+                                 "--budget", "6", "--json"])
+    assert result.exit_code == 0, result.output
+    row = json.loads((out / "answers.jsonl").read_text().splitlines()[0])
+    asked = _ask_json(folder, doc, QUESTION, "--budget", "6")
+    assert row["answer"] == asked["answers"][0]["answer"]
+    session = Session(folder)
+    prompts = [pipeline.prepare(session, DOC, q, GEN) for q in (QUESTION, "Who sleeps most of the day?")]
+    cache = CacheConfig(policy="maskkv", budget=6)
+
+    def tokens(p: pipeline.Prompt) -> list[int]:
+        return session.answer_ids(p.ids, _gen(5), cache, document_len=p.document_len).result.tokens[0].tolist()
+
+    alone = [tokens(p) for p in prompts]
+    session.engine = GenerationService(session.model, 2)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            together = list(pool.map(tokens, prompts))
+    finally:
+        session.engine.close()
+    assert together == alone
+
+
+def test_bench_reuse_on_a_diffusion_gemma_shape():
+    """``maskkv bench reuse --config diffusiongemma-tiny`` at a tiny size (its times are not checked here): every
+    answer is token for token the one of the question asked on its own; the stored prefix is the document's."""
+    from maskkv_cli.bench.reuse import ReuseCase, run_reuse
+
+    row = run_reuse(ReuseCase(config="diffusiongemma-tiny", doc_tokens=40, questions=2, question_tokens=6,
+                              gen_length=8, budget=8, repeats=1))
+    assert row["answers_equal"] == 2 and row["prefix_bytes"] > 0

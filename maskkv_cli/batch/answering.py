@@ -18,11 +18,10 @@ if TYPE_CHECKING:
 
 
 def use_settings(session: Any, run: RunSettings) -> None:
-    """The sampler options of a job's settings on the worker's session: Dream's, and LLaDA2's and DiffusionGemma's
-    over the model's stored defaults (as ``maskkv ask`` sets them from its options)."""
+    """The sampler options of a job's settings on the worker's session: Dream's, and LLaDA2's over the model's
+    stored defaults (as ``maskkv ask`` sets them from its options)."""
     session.dream = run.dream()
     session.llada2 = run.llada2(session.stored_llada2)
-    session.diffusion_gemma = run.diffusion_gemma(session.stored_diffusion_gemma)
 
 
 def open_session(model_path: str, device: str, dtype: str | None) -> Any:

@@ -62,6 +62,8 @@ class Family:
     # says how many leading ids are the document's): a block-causal model's whole blocks, a causal encoder's cache
     document_prefix: bool = False
     device_map: bool = True  # whether ``--device-map`` can spread its layers over devices
+    # the run settings (``app.run_settings.RunSettings`` fields) its sampler does not take: given, they are refused
+    refuses: tuple[str, ...] = ()
 
 
 def _has_experts(data: dict[str, Any]) -> bool:
@@ -78,7 +80,9 @@ FAMILY_TABLE: dict[str, Family] = {
                      document_prefix=True),
     "diffusion_gemma": Family("diffusion_gemma", DiffusionGemma, "diffusion_gemma", ("diffusion_gemma",),
                               diffusion_gemma_from_hf, diffusion_gemma_to_hf, chat_format="gemma",
-                              loader="diffusion_gemma", document_prefix=True, device_map=False),
+                              loader="diffusion_gemma", document_prefix=True, device_map=False,
+                              refuses=("steps", "block_length", "cfg_scale", "remasking", "threshold", "alg", "top_p",
+                                       "top_k", "editing_threshold", "max_post_steps")),
 }
 
 

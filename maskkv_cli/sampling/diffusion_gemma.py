@@ -21,7 +21,8 @@ Settings (``DiffusionGemmaOptions``, the model's ``generation_config.json``, and
 (the default) is transformers' deterministic limit (``t_min`` 0, ``t_max`` 1e-6: every draw the argmax, every
 position accepted), a temperature T > 0 the model's linear schedule scaled to start at T (the released schedule
 0.8 -> 0.4 is ``--temperature 0.8``); ``seed`` seeds the generator that draws the canvases (on the CPU the numbers
-``torch.manual_seed(seed)`` gives transformers). Options of the other samplers are refused.
+``torch.manual_seed(seed)`` gives transformers). Options of the other samplers are refused (``Family.refuses``,
+checked where a command meets its model; ``--cfg``, ``--remasking`` and ``--threshold`` here too).
 """
 
 from __future__ import annotations
@@ -55,10 +56,6 @@ from maskkv_cli.sampling.forward import Forward, Lane, StepRequest
 from maskkv_cli.sampling.llada import GenerationConfig
 
 DETERMINISTIC_T_MAX = 1e-6  # with t_min 0: transformers' deterministic limit (``--temperature 0``)
-# the shared settings' flags that have no meaning for this sampler, by ``RunSettings`` field (``refused_flags``)
-OTHER_SAMPLERS = {"steps": "--steps", "block_length": "--block-length", "alg": "--alg", "top_p": "--top-p",
-                  "top_k": "--top-k", "editing_threshold": "--editing-threshold",
-                  "max_post_steps": "--max-post-steps"}
 
 
 class DocumentCache:
@@ -82,13 +79,20 @@ class DocumentCache:
                 self.computed += 1
             return self._entry[1]
 
+    def stored_bytes(self) -> int:
+        """Bytes the kept document prefix holds (its cache on every layer and the window queries)."""
+        with self._lock:
+            if self._entry is None:
+                return 0
+            encoded = self._entry[1]
+            return cache_size(encoded.cache)[1] + sum(q.nbytes for q in encoded.window_queries.values())
+
 
 @dataclass(frozen=True)
 class DiffusionGemmaOptions:
     """DiffusionGemma's own sampler settings beside the shared ``GenerationConfig``: the model's schedule and
     stopping rule (its ``generation_config.json``; transformers' defaults where it is silent), the EOS and pad ids
-    (None: the config's), the flags given that do not apply (a generation refuses to start), and where document
-    prefixes are kept (None: computed for each prompt)."""
+    (None: the config's), and where document prefixes are kept (None: computed for each prompt)."""
 
     max_denoising_steps: int = 48
     t_min: float = 0.4
@@ -98,7 +102,6 @@ class DiffusionGemmaOptions:
     confidence_threshold: float | None = 0.005
     eos_token_ids: tuple[int, ...] | None = None
     pad_token_id: int | None = None
-    refused: tuple[str, ...] = ()
     documents: DocumentCache | None = field(default=None, compare=False)
 
 
@@ -113,26 +116,17 @@ def diffusion_gemma_defaults(stored: dict[str, Any]) -> DiffusionGemmaOptions:
     return DiffusionGemmaOptions(**known, documents=DocumentCache())
 
 
-def refused_flags(values: dict[str, Any]) -> tuple[str, ...]:
-    """The flags among the run's settings (``RunSettings`` field -> value) that another sampler reads and were given
-    (set, or for ``alg`` other than its default)."""
-    return tuple(flag for name, flag in OTHER_SAMPLERS.items()
-                 if (values.get(name) not in (None, "entropy") if name == "alg" else values.get(name) is not None))
-
-
 def sampling_settings(gen: GenerationConfig, options: DiffusionGemmaOptions, eos: Sequence[int],
                       pad: int) -> DiffusionGemmaSampling:
     """The sampler's settings for one generation (see the module doc); ``eos`` and ``pad``: the model config's ids,
     used where the options have none."""
-    refused = list(options.refused)
-    refused += ["--cfg"] if gen.cfg_scale else []
+    refused = ["--cfg"] if gen.cfg_scale else []
     refused += ["--remasking"] if gen.remasking != "low_confidence" else []
     refused += ["--threshold"] if gen.threshold is not None else []
     if refused:
         what = "is not an option" if len(refused) == 1 else "are not options"
-        raise UsageError(f"{', '.join(refused)} {what} of DiffusionGemma's sampler: its denoising steps, schedule "
-                         "and stopping rule come from the model's generation_config.json (--gen-length, "
-                         "--temperature and --seed apply)")
+        raise UsageError(f"{', '.join(refused)} {what} of the diffusion_gemma sampler (docs/models.md has what "
+                         "it takes)")
     schedule = DiffusionGemmaSampling(
         max_new_tokens=gen.gen_length, max_denoising_steps=options.max_denoising_steps, t_min=options.t_min,
         t_max=options.t_max, entropy_bound=options.entropy_bound, stability_threshold=options.stability_threshold,
@@ -369,4 +363,4 @@ def diffusion_gemma_run(model: DiffusionLM, prompt: Tensor, gen: GenerationConfi
 
 __all__ = ["DETERMINISTIC_T_MAX", "DiffusionGemmaOptions", "DocumentCache", "GemmaForward", "GemmaRun", "GemmaStep",
            "cache_size", "diffusion_gemma_defaults", "diffusion_gemma_loop", "diffusion_gemma_run",
-           "full_cache_bytes", "refused_flags", "sampling_settings"]
+           "full_cache_bytes", "sampling_settings"]
