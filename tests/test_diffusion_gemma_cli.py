@@ -1,10 +1,11 @@
 """DiffusionGemma as a model family behind the commands (issue #47, the wiring).
 
-A folder as transformers' ``save_pretrained`` writes it (a tiny random ``DiffusionGemmaForBlockDiffusion``: two
-sliding and two full layers, window 8, canvas 8, its vision tower included) with a small BPE tokenizer of Gemma's
-special tokens and no chat template, and a ``generation_config.json`` as transformers writes it (16 denoising steps,
-EOS ids 1 and 4, pad 0). Tokens are compared with transformers' ``generate`` in its deterministic limit (t_min 0,
-t_max 1e-6: every draw the argmax), which is what ``--temperature 0`` runs, under the same seed."""
+A folder as transformers' ``save_pretrained`` writes it (``tests/dgemma_folder.py``: a tiny random
+``DiffusionGemmaForBlockDiffusion``, two sliding and two full layers, window 8, canvas 8, its vision tower included)
+with a small BPE tokenizer of Gemma's special tokens and no chat template, and a ``generation_config.json`` as
+transformers writes it (16 denoising steps, EOS ids 1 and 4, pad 0). Tokens are compared with transformers'
+``generate`` in its deterministic limit (t_min 0, t_max 1e-6: every draw the argmax), which is what
+``--temperature 0`` runs, under the same seed."""
 
 from __future__ import annotations
 
@@ -19,13 +20,10 @@ import torch
 pytest.importorskip("transformers.models.diffusion_gemma",
                     reason="the installed transformers has no DiffusionGemma (needs transformers>=5.25)")
 
-from prompts import TEXTS  # noqa: E402
-from transformers import DiffusionGemmaConfig as HFConfig  # noqa: E402
+from dgemma_folder import CANVAS as C  # noqa: E402
+from dgemma_folder import STEPS, build_folder, generation_config  # noqa: E402
+from dgemma_folder import WINDOW as W  # noqa: E402
 from transformers import DiffusionGemmaForBlockDiffusion  # noqa: E402
-from transformers.models.diffusion_gemma.generation_diffusion_gemma import (  # noqa: E402
-    DiffusionGemmaGenerationConfig,
-    EntropyBoundSamplerConfig,
-)
 from typer.testing import CliRunner  # noqa: E402
 
 from maskkv_cli.app import pipeline  # noqa: E402
@@ -41,8 +39,6 @@ from maskkv_cli.models.loading import load_diffusion_gemma, load_model  # noqa: 
 from maskkv_cli.prompting import decode_answer, stop_ids  # noqa: E402
 from maskkv_cli.sampling.diffusion_gemma import DiffusionGemmaOptions, sampling_settings  # noqa: E402
 
-C, W, STEPS, EOS = 8, 8, 16, [1, 4]
-SPECIALS = ["<pad>", "<eos>", "<bos>", "<|turn>", "<turn|>"]  # ids 0 .. 4, as Gemma's first ones
 DOC = ("The special magic number for apple is 4821. The sky over the harbour was grey all morning. "
        "Cats sleep most of the day and hunt at night. The train left the station at noon.")
 QUESTION = "What is the special magic number for apple?"
@@ -50,62 +46,9 @@ GEN = 24  # three canvases
 runner = CliRunner()
 
 
-def _tokenizer():  # -> PreTrainedTokenizerFast
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(list(TEXTS), trainers.BpeTrainer(
-        vocab_size=384, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False))
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
-                                   additional_special_tokens=SPECIALS[3:], clean_up_tokenization_spaces=False)
-
-
-def _randomise(model: torch.nn.Module) -> None:
-    """Every text weight random (norm weights and scales in [0.5, 1.5), matrices ~ 1/sqrt(fan in), a larger
-    embedding), both sides' layer scalars included."""
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "vision" in name:
-                continue
-            if p.dim() == 1:
-                p.copy_(0.5 + torch.rand(p.shape, generator=gen))
-            elif "embed_tokens" in name:
-                p.copy_(1.5 * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
-        for name, b in model.named_buffers():
-            if name.endswith("layer_scalar"):
-                b.copy_(0.5 + torch.rand(b.shape, generator=gen))
-
-
-def _generation_config(folder: Path, eos: list[int]) -> None:
-    DiffusionGemmaGenerationConfig(max_denoising_steps=STEPS, sampler_config=EntropyBoundSamplerConfig(0.1),
-                                   t_min=0.4, t_max=0.8, stability_threshold=1, confidence_threshold=0.005,
-                                   eos_token_id=eos, pad_token_id=0).save_pretrained(folder)
-
-
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
-    tokenizer = _tokenizer()
-    text = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=4,
-                num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32,
-                num_global_key_value_heads=1, sliding_window=W, layer_types=["sliding_attention", "full_attention"] * 2,
-                num_experts=4, top_k_experts=2, moe_intermediate_size=32, max_position_embeddings=1024)
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                  num_key_value_heads=2, head_dim=16)
-    torch.manual_seed(0)
-    model = DiffusionGemmaForBlockDiffusion(HFConfig(text_config=text, vision_config=vision, canvas_length=C)).eval()
-    _randomise(model)
-    out = tmp_path_factory.mktemp("dgemma") / "tiny-dgemma"
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    _generation_config(out, EOS)
-    return out
+    return build_folder(tmp_path_factory.mktemp("dgemma") / "tiny-dgemma")
 
 
 @pytest.fixture(scope="module")
@@ -239,7 +182,7 @@ def test_an_eos_ends_the_answer_as_in_transformers(folder, ref, tmp_path, doc):
     first = plain.index(eos)
     copy = tmp_path / "eos"
     shutil.copytree(folder, copy)
-    _generation_config(copy, [eos])
+    generation_config(copy, [eos])
     theirs = _theirs(DiffusionGemmaForBlockDiffusion.from_pretrained(copy).eval(), prompt.ids, 0)
     assert theirs == plain[: first + 1] + [0] * (C - first - 1)  # one canvas: it held the EOS, pad after it
     answer = Session(copy).answer_ids(prompt.ids, _gen(), CacheConfig(policy="full"), document_len=prompt.document_len)
