@@ -1,7 +1,7 @@
 """A tiny DiffusionGemma checkpoint folder as transformers writes it, for the tests and ``scripts/make_guide.py``.
 
 ``transformers``' own ``DiffusionGemmaForBlockDiffusion`` (two sliding and two full layers, window 8, canvas 8, 4
-experts of which 2 per token, its vision tower included) with every text weight random, saved by
+experts of which 2 per token, 4096 positions, its vision tower included) with every text weight random, saved by
 ``save_pretrained``; a small byte-level BPE tokenizer trained on the tests' texts whose first ids are Gemma's
 (``<pad>`` 0, ``<eos>`` 1, ``<bos>`` 2, ``<|turn>`` 3, ``<turn|>`` 4) and no chat template; a
 ``generation_config.json`` as transformers writes it (16 denoising steps, the released schedule and stopping rule,
@@ -71,7 +71,7 @@ def build_folder(out: Path) -> Path:
     text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
                 num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
                 sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"] * 2, num_experts=4,
-                top_k_experts=2, moe_intermediate_size=32, max_position_embeddings=1024)
+                top_k_experts=2, moe_intermediate_size=32, max_position_embeddings=4096)
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=2, head_dim=16)
     torch.manual_seed(0)

@@ -93,7 +93,7 @@ def test_the_saved_folder_is_a_family_that_loads(folder):
     cfg = checkpoint.config
     assert cfg.family == "diffusion_gemma" and cfg.family_config is not None
     assert cfg.evicted_layers == cfg.family_config.full_layers == (1, 3)
-    assert (cfg.max_sequence_length, cfg.n_kv_heads, cfg.head_dim) == (1024, 2, 16)  # the sliding layers' geometry
+    assert (cfg.max_sequence_length, cfg.n_kv_heads, cfg.head_dim) == (4096, 2, 16)  # the sliding layers' geometry
     assert cfg.stop_token_ids == (1, 4) and cfg.mask_token_id == cfg.pad_token_id == 0  # generation_config.json EOS ids
     model = load_model(folder)
     assert isinstance(model, DiffusionGemma) and model.config == cfg
@@ -208,6 +208,9 @@ def test_maskkv_at_a_small_budget_evicts_the_full_layers_only(session, folder, d
     assert stats.kv_full_bytes == 4 * 2 * (2 * (W - 1) * 2 * 16 + 2 * m * 1 * 32)  # fp32 K and V, as kept whole
     assert stats.kv_bytes < stats.kv_full_bytes
     assert answer.budget == 4
+    assert answer.notes == ["uniform layer budgets (a diffusion_gemma model has no calibration profile yet)"]
+    refused = runner.invoke(app, ["calibrate", "--model", str(folder)])
+    assert refused.exit_code != 0 and refused.stderr.startswith("error: calibrate does not measure diffusion_gemma")
     out = runner.invoke(app, ["profile", str(doc), QUESTION, "--model", str(folder), "--policies", "maskkv,full",
                               "--budgets", "4", "--gen-length", str(GEN), "--no-warmup", "--json"])
     assert out.exit_code == 0, out.output

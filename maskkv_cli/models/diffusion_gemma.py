@@ -24,12 +24,14 @@ Parameter names are the checkpoint keys transformers writes (``model.decoder.emb
 ``model.decoder.self_conditioning.gate_proj.weight``, ...) except the encoder's layer scalar, kept beside the
 decoder's as ``model.decoder.layers.{i}.encoder_layer_scalar`` (checkpoint
 ``model.encoder.language_model.layers.{i}.layer_scalar``); ``checkpoint_key`` maps it. Loading:
-``models.loading.load_diffusion_gemma``.
+``models.loading.load_diffusion_gemma`` (``load_model`` of its folder).
 
-Prompt KV compression (a policy's kept entries per full layer and head, ``LayerKV.kept``) is
+The model is not built on ``models.base.DiffusionModel``: the engine's layer-streamed prefill and response steps do
+not run it. Its generations run through ``sampling/diffusion_gemma.py`` (in the one driver, each alone), and prompt
+KV compression (a policy's kept entries per full layer and head, ``LayerKV.kept``) is
 ``sampling/diffusion_gemma_kv.py``; ``encode`` and ``decode`` honour it and can show each layer's queries and keys
-to an observer (its votes). Not here (the engine integration, issue #47): padded batches, chunked or layer-streamed
-prefill beyond calling ``encode`` chunk by chunk, device maps.
+to an observer (its votes). Not here: padded batches, chunked or layer-streamed prefill beyond calling ``encode``
+chunk by chunk, device maps, quantized weights.
 """
 
 from __future__ import annotations

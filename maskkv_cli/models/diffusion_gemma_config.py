@@ -1,11 +1,11 @@
-"""DiffusionGemma's configuration: a frozen dataclass of its own, its ``config.json`` reader and two named shapes.
+"""DiffusionGemma's configuration: a frozen dataclass of its own, its ``config.json`` reader and named shapes.
 
 DiffusionGemma (``model_type: diffusion_gemma``, e.g. google/diffusiongemma-26B-A4B-it) does not fit
 ``models.config.ModelConfig``: its layers differ from each other. Sliding-window layers have ``head_dim`` dims and
 ``num_key_value_heads`` KV heads, default RoPE with theta 1e4; full-attention layers have ``global_head_dim`` dims,
 ``num_global_key_value_heads`` KV heads, no value projection and "proportional" partial RoPE with theta 1e6. So
-this module keeps its own config and answers per layer (``layer(i)`` -> ``LayerSpec``); how it meets
-``ModelConfig`` is the engine integration's decision (issue #47).
+this module keeps its own config and answers per layer (``layer(i)`` -> ``LayerSpec``). The rest of maskkv reads
+the ``ModelConfig`` that ``models.config.diffusion_gemma_config`` makes of it (its ``family_config`` is this one).
 
 ``from_hf`` reads both layouts a ``config.json`` comes in:
 

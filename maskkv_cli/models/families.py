@@ -64,6 +64,7 @@ class Family:
     device_map: bool = True  # whether ``--device-map`` can spread its layers over devices
     # the run settings (``app.run_settings.RunSettings`` fields) its sampler does not take: given, they are refused
     refuses: tuple[str, ...] = ()
+    calibration: bool = True  # whether ``maskkv calibrate`` measures its layer importance (a profile for MaskKV)
 
 
 def _has_experts(data: dict[str, Any]) -> bool:
@@ -80,7 +81,7 @@ FAMILY_TABLE: dict[str, Family] = {
                      document_prefix=True),
     "diffusion_gemma": Family("diffusion_gemma", DiffusionGemma, "diffusion_gemma", ("diffusion_gemma",),
                               diffusion_gemma_from_hf, diffusion_gemma_to_hf, chat_format="gemma",
-                              loader="diffusion_gemma", document_prefix=True, device_map=False,
+                              loader="diffusion_gemma", document_prefix=True, device_map=False, calibration=False,
                               refuses=("steps", "block_length", "cfg_scale", "remasking", "threshold", "alg", "top_p",
                                        "top_k", "editing_threshold", "max_post_steps")),
 }

@@ -1,7 +1,7 @@
 """DiffusionGemma's sampler as pure step functions, and a reference driver that runs them without KV compression.
 
-The steps are those of transformers' ``generation_diffusion_gemma.py`` (spec section 4), written over tensors so
-that the engine integration can wire them into its own loop:
+The steps are those of transformers' ``generation_diffusion_gemma.py`` (spec section 4), written over tensors;
+``denoising_loop`` runs them as a generator of requests, which ``sampling/diffusion_gemma.py`` hands to the driver:
 
 - ``random_canvas``: the initial canvas, uniform ids in [0, V) drawn with ``torch.randint`` from a generator; a
   CPU generator seeded s gives the canvas transformers draws after ``torch.manual_seed(s)``;
