@@ -292,3 +292,14 @@ def test_bench_reuse_on_a_diffusion_gemma_shape():
     row = run_reuse(ReuseCase(config="diffusiongemma-tiny", doc_tokens=40, questions=2, question_tokens=6,
                               gen_length=8, budget=8, repeats=1))
     assert row["answers_equal"] == 2 and row["prefix_bytes"] > 0
+
+
+def test_the_memory_model_reads_a_loaded_diffusion_gemma(session):
+    """The loaded model's ``ModelConfig`` carries its own config: the memory model and the weight estimate read the
+    same geometry from it as from the family's config."""
+    from maskkv_cli.engine.batch_memory import config_geometry, diffusion_gemma_geometry, model_geometry
+    from maskkv_cli.models.weights_estimate import weights_estimate
+
+    own = session.model.gemma
+    assert model_geometry(session.model) == config_geometry(session.model.config) == diffusion_gemma_geometry(own)
+    assert weights_estimate(session.model.config, None, 4) == weights_estimate(own, None, 4)
