@@ -121,8 +121,8 @@ def test_prompt_stop_ids_and_sampler_defaults(session):
     assert {1, 4} <= stop_ids(session.tokenizer, session.model.config)
     opts = session.diffusion_gemma
     assert (opts.max_denoising_steps, opts.t_min, opts.t_max, opts.entropy_bound) == (STEPS, 0.4, 0.8, 0.1)
-    assert (opts.stability_threshold, opts.confidence_threshold, opts.eos_token_ids, opts.pad_token_id) == (
-        1, 0.005, (1, 4), 0)
+    assert (opts.stability_threshold, opts.confidence_threshold) == (1, 0.005)
+    assert session.model.config.stop_token_ids == (1, 4) and session.model.config.pad_token_id == 0
 
 
 def test_temperature_and_refused_options():

@@ -490,8 +490,8 @@ class ModelDefaults:
     # LLaDA2's sampler settings as the checkpoint's generation_config.json gives them (top level, or under
     # ``maskkv``): threshold, editing_threshold (LLaDA2.1's token editing), max_post_steps
     sampler: dict[str, float] = field(default_factory=dict)
-    # DiffusionGemma's: ``DENOISING_KEYS``, ``entropy_bound``, and the EOS ids (``eos_token_ids``, a tuple) and pad
-    # id of the generation config, as far as it gives them
+    # DiffusionGemma's: ``DENOISING_KEYS`` and ``entropy_bound``, as far as the generation config gives them (its EOS
+    # and pad ids reach the model's config: ``models.loading.read_config``)
     denoising: dict[str, Any] = field(default_factory=dict)
 
 
@@ -505,12 +505,6 @@ def _denoising(data: dict[str, Any]) -> dict[str, Any]:
     sampler = data.get("sampler_config")
     if isinstance(sampler, dict) and _number(sampler.get("entropy_bound")):
         out["entropy_bound"] = sampler["entropy_bound"]
-    eos = data.get("eos_token_id")
-    eos = [eos] if isinstance(eos, int) and not isinstance(eos, bool) else eos
-    if isinstance(eos, list) and eos and all(isinstance(e, int) and not isinstance(e, bool) for e in eos):
-        out["eos_token_ids"] = tuple(eos)
-    if isinstance(data.get("pad_token_id"), int) and not isinstance(data.get("pad_token_id"), bool):
-        out["pad_token_id"] = data["pad_token_id"]
     return out
 
 

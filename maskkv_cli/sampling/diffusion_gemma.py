@@ -92,7 +92,8 @@ class DocumentCache:
 class DiffusionGemmaOptions:
     """DiffusionGemma's own sampler settings beside the shared ``GenerationConfig``: the model's schedule and
     stopping rule (its ``generation_config.json``; transformers' defaults where it is silent), the EOS and pad ids
-    (None: the config's), and where document prefixes are kept (None: computed for each prompt)."""
+    (None: the model config's, which has the generation config's), and where document prefixes are kept (None:
+    computed for each prompt)."""
 
     max_denoising_steps: int = 48
     t_min: float = 0.4
@@ -109,7 +110,7 @@ def diffusion_gemma_defaults(stored: dict[str, Any]) -> DiffusionGemmaOptions:
     """The options a checkpoint's generation_config.json sets (``models.config.ModelDefaults.denoising``), with a
     document cache of their own."""
     known = {k: stored[k] for k in ("max_denoising_steps", "t_min", "t_max", "entropy_bound", "stability_threshold",
-                                    "confidence_threshold", "eos_token_ids", "pad_token_id") if k in stored}
+                                    "confidence_threshold") if k in stored}
     for k in ("max_denoising_steps", "stability_threshold"):
         if k in known:
             known[k] = int(known[k])
