@@ -23,6 +23,7 @@ from typing import Any
 
 from maskkv_cli.app.session import Answer, Session
 from maskkv_cli.engine.plan import CacheConfig
+from maskkv_cli.models.families import family
 from maskkv_cli.prompting import NO_ANSWER, document_question, stop_ids
 from maskkv_cli.prompting.fit import (
     DEFAULT_LONG,
@@ -49,8 +50,9 @@ class Prompt:
 
     ids: list[int]
     fitted: FittedContext
-    # leading ids that are the template's start and the document, whatever the question (computed for
-    # block-causal models only, whose document prefix is then computed once: ``engine/prefix.py``); 0: unknown
+    # leading ids that are the template's start and the document, whatever the question (computed for the families
+    # that compute a document's prefix once: LLaDA2's blocks, ``engine/prefix.py``, DiffusionGemma's encoder
+    # cache, ``sampling/diffusion_gemma.py``); 0: unknown
     document_len: int = 0
 
 
@@ -79,7 +81,8 @@ def prepare(session: Session, context: str, question: str, gen_length: int, long
     fitted = fit_context(session.tokenizer, context, room, long, cfg.head_dim, session.base_theta, session.window,
                          total, doc_ids)
     ids = session.prompt_ids(document_question(fitted.text, question))
-    document_len = session.document_prompt_len(fitted.text, ids) if cfg.block_causal else 0
+    shares = family(cfg.family).document_prefix  # the family computes a document's prefix once for its questions
+    document_len = session.document_prompt_len(fitted.text, ids) if shares else 0
     return Prompt(ids, fitted, document_len)
 
 

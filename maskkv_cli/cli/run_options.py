@@ -85,10 +85,12 @@ class RunOptions:
     def load_session(self, device: str, folder: Any = None, **more: Any) -> Any:
         """Resolve, offer to pull and load the model on ``device`` (already resolved from ``auto``); ``folder``: the
         ``ModelFolder`` the command resolved ``--model`` to already (``cli.model_choice.pull_first``)."""
-        from maskkv_cli.cli.model_choice import load_session
+        from maskkv_cli.cli.model_choice import choose_model, load_session
 
         settings = self.settings()
-        session = load_session(folder or self.model, device, self.dtype, self.quiet, self.as_json, self.device_map,
+        chosen = choose_model(folder or self.model, self.yes, self.quiet, self.as_json)
+        settings.check_family(chosen.config.family)  # options its sampler does not take: refused before loading
+        session = load_session(chosen, device, self.dtype, self.quiet, self.as_json, self.device_map,
                                self.yes, dream=settings.dream(), **more)
         session.llada2 = settings.llada2(session.stored_llada2)  # the options given over the model's stored defaults
         return session

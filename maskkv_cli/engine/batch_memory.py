@@ -74,6 +74,8 @@ def model_geometry(model: DiffusionLM) -> Geometry:
     cfg = model.config
     if isinstance(cfg, DiffusionGemmaConfig):
         return diffusion_gemma_geometry(cfg)
+    if cfg.family_config is not None:  # a loaded DiffusionGemma's ModelConfig carries its own config
+        return diffusion_gemma_geometry(cfg.family_config)
     blocks = list(model.blocks)
     moe = getattr(cfg, "moe", None)
     return Geometry(cfg.d_model, cfg.mlp_hidden_size, cfg.vocab_size,
@@ -90,6 +92,8 @@ def config_geometry(cfg: ModelConfig | DiffusionGemmaConfig) -> Geometry:
 
     if isinstance(cfg, DiffusionGemmaConfig):
         return diffusion_gemma_geometry(cfg)
+    if cfg.family_config is not None:
+        return diffusion_gemma_geometry(cfg.family_config)
     n_kv = cfg.n_kv_heads or cfg.n_heads
     kv = 2 * n_kv * cfg.head_dim
     moe = cfg.moe

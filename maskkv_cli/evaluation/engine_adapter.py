@@ -75,6 +75,7 @@ class Engine:
         if settings is not None:
             self.session.dream = settings.dream()
             self.session.llada2 = settings.llada2(self.session.stored_llada2)
+            settings.check_family(self.session.model.config.family)
         cfg = self.session.model.config
         self.path = path
         self.tokenizer: Any = self.session.tokenizer

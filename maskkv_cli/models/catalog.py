@@ -12,12 +12,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from safetensors import safe_open
-
 from maskkv_cli.defaults import PULL_HINT, REAL_MODEL, configured_model
 from maskkv_cli.errors import MaskKVError, ModelLoadError, ModelNotDownloaded
 from maskkv_cli.models.checkpoint import ModelFolder
-from maskkv_cli.models.loading import check_keys, read_config, weight_files
+from maskkv_cli.models.loading import check_checkpoint, header_shapes, read_config, weight_files
 from maskkv_cli.paths import config_file, hf_cache_dir, maskkv_home, shipped_model_folder
 from maskkv_cli.runtime.fileio import atomic_write_text
 
@@ -102,6 +100,7 @@ class LocalModel:
     size_bytes: int = 0
     dtype: str | None = None
     problem: str | None = None  # why it cannot be loaded; None when it can
+    note: str | None = None  # what the checkpoint holds and maskkv never reads (DiffusionGemma's vision tower)
 
     @property
     def loadable(self) -> bool:
@@ -110,7 +109,7 @@ class LocalModel:
     def as_dict(self) -> dict[str, object]:
         return {"name": self.name, "path": str(self.path), "source": self.source, "family": self.family,
                 "params": self.params, "size_bytes": self.size_bytes, "dtype": self.dtype,
-                "loadable": self.loadable, "problem": self.problem}
+                "loadable": self.loadable, "problem": self.problem, "note": self.note}
 
 
 def inspect(folder: Path, name: str, source: str) -> LocalModel:
@@ -127,27 +126,14 @@ def inspect(folder: Path, name: str, source: str) -> LocalModel:
     except MaskKVError as exc:
         return LocalModel(name, folder, source, size_bytes=size, dtype=dtype, problem=str(exc))
     try:
-        from maskkv_cli.models.families import parameter_shapes
-
-        found: dict[str, tuple[int, ...]] = {}
-        for file in sorted(set(weight_files(folder).values())):
-            with safe_open(str(file), framework="pt") as f:
-                for key in f.keys():
-                    found[key] = tuple(f.get_slice(key).get_shape())
-        params = 0
-        for shape in found.values():
-            n = 1
-            for d in shape:
-                n *= d
-            params += n
-        check_keys(parameter_shapes(cfg), found, str(folder))
+        params, note = check_checkpoint(cfg, header_shapes(weight_files(folder)), str(folder))
         if not any((folder / t).is_file() for t in TOKENIZER_FILES):
             raise MaskKVError("no tokenizer files (tokenizer.json, tokenizer_config.json)")
     except MaskKVError as exc:
         return LocalModel(name, folder, source, cfg.family, None, size, dtype, problem=str(exc))
     except (OSError, ValueError) as exc:  # safetensors raises these for damaged files
         return LocalModel(name, folder, source, cfg.family, None, size, dtype, problem=f"unreadable weights: {exc}")
-    return LocalModel(name, folder, source, cfg.family, params, size, dtype)
+    return LocalModel(name, folder, source, cfg.family, params, size, dtype, note=note)
 
 
 def remembered_folders() -> list[Path]:

@@ -24,12 +24,14 @@ Parameter names are the checkpoint keys transformers writes (``model.decoder.emb
 ``model.decoder.self_conditioning.gate_proj.weight``, ...) except the encoder's layer scalar, kept beside the
 decoder's as ``model.decoder.layers.{i}.encoder_layer_scalar`` (checkpoint
 ``model.encoder.language_model.layers.{i}.layer_scalar``); ``checkpoint_key`` maps it. Loading:
-``models.loading.load_diffusion_gemma``.
+``models.loading.load_diffusion_gemma`` (``load_model`` of its folder).
 
-Prompt KV compression (a policy's kept entries per full layer and head, ``LayerKV.kept``) is
+The model is not built on ``models.base.DiffusionModel``: the engine's layer-streamed prefill and response steps do
+not run it. Its generations run through ``sampling/diffusion_gemma.py`` (in the one driver, each alone), and prompt
+KV compression (a policy's kept entries per full layer and head, ``LayerKV.kept``) is
 ``sampling/diffusion_gemma_kv.py``; ``encode`` and ``decode`` honour it and can show each layer's queries and keys
-to an observer (its votes). Not here (the engine integration, issue #47): padded batches, chunked or layer-streamed
-prefill beyond calling ``encode`` chunk by chunk, device maps.
+to an observer (its votes). Not here: padded batches, chunked or layer-streamed prefill beyond calling ``encode``
+chunk by chunk, device maps, quantized weights.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from maskkv_cli.models.base import Rope, rotate_in_dtype
+from maskkv_cli.models.config import ModelConfig, diffusion_gemma_config
 from maskkv_cli.models.diffusion_gemma_config import DiffusionGemmaConfig, LayerSpec, RopeSpec
 from maskkv_cli.models.rows import Linear, at_least_rows, linear
 
@@ -222,6 +225,8 @@ class DiffusionGemmaLayer(nn.Module):
         super().__init__()
         d, eps = cfg.d_model, cfg.rms_norm_eps
         self.spec = cfg.layer(i)
+        # the layer's geometry as the engine's memory model reads it from every family's blocks
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, self.spec.n_kv_heads, self.spec.head_dim
         self.self_attn = Attention(cfg, self.spec)
         self.mlp = GatedMLP(d, cfg.mlp_hidden_size)
         self.input_layernorm = GemmaRMSNorm(d, eps)
@@ -339,13 +344,29 @@ def _visible_prompt(kv: LayerKV, spec: LayerSpec) -> LayerKV:
 
 # ----- the model -------------------------------------------------------------------------------------------------
 
+def gemma_config(cfg: ModelConfig | DiffusionGemmaConfig) -> DiffusionGemmaConfig:
+    """The family's own config of either form."""
+    if isinstance(cfg, DiffusionGemmaConfig):
+        return cfg
+    if cfg.family_config is None:
+        raise ValueError(f"a {cfg.family} config is not a DiffusionGemma config")
+    return cfg.family_config
+
+
 class DiffusionGemma(nn.Module):
     """``encode(prompt ids) -> PromptCache``; ``decode(canvas, cache, previous logits) -> canvas logits``;
-    ``commit(cache, canvas tokens) -> PromptCache``."""
+    ``commit(cache, canvas tokens) -> PromptCache``.
 
-    def __init__(self, cfg: DiffusionGemmaConfig) -> None:
+    ``config`` is the ``ModelConfig`` the rest of maskkv reads (``models.config.diffusion_gemma_config``), ``gemma``
+    the family's own config, per layer; either builds the model."""
+
+    layer_devices: list[torch.device] | None = None  # never spread over devices (``Family.device_map``)
+
+    def __init__(self, cfg: ModelConfig | DiffusionGemmaConfig) -> None:
         super().__init__()
-        self.config = cfg
+        self.gemma = gemma_config(cfg)
+        self.config = cfg if isinstance(cfg, ModelConfig) else diffusion_gemma_config(cfg)
+        cfg = self.gemma
         self.model = nn.ModuleDict({"decoder": nn.ModuleDict({
             "embed_tokens": nn.Embedding(cfg.vocab_size, cfg.d_model),
             "layers": nn.ModuleList(DiffusionGemmaLayer(cfg, i) for i in range(cfg.n_layers)),
@@ -357,6 +378,12 @@ class DiffusionGemma(nn.Module):
     @property
     def layers(self) -> nn.ModuleList:
         return self.model["decoder"]["layers"]  # type: ignore[index,return-value]
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        """The layers, under the name the engine's memory model reads every family's layers by (each states its
+        heads and head size)."""
+        return self.layers
 
     @property
     def embedding(self) -> nn.Embedding:
@@ -374,7 +401,7 @@ class DiffusionGemma(nn.Module):
         """(B, T) -> (B, T, d): the embedding times sqrt(d), the scale cast to the weight dtype first (bf16: 8.0 for
         d = 64, 53.0 for 2816)."""
         w = self.embedding.weight
-        return F.embedding(ids, w) * torch.tensor(math.sqrt(self.config.d_model), dtype=w.dtype, device=w.device)
+        return F.embedding(ids, w) * torch.tensor(math.sqrt(self.gemma.d_model), dtype=w.dtype, device=w.device)
 
     def rope(self, positions: Tensor) -> dict[str, Rope]:
         """The RoPE tables of each layer kind present, for these positions (T,)."""
@@ -386,15 +413,15 @@ class DiffusionGemma(nn.Module):
     def layers_by_kind(self) -> dict[str, LayerSpec]:
         """The first layer of each kind present (all layers of one kind share head dim and RoPE)."""
         found: dict[str, LayerSpec] = {}
-        for i in range(self.config.n_layers):
-            found.setdefault(self.config.layer_types[i], self.config.layer(i))
+        for i in range(self.gemma.n_layers):
+            found.setdefault(self.gemma.layer_types[i], self.gemma.layer(i))
         return found
 
     def head(self, x: Tensor) -> Tensor:
         """Final norm, the tied embedding as output projection, logits in fp32 soft-capped: (B, T, d) -> (B, T, V)."""
         norm = self.model["decoder"]["norm"]  # type: ignore[index]
         logits = linear(norm(x), self.embedding.weight).float()
-        cap = self.config.final_logit_softcapping
+        cap = self.gemma.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def empty_cache(self, batch_size: int = 1) -> PromptCache:
@@ -439,7 +466,7 @@ class DiffusionGemma(nn.Module):
                     visible &= key_pos[None, :] > positions[:, None] - spec.window
                 masks[mask_key] = visible
             mask = masks[mask_key]
-            slots = entry_mask(kv.kept, n, self.config.n_heads)
+            slots = entry_mask(kv.kept, n, self.gemma.n_heads)
             if slots is not None:  # a compressed layer: its padding slots are never attended
                 mask = mask[None, None] & slots  # (B, H, n, T_l + n)
             if observe is not None:
@@ -472,7 +499,7 @@ class DiffusionGemma(nn.Module):
         is False get zeros (no signal)."""
         w = self.embedding.weight
         soft = logits.softmax(dim=-1, dtype=torch.float32).to(w.dtype) @ w  # (B, C, d)
-        soft = soft * torch.tensor(math.sqrt(self.config.d_model), dtype=w.dtype, device=w.device)
+        soft = soft * torch.tensor(math.sqrt(self.gemma.d_model), dtype=w.dtype, device=w.device)
         if row_mask is not None:
             soft = soft * row_mask.to(soft.dtype)[:, None, None]
         return soft
@@ -495,7 +522,7 @@ class DiffusionGemma(nn.Module):
             values = torch.cat((prompt.values, v), dim=2)
             if observe is not None:
                 observe(layer.spec.index, x, q, keys, values)
-            mask = entry_mask(prompt.kept, c, self.config.n_heads)  # bidirectional: None unless compressed
+            mask = entry_mask(prompt.kept, c, self.gemma.n_heads)  # bidirectional: None unless compressed
             x = layer.finish(x, attend(q, keys, values, mask), layer.layer_scalar)
         return self.head(x)
 
@@ -556,7 +583,7 @@ class DiffusionGemma(nn.Module):
         return self
 
 
-def checkpoint_shapes(cfg: DiffusionGemmaConfig) -> dict[str, tuple[int, ...]]:
+def checkpoint_shapes(cfg: ModelConfig | DiffusionGemmaConfig) -> dict[str, tuple[int, ...]]:
     """Checkpoint key -> shape of every tensor the model reads (parameters and layer scalars), from the config."""
     with torch.device("meta"):
         model = DiffusionGemma(cfg)
@@ -564,7 +591,7 @@ def checkpoint_shapes(cfg: DiffusionGemmaConfig) -> dict[str, tuple[int, ...]]:
     return {DiffusionGemma.checkpoint_key(name): tuple(t.shape) for name, t in tensors}
 
 
-def parameter_count(cfg: DiffusionGemmaConfig) -> int:
+def parameter_count(cfg: ModelConfig | DiffusionGemmaConfig) -> int:
     """Parameters of the text model (the tied embedding once, no vision tower), counted on the meta device."""
     with torch.device("meta"):
         model = DiffusionGemma(cfg)
@@ -572,4 +599,4 @@ def parameter_count(cfg: DiffusionGemmaConfig) -> int:
 
 
 __all__ = ["DiffusionGemma", "EncoderOutput", "LayerKV", "LayerObserver", "PromptCache", "checkpoint_shapes",
-           "entry_mask", "parameter_count", "rope_tables"]
+           "entry_mask", "gemma_config", "parameter_count", "rope_tables"]

@@ -9,6 +9,7 @@ there).
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -20,12 +21,11 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from maskkv_cli.errors import ModelLoadError
+from maskkv_cli.errors import ModelLoadError, UsageError
 from maskkv_cli.models import rows
 from maskkv_cli.models.config import ModelConfig
 from maskkv_cli.models.diffusion_gemma import DiffusionGemma
 from maskkv_cli.models.diffusion_gemma import checkpoint_shapes as diffusion_gemma_shapes
-from maskkv_cli.models.diffusion_gemma_config import from_hf as diffusion_gemma_from_hf
 from maskkv_cli.models.families import build_model, config_from_hf, config_to_hf, family, parameter_shapes
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.models.quantize import loading_quantizer
@@ -131,15 +131,15 @@ def load_model(
 
 def load_checkpoint(folder: Path, cfg: ModelConfig, device: str | torch.device = "cpu",
                     dtype: str | torch.dtype | None = None, quantize: str | None = None) -> DiffusionLM:
-    """``load_model`` of a folder already resolved whose config was read (``models.checkpoint.ModelFolder``)."""
+    """``load_model`` of a folder already resolved whose config was read (``models.checkpoint.ModelFolder``); a
+    family with its own checkpoint layout is read by its loader (``Family.loader``, ``LOADERS``)."""
+    loader = family(cfg.family).loader
+    if loader != "standard":
+        return LOADERS[loader](folder, cfg, device, dtype, quantize)  # type: ignore[return-value]
     device = torch.device(device)
     dt = parse_dtype(dtype, device)
     files = weight_files(folder)
-    found: dict[str, tuple[int, ...]] = {}
-    for file in sorted(set(files.values())):
-        with safe_open(str(file), framework="pt") as f:
-            for key in f.keys():
-                found[key] = tuple(f.get_slice(key).get_shape())
+    found = header_shapes(files)
     expected = parameter_shapes(cfg)
     optional = getattr(family(cfg.family).model_class, "optional_keys", ())
     left_out = [k for k in expected if k not in found and k.endswith(optional)] if optional else []
@@ -223,68 +223,114 @@ def save_model(
     return target
 
 
+def diffusion_gemma_keys(cfg: ModelConfig, found: dict[str, tuple[int, ...]], where: str) -> dict[str, str]:
+    """Parameter or buffer name -> the checkpoint key it is read from, for a DiffusionGemma checkpoint whose keys
+    and shapes are ``found``; a key of the config's model that is missing, unexpected or mis-shaped is refused.
+
+    The vision tower's keys are skipped (the model is text only). Text weights come from ``model.decoder.*``
+    (where ``save_pretrained`` writes the tied weights), or from ``model.encoder.language_model.*`` /
+    ``lm_head.weight`` when a checkpoint stores those; both sides' layer scalars are read, and one a checkpoint
+    lacks stays at 1 (as transformers leaves it)."""
+    expected = {DiffusionGemma.parameter_name(k): v for k, v in diffusion_gemma_shapes(cfg).items()}
+    chosen: dict[str, str] = {}
+    for key in sorted(found):
+        name = DiffusionGemma.parameter_name(key)
+        if name is None:
+            continue  # the vision tower
+        if name not in expected:
+            raise ModelLoadError(f"checkpoint {where} does not match its config.json; unexpected key {key}")
+        if name not in chosen or key.startswith("model.decoder."):  # the decoder's copy wins
+            chosen[name] = key
+    missing = [n for n in expected if n not in chosen and not n.endswith("layer_scalar")]
+    if missing:
+        raise ModelLoadError(f"checkpoint {where} does not match its config.json; missing keys: "
+                             f"{_names(DiffusionGemma.checkpoint_key(n) for n in missing)}")
+    for name, key in chosen.items():
+        if tuple(found[key]) != expected[name]:
+            raise ModelLoadError(f"checkpoint {where}: {key} is {list(found[key])}, expected {list(expected[name])}")
+    return chosen
+
+
+def unread_keys_note(found: dict[str, tuple[int, ...]]) -> str | None:
+    """What a DiffusionGemma checkpoint holds that is never read: its vision tower."""
+    vision = [k for k in found if DiffusionGemma.parameter_name(k) is None]
+    if not vision:
+        return None
+    values = sum(math.prod(found[k]) for k in vision)
+    return (f"the vision tower ({len(vision)} tensors, {values:,} values) is not read: maskkv runs the text model "
+            "only")
+
+
+def check_checkpoint(cfg: ModelConfig, found: dict[str, tuple[int, ...]], where: str) -> tuple[int, str | None]:
+    """Whether a checkpoint's keys and shapes (``found``) are those its config's model reads: (the parameters it
+    reads, a note on what it holds and never reads, or None); a mismatch is a ``ModelLoadError``."""
+    if family(cfg.family).loader == "diffusion_gemma":
+        chosen = diffusion_gemma_keys(cfg, found, where)
+        return sum(math.prod(found[k]) for k in chosen.values()), unread_keys_note(found)
+    expected = parameter_shapes(cfg)
+    check_keys(expected, found, where)
+    return sum(math.prod(shape) for shape in expected.values()), None
+
+
+def header_shapes(files: dict[str, Path]) -> dict[str, tuple[int, ...]]:
+    """Checkpoint key -> shape, from the safetensors headers (no tensor is read)."""
+    found: dict[str, tuple[int, ...]] = {}
+    for file in sorted(set(files.values())):
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                found[key] = tuple(f.get_slice(key).get_shape())
+    return found
+
+
 def load_diffusion_gemma(
     path: str | os.PathLike[str],
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype | None = None,
 ) -> DiffusionGemma:
     """A DiffusionGemma folder as transformers saves it (``config.json`` with ``model_type: diffusion_gemma``,
-    safetensors) as ``models.diffusion_gemma.DiffusionGemma``, built on the meta device and filled in place.
-
-    The vision tower's keys (``model.encoder.vision_tower.*``, ``model.encoder.embed_vision.*``) are skipped: the
-    model is text only. Text weights are read from ``model.decoder.*`` (where ``save_pretrained`` writes the tied
-    weights), or from ``model.encoder.language_model.*`` / ``lm_head.weight`` when a checkpoint stores those; both
-    sides' layer scalars are read, and one a checkpoint lacks stays at 1 (as transformers leaves it)."""
+    safetensors) as ``models.diffusion_gemma.DiffusionGemma``, built on the meta device and filled in place
+    (``load_model`` of such a folder; the keys read: ``diffusion_gemma_keys``)."""
     folder = resolve_model_path(path)
-    try:
-        data = json.loads((folder / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"cannot read {folder / 'config.json'}: {exc}") from None
-    if not isinstance(data, dict) or data.get("model_type") != "diffusion_gemma":
-        raise ModelLoadError(f"{folder / 'config.json'}: not a DiffusionGemma config (model_type "
-                             f"{data.get('model_type') if isinstance(data, dict) else None!r})")
-    generation = _generation_ids(folder)
-    if "eos_token_id" not in data and generation.get("eos_token_id") is not None:
-        data = {**data, "eos_token_id": generation["eos_token_id"]}  # the released ids [1, 106, 50]
-    cfg = diffusion_gemma_from_hf(data, str(folder / "config.json"))
+    cfg = read_config(folder)
+    if cfg.family != "diffusion_gemma":
+        raise ModelLoadError(f"{folder / 'config.json'}: not a DiffusionGemma config (family {cfg.family})")
+    return read_diffusion_gemma(folder, cfg, device, dtype)
+
+
+def read_diffusion_gemma(folder: Path, cfg: ModelConfig, device: str | torch.device = "cpu",
+                         dtype: str | torch.dtype | None = None, quantize: str | None = None) -> DiffusionGemma:
+    """``load_checkpoint`` of a DiffusionGemma folder (``Family.loader``)."""
+    if quantize is not None:
+        raise UsageError("DiffusionGemma cannot be quantized yet (its experts are 3-D tensors, not linear "
+                         "layers); run it without quantization")
     device = torch.device(device)
     dt = parse_dtype(dtype, device)
-    expected = {DiffusionGemma.parameter_name(k): v for k, v in diffusion_gemma_shapes(cfg).items()}
     files = weight_files(folder)
-    found: dict[str, tuple[str, Path]] = {}  # parameter name -> (the key read, its file)
-    for key, file in files.items():
-        name = DiffusionGemma.parameter_name(key)
-        if name is None:
-            continue  # the vision tower
-        if name not in expected:
-            raise ModelLoadError(f"checkpoint {folder} does not match its config.json; unexpected key {key}")
-        if name not in found or key.startswith("model.decoder."):  # the decoder's copy wins
-            found[name] = (key, file)
-    missing = [n for n in expected if n not in found and not n.endswith("layer_scalar")]
-    if missing:
-        raise ModelLoadError(f"checkpoint {folder} does not match its config.json; missing keys: "
-                             f"{_names(DiffusionGemma.checkpoint_key(n) for n in missing)}")
+    chosen = diffusion_gemma_keys(cfg, header_shapes(files), str(folder))
     with torch.device("meta"):
         model = DiffusionGemma(cfg)
     modules = dict(model.named_modules())
-    by_file: dict[Path, list[tuple[str, str]]] = {}
-    for name, (key, file) in found.items():
-        by_file.setdefault(file, []).append((name, key))
-    for name in expected:
-        if name not in found:  # a layer scalar the checkpoint lacks
+    for key in diffusion_gemma_shapes(cfg):
+        name = DiffusionGemma.parameter_name(key)
+        if name is not None and name not in chosen:  # a layer scalar the checkpoint lacks
             owner, _, leaf = name.rpartition(".")
             modules[owner]._buffers[leaf] = torch.ones(1, device=device, dtype=dt)
+    by_file: dict[Path, list[tuple[str, str]]] = {}
+    for name, key in chosen.items():
+        by_file.setdefault(files[key], []).append((name, key))
     for file, names in sorted(by_file.items()):
         with safe_open(str(file), framework="pt", device=_safetensors_device(device)) as f:
             for name, key in names:
-                shape = tuple(f.get_slice(key).get_shape())
-                if shape != expected[name]:
-                    raise ModelLoadError(f"checkpoint {folder}: {key} is {list(shape)}, expected "
-                                         f"{list(expected[name])}")
                 owner, _, leaf = name.rpartition(".")
                 tensor = f.get_tensor(key).to(device=device, dtype=dt)
                 if leaf in modules[owner]._buffers:
                     modules[owner]._buffers[leaf] = tensor
                 else:
                     modules[owner]._parameters[leaf] = nn.Parameter(tensor, requires_grad=False)
-    return model.eval()
+    model.eval()
+    rows.prepare(model)
+    return model
+
+
+# ``Family.loader`` -> the function that reads such a checkpoint (``load_checkpoint`` without the standard path)
+LOADERS = {"diffusion_gemma": read_diffusion_gemma}

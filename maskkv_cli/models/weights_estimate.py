@@ -132,9 +132,12 @@ def weights_estimate(cfg: ModelConfig | DiffusionGemmaConfig, mode: str | None,
                      element_bytes: int = 2) -> WeightsEstimate:
     """The weight bytes of ``cfg`` held as ``mode`` (None / "none": unquantized), ``element_bytes`` per value of
     every tensor not quantized (2: bf16)."""
+    from maskkv_cli.models.config import ModelConfig
     from maskkv_cli.models.diffusion_gemma_config import DiffusionGemmaConfig
 
     mode = _check(mode)
+    if isinstance(cfg, ModelConfig) and cfg.family_config is not None:
+        cfg = cfg.family_config  # a DiffusionGemma's ModelConfig: its own config
     dgemma = isinstance(cfg, DiffusionGemmaConfig)
     matrices, rest = _diffusion_gemma(cfg) if dgemma else _linear_family(cfg)  # type: ignore[arg-type]
     q_bytes = sum(n * quantized_matrix_bytes(out, inp, mode, element_bytes) for n, out, inp in matrices)

@@ -77,10 +77,18 @@ class EncodedPrompt:
 
 
 @torch.no_grad()
-def encode_prompt(model: DiffusionGemma, ids: Tensor, window: int = 32) -> EncodedPrompt:
-    """Encode the prompt ids (B, M) in one pass, keeping each full layer's queries of the last ``min(window, M)``
-    positions."""
-    full = set(model.config.full_layers)
+def encode_prompt(model: DiffusionGemma, ids: Tensor, window: int = 32,
+                  prefix: EncodedPrompt | None = None) -> EncodedPrompt:
+    """Encode the prompt ids (B, M), keeping each full layer's queries of the last ``min(window, M)`` positions.
+
+    ``prefix``: the prompt's leading ids encoded before (``encode_prompt`` of ``ids[:, :p]`` with the same
+    ``window``, e.g. a document's, computed once for all its questions): only the rest is encoded, over its cache,
+    which is the prompt encoded in these two chunks; the window takes the prefix's last queries when the rest is
+    shorter than it (a query depends on the ids up to itself only)."""
+    full = set(model.gemma.full_layers)
+    start = 0 if prefix is None else prefix.cache.length
+    if prefix is not None and (start > ids.shape[1] or prefix.cache.batch_size != ids.shape[0]):
+        raise ValueError(f"a prefix of {start} positions does not start this {tuple(ids.shape)} prompt")
     w = min(window, ids.shape[1])
     queries: dict[int, Tensor] = {}
 
@@ -88,7 +96,15 @@ def encode_prompt(model: DiffusionGemma, ids: Tensor, window: int = 32) -> Encod
         if i in full and w:
             queries[i] = q[:, :, -w:]
 
-    return EncodedPrompt(model.encode(ids, observe=observe).cache, queries)
+    cache = prefix.cache if prefix is not None else None
+    if ids.shape[1] > start:
+        cache = model.encode(ids[:, start:], cache, observe=observe).cache
+    assert cache is not None
+    if prefix is not None and w:
+        for i in full:
+            parts = [prefix.window_queries[i]] + ([queries[i]] if i in queries else [])
+            queries[i] = torch.cat(parts, dim=2)[:, :, -w:]
+    return EncodedPrompt(cache, queries)
 
 
 Votes = dict[int, tuple[Tensor, Tensor]]  # full layer -> (canvas queries, keys over [prompt ; canvas])
@@ -98,7 +114,7 @@ Votes = dict[int, tuple[Tensor, Tensor]]  # full layer -> (canvas queries, keys 
 def first_step(model: DiffusionGemma, cache: PromptCache, canvas: Tensor) -> tuple[Tensor, Votes]:
     """The first denoising step over the full cache (no self-conditioning): its raw logits (B, C, V) and, per full
     layer, the canvas queries (B, H, C, D) and the keys they attend to, ``[prompt ; canvas]`` (B, H_kv, M + C, D)."""
-    full = set(model.config.full_layers)
+    full = set(model.gemma.full_layers)
     seen: Votes = {}
 
     def observe(i: int, _x: Tensor, q: Tensor, k: Tensor, _v: Tensor) -> None:
@@ -114,7 +130,7 @@ def full_layer_importance(model: DiffusionGemma, cache: PromptCache, canvas: Ten
     stream before and after adding attention) at the first denoising step of ``canvas`` over ``cache``: MaskKV's
     layer importance, one value per full layer in order. Average it over a calibration set for the offline
     budgets."""
-    full = model.config.full_layers
+    full = model.gemma.full_layers
     values: dict[int, float] = {}
 
     def observe(i: int, x: Tensor, q: Tensor, k: Tensor, v: Tensor) -> None:
@@ -205,7 +221,7 @@ def layer_budgets(model: DiffusionGemma, prompt: EncodedPrompt, policy: Policy, 
     is evicted (a policy that keeps everything, a budget at least the prompt, no full layer). They depend on the
     prompt length alone (MaskKV's importance is given, offline), so each layer can be cut as soon as it is scored."""
     check_policy(policy)
-    cache, full = prompt.cache, model.config.full_layers
+    cache, full = prompt.cache, model.gemma.full_layers
     m = cache.length
     if not policy.evicts or budget >= m or not full:
         return None
@@ -225,13 +241,13 @@ def select_full_layer(model: DiffusionGemma, prompt: EncodedPrompt, policy: Poli
     """Full layer number ``j`` (of the full layers, in order) cut to the policy's choice: its scores and head
     budgets from the votes (canvas queries (B, H, C, D), keys ``[prompt ; canvas]``), each head's best entries
     kept in position order (``kv.cache.select_layer``), padded to the longest head under ``LayerKV.kept``."""
-    full = model.config.full_layers
+    full = model.gemma.full_layers
     i, m = full[j], prompt.cache.length
     kv = prompt.cache.layers[i]
     view = layer_view(j, len(full), canvas_q, keys, m, prompt.window_queries.get(i))
     scores = policy.scores(view, layer_budget)
     heads = policy.head_budgets(view, layer_budget, scores)
-    chosen = select_layer(kv.keys, kv.values, scores, heads, m, 0, model.config.n_heads // kv.keys.shape[1])
+    chosen = select_layer(kv.keys, kv.values, scores, heads, m, 0, model.gemma.n_heads // kv.keys.shape[1])
     kept = torch.arange(chosen.prompt_slots, device=kv.keys.device)[None, None, :] < chosen.lengths[..., None]
     pref = policy.preference(view)
     assert chosen.positions is not None
@@ -250,7 +266,7 @@ def compress(model: DiffusionGemma, prompt: EncodedPrompt, votes: Votes, policy:
         return Compression(prompt.cache, (), None)
     layers = list(prompt.cache.layers)
     choices = []
-    for j, (i, lb) in enumerate(zip(model.config.full_layers, budgets, strict=True)):
+    for j, (i, lb) in enumerate(zip(model.gemma.full_layers, budgets, strict=True)):
         layers[i], choice = select_full_layer(model, prompt, policy, j, lb, *votes[i])
         choices.append(choice)
     return Compression(PromptCache(tuple(layers), prompt.cache.length), tuple(choices), tuple(budgets))
@@ -265,7 +281,7 @@ def first_step_compressing(model: DiffusionGemma, prompt: EncodedPrompt, canvas:
     budgets = layer_budgets(model, prompt, policy, budget)
     if budgets is None:
         return model.decode(canvas, prompt.cache), Compression(prompt.cache, (), None)
-    full = model.config.full_layers
+    full = model.gemma.full_layers
     layers = list(prompt.cache.layers)
     choices: list[LayerChoice] = []
 
@@ -283,10 +299,15 @@ class CompressingForward:
     """Answers a loop's requests over one prompt's cache: the first decode votes and compresses (see the module
     doc), commits append uncompressed."""
 
-    def __init__(self, model: DiffusionGemma, prompt_ids: Tensor, policy: Policy, budget: int) -> None:
+    def __init__(self, model: DiffusionGemma, prompt_ids: Tensor, policy: Policy, budget: int,
+                 encoded: EncodedPrompt | None = None) -> None:
+        """``encoded``: the prompt encoded already (``encode_prompt`` with the policy's window), else it is
+        encoded here in one pass."""
         check_policy(policy)
         self.model, self.policy, self.budget = model, policy, budget
-        self.prompt: EncodedPrompt | None = encode_prompt(model, prompt_ids, policy.options.window)
+        if encoded is None:
+            encoded = encode_prompt(model, prompt_ids, policy.options.window)
+        self.prompt: EncodedPrompt | None = encoded
         self.cache = self.prompt.cache
         self.compression: Compression | None = None
 
@@ -323,7 +344,7 @@ def generate_compressed(model: DiffusionGemma, prompt_ids: Tensor, policy: Polic
     if generator is None and seed is not None:
         generator = torch.Generator().manual_seed(seed)
     forward = CompressingForward(model, prompt_ids, policy, budget)
-    loop = denoising_loop(prompt_ids, model.config.vocab_size, model.config.canvas_length, model.dtype, settings,
+    loop = denoising_loop(prompt_ids, model.gemma.vocab_size, model.gemma.canvas_length, model.dtype, settings,
                           generator)
     out = drive_loop(loop, forward)
     assert forward.compression is not None

@@ -234,7 +234,9 @@ def memory(
 def reuse(
     doc_tokens: Annotated[str, typer.Option("--doc-tokens", help="Tokens of the document (e.g. 4k).")] = "4k",
     questions: Annotated[int, typer.Option("--questions-per-doc", help="Questions asked of the document.")] = 8,
-    config: Annotated[str, config_option("Named block-causal model shape with random weights.")] = "llada2-small",
+    config: Annotated[str, config_option("Named model shape with random weights: block-causal (llada2-small, "
+                                         "llada2-mini) or DiffusionGemma (diffusiongemma-small, "
+                                         "diffusiongemma-tiny).")] = "llada2-small",
     budget: Annotated[int, budget_option("Entries per head the policy keeps.", "-b")] = 256,
     policy: PolicyOpt = "maskkv",
     gen_length: BenchGenOpt = 32,
@@ -245,14 +247,17 @@ def reuse(
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
-    """One document and several questions on a block-causal model (LLaDA2): the document computed once and reused
-    against every question asked on its own, in one run, on the CPU; time, peak live tensor bytes, equal answers.
+    """One document and several questions on a block-causal model (LLaDA2) or DiffusionGemma: the document computed
+    once and reused (LLaDA2's blocks, DiffusionGemma's encoder cache) against every question asked on its own, in one
+    run, on the CPU; time, peak live tensor bytes, equal answers.
 
     Examples:
 
         maskkv bench reuse
 
         maskkv bench reuse --doc-tokens 1k --questions-per-doc 4 --repeats 1 --json
+
+        maskkv bench reuse --config diffusiongemma-small --doc-tokens 4k --gen-length 256
     """
     from maskkv_cli.bench.reuse import ReuseCase, run_reuse
     from maskkv_cli.runtime.sizes import human_size
