@@ -4,16 +4,18 @@ A random-weight DiffusionGemma with the released layer widths (``diffusiongemma-
 layers (the released pattern: five sliding, then one full; 6 layers hold about 5.5 B parameters, 11 GB in bf16), a
 random prompt of each ``--contexts`` length minus one canvas, then what ``sampling/diffusion_gemma_kv.py`` runs:
 
-- **encode**: the prompt through the encoder in ``--chunk``-token calls, each with the cache so far (the memory
-  model's assumption; ``encode`` called so copies every layer's cache once per call);
+- **encode**: the prompt through the encoder (``encode_prompt``: chunks of ``ENCODER_CHUNK`` tokens, the full
+  layers' entries written in place, the attention masked in bounded blocks; with ``--budget 0`` the full layers
+  keep room for the canvas, as the sampler's do for a cache kept whole);
 - **first step**: the first denoising step over the full cache, MaskKV's votes cutting each full layer at
   ``--budget`` (``first_step_compressing``; ``--budget 0``: the full cache);
 - **step**: a later step over the kept cache, with the first step's logits as self-conditioning.
 
 Per phase: the peak above the weights (CUDA: ``max_memory_allocated``; CPU: live tensor bytes, which do not see a
-kernel's own scratch), next to the memory model's figures for the same shape (``engine/batch_memory.py``). The
-encoder's attention passes a boolean mask with GQA; whether the kernel forms the fp32 scores (the model counts one
-chunk's) is what the CUDA run shows. For the lead to run on a GPU (no GPU was lent to the task that wrote it):
+kernel's own scratch), next to the memory model's figures for the same shape (``engine/batch_memory.py``). On CUDA
+the attention folds each KV head's query heads into its rows so that the memory-efficient kernel runs (it takes the
+masks and the full layers' 512-dim heads); the model counts no score matrix, which the CUDA run checks. For the
+lead to run on a GPU (no GPU was lent to the task that wrote it):
 
     PYTHONPATH=. .venv/bin/python scripts/dgemma_memory_check.py --device cuda --contexts 8k,32k,128k
 
@@ -35,7 +37,7 @@ from maskkv_cli.models.diffusion_gemma_config import FULL, SLIDING, DiffusionGem
 from maskkv_cli.models.quantize import weights_bytes
 from maskkv_cli.policies import get_policy
 from maskkv_cli.runtime.stats import read_current, read_peak, reset_peak
-from maskkv_cli.sampling.diffusion_gemma_kv import EncodedPrompt, first_step_compressing
+from maskkv_cli.sampling.diffusion_gemma_kv import encode_prompt, first_step_compressing
 
 
 def shape(layers: int, tiny: bool) -> DiffusionGemmaConfig:
@@ -94,7 +96,6 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--contexts", default="8k,32k")
     parser.add_argument("--budget", type=int, default=256)
-    parser.add_argument("--chunk", type=int, default=512)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--tiny", action="store_true", help="a small shape (d 256) instead of the released widths")
     args = parser.parse_args()
@@ -108,18 +109,14 @@ def main() -> None:
         m = context - c
         ids = torch.randint(3, cfg.vocab_size, (1, m), device=dev)
         with torch.no_grad():
-            cache = None
             with Peak(dev) as encoding:
-                for start in range(0, m, args.chunk):
-                    cache = model.encode(ids[:, start : start + args.chunk], cache).cache
-            assert cache is not None
-            full_bytes = sum(kv.keys.nbytes + kv.values.nbytes for kv in cache.layers)
+                prompt = encode_prompt(model, ids, spare=0 if args.budget else c)
+            full_bytes = sum(kv.keys.nbytes + kv.values.nbytes for kv in prompt.cache.layers)
             canvas = torch.randint(3, cfg.vocab_size, (1, c), device=dev)
             with Peak(dev) as first:
-                logits, compression = first_step_compressing(model, EncodedPrompt(cache, {}), canvas, policy,
-                                                             args.budget or m)
+                logits, compression = first_step_compressing(model, prompt, canvas, policy, args.budget or m)
             kept = compression.cache
-            del cache
+            del prompt
             with Peak(dev) as step:
                 model.decode(canvas, kept, logits)
         kept_bytes = sum(kv.keys.nbytes + kv.values.nbytes for kv in kept.layers)
@@ -131,8 +128,8 @@ def main() -> None:
                          "step_peak_above_kept_cache": step.value},
             "model": {"cache_kept": memory.cache_per_sequence, "full_cache": memory.cache_per_sequence
                       + memory.terms["full cache before the cut"], "encoder_chunk": memory.terms["encoder chunk"],
-                      "encoder_chunk_scores": 4 * cfg.n_heads * min(args.chunk, m) * m,
-                      "first_step_extra": memory.terms["first step extra"], "step": memory.step_per_sequence,
+                      "encoder_mask_block": memory.terms["encoder mask block"],
+                      "first_step_votes": memory.terms["first step votes"], "step": memory.step_per_sequence,
                       "peak_above_weights": memory.total(1)}}))
 
 

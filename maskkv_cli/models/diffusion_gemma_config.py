@@ -29,6 +29,14 @@ SLIDING = "sliding_attention"
 FULL = "full_attention"
 LAYER_KINDS = (SLIDING, FULL)
 ROPE_TYPES = ("default", "proportional")
+# Prompt rows the encoder runs at once (``DiffusionGemma.encode``): a prompt is always encoded in chunks of this many
+# tokens from its first (or from a document's end), so its numbers do not depend on who encodes it; the memory
+# model (``engine/batch_memory.py``) counts one chunk's activations.
+ENCODER_CHUNK = 512
+# Entries of one boolean attention mask (rows x keys) the encoder builds (``models/diffusion_gemma_attention.py``):
+# 32 Mi -> 32 MiB of booleans and the additive mask SDPA makes of it in the query's dtype (64 MiB in bf16). At a
+# 262k-token cache a block is 128 rows (16 where CUDA folds 8 query heads into each KV head's rows).
+MASK_ELEMENTS = 1 << 25
 
 
 @dataclass(frozen=True)

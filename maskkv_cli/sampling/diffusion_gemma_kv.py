@@ -78,32 +78,30 @@ class EncodedPrompt:
 
 @torch.no_grad()
 def encode_prompt(model: DiffusionGemma, ids: Tensor, window: int = 32,
-                  prefix: EncodedPrompt | None = None) -> EncodedPrompt:
+                  prefix: EncodedPrompt | None = None, spare: int = 0) -> EncodedPrompt:
     """Encode the prompt ids (B, M), keeping each full layer's queries of the last ``min(window, M)`` positions.
 
     ``prefix``: the prompt's leading ids encoded before (``encode_prompt`` of ``ids[:, :p]`` with the same
     ``window``, e.g. a document's, computed once for all its questions): only the rest is encoded, over its cache,
-    which is the prompt encoded in these two chunks; the window takes the prefix's last queries when the rest is
-    shorter than it (a query depends on the ids up to itself only)."""
+    which is the prompt encoded in these two parts; the window takes the prefix's last queries when the rest is
+    shorter than it (a query depends on the ids up to itself only). ``spare``: room the full layers keep after the
+    prompt (``DiffusionGemma.encode``)."""
     full = set(model.gemma.full_layers)
     start = 0 if prefix is None else prefix.cache.length
     if prefix is not None and (start > ids.shape[1] or prefix.cache.batch_size != ids.shape[0]):
         raise ValueError(f"a prefix of {start} positions does not start this {tuple(ids.shape)} prompt")
     w = min(window, ids.shape[1])
-    queries: dict[int, Tensor] = {}
+    recent: dict[int, Tensor] = {} if prefix is None or not w else {i: prefix.window_queries[i] for i in full}
 
     def observe(i: int, _x: Tensor, q: Tensor, _k: Tensor, _v: Tensor) -> None:
-        if i in full and w:
-            queries[i] = q[:, :, -w:]
+        if i in full and w:  # the encoder shows one chunk at a time: keep the last w rows seen so far
+            recent[i] = (q if i not in recent else torch.cat((recent[i], q), dim=2))[:, :, -w:].clone()
 
     cache = prefix.cache if prefix is not None else None
     if ids.shape[1] > start:
-        cache = model.encode(ids[:, start:], cache, observe=observe).cache
+        cache = model.encode(ids[:, start:], cache, observe=observe, spare=spare).cache
     assert cache is not None
-    if prefix is not None and w:
-        for i in full:
-            parts = [prefix.window_queries[i]] + ([queries[i]] if i in queries else [])
-            queries[i] = torch.cat(parts, dim=2)[:, :, -w:]
+    queries = {i: q[:, :, -w:] for i, q in recent.items()}
     return EncodedPrompt(cache, queries)
 
 
@@ -300,13 +298,13 @@ class CompressingForward:
     doc), commits append uncompressed."""
 
     def __init__(self, model: DiffusionGemma, prompt_ids: Tensor, policy: Policy, budget: int,
-                 encoded: EncodedPrompt | None = None) -> None:
+                 encoded: EncodedPrompt | None = None, spare: int = 0) -> None:
         """``encoded``: the prompt encoded already (``encode_prompt`` with the policy's window), else it is
-        encoded here in one pass."""
+        encoded here, its full layers with ``spare`` slots of room (``DiffusionGemma.encode``)."""
         check_policy(policy)
         self.model, self.policy, self.budget = model, policy, budget
         if encoded is None:
-            encoded = encode_prompt(model, prompt_ids, policy.options.window)
+            encoded = encode_prompt(model, prompt_ids, policy.options.window, spare=spare)
         self.prompt: EncodedPrompt | None = encoded
         self.cache = self.prompt.cache
         self.compression: Compression | None = None
@@ -343,7 +341,8 @@ def generate_compressed(model: DiffusionGemma, prompt_ids: Tensor, policy: Polic
     settings = settings or DiffusionGemmaSampling()
     if generator is None and seed is not None:
         generator = torch.Generator().manual_seed(seed)
-    forward = CompressingForward(model, prompt_ids, policy, budget)
+    canvases = -(-settings.max_new_tokens // model.gemma.canvas_length)
+    forward = CompressingForward(model, prompt_ids, policy, budget, spare=canvases * model.gemma.canvas_length)
     loop = denoising_loop(prompt_ids, model.gemma.vocab_size, model.gemma.canvas_length, model.dtype, settings,
                           generator)
     out = drive_loop(loop, forward)
