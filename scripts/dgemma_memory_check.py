@@ -2,13 +2,14 @@
 
 A random-weight DiffusionGemma with the released layer widths (``diffusiongemma-26b-a4b``) cut to ``--layers``
 layers (the released pattern: five sliding, then one full; 6 layers hold about 5.5 B parameters, 11 GB in bf16), a
-random prompt of each ``--contexts`` length minus one canvas, then what ``sampling/diffusion_gemma_kv.py`` runs:
+random prompt of each ``--contexts`` length minus one canvas, then what ``sampling/diffusion_gemma_forward.py`` runs:
 
-- **encode**: the prompt through the encoder (``encode_prompt``: chunks of ``ENCODER_CHUNK`` tokens, the full
-  layers' entries written in place, the attention masked in bounded blocks; with ``--budget 0`` the full layers
-  keep room for the canvas, as the sampler's do for a cache kept whole);
-- **first step**: the first denoising step over the full cache, MaskKV's votes cutting each full layer at
-  ``--budget`` (``first_step_compressing``; ``--budget 0``: the full cache);
+- **encode whole**: the prompt through the encoder chunk by chunk (``encode_prompt``: chunks of ``ENCODER_CHUNK``
+  tokens, the full layers' entries written in place, the attention masked in bounded blocks), its full layers with
+  room for the canvas; then **first step**: the first denoising step over the whole cache, MaskKV's votes cutting
+  each full layer at ``--budget`` (``first_step_compressing``; ``--budget 0``: the full cache, nothing cut);
+- **layer by layer** (``--budget`` above 0: what the sampler runs when the first step cuts): ``encode_and_cut``,
+  every chunk through one layer, the first step's pass through that layer cutting it before the next is encoded;
 - **step**: a later step over the kept cache, with the first step's logits as self-conditioning.
 
 Per phase: the peak above the weights (CUDA: ``max_memory_allocated``; CPU: live tensor bytes, which do not see a
@@ -37,6 +38,7 @@ from maskkv_cli.models.diffusion_gemma_config import FULL, SLIDING, DiffusionGem
 from maskkv_cli.models.quantize import weights_bytes
 from maskkv_cli.policies import get_policy
 from maskkv_cli.runtime.stats import read_current, read_peak, reset_peak
+from maskkv_cli.sampling.diffusion_gemma_forward import encode_and_cut
 from maskkv_cli.sampling.diffusion_gemma_kv import encode_prompt, first_step_compressing
 
 
@@ -108,15 +110,21 @@ def main() -> None:
     for context in parse_counts(args.contexts, "--contexts"):
         m = context - c
         ids = torch.randint(3, cfg.vocab_size, (1, m), device=dev)
+        canvas = torch.randint(3, cfg.vocab_size, (1, c), device=dev)
         with torch.no_grad():
             with Peak(dev) as encoding:
-                prompt = encode_prompt(model, ids, spare=0 if args.budget else c)
+                prompt = encode_prompt(model, ids, spare=c)
             full_bytes = sum(kv.keys.nbytes + kv.values.nbytes for kv in prompt.cache.layers)
-            canvas = torch.randint(3, cfg.vocab_size, (1, c), device=dev)
             with Peak(dev) as first:
                 logits, compression = first_step_compressing(model, prompt, canvas, policy, args.budget or m)
+            del prompt, compression
+            layered = None
+            if args.budget:
+                with Peak(dev) as layered:
+                    logits, compression = encode_and_cut(model, ids, canvas, policy, args.budget)
+            else:
+                compression = first_step_compressing(model, encode_prompt(model, ids, spare=c), canvas, policy, m)[1]
             kept = compression.cache
-            del prompt
             with Peak(dev) as step:
                 model.decode(canvas, kept, logits)
         kept_bytes = sum(kv.keys.nbytes + kv.values.nbytes for kv in kept.layers)
@@ -124,10 +132,14 @@ def main() -> None:
         print(json.dumps({
             "context": context, "device": str(dev), "weights_bytes": weights, "full_cache_bytes": full_bytes,
             "kept_cache_bytes": kept_bytes,
-            "measured": {"encode_peak_above_start": encoding.value, "first_step_peak_above_full_cache": first.value,
+            "measured": {"encode_whole_peak_above_start": encoding.value,
+                         "first_step_peak_above_whole_cache": first.value,
+                         "layer_by_layer_peak_above_start": None if layered is None else layered.value,
                          "step_peak_above_kept_cache": step.value},
-            "model": {"cache_kept": memory.cache_per_sequence, "full_cache": memory.cache_per_sequence
-                      + memory.terms["full cache before the cut"], "encoder_chunk": memory.terms["encoder chunk"],
+            "model": {"cache_kept": memory.cache_per_sequence, "prefill_peak": memory.prefill_peak,
+                      "one_full_layer_before_its_cut": memory.terms["full cache before the cut"],
+                      "prompt_hidden_states": memory.terms["prompt hidden states"],
+                      "encoder_chunk": memory.terms["encoder chunk"],
                       "encoder_mask_block": memory.terms["encoder mask block"],
                       "first_step_votes": memory.terms["first step votes"], "step": memory.step_per_sequence,
                       "peak_above_weights": memory.total(1)}}))

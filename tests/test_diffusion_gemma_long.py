@@ -196,3 +196,60 @@ def test_policy_none_re_encodes_in_the_cached_runs_chunks(model, monkeypatch):
         tokens[name] = sample(model, prompt, gen, plan).tokens
     assert tokens["none"].shape == (1, 2 * C)
     assert torch.equal(tokens["none"], tokens["full"]) and torch.equal(tokens["full"], tokens["maskkv"])
+
+
+# ----- layer by layer, the first step's cut interleaved ------------------------------------------------------------
+
+@pytest.mark.parametrize("how", ["one part", "split", "prefix"])
+@pytest.mark.parametrize("name", ["maskkv", "snapkv", "streamingllm"])
+@torch.no_grad()
+def test_layer_by_layer_with_the_cut_is_encoding_then_cutting(model, monkeypatch, name, how):
+    """Chunks of 16 under a 45-token prompt (a document of 23 encoded as its own part, or before as a prefix): the
+    prompt encoded layer by layer, each full layer cut by the first step's votes before the next is encoded, gives
+    the first step's logits, the cut cache and the choices of encoding it whole then cutting, to the bit."""
+    from maskkv_cli.sampling.diffusion_gemma_forward import encode_and_cut, encode_whole
+    from maskkv_cli.sampling.diffusion_gemma_kv import first_step_compressing
+
+    monkeypatch.setattr(dgemma, "ENCODER_CHUNK", 16)
+    ids, canvas = _ids(45, seed=12), random_canvas(1, C, V, torch.Generator().manual_seed(13))
+    policy = get_policy(name)
+    window = policy.options.window
+    prefix = encode_prompt(model, ids[:, :23], window) if how == "prefix" else None
+    split = 23 if how == "split" else 0
+    logits, whole = first_step_compressing(model, encode_whole(model, ids, window, prefix, split), canvas, policy, 6)
+    layered_logits, layered = encode_and_cut(model, ids, canvas, policy, 6, prefix, split)
+    assert torch.equal(layered_logits, logits)
+    assert layered.layer_budgets == whole.layer_budgets and layered.cache.length == 45
+    for a, b in zip(layered.cache, whole.cache, strict=True):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+        assert (a.kept is None and b.kept is None) or torch.equal(a.kept, b.kept)
+    for a, b in zip(layered.choices, whole.choices, strict=True):
+        assert a.layer == b.layer and torch.equal(a.positions, b.positions)
+        assert torch.equal(a.head_budgets, b.head_budgets)
+
+
+@torch.no_grad()
+def test_layer_by_layer_never_holds_the_whole_cache(model, monkeypatch):
+    """A 4,096-token prompt (chunks of 256, masks bounded below the prompt so that they do not decide the peak),
+    MaskKV at 64: encoding layer by layer with the cut holds the prompt's hidden states and one whole full layer
+    where encoding it whole holds all three full layers, so its peak is lower by two full layers less the hidden
+    states (within 10%)."""
+    from maskkv_cli.sampling.diffusion_gemma_forward import encode_and_cut, encode_whole
+    from maskkv_cli.sampling.diffusion_gemma_kv import first_step_compressing
+
+    monkeypatch.setattr(dgemma, "ENCODER_CHUNK", 256)
+    monkeypatch.setattr(attention, "MASK_ELEMENTS", 1 << 16)
+    small_rows("cpu", model.dtype)
+    m, policy = 4096, get_policy("maskkv")
+    ids, canvas = _ids(m, seed=14), random_canvas(1, C, V, torch.Generator().manual_seed(15))
+    with LiveBytes() as whole:
+        encoded = encode_whole(model, ids, policy.options.window, spare=C)
+        whole_logits, _ = first_step_compressing(model, encoded, canvas, policy, 64)
+        del encoded
+    with LiveBytes() as layered:
+        layered_logits, _ = encode_and_cut(model, ids, canvas, policy, 64)
+    assert torch.equal(layered_logits, whole_logits)
+    one_layer = 2 * CFG.layer(FULL_LAYERS[0]).n_kv_heads * CFG.layer(FULL_LAYERS[0]).head_dim * 4 * (m + C)
+    hidden = m * CFG.d_model * 4
+    saved = (len(FULL_LAYERS) - 1) * one_layer - hidden
+    assert abs((whole.peak - layered.peak) - saved) <= 0.1 * saved

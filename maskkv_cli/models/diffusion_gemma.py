@@ -408,24 +408,19 @@ class DiffusionGemma(nn.Module):
         if cache is None:
             cache = self.empty_cache(ids.shape[0])
         n, start = ids.shape[1], cache.length
-        chunk = chunk or ENCODER_CHUNK
         layers = list(cache.layers)
         stores = [None if layer.spec.sliding else with_room(kv, n, spare) for layer, kv in zip(self.layers, layers,
                                                                                                strict=True)]
         outputs: list[list[Tensor]] | None = [[] for _ in range(len(layers) + 1)] if hidden_states else None
-        for first in range(0, n, chunk):
-            piece = ids[:, first : first + chunk]
-            ropes = self.rope(torch.arange(start + first, start + first + piece.shape[1], device=ids.device))
-            x = self.embed(piece)  # (B, r, d)
+        for first, last in self.encoder_chunks(0, n, chunk):
+            ropes = self.rope(torch.arange(start + first, start + last, device=ids.device))
+            x = self.embed(ids[:, first:last])  # (B, r, d)
             if outputs is not None:
                 outputs[0].append(x)
-            for i, layer in enumerate(self.layers):
-                x = self._encode_layer(layer, layers, stores, i, x, ropes, observe)
+            for i in range(len(layers)):
+                x, layers[i] = self.encode_layer(i, x, ropes, layers[i], stores[i], observe)
                 if outputs is not None:
                     outputs[i + 1].append(x)
-        for i, store in enumerate(stores):
-            if store is not None:
-                layers[i] = store.view(store.filled)
         new_cache = PromptCache(tuple(layers), start + n)
         if outputs is None:
             return EncoderOutput(new_cache)
@@ -433,15 +428,23 @@ class DiffusionGemma(nn.Module):
         whole = tuple(torch.cat(parts, dim=1) for parts in outputs)
         return EncoderOutput(new_cache, norm(whole[-1]), whole)
 
-    def _encode_layer(self, layer: DiffusionGemmaLayer, layers: list[LayerKV], stores: list[KVStore | None], i: int,
-                      x: Tensor, ropes: dict[str, Rope], observe: LayerObserver | None) -> Tensor:
-        """Layer i of the encoder on one chunk x (B, r, d): its entries join the layer's store (a full layer) or
-        its window (a sliding layer, ``layers[i]`` replaced); the layer's output."""
+    @staticmethod
+    def encoder_chunks(start: int, stop: int, chunk: int | None = None) -> list[tuple[int, int]]:
+        """The chunks ``encode`` runs positions ``start .. stop - 1`` in: (first, last + 1) of each, ``chunk``
+        (default ``ENCODER_CHUNK``) at a time from ``start``."""
+        step = chunk or ENCODER_CHUNK
+        return [(a, min(a + step, stop)) for a in range(start, stop, step)]
+
+    def encode_layer(self, i: int, x: Tensor, ropes: dict[str, Rope], kv: LayerKV, store: KVStore | None,
+                     observe: LayerObserver | None = None) -> tuple[Tensor, LayerKV]:
+        """Layer i of the encoder on one chunk x (B, r, d) at the positions of ``ropes``, over the layer's cache
+        ``kv``: the layer's output and its cache with the chunk's entries. A full layer writes them into ``store``
+        (``with_room(kv, ...)``: the entries so far and room for these), a sliding layer (``store`` None) keeps
+        the latest W - 1."""
+        layer = self.layers[i]
         spec: LayerSpec = layer.spec
         q, k, v = layer.qkv(x, ropes[spec.kind])  # q (B, H, r, D); k, v (B, H_kv, r, D)
-        store = stores[i]
         if store is None:  # sliding: the latest W - 1 entries, then these (bounded: never the whole prompt)
-            kv = layers[i]
             first = kv.length
             keys, values = torch.cat((kv.keys, k), dim=2), torch.cat((kv.values, v), dim=2)
             kept = None
@@ -457,8 +460,10 @@ class DiffusionGemma(nn.Module):
             keep = spec.cached_prompt_entries
             assert keep is not None
             last = max(keys.shape[2] - keep, 0)
-            layers[i] = LayerKV(keys[:, :, last:].clone(), values[:, :, last:].clone())
-        return layer.finish(x, o, layer.encoder_layer_scalar)
+            kv = LayerKV(keys[:, :, last:].clone(), values[:, :, last:].clone())
+        else:
+            kv = store.view(store.filled)
+        return layer.finish(x, o, layer.encoder_layer_scalar), kv
 
     def commit(self, cache: PromptCache, tokens: Tensor) -> PromptCache:
         """The cache with a finished canvas's tokens (B, C) appended (run through the encoder, as upstream)."""
@@ -483,18 +488,30 @@ class DiffusionGemma(nn.Module):
         step. The cache is not changed. ``observe``: see ``LayerObserver``."""
         c, start = canvas.shape[1], cache.length
         ropes = self.rope(torch.arange(start, start + c, device=canvas.device))
+        x = self.decoder_input(canvas, self_conditioning_logits, self_conditioning_mask)
+        for i, kv in enumerate(cache):
+            x = self.decode_layer(i, x, kv, ropes, observe)
+        return self.head(x)
+
+    def decoder_input(self, canvas: Tensor, self_conditioning_logits: Tensor | None = None,
+                      self_conditioning_mask: Tensor | None = None) -> Tensor:
+        """The decoder's first layer input (B, C, d): the canvas embedding with the self-conditioning signal."""
         soft = None if self_conditioning_logits is None else self.soft_embedding(
             self_conditioning_logits, self_conditioning_mask)
-        x = self.model["decoder"]["self_conditioning"](self.embed(canvas), soft)  # type: ignore[index]  # (B, C, d)
-        for layer, kv in zip(self.layers, cache, strict=True):
-            q, k, v = layer.qkv(x, ropes[layer.spec.kind])  # q (B, H, C, D); k, v (B, H_kv, C, D)
-            # (B, H_kv, T_vis + C, D): the prompt's entries, then the canvas's (in the store's room where it has some)
-            seen = canvas_room(_visible_prompt(kv, layer.spec), k, v)
-            if observe is not None:
-                observe(layer.spec.index, x, q, seen.keys, seen.values)
-            mask = None if seen.kept is None else seen.kept[:, :, None, :]  # bidirectional: None unless compressed
-            x = layer.finish(x, attend(q, seen.keys, seen.values, mask), layer.layer_scalar)
-        return self.head(x)
+        return self.model["decoder"]["self_conditioning"](self.embed(canvas), soft)  # type: ignore[index,no-any-return]
+
+    def decode_layer(self, i: int, x: Tensor, kv: LayerKV, ropes: dict[str, Rope],
+                     observe: LayerObserver | None = None) -> Tensor:
+        """Layer i of the decoder on the canvas rows x (B, C, d) over the layer's cache ``kv`` (its visible prompt
+        entries, a compressed layer's kept slots only) and the canvas itself: the layer's output."""
+        layer = self.layers[i]
+        q, k, v = layer.qkv(x, ropes[layer.spec.kind])  # q (B, H, C, D); k, v (B, H_kv, C, D)
+        # (B, H_kv, T_vis + C, D): the prompt's entries, then the canvas's (in the store's room where it has some)
+        seen = canvas_room(_visible_prompt(kv, layer.spec), k, v)
+        if observe is not None:
+            observe(layer.spec.index, x, q, seen.keys, seen.values)
+        mask = None if seen.kept is None else seen.kept[:, :, None, :]  # bidirectional: None unless compressed
+        return layer.finish(x, attend(q, seen.keys, seen.values, mask), layer.layer_scalar)
 
     # ----- checkpoint keys ---------------------------------------------------------------------------------------
     @staticmethod

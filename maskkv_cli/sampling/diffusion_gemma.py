@@ -43,7 +43,8 @@ from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.models.quantize import quantization_of, weights_bytes
 from maskkv_cli.runtime.stats import RunStats, memory_now, model_devices, now, reset_cuda_peaks
 from maskkv_cli.sampling.common import Event, GenerationResult
-from maskkv_cli.sampling.diffusion_gemma_kv import CompressingForward, Compression, EncodedPrompt, encode_prompt
+from maskkv_cli.sampling.diffusion_gemma_forward import CompressingForward
+from maskkv_cli.sampling.diffusion_gemma_kv import Compression, EncodedPrompt, encode_prompt
 from maskkv_cli.sampling.diffusion_gemma_steps import (
     CommitRequest,
     DecodeRequest,
@@ -174,18 +175,13 @@ class GemmaForward(Forward):
     def lane(self, request: StepRequest) -> Lane | None:
         return None
 
-    def encoded(self) -> EncodedPrompt:
-        """The prompt through the encoder: the document's chunk (reused when a document cache has it), then the
-        rest."""
-        window = self.policy.options.window
-        if not self.document_len:
-            return encode_prompt(self.gemma_model, self.prompt, window, spare=self.spare)
-        doc = self.prompt[:, : self.document_len]
-        if self.documents is not None:
-            prefix = self.documents.get(self.gemma_model, doc[0].tolist(), window)
-        else:
-            prefix = encode_prompt(self.gemma_model, doc, window)
-        return encode_prompt(self.gemma_model, self.prompt, window, prefix, spare=self.spare)
+    def document_prefix(self) -> EncodedPrompt | None:
+        """The document's chunk through the encoder, from the document cache (computed there the first time its
+        document is asked about); None without one."""
+        if not self.document_len or self.documents is None:
+            return None
+        doc = self.prompt[0, : self.document_len].tolist()
+        return self.documents.get(self.gemma_model, doc, self.policy.options.window)
 
     @torch.no_grad()
     def alone(self, request: StepRequest) -> Tensor:
@@ -195,7 +191,8 @@ class GemmaForward(Forward):
             return self.recompute(asked)
         if self.inner is None:
             budget = self.plan.budget if self.plan.budget is not None else self.prompt_len
-            self.inner = CompressingForward(self.gemma_model, self.prompt, self.policy, budget, self.encoded())
+            self.inner = CompressingForward(self.gemma_model, self.prompt, self.policy, budget,
+                                            prefix=self.document_prefix(), split=self.document_len, spare=self.spare)
         out = self.inner(asked)
         if self.compression is None and self.inner.compression is not None:  # the prompt cache as it stays
             self.compression = self.inner.compression
