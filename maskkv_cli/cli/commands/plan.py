@@ -25,11 +25,15 @@ def _notes(model: Any, rows: list[Any]) -> list[str]:
              f"fits: total + {RESERVE / GIB:.0f} GiB (CUDA context, workspaces) within the GPU's memory; one "
              "sequence (a batch adds the cache and step per sequence)"]
     if model.family == "diffusion_gemma":
+        own = getattr(model.config, "family_config", None) or model.config
+        cut = ("with MaskKV it runs layer by layer, the first step's votes cutting each full layer before the next is "
+               "encoded (the prompt's hidden states and one whole full layer at the peak, never the whole cache)"
+               if own.cuts_layer_by_layer else "the whole prompt cache is held until the first step's votes cut the "
+               "full layers (layer by layer would hold more for this shape: its hidden state is as wide as its full "
+               "layers' entries together)")
         lines.append(f"DiffusionGemma: the encoder runs in {ENCODER_CHUNK}-token chunks, its attention masked in "
-                     "bounded blocks by kernels that form no score matrix; with MaskKV it runs layer by layer, the "
-                     "first step's votes cutting each full layer before the next is encoded (the prompt's hidden "
-                     "states and one whole full layer at the peak, never the whole cache); sliding layers keep at "
-                     "most window - 1 entries; a document kept for more questions holds its whole cache besides")
+                     f"bounded blocks by kernels that form no score matrix; {cut}; sliding layers keep at most "
+                     "window - 1 entries; a document kept for more questions holds its whole cache besides")
     else:
         lines.append(f"activations include one {QUERY_CHUNK}-query chunk's fp32 attention scores (held by a kernel "
                      "that forms them; flash kernels do not)")
