@@ -2,18 +2,21 @@
 
 A random-weight DiffusionGemma with the released layer widths (``diffusiongemma-26b-a4b``) cut to ``--layers``
 layers (the released pattern: five sliding, then one full; 6 layers hold about 5.5 B parameters, 11 GB in bf16), a
-random prompt of each ``--contexts`` length minus one canvas, then what ``sampling/diffusion_gemma_kv.py`` runs:
+random prompt of each ``--contexts`` length minus one canvas, then what ``sampling/diffusion_gemma_forward.py`` runs:
 
-- **encode**: the prompt through the encoder in ``--chunk``-token calls, each with the cache so far (the memory
-  model's assumption; ``encode`` called so copies every layer's cache once per call);
-- **first step**: the first denoising step over the full cache, MaskKV's votes cutting each full layer at
-  ``--budget`` (``first_step_compressing``; ``--budget 0``: the full cache);
+- **encode whole**: the prompt through the encoder chunk by chunk (``encode_prompt``: chunks of ``ENCODER_CHUNK``
+  tokens, the full layers' entries written in place, the attention masked in bounded blocks), its full layers with
+  room for the canvas; then **first step**: the first denoising step over the whole cache, MaskKV's votes cutting
+  each full layer at ``--budget`` (``first_step_compressing``; ``--budget 0``: the full cache, nothing cut);
+- **layer by layer** (``--budget`` above 0: what the sampler runs when the first step cuts): ``encode_and_cut``,
+  every chunk through one layer, the first step's pass through that layer cutting it before the next is encoded;
 - **step**: a later step over the kept cache, with the first step's logits as self-conditioning.
 
 Per phase: the peak above the weights (CUDA: ``max_memory_allocated``; CPU: live tensor bytes, which do not see a
-kernel's own scratch), next to the memory model's figures for the same shape (``engine/batch_memory.py``). The
-encoder's attention passes a boolean mask with GQA; whether the kernel forms the fp32 scores (the model counts one
-chunk's) is what the CUDA run shows. For the lead to run on a GPU (no GPU was lent to the task that wrote it):
+kernel's own scratch), next to the memory model's figures for the same shape (``engine/batch_memory.py``). On CUDA
+the attention folds each KV head's query heads into its rows so that the memory-efficient kernel runs (it takes the
+masks and the full layers' 512-dim heads); the model counts no score matrix, which the CUDA run checks. For the
+lead to run on a GPU (no GPU was lent to the task that wrote it):
 
     PYTHONPATH=. .venv/bin/python scripts/dgemma_memory_check.py --device cuda --contexts 8k,32k,128k
 
@@ -35,7 +38,8 @@ from maskkv_cli.models.diffusion_gemma_config import FULL, SLIDING, DiffusionGem
 from maskkv_cli.models.quantize import weights_bytes
 from maskkv_cli.policies import get_policy
 from maskkv_cli.runtime.stats import read_current, read_peak, reset_peak
-from maskkv_cli.sampling.diffusion_gemma_kv import EncodedPrompt, first_step_compressing
+from maskkv_cli.sampling.diffusion_gemma_forward import encode_and_cut
+from maskkv_cli.sampling.diffusion_gemma_kv import encode_prompt, first_step_compressing
 
 
 def shape(layers: int, tiny: bool) -> DiffusionGemmaConfig:
@@ -94,7 +98,6 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--contexts", default="8k,32k")
     parser.add_argument("--budget", type=int, default=256)
-    parser.add_argument("--chunk", type=int, default=512)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--tiny", action="store_true", help="a small shape (d 256) instead of the released widths")
     args = parser.parse_args()
@@ -107,19 +110,21 @@ def main() -> None:
     for context in parse_counts(args.contexts, "--contexts"):
         m = context - c
         ids = torch.randint(3, cfg.vocab_size, (1, m), device=dev)
+        canvas = torch.randint(3, cfg.vocab_size, (1, c), device=dev)
         with torch.no_grad():
-            cache = None
             with Peak(dev) as encoding:
-                for start in range(0, m, args.chunk):
-                    cache = model.encode(ids[:, start : start + args.chunk], cache).cache
-            assert cache is not None
-            full_bytes = sum(kv.keys.nbytes + kv.values.nbytes for kv in cache.layers)
-            canvas = torch.randint(3, cfg.vocab_size, (1, c), device=dev)
+                prompt = encode_prompt(model, ids, spare=c)
+            full_bytes = sum(kv.keys.nbytes + kv.values.nbytes for kv in prompt.cache.layers)
             with Peak(dev) as first:
-                logits, compression = first_step_compressing(model, EncodedPrompt(cache, {}), canvas, policy,
-                                                             args.budget or m)
+                logits, compression = first_step_compressing(model, prompt, canvas, policy, args.budget or m)
+            del prompt, compression
+            layered = None
+            if args.budget:
+                with Peak(dev) as layered:
+                    logits, compression = encode_and_cut(model, ids, canvas, policy, args.budget)
+            else:
+                compression = first_step_compressing(model, encode_prompt(model, ids, spare=c), canvas, policy, m)[1]
             kept = compression.cache
-            del cache
             with Peak(dev) as step:
                 model.decode(canvas, kept, logits)
         kept_bytes = sum(kv.keys.nbytes + kv.values.nbytes for kv in kept.layers)
@@ -127,12 +132,16 @@ def main() -> None:
         print(json.dumps({
             "context": context, "device": str(dev), "weights_bytes": weights, "full_cache_bytes": full_bytes,
             "kept_cache_bytes": kept_bytes,
-            "measured": {"encode_peak_above_start": encoding.value, "first_step_peak_above_full_cache": first.value,
+            "measured": {"encode_whole_peak_above_start": encoding.value,
+                         "first_step_peak_above_whole_cache": first.value,
+                         "layer_by_layer_peak_above_start": None if layered is None else layered.value,
                          "step_peak_above_kept_cache": step.value},
-            "model": {"cache_kept": memory.cache_per_sequence, "full_cache": memory.cache_per_sequence
-                      + memory.terms["full cache before the cut"], "encoder_chunk": memory.terms["encoder chunk"],
-                      "encoder_chunk_scores": 4 * cfg.n_heads * min(args.chunk, m) * m,
-                      "first_step_extra": memory.terms["first step extra"], "step": memory.step_per_sequence,
+            "model": {"cache_kept": memory.cache_per_sequence, "prefill_peak": memory.prefill_peak,
+                      "one_full_layer_before_its_cut": memory.terms["full cache before the cut"],
+                      "prompt_hidden_states": memory.terms["prompt hidden states"],
+                      "encoder_chunk": memory.terms["encoder chunk"],
+                      "encoder_mask_block": memory.terms["encoder mask block"],
+                      "first_step_votes": memory.terms["first step votes"], "step": memory.step_per_sequence,
                       "peak_above_weights": memory.total(1)}}))
 
 

@@ -217,7 +217,50 @@ def test_maskkv_at_a_small_budget_evicts_the_full_layers_only(session, folder, d
     runs = {r["policy"]: r for r in json.loads(out.stdout)["runs"]}
     assert runs["maskkv"]["evicted"] and runs["maskkv"]["layer_budgets"] == [4, 4]
     assert runs["maskkv"]["head_budgets"] == [[4], [4]]  # the two full layers
+    assert runs["maskkv"]["layers"] == [1, 3] and runs["full"]["layers"] == [1, 3]  # named by their indices
     assert not runs["full"]["evicted"] and runs["full"]["head_budgets"] == [[m], [m]]
+
+
+def test_profile_draws_the_full_layers_by_their_indices(folder, doc, tmp_path):
+    """The heatmap and the layer chart name DiffusionGemma's full layers (L1, L3 here, not L0, L1), the GQA note
+    counts their KV heads (1, of 4 query heads; the sliding layers have 2), and nothing points at maskkv calibrate,
+    which refuses the family; the HTML report too."""
+    html = tmp_path / "run.html"
+    out = runner.invoke(app, ["profile", str(doc), QUESTION, "--model", str(folder), "--policies", "maskkv",
+                              "--budgets", "4", "--gen-length", str(GEN), "--no-warmup", "--html", str(html)])
+    assert out.exit_code == 0, out.output
+    text = out.stdout + out.stderr
+    rows = [line.split()[0] for line in out.stdout.splitlines() if line.strip().startswith("L")]
+    assert "L1" in rows and "L3" in rows and "L0" not in rows and "L2" not in rows
+    assert "(1 KV heads, 4 query heads each" in text and "layers 1, 3" in text
+    assert "maskkv calibrate does not measure" in text and "run `maskkv calibrate`" not in text
+    page = html.read_text()
+    assert "<th>L1</th>" in page and "<th>L3</th>" in page and "<th>L0</th>" not in page
+
+
+def test_policies_its_cache_cannot_run_are_refused_before_the_model_loads(folder, doc, monkeypatch):
+    """maskkv-plus and maskkv-residual (residual entries) and the all-query votes are refused in one line where the
+    command meets the model's config, before any weight is read (ask, profile's --policies)."""
+    import maskkv_cli.cli.model_choice as model_choice
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(model_choice, "load_session", no_load)
+    for args in (["ask", str(doc), QUESTION, "--policy", "maskkv-plus"],
+                 ["ask", str(doc), QUESTION, "--policy", "maskkv-residual"],
+                 ["profile", str(doc), QUESTION, "--policies", "maskkv,prompt-vote"]):
+        result = runner.invoke(app, [*args, "--model", str(folder)])
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        assert result.stderr.startswith("error: policy ") and "is not available for diffusion_gemma models" in \
+            result.stderr and result.stderr.count("\n") == 1
+
+
+def test_the_window_check_counts_whole_canvases(session):
+    """Room for text beside a response of n tokens: DiffusionGemma's response takes whole canvases of 8."""
+    room = {n: pipeline.room_for_text(session, QUESTION, n) for n in (1, 8, 9, 16)}
+    assert room[1] == room[8] and room[9] == room[16] == room[8] - C
+    assert session.response_positions(9) == 16 and session.response_positions(16) == 16
 
 
 # ----- one document, many questions ----------------------------------------------------------------------------------

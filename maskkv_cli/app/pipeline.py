@@ -64,8 +64,9 @@ class PartsAnswer(Answer):
 
 
 def room_for_text(session: Session, question: str, gen_length: int) -> int:
-    """Tokens of text one prompt holds beside the chat template, the question and ``gen_length`` answer tokens."""
-    return session.window - session.prompt_overhead(question) - gen_length
+    """Tokens of text one prompt holds beside the chat template, the question and ``gen_length`` answer tokens (as
+    many positions as the sampler's response takes: ``Session.response_positions``)."""
+    return session.window - session.prompt_overhead(question) - session.response_positions(gen_length)
 
 
 def prepare(session: Session, context: str, question: str, gen_length: int, long: str = "truncate") -> Prompt:
@@ -74,10 +75,11 @@ def prepare(session: Session, context: str, question: str, gen_length: int, long
     that fits is the same under every mode)."""
     cfg = session.model.config
     overhead = session.prompt_overhead(question)
-    room = session.window - overhead - gen_length
+    response = session.response_positions(gen_length)
+    room = session.window - overhead - response
     doc_ids = session.document_ids(context)  # encoded once per document, whatever the number of questions
     # RoPE scaling sizes its factor for the whole sequence; a cut needs only the room.
-    total = overhead + len(doc_ids) + gen_length if long == "rope-scale" else None
+    total = overhead + len(doc_ids) + response if long == "rope-scale" else None
     fitted = fit_context(session.tokenizer, context, room, long, cfg.head_dim, session.base_theta, session.window,
                          total, doc_ids)
     ids = session.prompt_ids(document_question(fitted.text, question))

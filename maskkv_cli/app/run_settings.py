@@ -95,12 +95,13 @@ class RunSettings:
     def check_family(self, name: str) -> None:
         """Refuse, in one line, the settings given (other than their defaults) that the sampler of the model family
         ``name`` does not take (``models.families.Family.refuses``)."""
-        refused = family(name).refuses
+        fam = family(name)
         given = [FLAGS.get(f.name, "--" + f.name.replace("_", "-")) for f in fields(self)
-                 if f.name in refused and getattr(self, f.name) != f.default]
+                 if f.name in fam.refuses and getattr(self, f.name) != f.default]
         if given:
             verb = "is not an option" if len(given) == 1 else "are not options"
             raise UsageError(f"{', '.join(given)} {verb} of the {name} sampler (docs/models.md has what it takes)")
+        check_policy_family(self.policy, name)
 
     def generation(self, defaults: dict[str, int] | None = None) -> GenerationConfig:
         """The lengths as given, gaps filled from the model's stored defaults (``resolve_generation``)."""
@@ -117,6 +118,15 @@ class RunSettings:
         return GenerationConfig(gen_length=gen_length, steps=steps, block_length=block_length,
                                 temperature=self.temperature, cfg_scale=self.cfg_scale, remasking=self.remasking,
                                 threshold=self.threshold, seed=self.seed)
+
+
+def check_policy_family(policy: str, name: str) -> None:
+    """Refuse, in one line, a ``--policy`` the prompt cache of the model family ``name`` cannot run
+    (``models.families.Family.refuses_policies``)."""
+    refused = family(name).refuses_policies
+    if policy in refused:
+        raise UsageError(f"policy {policy} is not available for {name} models (refused: {', '.join(refused)}; "
+                         "docs/models.md says why); use maskkv, a baseline, full or none")
 
 
 def _typed(name: str, value: Any, kind: str) -> Any:

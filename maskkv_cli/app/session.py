@@ -100,6 +100,14 @@ class Session:
         """The model's training window in tokens (``max_sequence_length``)."""
         return self.model.config.max_sequence_length
 
+    def response_positions(self, gen_length: int) -> int:
+        """Positions a response of ``gen_length`` tokens takes after its prompt: DiffusionGemma generates whole
+        canvases (``gen_length`` rounded up to its canvas length), the other families ``gen_length``."""
+        gemma = self.model.config.family_config
+        if gemma is None:
+            return gen_length
+        return -(-gen_length // gemma.canvas_length) * gemma.canvas_length
+
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False))
 

@@ -13,13 +13,19 @@ time) and its MLP chunk (with a mixture of experts, the routed copies of the chu
 
 DiffusionGemma (``Geometry.canvas``; ``diffusion_gemma_geometry``) runs otherwise: its sliding-window layers keep at
 most W - 1 entries and are never evicted, only its full layers are; the response is denoised one canvas at a time
-and joins the cache only when committed; and its encoder writes the whole prompt cache before the first step's
-votes cut it (``sampling/diffusion_gemma_kv.py``). So per sequence: the kept cache and one decoder step over the
-canvas (its rows, its fp32 logits kept for self-conditioning, each layer's prompt entries copied beside the
-canvas's); once per batch (one sequence is prefilled at a time): the rest of that sequence's full cache, and the
-larger of the encoder's chunk and the first step's extra copy of the full layer. The encoder is assumed to run in
-chunks of ``QUERY_CHUNK`` prompt tokens, each with the cache so far (``DiffusionGemma.encode`` takes the cache;
-today's one call over the whole prompt holds the whole prompt's activations at once).
+and joins the cache only when committed; and a cache the first step's votes cut is encoded layer by layer, each
+full layer cut before the next is encoded, where that holds less (``sampling/diffusion_gemma_forward.py``: the
+prompt's hidden states and one whole full layer at a time, never the whole cache; else, and for a cache kept whole,
+chunk by chunk, every layer for one chunk). The encoder runs in chunks of ``ENCODER_CHUNK`` prompt tokens
+(``DiffusionGemma.encode``), writing each full layer's entries in place into a store sized for the prompt (and, for
+a cache kept whole, the canvases to come and the decoder's canvas: no copy at a commit or a step), its attention
+masked in blocks of at most ``MASK_ELEMENTS`` entries (``models/diffusion_gemma_attention.py``) by kernels that form
+no score matrix. So per sequence: the kept cache and one decoder step over the canvas (its rows, its fp32 logits
+kept for self-conditioning, and the canvas's entries beside each layer's prompt entries: a copy of a cut or sliding
+layer's, the room of a whole one); once per batch (one sequence is prefilled at a time): for a cut cache the
+rest of the full layers before their cut (one at a time, and the prompt's hidden states, layer by layer), and the
+larger of the encoder's chunk and the first step's votes. A document kept for later questions (``DocumentCache``)
+holds its whole cache besides.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from typing import TYPE_CHECKING
 
 from maskkv_cli.engine.chunks import MLP_CHUNK, QUERY_CHUNK
 from maskkv_cli.errors import UsageError
+from maskkv_cli.models.diffusion_gemma_config import ENCODER_CHUNK, MASK_ELEMENTS
 
 if TYPE_CHECKING:  # this module imports no torch at load: the CLI parses --batch-size before anything heavy
     import torch
@@ -61,6 +68,8 @@ class Geometry:
     moe_top_k: int = 0  # experts per token of a mixture of experts (0: no experts)
     canvas: int = 0  # DiffusionGemma's canvas length (0: the engine's families; see the module doc)
     growing_kv: int | None = None  # the most key and value values of one position in one growing layer (None: widest)
+    widest_group: int = 1  # the most query heads per key/value head of one layer (DiffusionGemma's masks, folded)
+    layer_by_layer: bool = False  # DiffusionGemma: a cut cache is encoded layer by layer (``cuts_layer_by_layer``)
 
     @property
     def widest_growing_kv(self) -> int:
@@ -116,7 +125,9 @@ def diffusion_gemma_geometry(cfg: DiffusionGemmaConfig) -> Geometry:
     return Geometry(cfg.d_model, cfg.mlp_hidden_size, cfg.vocab_size, sum(growing), max(kv),
                     max(cfg.n_heads * spec.head_dim for spec in layers), cfg.n_heads,
                     capped=tuple((width, cap) for cap, width in sorted(caps.items())), moe_top_k=cfg.top_k_experts,
-                    canvas=cfg.canvas_length, growing_kv=max(growing, default=0))
+                    canvas=cfg.canvas_length, growing_kv=max(growing, default=0),
+                    widest_group=max(cfg.n_heads // spec.n_kv_heads for spec in layers),
+                    layer_by_layer=cfg.cuts_layer_by_layer)
 
 
 @dataclass(frozen=True)
@@ -170,26 +181,41 @@ def _canvas_memory(shapes: Geometry, prompt_len: int, gen_length: int, kept: int
     g, b, c = shapes, element_bytes, shapes.canvas
     committed = (max(1, math.ceil(gen_length / c)) - 1) * c  # canvases that joined the cache before the last one
     held = min(kept, prompt_len)
+    whole = held >= prompt_len  # nothing cut: the full layers' stores keep room for the canvas
     grown = g.kv_per_token * b * (held + committed)
     capped = sum(width * b * min(prompt_len + committed, cap) for width, cap in g.capped)
     width = g.d_model + g.widest_kv + g.widest_q + 3 * g.mlp_hidden
     norm = 2 * g.widest_q * 4  # per row: Gemma's RMSNorm of the queries in fp32 (the upcast and its product)
     step_rows = c * (width * b + norm) + moe_chunk_bytes(g, c, b)
     logits = LOGIT_COPIES * c * g.vocab * 4
-    # a layer's visible prompt entries concatenated with the canvas's (the widest such copy)
-    step_copy = max([g.widest_growing_kv * b * (held + committed + c),
-                     *(g.widest_kv * b * (min(prompt_len + committed, cap) + c) for _, cap in g.capped)])
-    excess = g.kv_per_token * b * (prompt_len - held)  # the full cache before the first step cut it
-    n = min(prompt_len, QUERY_CHUNK)  # the prompt's last encoder chunk, over all of the prompt before it
+    # the canvas's entries beside a layer's visible prompt entries: a copy of a sliding (or cut full) layer's, one at
+    # a time; a whole full layer writes them into its store's room instead (every full layer keeps that room)
+    copies = [g.widest_kv * b * (min(prompt_len + committed, cap) + c) for _, cap in g.capped]
+    if not whole:
+        copies.append(g.widest_growing_kv * b * (held + committed + c))
+    step_copy = max(copies, default=0)
+    room = g.kv_per_token * b * c if whole else 0
+    # before the cut, the full layers' stores hold the prompt and room for the canvas. Encoded layer by layer (where
+    # that holds less: ``Geometry.layer_by_layer``), the first step's votes cutting each full layer before the next
+    # is encoded: the prompt's hidden states, and one full layer whole beside the kept entries of the others; else
+    # every full layer whole until the first step has cut them
+    layered = not whole and g.layer_by_layer
+    hidden = prompt_len * g.d_model * b if layered else 0
+    whole_layers = g.widest_growing_kv if layered else g.kv_per_token
+    excess = 0 if whole else whole_layers * b * (prompt_len + c - held)
+    n = min(prompt_len, ENCODER_CHUNK)  # the prompt's last encoder chunk, over all of the prompt before it
     m = prompt_len
-    encoder = (n * (width * b + norm) + moe_chunk_bytes(g, n, b) + n * m  # rows, routed copies, the boolean mask
-               + 4 * g.most_heads * n * m  # fp32 scores of the chunk's queries
-               + g.widest_growing_kv * b * m)  # the layer's cache with the chunk appended (a copy)
-    first_step = g.widest_growing_kv * b * (prompt_len - held) + VOTE_CHUNKS  # the uncut layer beside the canvas
+    mask = min(n * m * g.widest_group, MASK_ELEMENTS) * (1 + b)  # a block's boolean mask and SDPA's additive one
+    encoder = n * (width * b + norm) + moe_chunk_bytes(g, n, b) + mask  # rows, routed copies, the mask
+    # the votes: the keys over [prompt ; canvas] in fp32 (a copy unless they are), and two chunks of probabilities
+    keys32 = 0 if b == 4 else g.widest_growing_kv // 2 * 4 * (prompt_len + c)
+    first_step = 0 if whole else keys32 + VOTE_CHUNKS
     terms = {"cache: growing layers": grown, "cache: capped layers": capped, "step rows": step_rows,
-             "step logits": logits, "step cache copy": step_copy, "full cache before the cut": excess,
-             "encoder chunk": encoder, "first step extra": first_step}
-    return BatchMemory(grown + capped, step_rows + logits + step_copy, excess + max(encoder, first_step), terms)
+             "step logits": logits, "step cache copy": step_copy, "step canvas room": room,
+             "full cache before the cut": excess, "prompt hidden states": hidden, "encoder chunk": encoder,
+             "encoder mask block": mask, "first step votes": first_step}
+    return BatchMemory(grown + capped, step_rows + logits + step_copy + room,
+                       hidden + excess + max(encoder, first_step), terms)
 
 
 def free_bytes(device: torch.device) -> int:

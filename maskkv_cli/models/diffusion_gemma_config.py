@@ -29,6 +29,14 @@ SLIDING = "sliding_attention"
 FULL = "full_attention"
 LAYER_KINDS = (SLIDING, FULL)
 ROPE_TYPES = ("default", "proportional")
+# Prompt rows the encoder runs at once (``DiffusionGemma.encode``): a prompt is always encoded in chunks of this many
+# tokens from its first (or from a document's end), so its numbers do not depend on who encodes it; the memory
+# model (``engine/batch_memory.py``) counts one chunk's activations.
+ENCODER_CHUNK = 512
+# Entries of one boolean attention mask (rows x keys) the encoder builds (``models/diffusion_gemma_attention.py``):
+# 32 Mi -> 32 MiB of booleans and the additive mask SDPA makes of it in the query's dtype (64 MiB in bf16). At a
+# 262k-token cache a block is 128 rows (16 where CUDA folds 8 query heads into each KV head's rows).
+MASK_ELEMENTS = 1 << 25
 
 
 @dataclass(frozen=True)
@@ -159,6 +167,15 @@ class DiffusionGemmaConfig:
     def full_layers(self) -> tuple[int, ...]:
         """The full-attention layers: the only ones whose cache grows with the prompt."""
         return tuple(i for i, kind in enumerate(self.layer_types) if kind == FULL)
+
+    @property
+    def cuts_layer_by_layer(self) -> bool:
+        """Whether a cache the first step cuts is encoded layer by layer with the cut interleaved
+        (``sampling/diffusion_gemma_forward.encode_and_cut``): it holds the prompt's hidden states and one whole
+        full layer instead of every full layer whole, so it is chosen where that is less per position (the released
+        model: 2,816 + 2,048 values against 5 x 2,048; not where the full layers are few or narrow)."""
+        full = [2 * s.n_kv_heads * s.head_dim for s in self.layers if not s.sliding]
+        return len(full) > 1 and self.d_model + max(full) < sum(full)
 
     def with_(self, **changes: Any) -> DiffusionGemmaConfig:
         return replace(self, **changes)

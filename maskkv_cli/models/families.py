@@ -64,6 +64,8 @@ class Family:
     device_map: bool = True  # whether ``--device-map`` can spread its layers over devices
     # the run settings (``app.run_settings.RunSettings`` fields) its sampler does not take: given, they are refused
     refuses: tuple[str, ...] = ()
+    # the cache policies its prompt cache cannot run (``--policy``): refused where a command meets its model
+    refuses_policies: tuple[str, ...] = ()
     calibration: bool = True  # whether ``maskkv calibrate`` measures its layer importance (a profile for MaskKV)
 
 
@@ -83,7 +85,9 @@ FAMILY_TABLE: dict[str, Family] = {
                               diffusion_gemma_from_hf, diffusion_gemma_to_hf, chat_format="gemma",
                               loader="diffusion_gemma", document_prefix=True, device_map=False, calibration=False,
                               refuses=("steps", "block_length", "cfg_scale", "remasking", "threshold", "alg", "top_p",
-                                       "top_k", "editing_threshold", "max_post_steps")),
+                                       "top_k", "editing_threshold", "max_post_steps"),
+                              # residual entries are not ported to its cache; only the window's encoder queries vote
+                              refuses_policies=("maskkv-plus", "maskkv-residual", "prompt-vote", "all-vote")),
 }
 
 

@@ -43,7 +43,8 @@ from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.models.quantize import quantization_of, weights_bytes
 from maskkv_cli.runtime.stats import RunStats, memory_now, model_devices, now, reset_cuda_peaks
 from maskkv_cli.sampling.common import Event, GenerationResult
-from maskkv_cli.sampling.diffusion_gemma_kv import CompressingForward, Compression, EncodedPrompt, encode_prompt
+from maskkv_cli.sampling.diffusion_gemma_forward import CompressingForward
+from maskkv_cli.sampling.diffusion_gemma_kv import Compression, EncodedPrompt, encode_prompt
 from maskkv_cli.sampling.diffusion_gemma_steps import (
     CommitRequest,
     DecodeRequest,
@@ -156,9 +157,13 @@ class GemmaForward(Forward):
     """Answers a generation's requests alone, its prompt cache run as the plan says (see the module doc)."""
 
     def __init__(self, model: DiffusionGemma, plan: CachePlan, prompt: Tensor,
-                 documents: DocumentCache | None) -> None:
+                 documents: DocumentCache | None, canvases: int = 1) -> None:
+        """``canvases``: how many the generation may run; a cache the plan keeps whole keeps room on its full
+        layers for all but the last canvas to join it and for the decoder's canvas, so that neither copies it (a
+        cache the first step cuts needs none)."""
         super().__init__(model, plan)  # type: ignore[arg-type]
         self.gemma_model, self.prompt, self.documents = model, prompt, documents
+        self.spare = 0 if plan.evicts else canvases * model.gemma.canvas_length
         d = plan.document_len if 0 < plan.document_len < prompt.shape[1] else 0
         self.document_len = d
         # policy none: what is encoded again before each decoder pass, in the chunks the cached run encodes
@@ -170,18 +175,13 @@ class GemmaForward(Forward):
     def lane(self, request: StepRequest) -> Lane | None:
         return None
 
-    def encoded(self) -> EncodedPrompt:
-        """The prompt through the encoder: the document's chunk (reused when a document cache has it), then the
-        rest."""
-        window = self.policy.options.window
-        if not self.document_len:
-            return encode_prompt(self.gemma_model, self.prompt, window)
-        doc = self.prompt[:, : self.document_len]
-        if self.documents is not None:
-            prefix = self.documents.get(self.gemma_model, doc[0].tolist(), window)
-        else:
-            prefix = encode_prompt(self.gemma_model, doc, window)
-        return encode_prompt(self.gemma_model, self.prompt, window, prefix)
+    def document_prefix(self) -> EncodedPrompt | None:
+        """The document's chunk through the encoder, from the document cache (computed there the first time its
+        document is asked about); None without one."""
+        if not self.document_len or self.documents is None:
+            return None
+        doc = self.prompt[0, : self.document_len].tolist()
+        return self.documents.get(self.gemma_model, doc, self.policy.options.window)
 
     @torch.no_grad()
     def alone(self, request: StepRequest) -> Tensor:
@@ -191,7 +191,8 @@ class GemmaForward(Forward):
             return self.recompute(asked)
         if self.inner is None:
             budget = self.plan.budget if self.plan.budget is not None else self.prompt_len
-            self.inner = CompressingForward(self.gemma_model, self.prompt, self.policy, budget, self.encoded())
+            self.inner = CompressingForward(self.gemma_model, self.prompt, self.policy, budget,
+                                            prefix=self.document_prefix(), split=self.document_len, spare=self.spare)
         out = self.inner(asked)
         if self.compression is None and self.inner.compression is not None:  # the prompt cache as it stays
             self.compression = self.inner.compression
@@ -204,8 +205,10 @@ class GemmaForward(Forward):
             self.chunks.append(asked.tokens)
             return NO_LOGITS
         cache: PromptCache | None = None
-        for chunk in self.chunks:
-            cache = self.gemma_model.encode(chunk, cache).cache
+        left = sum(chunk.shape[1] for chunk in self.chunks)
+        for chunk in self.chunks:  # the first one's store keeps room for the rest and the canvas: no copies
+            left -= chunk.shape[1]
+            cache = self.gemma_model.encode(chunk, cache, spare=left + asked.canvas.shape[1]).cache
         assert cache is not None
         return self.gemma_model.decode(asked.canvas, cache, asked.self_conditioning)
 
@@ -225,7 +228,8 @@ class GemmaForward(Forward):
 
 
 def cache_size(cache: PromptCache) -> tuple[int, int]:
-    """(logical prompt entries over layers, heads and batch, resident bytes) of a prompt cache."""
+    """(logical prompt entries over layers, heads and batch, bytes of its slots) of a prompt cache: a compressed
+    layer's padding slots count, the room a store keeps for the canvases to come does not."""
     entries = nbytes = 0
     for kv in cache:
         b, h, t, _ = kv.keys.shape
@@ -271,10 +275,10 @@ class GemmaRun:
         self.model, self.prompt, self.plan = model, prompt, plan
         self.settings = sampling_settings(gen, options, cfg.stop_token_ids or (cfg.eos_token_id,), cfg.pad_token_id)
         self.generator = torch.Generator(device=model.device).manual_seed(gen.seed)
-        self.forward = GemmaForward(model, plan, prompt, options.documents)
-        self.emit = on_event or (lambda e: None)
         c = model.gemma.canvas_length
         self.n_canvases = -(-self.settings.max_new_tokens // c)
+        self.forward = GemmaForward(model, plan, prompt, options.documents, self.n_canvases)
+        self.emit = on_event or (lambda e: None)
         self.mask_id = cfg.mask_token_id
         self.response = torch.full((1, self.n_canvases * c), self.mask_id, dtype=torch.long, device=model.device)
         self.token_probs = torch.full((1, self.n_canvases * c), float("nan"), dtype=torch.float64,

@@ -291,8 +291,11 @@ def drive_loop(loop: GemmaLoop, forward: Forward) -> LoopOutput:
 class FullCacheForward:
     """Answers a loop's requests over the full prompt cache: decodes over it, commits append to it."""
 
-    def __init__(self, model: DiffusionGemma, prompt_ids: Tensor) -> None:
-        self.model, self.cache = model, model.encode(prompt_ids).cache
+    def __init__(self, model: DiffusionGemma, prompt_ids: Tensor, canvases: int = 1) -> None:
+        """``canvases``: how many the loop may run (the full layers keep room for all but the last to join the
+        cache, and for the decoder's canvas)."""
+        spare = canvases * model.gemma.canvas_length
+        self.model, self.cache = model, model.encode(prompt_ids, spare=spare).cache
 
     def __call__(self, request: DecodeRequest | CommitRequest) -> Tensor | None:
         if isinstance(request, CommitRequest):
@@ -311,4 +314,5 @@ def generate_reference(model: DiffusionGemma, prompt_ids: Tensor, settings: Diff
         generator = torch.Generator().manual_seed(seed)
     loop = denoising_loop(prompt_ids, model.gemma.vocab_size, model.gemma.canvas_length, model.dtype, settings,
                           generator)
-    return drive_loop(loop, FullCacheForward(model, prompt_ids))
+    canvases = -(-settings.max_new_tokens // model.gemma.canvas_length)
+    return drive_loop(loop, FullCacheForward(model, prompt_ids, canvases))

@@ -94,7 +94,7 @@ def speed(
     config: ConfigOpt = None,
     model: BenchModelOpt = None,
     gen_length: BenchGenOpt = 128,
-    steps: BenchStepsOpt = 128,
+    steps: BenchStepsOpt = None,
     block_length: BenchBlockOpt = 32,
     none_steps: Annotated[int, typer.Option(
         "--none-steps", help="Steps `none` runs (step 0 included); its end-to-end time is extrapolated from them.")]
@@ -131,6 +131,9 @@ def speed(
 
     Per case: prefill, median step, end to end, tokens/s, speedups over `none` and `full`, peak memory, KV bytes,
     the limit (one bare full forward + bare response steps over budget + response keys) and measured / limit.
+    DiffusionGemma shapes run their own sampler: the gen length rounded up to whole canvases of fixed passes,
+    prefill = the encoder and the first decoder pass, the limit its bare encode and decoder passes over the kept
+    entries (docs/performance.md).
     With --batch-sizes: the same per batch of B sequences, the time per sequence, tokens/s against batch size 1,
     and the memory model's cache per sequence and prefill peak.
 
@@ -148,17 +151,23 @@ def speed(
 
         maskkv bench speed --prompt-lengths 1k -n 32 --steps 32 --policies maskkv --budgets 256 --batch-sizes 1,8
         --repeats 5
+
+        maskkv bench speed --config diffusiongemma-small --prompt-lengths 1k,4k --budgets 256 --threads 2
+
+        maskkv bench speed --config diffusiongemma-26b-a4b --device cuda --prompt-lengths 32k,128k --budgets 256
     """
     from maskkv_cli.bench.speed import SpeedSettings, run_sweep
     from maskkv_cli.bench.speed_report import table_rows
+    from maskkv_cli.bench.speed_settings import GEMMA_STEPS, runs_gemma
 
     dev = resolve_device(device)
     gpu = dev.startswith("cuda")
+    shape = None if model else (config or ("llada-8b" if gpu else "llada-small"))
     settings = SpeedSettings(
         prompt_lengths=parse_counts(prompt_lengths or (GPU_LENGTHS if gpu else CPU_LENGTHS), "--prompt-lengths"),
         policies=parse_policies(policies), budgets=parse_counts(budgets, "--budgets"), gen_length=gen_length,
-        steps=steps, block_length=block_length, config=None if model else (config or ("llada-8b" if gpu
-                                                                                      else "llada-small")),
+        steps=steps if steps is not None else GEMMA_STEPS if runs_gemma(shape, model) else 128,
+        block_length=block_length, config=shape,
         model=model, device=dev, dtype=dtype, none_steps=none_steps, seed=seed, threads=threads, limit=limit,
         step_modes=("eager", "compile") if compile_ else tuple(m.strip() for m in step_modes.split(",") if m.strip()),
         batch_sizes=parse_counts(batch_sizes, "--batch-sizes", unique=True), repeats=repeats)

@@ -18,17 +18,25 @@ GIB = 1 << 30
 def _notes(model: Any, rows: list[Any]) -> list[str]:
     from maskkv_cli.engine.chunks import QUERY_CHUNK
     from maskkv_cli.engine.memory_table import RESERVE
+    from maskkv_cli.models.diffusion_gemma_config import ENCODER_CHUNK
 
     lines = [f"an estimate from the config ({model.source}); no weights were read. docs/performance.md works the "
              "terms out by hand",
              f"fits: total + {RESERVE / GIB:.0f} GiB (CUDA context, workspaces) within the GPU's memory; one "
-             "sequence (a batch adds the cache and step per sequence)",
-             f"activations include one {QUERY_CHUNK}-query chunk's fp32 attention scores (held by a kernel that forms "
-             "them; flash kernels do not)"]
+             "sequence (a batch adds the cache and step per sequence)"]
     if model.family == "diffusion_gemma":
-        lines.append(f"DiffusionGemma: the encoder runs in {QUERY_CHUNK}-token chunks and the whole prompt cache is "
-                     "held until the first step's votes cut the full layers, so MaskKV lowers the peak only by that "
-                     "cut; sliding layers keep at most window - 1 entries")
+        own = getattr(model.config, "family_config", None) or model.config
+        cut = ("with MaskKV it runs layer by layer, the first step's votes cutting each full layer before the next is "
+               "encoded (the prompt's hidden states and one whole full layer at the peak, never the whole cache)"
+               if own.cuts_layer_by_layer else "the whole prompt cache is held until the first step's votes cut the "
+               "full layers (layer by layer would hold more for this shape: its hidden state is as wide as its full "
+               "layers' entries together)")
+        lines.append(f"DiffusionGemma: the encoder runs in {ENCODER_CHUNK}-token chunks, its attention masked in "
+                     f"bounded blocks by kernels that form no score matrix; {cut}; sliding layers keep at most "
+                     "window - 1 entries; a document kept for more questions holds its whole cache besides")
+    else:
+        lines.append(f"activations include one {QUERY_CHUNK}-query chunk's fp32 attention scores (held by a kernel "
+                     "that forms them; flash kernels do not)")
     if any(r.format == "int4" and r.weights_implemented for r in rows):
         lines.append("int4: maskkv packs int4 for the CPU's kernel (models/quantize.py); on a GPU its loader leaves "
                      "the layers in bf16 today, so there these rows are the format's bytes, not what maskkv loads")
