@@ -56,7 +56,6 @@ def main() -> None:
             out.append(PrefillLane(ids, m, torch.arange(m, m + g), sink))
         return out
 
-    rows = []
     with torch.no_grad():
         prefill_lanes(model, lanes(64)[:2])  # warm-up
         for m in (int(v) for v in args.lengths.split(",")):
@@ -73,8 +72,8 @@ def main() -> None:
                     times[way].append(time.perf_counter() - t0)
             alone, joined = statistics.median(times["alone"]), statistics.median(times["joined"])
             row = {"model": args.model, "threads": args.threads, "prompt": m, "batch": args.batch,
-                   "alone_s": round(alone, 4), "joined_s": round(joined, 4), "joined_over_alone": round(joined / alone, 3)}
-            rows.append(row)
+                   "alone_s": round(alone, 4), "joined_s": round(joined, 4),
+                   "joined_over_alone": round(joined / alone, 3)}
             print(json.dumps(row), flush=True)
 
 
