@@ -98,6 +98,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--docs", help="a glob of documents: their cross product with --questions are the jobs")
     parser.add_argument("--questions", type=Path, help="a file of questions, one per line (with --docs)")
+    parser.add_argument("--policy", default="maskkv", help="the cache policy of every job (default: maskkv, as "
+                        "maskkv batch runs; runs before 2026-12-06 used maskkv-plus)")
     parser.add_argument("--configs", default="local 1,local 2,ray 1,ray 2",
                         help="comma-separated, from: local 1, local 2, ray 1, ray 2, batch N (this process, "
                              "--batch-size N), batch auto (--batch-size auto), local W batch N (W worker processes, "
@@ -112,7 +114,7 @@ def main() -> None:
     else:
         specs = make_jobs(work, 10, args.jobs // 10, seed=0)
     model, _ = resolve_default_model(None)
-    settings = AnswerSettings(policy="maskkv-plus")
+    settings = AnswerSettings(policy=args.policy)
     ray_start = 0.0
     uses_ray = any(name.startswith("ray") for name in order)
     if uses_ray:

@@ -31,13 +31,13 @@ import torch
 from maskkv_cli.models.diffusion_gemma import DiffusionGemma, PromptCache
 from maskkv_cli.models.diffusion_gemma_config import FULL, SLIDING, named_config
 from maskkv_cli.policies import PolicyOptions, get_policy
+from maskkv_cli.sampling.diffusion_gemma_forward import generate_compressed
 from maskkv_cli.sampling.diffusion_gemma_kv import (
     Compression,
     compress,
     encode_prompt,
     first_step,
     full_layer_importance,
-    generate_compressed,
 )
 from maskkv_cli.sampling.diffusion_gemma_steps import (
     DiffusionGemmaSampling,

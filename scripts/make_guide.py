@@ -65,6 +65,10 @@ def main() -> None:
     from maskkv_cli.models.catalog import shipped_model
 
     hub = FakeHub({"maskkv-demo/tiny-llada": shipped_model()}, lifetime=3600).__enter__()
+    # a tiny random DiffusionGemma as transformers' save_pretrained writes it (the tests' folder)
+    from dgemma_folder import build_folder
+
+    build_folder(tmp / "tiny-dgemma")
     env.update(HF_ENDPOINT=hub.endpoint, HF_HOME=str(tmp / "hf"))
     env.pop("HF_TOKEN", None)
     template = (ROOT / "docs" / "guide.template.md").read_text()

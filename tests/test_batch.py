@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -336,3 +338,28 @@ def test_cli_batch_size_option(tmp_path: Path, corpus: dict[str, Path], tiny_dir
                               "--batch-size", "many"])
     assert bad.exit_code != 0 and "--batch-size must be a positive number or auto" in bad.output
     assert "Traceback" not in bad.output
+
+
+def test_rows_are_written_at_once_and_synced_together(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every row is in the file when ``append`` returns (a killed driver keeps it); the disk syncs come once for the
+    rows of an interval and at close, not once a row."""
+    import maskkv_cli.batch.folder as folder
+
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(folder.os, "fsync", lambda fd: (synced.append(fd), real(fd)))
+    monkeypatch.setattr(folder, "SYNC_INTERVAL_S", 0.2)
+    answers = AnswersFolder(tmp_path).open([])
+    for i in range(50):
+        answers.append({"key": f"k{i}", "answer": str(i)})
+        assert len(read_rows(tmp_path / "answers.jsonl")[0]) == i + 1
+    assert len(synced) <= 1  # fifty rows well within one interval
+    deadline = time.monotonic() + 5
+    while not synced and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(synced) == 1  # the timer synced them
+    answers.append({"key": "last", "answer": "x"})
+    answers.close()
+    assert len(synced) == 2  # close syncs what the timer has not
+    time.sleep(0.3)
+    assert len(synced) == 2  # and no timer fires after it

@@ -17,14 +17,13 @@ from maskkv_cli.models.diffusion_gemma import DiffusionGemma, LayerKV, PromptCac
 from maskkv_cli.models.diffusion_gemma_config import FULL, SLIDING, named_config
 from maskkv_cli.policies import PolicyOptions, get_policy
 from maskkv_cli.policies.baselines import snap_window
+from maskkv_cli.sampling.diffusion_gemma_forward import CompressingForward, generate_compressed
 from maskkv_cli.sampling.diffusion_gemma_kv import (
-    CompressingForward,
     compress,
     encode_prompt,
     first_step,
     first_step_compressing,
     full_layer_importance,
-    generate_compressed,
 )
 from maskkv_cli.sampling.diffusion_gemma_steps import DiffusionGemmaSampling, generate_reference, random_canvas
 
@@ -241,11 +240,11 @@ def test_votes_are_the_first_step_canvas_queries(model):
 
 
 def test_the_forward_votes_at_the_first_step_only(model):
-    """CompressingForward compresses at its first decode (whose logits are the full cache's), and later decodes run
-    over the compressed cache."""
+    """CompressingForward encodes and compresses at its first decode (whose logits are the full cache's), and later
+    decodes run over the compressed cache."""
     ids = _prompt()
     forward = CompressingForward(model, ids, get_policy("maskkv"), 6)
-    full_cache = forward.cache
+    full_cache = encode_prompt(model, ids).cache
     from maskkv_cli.sampling.diffusion_gemma_steps import DecodeRequest
 
     canvas = _canvas()

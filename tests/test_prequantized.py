@@ -139,12 +139,14 @@ def test_torchao_tensors_of_another_class_are_refused(tmp_path: Path) -> None:
 
 
 def test_a_pre_quantized_diffusion_gemma_is_refused(tmp_path: Path) -> None:
+    from maskkv_cli.models.diffusion_gemma_config import named_config as dgemma_config
+    from maskkv_cli.models.diffusion_gemma_config import to_hf
     from maskkv_cli.models.loading import load_diffusion_gemma
 
     folder = tmp_path / "dgemma"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": "diffusion_gemma",
-                                                    "quantization_config": {"quant_method": "fp8"}}))
+    config = {**to_hf(dgemma_config("diffusiongemma-tiny")), "quantization_config": {"quant_method": "fp8"}}
+    (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError, match="holds pre-quantized weights \\(fp8\\)"):
         load_diffusion_gemma(folder)
 

@@ -83,3 +83,22 @@ def test_quantized_while_loading_stays_close_and_smaller(model: DiffusionGemma, 
     assert (out.argmax(-1) == ref.argmax(-1)).float().mean() >= agree
     assert (out - ref).norm() / ref.norm() <= rel
     assert weights_bytes(quant) <= share * weights_bytes(plain)
+
+
+def test_ask_runs_diffusion_gemma_with_quantized_weights(tmp_path: Path) -> None:
+    """``maskkv ask --quantize int8`` on a DiffusionGemma folder (transformers' layout, ``tests/dgemma_folder.py``):
+    the session loads it quantized and the run's statistics say so."""
+    pytest.importorskip("transformers.models.diffusion_gemma")
+    from dgemma_folder import build_folder
+    from typer.testing import CliRunner
+
+    from maskkv_cli.cli import app
+
+    folder = build_folder(tmp_path / "tiny-dgemma")
+    doc = tmp_path / "doc.txt"
+    doc.write_text("The special magic number for apple is 4821. The train left the station at noon.")
+    for mode in ("int8", "int4"):
+        result = CliRunner().invoke(app, ["ask", str(doc), "What is the special magic number for apple?", "--model",
+                                          str(folder), "--gen-length", "16", "--quantize", mode, "--json"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["answers"][0]["stats"]["quantization"] == mode

@@ -23,6 +23,7 @@ from typing import Any
 
 from maskkv_cli.app.session import Answer, Session
 from maskkv_cli.engine.plan import CacheConfig
+from maskkv_cli.models.families import family
 from maskkv_cli.prompting import NO_ANSWER, document_question, stop_ids
 from maskkv_cli.prompting.fit import (
     DEFAULT_LONG,
@@ -49,8 +50,9 @@ class Prompt:
 
     ids: list[int]
     fitted: FittedContext
-    # leading ids that are the template's start and the document, whatever the question (computed for
-    # block-causal models only, whose document prefix is then computed once: ``engine/prefix.py``); 0: unknown
+    # leading ids that are the template's start and the document, whatever the question (computed for the families
+    # that compute a document's prefix once: LLaDA2's blocks, ``engine/prefix.py``, DiffusionGemma's encoder
+    # cache, ``sampling/diffusion_gemma.py``); 0: unknown
     document_len: int = 0
 
 
@@ -62,8 +64,9 @@ class PartsAnswer(Answer):
 
 
 def room_for_text(session: Session, question: str, gen_length: int) -> int:
-    """Tokens of text one prompt holds beside the chat template, the question and ``gen_length`` answer tokens."""
-    return session.window - session.prompt_overhead(question) - gen_length
+    """Tokens of text one prompt holds beside the chat template, the question and ``gen_length`` answer tokens (as
+    many positions as the sampler's response takes: ``Session.response_positions``)."""
+    return session.window - session.prompt_overhead(question) - session.response_positions(gen_length)
 
 
 def prepare(session: Session, context: str, question: str, gen_length: int, long: str = "truncate") -> Prompt:
@@ -72,14 +75,16 @@ def prepare(session: Session, context: str, question: str, gen_length: int, long
     that fits is the same under every mode)."""
     cfg = session.model.config
     overhead = session.prompt_overhead(question)
-    room = session.window - overhead - gen_length
+    response = session.response_positions(gen_length)
+    room = session.window - overhead - response
     doc_ids = session.document_ids(context)  # encoded once per document, whatever the number of questions
     # RoPE scaling sizes its factor for the whole sequence; a cut needs only the room.
-    total = overhead + len(doc_ids) + gen_length if long == "rope-scale" else None
+    total = overhead + len(doc_ids) + response if long == "rope-scale" else None
     fitted = fit_context(session.tokenizer, context, room, long, cfg.head_dim, session.base_theta, session.window,
                          total, doc_ids)
     ids = session.prompt_ids(document_question(fitted.text, question))
-    document_len = session.document_prompt_len(fitted.text, ids) if cfg.block_causal else 0
+    shares = family(cfg.family).document_prefix  # the family computes a document's prefix once for its questions
+    document_len = session.document_prompt_len(fitted.text, ids) if shares else 0
     return Prompt(ids, fitted, document_len)
 
 

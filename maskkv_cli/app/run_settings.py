@@ -15,11 +15,13 @@ from typing import Any
 from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.engine.plan import CacheConfig
 from maskkv_cli.errors import UsageError
+from maskkv_cli.models.families import family
 from maskkv_cli.policies.base import PolicyOptions
 from maskkv_cli.sampling.dream import DreamOptions
 from maskkv_cli.sampling.llada import GenerationConfig
 from maskkv_cli.sampling.llada2 import LLaDA2Options
 
+FLAGS = {"cfg_scale": "--cfg"}  # a setting whose flag is not its name with dashes
 DEFAULT_GEN_LENGTH = 128  # response tokens when neither the user nor the model says
 DEFAULT_BLOCK_LENGTH = 32
 
@@ -90,6 +92,17 @@ class RunSettings:
                        else self.editing_threshold,
                        max_post_steps=base.max_post_steps if self.max_post_steps is None else self.max_post_steps)
 
+    def check_family(self, name: str) -> None:
+        """Refuse, in one line, the settings given (other than their defaults) that the sampler of the model family
+        ``name`` does not take (``models.families.Family.refuses``)."""
+        fam = family(name)
+        given = [FLAGS.get(f.name, "--" + f.name.replace("_", "-")) for f in fields(self)
+                 if f.name in fam.refuses and getattr(self, f.name) != f.default]
+        if given:
+            verb = "is not an option" if len(given) == 1 else "are not options"
+            raise UsageError(f"{', '.join(given)} {verb} of the {name} sampler (docs/models.md has what it takes)")
+        check_policy_family(self.policy, name)
+
     def generation(self, defaults: dict[str, int] | None = None) -> GenerationConfig:
         """The lengths as given, gaps filled from the model's stored defaults (``resolve_generation``)."""
         gen, steps, block = resolve_generation(defaults or {}, self.gen_length, self.steps, self.block_length)
@@ -105,6 +118,15 @@ class RunSettings:
         return GenerationConfig(gen_length=gen_length, steps=steps, block_length=block_length,
                                 temperature=self.temperature, cfg_scale=self.cfg_scale, remasking=self.remasking,
                                 threshold=self.threshold, seed=self.seed)
+
+
+def check_policy_family(policy: str, name: str) -> None:
+    """Refuse, in one line, a ``--policy`` the prompt cache of the model family ``name`` cannot run
+    (``models.families.Family.refuses_policies``)."""
+    refused = family(name).refuses_policies
+    if policy in refused:
+        raise UsageError(f"policy {policy} is not available for {name} models (refused: {', '.join(refused)}; "
+                         "docs/models.md says why); use maskkv, a baseline, full or none")
 
 
 def _typed(name: str, value: Any, kind: str) -> Any:

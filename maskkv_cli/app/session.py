@@ -13,6 +13,7 @@ import torch
 from maskkv_cli.engine.batch_memory import auto_batch_size, batch_memory, free_bytes, model_geometry
 from maskkv_cli.engine.plan import CacheConfig, CachePlan, plan_cache
 from maskkv_cli.engine.prefix import compute_prefix
+from maskkv_cli.errors import UsageError
 from maskkv_cli.kv.prefix import PrefixStore
 from maskkv_cli.models.checkpoint import ModelFolder
 from maskkv_cli.models.config import read_model_defaults
@@ -25,6 +26,7 @@ from maskkv_cli.prompting.chat import tokenizer_from_folder, use_chat_format
 from maskkv_cli.prompting.fit import FittedContext
 from maskkv_cli.sampling import DreamOptions, Event, GenerationConfig, GenerationResult, SamplerOptions, sample
 from maskkv_cli.sampling.confidence import Confidence, answer_confidence
+from maskkv_cli.sampling.diffusion_gemma import diffusion_gemma_defaults
 from maskkv_cli.sampling.llada2 import llada2_defaults
 from maskkv_cli.sampling.service import GenerationService
 from maskkv_cli.sampling.stream import BatchJob, sample_many
@@ -57,6 +59,9 @@ class Session:
 
         folder = ModelFolder.of(model_path)
         quantize = check_mode(quantize)
+        if device_map and not family(folder.config.family).device_map:
+            raise UsageError(f"--device-map: a {folder.config.family} model cannot be spread over devices yet; "
+                             "load it on one device (--device)")
         layer_devices = parse_device_map(device_map, folder.config.n_layers)
         if layer_devices and quantize:
             raise QuantizeError(f"--quantize {quantize} with --device-map is not supported (each layer is packed "
@@ -87,6 +92,9 @@ class Session:
         self.summary_block = defaults.summary_block
         self.llada2 = llada2_defaults(defaults.sampler)  # LLaDA2's sampler settings (its loop only reads them)
         self.stored_llada2 = self.llada2  # the model's own (``generation_config.json``), what options go over
+        # DiffusionGemma's: its schedule from generation_config.json, and the cache of its last document's prefix
+        self.diffusion_gemma = diffusion_gemma_defaults(defaults.denoising)
+        self.stored_diffusion_gemma = self.diffusion_gemma
         self._documents: dict[str, list[int]] = {}  # text -> token ids (``document_ids``), oldest first
         self._probes: dict[str, list[int]] = {}  # the last document's empty-question prompt (``document_prompt_len``)
         self._prefix: tuple[tuple[object, ...], PrefixStore] | None = None  # the last computed document prefix
@@ -99,6 +107,14 @@ class Session:
     def window(self) -> int:
         """The model's training window in tokens (``max_sequence_length``)."""
         return self.model.config.max_sequence_length
+
+    def response_positions(self, gen_length: int) -> int:
+        """Positions a response of ``gen_length`` tokens takes after its prompt: DiffusionGemma generates whole
+        canvases (``gen_length`` rounded up to its canvas length), the other families ``gen_length``."""
+        gemma = self.model.config.family_config
+        if gemma is None:
+            return gen_length
+        return -(-gen_length // gemma.canvas_length) * gemma.canvas_length
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False))
@@ -152,14 +168,16 @@ class Session:
         rope_factor: float = 1.0,
     ) -> Answer:
         """Answer the prompt ``ids``. ``document_len``: its leading ids that are a document's (``pipeline.prepare``):
-        a block-causal model computes that document's whole blocks once for every question asked of it.
+        a block-causal model computes that document's whole blocks once for every question asked of it, DiffusionGemma
+        its encoder's cache of them (``sampling.diffusion_gemma.DocumentCache``).
         ``rope_factor``: the prompt's RoPE base scaling (``--long rope-scale``)."""
         plan = self._plan(ids, gen, cache, document_len, rope_factor)
         prompt = torch.tensor([ids], dtype=torch.long, device=self.device)
         if self.engine is not None:
-            result = self.engine.generate(prompt, gen, plan, on_event, SamplerOptions(self.dream, self.llada2))
+            result = self.engine.generate(prompt, gen, plan, on_event, self.sampler_options())
         else:
-            result = sample(self.model, prompt, gen, plan, on_event, dream=self.dream, llada2=self.llada2)
+            result = sample(self.model, prompt, gen, plan, on_event, dream=self.dream, llada2=self.llada2,
+                            diffusion_gemma=self.diffusion_gemma)
         return self._answer(ids, plan, result)
 
     def answer_many(self, prompts: Sequence[list[int]], gen: GenerationConfig, cache: CacheConfig,
@@ -183,8 +201,7 @@ class Session:
             if on_answer is not None:
                 on_answer(i, done[i])
 
-        sample_many(self.model, jobs, max(1, batch_size), SamplerOptions(self.dream, self.llada2),
-                    on_result=finished)
+        sample_many(self.model, jobs, max(1, batch_size), self.sampler_options(), on_result=finished)
         return [done[i] for i in range(n)]
 
     def batch_size(self, requested: int | None, prompt_lens: Sequence[int], gen: GenerationConfig,
@@ -203,6 +220,10 @@ class Session:
         memory = batch_memory(model_geometry(self.model), longest, gen.gen_length, kept, element)
         return auto_batch_size(memory, free_bytes(self.device), len(prompt_lens))
 
+    def sampler_options(self) -> SamplerOptions:
+        """Every family's own sampler settings as this session holds them (its loop reads its own)."""
+        return SamplerOptions(self.dream, self.llada2, self.diffusion_gemma)
+
     def _plan(self, ids: list[int], gen: GenerationConfig, cache: CacheConfig, document_len: int = 0,
               rope_factor: float = 1.0) -> CachePlan:
         block = gen.block_length
@@ -211,7 +232,7 @@ class Session:
         if self.model.config.block_causal and whole and get_policy(cache.policy).uses_cache:
             prefix = self.prefix_store(ids[:whole], block, rope_factor)
         return plan_cache(self.model, cache, len(ids), self.folder, block_length=block, prefix=prefix,
-                          rope_factor=rope_factor)
+                          rope_factor=rope_factor, document_len=document_len)
 
     def _answer(self, ids: list[int], plan: CachePlan, result: GenerationResult) -> Answer:
         """The answer to ``ids`` from its generation: text, confidence, the plan's note."""

@@ -164,6 +164,7 @@ def run_batch(
     ``model_path``: the ``ModelFolder`` the command chose, or a path (resolved here); ``quantize``: the weights'
     quantization every worker loads (none, int8, int4; part of every job's key)."""
     from maskkv_cli.app.run_settings import resolve_generation
+    from maskkv_cli.batch.answering import run_settings
     from maskkv_cli.models.checkpoint import ModelFolder
     from maskkv_cli.models.config import read_model_defaults
     from maskkv_cli.policies.base import policy_names
@@ -174,6 +175,7 @@ def run_batch(
         if policy not in known:
             raise UsageError(f"unknown policy {policy!r}; choose from: {', '.join(known)}")
     model = ModelFolder.of(model_path)  # a path is resolved here, once; the workers get its name
+    run_settings(settings).check_family(model.config.family)  # options the model's sampler does not take
     model_path = model.name
     model_id = model.fingerprint
     defaults = read_model_defaults(model.path).generation

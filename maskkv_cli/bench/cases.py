@@ -90,6 +90,8 @@ def run_in_fresh_process(module: str, case_json: str, threads: int, label: str,
     except subprocess.TimeoutExpired:
         raise BenchError(f"{label} ran past {timeout:.0f} s") from None
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("{")]
+    if lines and json.loads(lines[-1]).get("error"):  # the case's own one-line error (a usage error in the case)
+        raise BenchError(f"{label} failed: {json.loads(lines[-1])['error']}")
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         why = "killed (out of memory?)" if proc.returncode in (-9, 137) else f"exit code {proc.returncode}"

@@ -1,4 +1,5 @@
-"""``maskkv bench reuse``: one document, many questions on a block-causal model, against as many separate asks.
+"""``maskkv bench reuse``: one document, many questions, against as many separate asks: on a block-causal model
+(LLaDA2) its document blocks, on DiffusionGemma its encoder's cache of the document.
 
 A random-weight model of a named shape (``llada2-small`` by default) answers ``questions`` questions about one
 ``doc_tokens``-token document (random token ids; the question ids differ per question) twice, in the same
@@ -10,9 +11,17 @@ process, one after the other:
   each question's prefill runs only its own rows over them.
 
 Both use the same policy and budget (MaskKV at 256 entries per head by default: each question still evicts from
-the document with its own votes). Reported: total seconds of each (median of ``repeats`` runs, after a warm-up),
-the speed-up, the peak of live tensor bytes above the weights (``live_bytes.LiveBytes``: exact, the allocator
-aside) of each, the stored prefix's bytes, and how many answers are token for token the same in both.
+the document with its own votes).
+
+A DiffusionGemma shape (``diffusiongemma-small``, ``diffusiongemma-tiny``: ``models.diffusion_gemma_config``)
+runs its own sampler (temperature 0, the deterministic limit; ``gen_length`` rounded up to whole canvases;
+``block_length`` unused): **separate** encodes each prompt in the two chunks every DiffusionGemma prompt is encoded
+in (the document, then the question), **reused** encodes the document's chunk once (``DocumentCache``) and each
+question's chunk over it; the stored prefix is the document's cache on every layer.
+
+Reported: total seconds of each (median of ``repeats`` runs, after a warm-up), the speed-up, the peak of live
+tensor bytes above the weights (``live_bytes.LiveBytes``: exact, the allocator aside) of each, the stored prefix's
+bytes, and how many answers are token for token the same in both.
 """
 
 from __future__ import annotations
@@ -76,26 +85,69 @@ def _run(model: Any, prompts: list[torch.Tensor], doc: list[int], case: ReuseCas
     return seconds, live.peak, answers, stored
 
 
+def _run_gemma(model: Any, prompts: list[torch.Tensor], doc: list[int], case: ReuseCase,
+               reuse: bool) -> tuple[float, int, list[torch.Tensor], int]:
+    """``_run`` of a DiffusionGemma model: each prompt's document chunk encoded for it, or once for all."""
+    from maskkv_cli.engine.plan import CachePlan
+    from maskkv_cli.policies import get_policy
+    from maskkv_cli.sampling import GenerationConfig, sample
+    from maskkv_cli.sampling.diffusion_gemma import DiffusionGemmaOptions, DocumentCache
+
+    gen = GenerationConfig(gen_length=case.gen_length, steps=case.gen_length, block_length=case.gen_length,
+                           seed=case.seed)
+    documents = DocumentCache() if reuse else None
+    options = DiffusionGemmaOptions(documents=documents)
+    answers: list[torch.Tensor] = []
+    small_rows(str(model.device), model.dtype)
+    with LiveBytes() as live:
+        started = time.perf_counter()
+        for prompt in prompts:
+            plan = CachePlan.build(model, get_policy(case.policy), case.budget, prompt.shape[1],
+                                   document_len=len(doc))
+            answers.append(sample(model, prompt, gen, plan, diffusion_gemma=options).tokens)
+        seconds = time.perf_counter() - started
+        stored = 0 if documents is None else documents.stored_bytes()
+        del documents, options
+    return seconds, live.peak, answers, stored
+
+
+def _gemma_model(case: ReuseCase) -> Any:
+    """A DiffusionGemma of a named shape with random weights (``DiffusionGemma.init_weights``)."""
+    from maskkv_cli.models.diffusion_gemma import DiffusionGemma
+    from maskkv_cli.models.diffusion_gemma_config import named_config as gemma_config
+    from maskkv_cli.models.loading import parse_dtype
+
+    with torch.device("meta"):
+        model = DiffusionGemma(gemma_config(case.config))
+    model = model.to(dtype=parse_dtype(case.dtype)).to_empty(device="cpu").init_weights(case.seed)
+    return model.requires_grad_(False).eval()
+
+
 @torch.no_grad()
 def run_reuse(case: ReuseCase) -> dict[str, Any]:
     """Measure ``case`` in this process (see the module doc); the row of figures."""
+    from maskkv_cli.models.diffusion_gemma_config import NAMED_CONFIGS as GEMMA_CONFIGS
+
     torch.set_num_threads(case.threads)
     if min(case.doc_tokens, case.questions, case.question_tokens, case.gen_length, case.repeats) < 1:
         raise UsageError("document tokens, questions, question tokens, gen length and repeats must be positive")
-    model = load_bench_model(case.config, None, torch.device("cpu"), case.dtype, case.seed)
-    if not model.config.block_causal:
-        raise UsageError(f"--config {case.config} is not block-causal; reuse is for LLaDA2 shapes (llada2-small, "
-                         "llada2-mini)")
+    gemma = case.config in GEMMA_CONFIGS
+    model = _gemma_model(case) if gemma else load_bench_model(case.config, None, torch.device("cpu"), case.dtype,
+                                                              case.seed)
+    if not gemma and not model.config.block_causal:
+        raise UsageError(f"--config {case.config} neither is block-causal nor a DiffusionGemma shape; reuse is for "
+                         f"LLaDA2 shapes (llada2-small, llada2-mini) and {', '.join(GEMMA_CONFIGS)}")
+    run = _run_gemma if gemma else _run
     doc = random_prompt(model.config, case.doc_tokens, case.seed, torch.device("cpu"))[0].tolist()
     prompts = [torch.tensor([doc + random_prompt(model.config, case.question_tokens, case.seed + 1 + i,
                                                  torch.device("cpu"))[0].tolist()])
                for i in range(case.questions)]
     warm = prompts[0][:, -min(prompts[0].shape[1], 2 * case.block_length):]
-    _run(model, [warm], warm[0].tolist()[: case.block_length], case, True)  # kernels and allocator warmed up
+    run(model, [warm], warm[0].tolist()[: case.block_length], case, True)  # kernels and allocator warmed up
     separate, reused = [], []
     for _ in range(case.repeats):  # alternate, so that a slow phase of the machine hits both
-        separate.append(_run(model, prompts, doc, case, False))
-        reused.append(_run(model, prompts, doc, case, True))
+        separate.append(run(model, prompts, doc, case, False))
+        reused.append(run(model, prompts, doc, case, True))
     same = sum(torch.equal(a, b) for a, b in zip(separate[0][2], reused[0][2], strict=True))
     sep_s = statistics.median(r[0] for r in separate)
     reu_s = statistics.median(r[0] for r in reused)

@@ -5,7 +5,8 @@ JSON`` prints one JSON row), so that its peak memory is its own: the CUDA alloca
 the process's peak resident set on the CPU (reset after loading and warm-up where Linux allows, else since the
 start). Inside the case: load the weights (random weights of a named shape, or a checkpoint), warm up with a
 short run at a small length, run the generation on random prompt ids with device syncs before each clock read,
-read the peak, then time the limit (``maskkv_cli.bench.limit``).
+read the peak, then time the limit (``maskkv_cli.bench.limit``). A DiffusionGemma shape or checkpoint runs its own
+sampler, steps and limit (``bench/speed_gemma.py``).
 
 ``none`` recomputes the whole sequence at each step, which is too slow to run to the end at long prompts: it
 runs ``none_steps`` steps (step 0 included), and the end-to-end time is ``step 0 + (steps - 1) x median step``,
@@ -39,12 +40,14 @@ from maskkv_cli.bench.cases import (
 )
 from maskkv_cli.bench.ceiling import ceiling_fields
 from maskkv_cli.bench.limit import measure_batch_limit, measure_limit, rows_schedule
-from maskkv_cli.bench.speed_settings import SpeedCase, gen_config
+from maskkv_cli.bench.speed_gemma import gemma_bench_model, run_gemma_case
+from maskkv_cli.bench.speed_settings import SpeedCase, gen_config, is_gemma_shape
 from maskkv_cli.engine.batch_memory import Geometry, batch_memory, model_geometry
 from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.engine.step_runner import StepOptions
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.base import kv_bytes_per_token
+from maskkv_cli.models.diffusion_gemma import DiffusionGemma
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.runtime.stats import now, read_current, read_peak, reset_peak, rss_bytes
 from maskkv_cli.sampling.llada2 import LLaDA2Options
@@ -200,10 +203,15 @@ def run_case(case: SpeedCase) -> dict[str, Any]:
         raise UsageError("--batch-sizes must be positive whole numbers")
     started = time.time()
     rss_start = rss_bytes()
-    model = load_bench_model(case.config, case.model, dev, case.dtype, case.seed, case.quantize)
+    if not case.model and is_gemma_shape(case.config):
+        model: DiffusionLM = gemma_bench_model(case.config or "", dev, case.dtype, case.seed, case.quantize)
+    else:
+        model = load_bench_model(case.config, case.model, dev, case.dtype, case.seed, case.quantize)
     cfg = model.config
     now(dev)
     loaded_mem = read_current(dev)
+    if isinstance(model, DiffusionGemma):  # its own sampler, steps and limit (bench/speed_gemma.py)
+        return run_gemma_case(case, model, loaded_mem, rss_start, started)
     policy = get_policy(case.policy)
     budget = case.budget if policy.evicts else None
     if policy.evicts and budget is None:

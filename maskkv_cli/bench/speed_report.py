@@ -127,6 +127,17 @@ def summary_markdown(settings: SpeedSettings, rows: Sequence[dict[str, Any]], fo
                         else "peak resident set (VmHWM) of the case's process, reset after loading and warm-up")
         + "; 'above weights' = peak - memory right after loading",
     ]
+    gemma = [r for r in rows if r.get("family") == "diffusion_gemma"]
+    if gemma:
+        lines += [
+            f"- DiffusionGemma: the gen length rounded up to whole canvases of {gemma[0]['canvas_length']} tokens, "
+            f"each running {s.steps} decoder passes (no early stop, no EOS rule, temperature 0); prefill s = the "
+            "prompt's encoding and the first decoder pass (where MaskKV's votes cut the full layers), step ms = the "
+            "median later pass (a commit's encoding falls into the pass after it), tok/s = generated tokens / total "
+            "s; its limit (instead of the line above) = one bare encode of the prompt and one bare pass over the "
+            "whole cache, then the later bare passes over the kept entries (the budget per KV head of every full "
+            "layer) and the committed canvases' encodes (`bench/speed_gemma.py`); no prefill GFLOP/s",
+        ]
     if batched(rows):
         lines += [
             "- batch B: B sequences (distinct random prompts) generated together by `sample_many`, their prefill "

@@ -66,6 +66,47 @@ class SpeedCase:
         return name if self.step_mode == "eager" else f"{name} {self.step_mode}"
 
 
+def is_gemma_shape(config: str | None) -> bool:
+    """Whether ``config`` names a DiffusionGemma shape (``models/diffusion_gemma_config.py``)."""
+    from maskkv_cli.models.diffusion_gemma_config import NAMED_CONFIGS
+
+    return config in NAMED_CONFIGS
+
+
+def runs_gemma(config: str | None, model: str | None) -> bool:
+    """Whether a sweep runs DiffusionGemma: the checkpoint ``model``'s family (its config.json), else the shape."""
+    if model:
+        from maskkv_cli.models.checkpoint import ModelFolder
+
+        return ModelFolder.of(model).config.family == "diffusion_gemma"
+    return is_gemma_shape(config)
+
+
+GEMMA_STEPS = 48  # a DiffusionGemma case's decoder passes per canvas unless --steps says (the released schedule's)
+
+
+def check_gemma_fits(name: str, device: str, dtype: str) -> None:
+    """Refuse, in one line, a DiffusionGemma shape whose random weights do not fit the free memory of ``device``
+    (none is allocated: counted on the meta device)."""
+    import torch
+
+    from maskkv_cli.engine.batch_memory import free_bytes
+    from maskkv_cli.models.diffusion_gemma import parameter_count
+    from maskkv_cli.models.diffusion_gemma_config import named_config
+    from maskkv_cli.models.loading import parse_dtype
+    from maskkv_cli.runtime.sizes import human_size
+
+    dev = torch.device(device)
+    dt = parse_dtype(dtype, dev)
+    need = parameter_count(named_config(name)) * (torch.finfo(dt).bits // 8)
+    free = free_bytes(dev)
+    if free and need > free:
+        raise UsageError(f"{name}: its random {str(dt).removeprefix('torch.')} weights take "
+                         f"{human_size(need, binary=True)} and the {dev.type} has {human_size(free, binary=True)} "
+                         "free; run it where they fit (diffusiongemma-26b-a4b: --device cuda on a GPU of 80 GB, "
+                         "bf16) or take diffusiongemma-small")
+
+
 def gen_config(case: SpeedCase, gen_length: int | None = None, steps: int | None = None) -> Any:
     from maskkv_cli.sampling import GenerationConfig
 
@@ -159,6 +200,9 @@ class SpeedSettings:
             raise UsageError("--quantize must name distinct modes, e.g. none,int8,int4")
         for mode in self.quantize:
             check_quantize(mode)
+        if runs_gemma(self.config, self.model):
+            self._check_gemma()
+            return
         if not self.batch_sizes or min(self.batch_sizes) < 1:
             raise UsageError("--batch-sizes must be positive whole numbers (e.g. 1,8)")
         if max(self.batch_sizes) > 1:
@@ -166,3 +210,20 @@ class SpeedSettings:
                 raise UsageError("--batch-sizes above 1 run eager steps only (compiled or captured steps run one "
                                  "sequence at a time); use --step-modes eager")
         gen_config(self.cases()[0])  # validates gen length, steps and block length
+
+    def _check_gemma(self) -> None:
+        """A DiffusionGemma shape: one generation at a time, eager passes; ``steps`` per canvas, the gen length
+        rounded up to whole canvases (block length unused)."""
+        what = self.model or self.config
+        if self.batch_sizes != (1,):
+            raise UsageError(f"{what}: DiffusionGemma runs one generation at a time; use --batch-sizes 1")
+        if self.step_modes != ("eager",):
+            raise UsageError(f"{what}: --step-modes other than eager are not available for DiffusionGemma")
+        if self.gen_length < 1 or self.steps < 1:
+            raise UsageError("--gen-length and --steps must be positive")
+        from maskkv_cli.app.run_settings import check_policy_family
+
+        for name in self.policies:
+            check_policy_family(name, "diffusion_gemma")
+        if not self.model:
+            check_gemma_fits(self.config or "", self.device, self.dtype)

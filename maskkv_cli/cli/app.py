@@ -49,6 +49,7 @@ def _register() -> None:
     from maskkv_cli.cli.commands.evaluate import evaluate
     from maskkv_cli.cli.commands.generate import generate
     from maskkv_cli.cli.commands.ingest import ingest
+    from maskkv_cli.cli.commands.plan import plan
     from maskkv_cli.cli.commands.policies import policies
     from maskkv_cli.cli.commands.profile import profile
     from maskkv_cli.cli.commands.pull import models, pull
@@ -56,7 +57,7 @@ def _register() -> None:
     from maskkv_cli.cli.commands.summarize import summarize
     from maskkv_cli.cli.commands.train import train_tiny
 
-    for command in (generate, policies, calibrate, ingest, ask, summarize, profile, pull, models, batch, serve):
+    for command in (generate, policies, calibrate, ingest, ask, summarize, profile, plan, pull, models, batch, serve):
         app.command()(command)
     app.command("train-tiny")(train_tiny)
     app.command()(demo)

@@ -152,12 +152,15 @@ RayOpt = Annotated[str | None, typer.Option(
 
 # bench speed and bench memory
 ConfigOpt = Annotated[str | None, config_option(
-    "Named model shape with random weights (llada-8b, llada-small, tiny) [default: llada-8b on a "
-    "GPU, llada-small on the CPU].", show_default=False)]
+    "Named model shape with random weights (llada-8b, llada-small, tiny, ...; DiffusionGemma: diffusiongemma-tiny, "
+    "diffusiongemma-small, diffusiongemma-26b-a4b) [default: llada-8b on a GPU, llada-small on the CPU].",
+    show_default=False)]
 BenchModelOpt = Annotated[str | None, model_option(
     "A checkpoint folder instead of random weights.", "-m", show_default=False)]
 BenchGenOpt = Annotated[int, gen_length_option("Response tokens to generate.", "-n")]
-BenchStepsOpt = Annotated[int, steps_option("Denoising steps in all (split evenly over blocks).")]
+BenchStepsOpt = Annotated[int | None, steps_option(
+    "Denoising steps in all, split evenly over blocks (DiffusionGemma: decoder passes per canvas) [default: 128; "
+    "DiffusionGemma: 48].", show_default=False)]
 BenchBlockOpt = Annotated[int, block_length_option("Tokens per semi-autoregressive block.")]
 ThreadsOpt = Annotated[int, threads_option("torch threads in each case's process.")]
 BenchQuantizeOpt = Annotated[str, quantize_option(

@@ -26,12 +26,13 @@ table.heat th{font-weight:normal;color:#888;font-size:.75em;padding:0 4px}
 """
 
 
-def _heat_html(matrix: Sequence[Sequence[float]], title: str) -> str:
+def _heat_html(matrix: Sequence[Sequence[float]], title: str, layers: Sequence[int]) -> str:
+    """Layers x heads as a coloured table; ``layers``: the model's index of each row."""
     levels, lo, hi = quantize(matrix, len(RAMP))
     heads = len(matrix[0]) if matrix else 0
     head = "".join(f"<th>{h if h % 4 == 0 else ''}</th>" for h in range(heads))
     body = []
-    for layer, (row, vals) in enumerate(zip(levels, matrix, strict=True)):
+    for layer, row, vals in zip(layers, levels, matrix, strict=True):
         cells = "".join(f'<td style="background:{RAMP[lv]}" title="layer {layer}, head {h}: {number_text(v)}"></td>'
                         for h, (lv, v) in enumerate(zip(row, vals, strict=True)))
         body.append(f"<tr><th>L{layer}</th>{cells}</tr>")
@@ -83,18 +84,20 @@ def report_html(report: ProfileReport) -> str:
         parts.append("<p class='note'>no run evicted anything: no heatmap or page map</p>")
     else:
         if run.head_budgets:
-            parts.append(_heat_html(run.head_budgets, f"{run.spec.label}: kept entries per head (layers x heads)"))
+            parts.append(_heat_html(run.head_budgets, f"{run.spec.label}: kept entries per head (layers x heads)",
+                                    run.layer_labels(len(run.head_budgets))))
         if run.preference:
-            parts.append(_heat_html(run.preference, "P_h: share of the mask queries' attention on the prompt"))
+            parts.append(_heat_html(run.preference, "P_h: share of the mask queries' attention on the prompt",
+                                    run.layer_labels(len(run.preference))))
         budgets = run.layer_budgets or []
         top_b = max(budgets or [0]) or 1
         top_i = max(run.importance or [0.0]) or 1.0
         parts.append("<h2>layer budgets" + (" and importance I(l)" if run.importance else "") + "</h2>"
                      "<table class='chart'>")
-        for layer, b in enumerate(budgets):
+        for j, (layer, b) in enumerate(zip(run.layer_labels(len(budgets)), budgets, strict=True)):
             imp = ""
             if run.importance:
-                imp = f"<td>{_bar_html(run.importance[layer] / top_i, RAMP[7])} {run.importance[layer]:.4f}</td>"
+                imp = f"<td>{_bar_html(run.importance[j] / top_i, RAMP[7])} {run.importance[j]:.4f}</td>"
             parts.append(f"<tr><td>L{layer}</td>{imp}<td>{_bar_html(b / top_b, RAMP[3])} {b}</td></tr>")
         parts.append("</table>")
         if not run.importance:

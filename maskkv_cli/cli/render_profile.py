@@ -130,11 +130,14 @@ def timing_note(report: ProfileReport) -> str:
             ", one-time costs included), not in the table")
 
 
-def heatmap(matrix: Sequence[Sequence[float]], title: str, unit: str, color: bool, max_width: int) -> Text:
-    """Layers x heads as coloured cells (two characters a cell when they fit in ``max_width``, else one)."""
+def heatmap(matrix: Sequence[Sequence[float]], title: str, unit: str, color: bool, max_width: int,
+            layers: Sequence[int] | None = None) -> Text:
+    """Layers x heads as coloured cells (two characters a cell when they fit in ``max_width``, else one); ``layers``:
+    the model's index of each row (default 0, 1, ...)."""
     levels, lo, hi = quantize(matrix, len(RAMP))
     heads = len(matrix[0]) if matrix else 0
-    row_label = max(2, len(str(len(matrix) - 1))) + 2
+    labels = list(layers) if layers is not None else list(range(len(matrix)))
+    row_label = max(2, len(str(max(labels, default=0)))) + 2
     cw = 2 if row_label + 2 * heads <= max_width else 1
     out = Text()
     out.append(f"{title}\n", style="bold")
@@ -145,7 +148,7 @@ def heatmap(matrix: Sequence[Sequence[float]], title: str, unit: str, color: boo
             if h * cw + j < len(header):
                 header[h * cw + j] = ch
     out.append(" " * row_label + "".join(header).rstrip() + "  head\n", style="dim")
-    for layer, row in enumerate(levels):
+    for layer, row in zip(labels, levels, strict=True):
         out.append(f"L{layer}".rjust(row_label - 1) + " ", style="dim")
         for level in row:
             if color:
@@ -163,8 +166,9 @@ def heatmap(matrix: Sequence[Sequence[float]], title: str, unit: str, color: boo
     return out
 
 
-def layer_chart(run: RunProfile, width: int = 24) -> RenderableType:
-    """Layer importance I(l) and the layer budgets as horizontal bars (budgets only without importance)."""
+def layer_chart(run: RunProfile, width: int = 24, calibration: bool = True) -> RenderableType:
+    """Layer importance I(l) and the layer budgets as horizontal bars (budgets only without importance);
+    ``calibration``: whether ``maskkv calibrate`` measures the model's layer importance."""
     budgets = run.layer_budgets or []
     table = Table(box=None, show_header=True, pad_edge=False, title_justify="left",
                   title=Text("layer budgets" + (" and importance I(l)" if run.importance else ""), style="bold"))
@@ -176,10 +180,10 @@ def layer_chart(run: RunProfile, width: int = 24) -> RenderableType:
     table.add_column("", justify="right")
     top_i = max(run.importance or [0.0]) or 1.0
     top_b = max(budgets or [0]) or 1
-    for layer, b in enumerate(budgets):
+    for j, (layer, b) in enumerate(zip(run.layer_labels(len(budgets)), budgets, strict=True)):
         cells = [f"L{layer}"]
         if run.importance:
-            value = run.importance[layer]
+            value = run.importance[j]
             cells += [Text(bar(value / top_i, width), style="magenta"), f"{value:.4f}"]
         cells += [Text(bar(b / top_b, width), style="cyan"), str(b)]
         table.add_row(*cells)
@@ -187,6 +191,9 @@ def layer_chart(run: RunProfile, width: int = 24) -> RenderableType:
         why = "I(l) measured on this input (--layer-budgets online)"
     elif run.importance_source == "profile":
         why = "I(l) from the model's calibration profile"
+    elif uses_importance(run.spec.policy) and not calibration:
+        why = ("no calibration profile: uniform layer budgets (maskkv calibrate does not measure this model's layers "
+               "yet)")
     elif uses_importance(run.spec.policy):
         why = "no calibration profile was used: uniform layer budgets (run `maskkv calibrate` to make one)"
     else:
@@ -251,17 +258,18 @@ def report_renderables(report: ProfileReport, width: int, color: bool) -> list[R
     if not run.head_budgets:
         out.append(Text(f"{run.spec.label} keeps no prompt cache: nothing to draw", style="yellow"))
         return out
+    labels = run.layer_labels(len(run.head_budgets))
     if run.head_budgets:
         out.append(heatmap(run.head_budgets, f"kept entries per head (layers x {report.heads})", "entries", color,
-                           width))
+                           width, labels))
     if run.residual:
         where = ", ".join(f"layer {i}: {', '.join(str(h) for h, on in enumerate(row) if on)}"
-                          for i, row in enumerate(run.residual) if any(row))
+                          for i, row in zip(labels, run.residual, strict=True) if any(row))
         out.append(Text(f"diffuse heads with a residual entry (one of their budget): {where}", style="dim"))
     if run.preference:
         out.append(heatmap(run.preference, "P_h: share of the mask queries' attention on the prompt", "P_h",
-                           color, min(width, 40 + 6)))
-    out.append(layer_chart(run, width=max(8, min(24, (width - 30) // 2))))
+                           color, min(width, 40 + 6), run.layer_labels(len(run.preference))))
+    out.append(layer_chart(run, width=max(8, min(24, (width - 30) // 2)), calibration=report.calibration))
     out.append(page_chart(run, width=max(8, min(30, width - 50))))
     return out
 

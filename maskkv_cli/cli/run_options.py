@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any, TypeVar
 
@@ -98,13 +98,20 @@ class RunOptions:
         """The cache request, checked (a bad budget, ratio or mode is a usage error before anything loads)."""
         return self.settings().cache()
 
-    def load_session(self, device: str, folder: Any = None, **more: Any) -> Any:
+    def load_session(self, device: str, folder: Any = None, policies: Sequence[str] = (), **more: Any) -> Any:
         """Resolve, offer to pull and load the model on ``device`` (already resolved from ``auto``); ``folder``: the
-        ``ModelFolder`` the command resolved ``--model`` to already (``cli.model_choice.pull_first``)."""
-        from maskkv_cli.cli.model_choice import load_session
+        ``ModelFolder`` the command resolved ``--model`` to already (``cli.model_choice.pull_first``); ``policies``:
+        the cache policies the command runs besides ``--policy`` (``profile --policies``), checked against the
+        model's family before it loads."""
+        from maskkv_cli.app.run_settings import check_policy_family
+        from maskkv_cli.cli.model_choice import choose_model, load_session
 
         settings = self.settings()
-        session = load_session(folder or self.model, device, self.dtype, self.quiet, self.as_json, self.device_map,
+        chosen = choose_model(folder or self.model, self.yes, self.quiet, self.as_json)
+        settings.check_family(chosen.config.family)  # options its sampler does not take: refused before loading
+        for policy in policies:
+            check_policy_family(policy, chosen.config.family)
+        session = load_session(chosen, device, self.dtype, self.quiet, self.as_json, self.device_map,
                                self.yes, dream=settings.dream(), quantize=self.quantization, **more)
         session.llada2 = settings.llada2(session.stored_llada2)  # the options given over the model's stored defaults
         return session

@@ -23,6 +23,7 @@ from maskkv_cli.engine.step_runner import StepOptions
 from maskkv_cli.errors import UsageError
 from maskkv_cli.kv.budgets import resolve_budget
 from maskkv_cli.kv.prefix import PrefixStore
+from maskkv_cli.models.families import family
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import Policy, PolicyOptions, get_policy, uses_importance
 
@@ -86,6 +87,9 @@ class CachePlan:
     step_options: StepOptions = StepOptions()
     prefix: PrefixStore | None = None  # a block-causal model's document prefix computed before (engine/prefix.py)
     rope_factor: float = 1.0  # the RoPE base scaling of this prompt (``--long rope-scale``); 1: the model's own
+    # leading prompt ids that are a document's (``pipeline.prepare``): a family that computes a document's prefix
+    # once for all its questions starts from it (DiffusionGemma's encoder cache); 0: none
+    document_len: int = 0
 
     @property
     def evicts(self) -> bool:
@@ -95,7 +99,7 @@ class CachePlan:
     def build(cls, model: DiffusionLM, policy: Policy, budget: int | None, prompt_len: int, *,
               online: bool = False, step_options: StepOptions | None = None, importance_source: str | None = None,
               note: str | None = None, block_length: int | None = None,
-              prefix: PrefixStore | None = None, rope_factor: float = 1.0) -> CachePlan:
+              prefix: PrefixStore | None = None, rope_factor: float = 1.0, document_len: int = 0) -> CachePlan:
         """The plan for ``policy`` at ``budget`` over a prompt of ``prompt_len`` tokens.
 
         The run evicts when the policy evicts and the budget is below the cached segment (``prompt_len`` minus
@@ -112,8 +116,9 @@ class CachePlan:
             split = prompt_len - model.config.logit_shift
             if policy.uses_cache and split < 1:
                 raise UsageError("the prompt is too short for a prefix cache; use --policy none")
-        evicts = policy.evicts and budget is not None and budget < split
-        layer_budgets = tuple(policy.layer_budgets(len(model.blocks), budget, split)) if evicts else None  # type: ignore[arg-type]
+        evicts = policy.evicts and budget is not None and budget < split and bool(model.config.evicted_layers)
+        n_layers = len(model.config.evicted_layers)  # the layers a policy cuts (DiffusionGemma: its full layers)
+        layer_budgets = tuple(policy.layer_budgets(n_layers, budget, split)) if evicts else None  # type: ignore[arg-type]
         importance = policy.options.importance
         if importance_source is None and policy.uses_importance:
             importance_source = "online" if online else "options" if importance is not None else "uniform"
@@ -123,7 +128,7 @@ class CachePlan:
             prefix = None  # only a cached block-causal run over the same blocks and RoPE can start from it
         return cls(policy, budget, prompt_len, split, layer_budgets, online, importance_source,
                    None if online or importance is None else tuple(importance), note if evicts else None,
-                   step_options or StepOptions(), prefix, rope_factor)
+                   step_options or StepOptions(), prefix, rope_factor, min(max(document_len, 0), prompt_len))
 
 
 def resolve_importance(
@@ -159,6 +164,8 @@ def resolve_importance(
     from maskkv_cli.models.checkpoint import ModelFolder
 
     model = ModelFolder.of(model_path)  # resolved once for the path and the profile
+    if not family(model.config.family).calibration:
+        return options, f"uniform layer budgets (a {model.config.family} model has no calibration profile yet)"
     path = profile_path(model)
     profile, reason = find_profile(model)
     if profile is not None:
@@ -191,11 +198,11 @@ def _importance_choice(model_path: str | os.PathLike[str] | ModelFolder | None, 
 def plan_cache(model: DiffusionLM, cache: CacheConfig, prompt_len: int,
                model_path: str | os.PathLike[str] | ModelFolder | None = None,
                step_options: StepOptions | None = None, block_length: int | None = None,
-               prefix: PrefixStore | None = None, rope_factor: float = 1.0) -> CachePlan:
+               prefix: PrefixStore | None = None, rope_factor: float = 1.0, document_len: int = 0) -> CachePlan:
     """The plan for ``cache`` over a prompt of ``prompt_len`` tokens of ``model`` (loaded from ``model_path``, a
     path or the ``ModelFolder`` it was loaded from, where its calibration profile is looked up for
     ``layer_budgets="auto"``); ``rope_factor``: the prompt's RoPE
-    base scaling (``--long rope-scale``)."""
+    base scaling (``--long rope-scale``); ``document_len``: its leading ids that are a document's."""
     budget = cache.resolved_budget(prompt_len)
     options, source, note = _importance_choice(model_path, cache, uses_importance(cache.policy))
     policy = get_policy(cache.policy, options)
@@ -203,4 +210,5 @@ def plan_cache(model: DiffusionLM, cache: CacheConfig, prompt_len: int,
         budget = DEFAULT_BUDGET
     return CachePlan.build(model, policy, budget, prompt_len, online=cache.layer_budgets == "online"
                            and policy.uses_importance, step_options=step_options, importance_source=source,
-                           note=note, block_length=block_length, prefix=prefix, rope_factor=rope_factor)
+                           note=note, block_length=block_length, prefix=prefix, rope_factor=rope_factor,
+                           document_len=document_len)

@@ -76,6 +76,7 @@ class Engine:
         if settings is not None:
             self.session.dream = settings.dream()
             self.session.llada2 = settings.llada2(self.session.stored_llada2)
+            settings.check_family(self.session.model.config.family)
         cfg = self.session.model.config
         self.path = path
         self.tokenizer: Any = self.session.tokenizer
@@ -126,7 +127,7 @@ def policy_names() -> list[str]:
 def fit_prompt(engine: Engine, ids: list[int], gen_length: int) -> tuple[list[int], bool]:
     """The prompt ``ids`` fitted to the window with room for ``gen_length`` answer tokens (LongBench's middle cut
     when it is too long), and whether it was cut."""
-    room = engine.window - gen_length
+    room = engine.window - engine.session.response_positions(gen_length)
     if room <= 0:
         from maskkv_cli.errors import UsageError
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from maskkv_cli.defaults import PULL_HINT, REAL_MODEL, configured_model
 from maskkv_cli.errors import MaskKVError, ModelLoadError, ModelNotDownloaded
 from maskkv_cli.models.checkpoint import ModelFolder
-from maskkv_cli.models.loading import check_keys, read_config, scan_shapes, weight_files
-from maskkv_cli.models.prequantized import check_request, read_prequantized
+from maskkv_cli.models.loading import check_checkpoint, check_prequantized, read_config, scan_shapes, weight_files
+from maskkv_cli.models.prequantized import read_prequantized
 from maskkv_cli.paths import config_file, hf_cache_dir, maskkv_home, shipped_model_folder
 from maskkv_cli.runtime.fileio import atomic_write_text
 
@@ -101,6 +101,7 @@ class LocalModel:
     size_bytes: int = 0
     dtype: str | None = None
     problem: str | None = None  # why it cannot be loaded; None when it can
+    note: str | None = None  # what the checkpoint holds and maskkv never reads (DiffusionGemma's vision tower)
 
     @property
     def loadable(self) -> bool:
@@ -109,7 +110,7 @@ class LocalModel:
     def as_dict(self) -> dict[str, object]:
         return {"name": self.name, "path": str(self.path), "source": self.source, "family": self.family,
                 "params": self.params, "size_bytes": self.size_bytes, "dtype": self.dtype,
-                "loadable": self.loadable, "problem": self.problem}
+                "loadable": self.loadable, "problem": self.problem, "note": self.note}
 
 
 def inspect(folder: Path, name: str, source: str) -> LocalModel:
@@ -126,27 +127,18 @@ def inspect(folder: Path, name: str, source: str) -> LocalModel:
     except MaskKVError as exc:
         return LocalModel(name, folder, source, size_bytes=size, dtype=dtype, problem=str(exc))
     try:
-        from maskkv_cli.models.families import parameter_shapes
-
         pre = read_prequantized(folder)
-        check_request(pre, folder, None)  # a pre-quantized format maskkv does not run is the problem
-        found, _ = scan_shapes(weight_files(folder), pre is not None)
+        check_prequantized(folder, cfg, pre, None)  # a pre-quantized format maskkv does not run is the problem
+        params, note = check_checkpoint(cfg, scan_shapes(weight_files(folder), pre is not None)[0], str(folder))
         if pre is not None:
             dtype = f"{dtype or '?'}, {pre.mode} weights (torchao)"
-        params = 0
-        for shape in found.values():
-            n = 1
-            for d in shape:
-                n *= d
-            params += n
-        check_keys(parameter_shapes(cfg), found, str(folder))
         if not any((folder / t).is_file() for t in TOKENIZER_FILES):
             raise MaskKVError("no tokenizer files (tokenizer.json, tokenizer_config.json)")
     except MaskKVError as exc:
         return LocalModel(name, folder, source, cfg.family, None, size, dtype, problem=str(exc))
     except (OSError, ValueError) as exc:  # safetensors raises these for damaged files
         return LocalModel(name, folder, source, cfg.family, None, size, dtype, problem=f"unreadable weights: {exc}")
-    return LocalModel(name, folder, source, cfg.family, params, size, dtype)
+    return LocalModel(name, folder, source, cfg.family, params, size, dtype, note=note)
 
 
 def remembered_folders() -> list[Path]:

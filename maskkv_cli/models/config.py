@@ -8,6 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from maskkv_cli.errors import ModelLoadError, UsageError
+from maskkv_cli.models.diffusion_gemma_config import DiffusionGemmaConfig
+from maskkv_cli.models.diffusion_gemma_config import from_hf as diffusion_gemma_config_from_hf
+from maskkv_cli.models.diffusion_gemma_config import to_hf as diffusion_gemma_config_to_hf
 
 ATTENTION_PATTERNS = ("bidirectional", "block_causal")
 ROUTERS = ("sigmoid_groups", "softmax")
@@ -68,6 +71,10 @@ class ModelConfig:
     clip_qkv: float | None = None  # LLaDA-MoE: q, k, v clamped to [-clip, clip]
     attention: str = "bidirectional"  # or "block_causal": a block sees itself and every earlier block (LLaDA2)
     moe: MoEConfig | None = None
+    stop_token_ids: tuple[int, ...] = ()  # more ids that end an answer besides eos/eot (DiffusionGemma has three)
+    # a family whose layers this class cannot describe keeps its own config here (DiffusionGemma: sliding and full
+    # layers of different geometry); the fields above then describe its sliding layers and its special tokens
+    family_config: DiffusionGemmaConfig | None = None
 
     def __post_init__(self) -> None:
         if self.n_kv_heads is None:
@@ -111,6 +118,14 @@ class ModelConfig:
     @property
     def block_causal(self) -> bool:
         return self.attention == "block_causal"
+
+    @property
+    def evicted_layers(self) -> tuple[int, ...]:
+        """The layers whose prompt cache a policy cuts (its layer budgets are over these): every layer, except in
+        DiffusionGemma, whose sliding-window layers hold at most W - 1 entries and only its full layers are cut."""
+        if self.family_config is not None:
+            return self.family_config.full_layers
+        return tuple(range(self.n_layers))
 
     def with_(self, **changes: Any) -> ModelConfig:
         return replace(self, **changes)
@@ -350,6 +365,32 @@ def llada_moe_to_hf(cfg: ModelConfig) -> dict[str, Any]:
     }
 
 
+def diffusion_gemma_config(cfg: DiffusionGemmaConfig) -> ModelConfig:
+    """DiffusionGemma's own config as the ``ModelConfig`` the rest of maskkv reads: the geometry of its sliding
+    layers (the per-layer truth stays in ``family_config``), the window its positions allow, and its special ids.
+    It has no mask token: the pad id stands in where the rest of the code skips never-written positions (a
+    finished answer is padded after its end-of-sequence id). Its EOS ids are all stop ids."""
+    eos = cfg.eos_token_ids or (1,)
+    return ModelConfig(
+        d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, mlp_hidden_size=cfg.mlp_hidden_size,
+        vocab_size=cfg.vocab_size, n_kv_heads=cfg.n_kv_heads, head_dim_override=cfg.head_dim,
+        rope_theta=cfg.rope_sliding.theta, max_sequence_length=cfg.max_position_embeddings,
+        rms_norm_eps=cfg.rms_norm_eps, mask_token_id=cfg.pad_token_id, eos_token_id=eos[0],
+        pad_token_id=cfg.pad_token_id, bos_token_id=cfg.bos_token_id, eot_token_id=None, family="diffusion_gemma",
+        qk_norm=True, stop_token_ids=tuple(eos), family_config=cfg)
+
+
+def diffusion_gemma_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
+    """DiffusionGemma's ``config.json`` (both layouts: ``models.diffusion_gemma_config.from_hf``)."""
+    return diffusion_gemma_config(diffusion_gemma_config_from_hf(data, source))
+
+
+def diffusion_gemma_to_hf(cfg: ModelConfig) -> dict[str, Any]:
+    if cfg.family_config is None:
+        raise ValueError("not a DiffusionGemma config")
+    return diffusion_gemma_config_to_hf(cfg.family_config)
+
+
 _LING = dict(mask_token_id=LING_MASK_ID, eos_token_id=LING_EOS_ID, pad_token_id=LING_EOS_ID, bos_token_id=None,
              eot_token_id=None)
 _DREAM = dict(family="dream", logit_shift=1, rope_theta=1e6, rms_norm_eps=1e-6)
@@ -434,6 +475,9 @@ def named_config(name: str) -> ModelConfig:
 # ----- maskkv's own defaults stored with a model (the ``maskkv`` section of its generation_config.json) ---------
 GENERATION_KEYS = ("gen_length", "steps", "block_length")
 SAMPLER_KEYS = ("threshold", "editing_threshold", "max_post_steps")
+# DiffusionGemma's sampler settings as transformers writes them in generation_config.json (top level; the entropy
+# bound inside ``sampler_config``)
+DENOISING_KEYS = ("max_denoising_steps", "t_min", "t_max", "stability_threshold", "confidence_threshold")
 
 
 @dataclass(frozen=True)
@@ -446,6 +490,22 @@ class ModelDefaults:
     # LLaDA2's sampler settings as the checkpoint's generation_config.json gives them (top level, or under
     # ``maskkv``): threshold, editing_threshold (LLaDA2.1's token editing), max_post_steps
     sampler: dict[str, float] = field(default_factory=dict)
+    # DiffusionGemma's: ``DENOISING_KEYS`` and ``entropy_bound``, as far as the generation config gives them (its EOS
+    # and pad ids reach the model's config: ``models.loading.read_config``)
+    denoising: dict[str, Any] = field(default_factory=dict)
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _denoising(data: dict[str, Any]) -> dict[str, Any]:
+    """DiffusionGemma's sampler settings of a generation config (``ModelDefaults.denoising``)."""
+    out: dict[str, Any] = {k: data[k] for k in DENOISING_KEYS if _number(data.get(k))}
+    sampler = data.get("sampler_config")
+    if isinstance(sampler, dict) and _number(sampler.get("entropy_bound")):
+        out["entropy_bound"] = sampler["entropy_bound"]
+    return out
 
 
 def _positive(value: object) -> int | None:
@@ -467,4 +527,4 @@ def read_model_defaults(folder: Path) -> ModelDefaults:
                if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0}
     generation = {k: v for k in GENERATION_KEYS if (v := _positive(section.get(k))) is not None}
     return ModelDefaults(generation, _positive(section.get("summary_length")),
-                         _positive(section.get("summary_block_length")), sampler)
+                         _positive(section.get("summary_block_length")), sampler, _denoising(data))

@@ -24,18 +24,22 @@ Parameter names are the checkpoint keys transformers writes (``model.decoder.emb
 ``model.decoder.self_conditioning.gate_proj.weight``, ...) except the encoder's layer scalar, kept beside the
 decoder's as ``model.decoder.layers.{i}.encoder_layer_scalar`` (checkpoint
 ``model.encoder.language_model.layers.{i}.layer_scalar``); ``checkpoint_key`` maps it. Loading:
-``models.loading.load_diffusion_gemma``.
+``models.loading.load_diffusion_gemma`` (``load_model`` of its folder).
 
-Prompt KV compression (a policy's kept entries per full layer and head, ``LayerKV.kept``) is
+The model is not built on ``models.base.DiffusionModel``: the engine's layer-streamed prefill and response steps do
+not run it. Its generations run through ``sampling/diffusion_gemma.py`` (in the one driver, each alone), and prompt
+KV compression (a policy's kept entries per full layer and head, ``LayerKV.kept``) is
 ``sampling/diffusion_gemma_kv.py``; ``encode`` and ``decode`` honour it and can show each layer's queries and keys
-to an observer (its votes). Not here (the engine integration, issue #47): padded batches, chunked or layer-streamed
-prefill beyond calling ``encode`` chunk by chunk, device maps.
+to an observer (its votes). The encoder runs in chunks of ``ENCODER_CHUNK`` rows and writes the full layers' entries
+in place (``models/diffusion_gemma_cache.py``), and attention is masked in bounded blocks
+(``models/diffusion_gemma_attention.py``), so encoding and decoding take memory linear in the prompt. Not here:
+padded batches, device maps, quantized weights.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -43,7 +47,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from maskkv_cli.models.base import Rope, rotate_in_dtype
-from maskkv_cli.models.diffusion_gemma_config import DiffusionGemmaConfig, LayerSpec, RopeSpec
+from maskkv_cli.models.config import ModelConfig, diffusion_gemma_config
+from maskkv_cli.models.diffusion_gemma_attention import attend, attend_causal, entry_mask
+from maskkv_cli.models.diffusion_gemma_cache import KVStore, LayerKV, PromptCache, canvas_room, with_room
+from maskkv_cli.models.diffusion_gemma_config import ENCODER_CHUNK, DiffusionGemmaConfig, LayerSpec, RopeSpec
 from maskkv_cli.models.rows import Linear, at_least_rows, linear
 
 DECODER = "model.decoder."
@@ -111,12 +118,6 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down_proj(gelu_tanh(self.gate_proj(x)) * self.up_proj(x))
-
-
-def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
-    """SDPA of q (B, H, Tq, D) over k, v (B, H_kv, Tk, D) with softmax scale 1 (QK-norm replaces 1/sqrt(D)); query
-    head h reads KV head h // (H / H_kv). ``mask`` (Tq, Tk) or (B, H, Tq or 1, Tk) bool, True = may attend."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0, enable_gqa=k.shape[1] != q.shape[1])
 
 
 # ----- attention, experts, the layer ----------------------------------------------------------------------------
@@ -235,6 +236,8 @@ class DiffusionGemmaLayer(nn.Module):
         super().__init__()
         d, eps = cfg.d_model, cfg.rms_norm_eps
         self.spec = cfg.layer(i)
+        # the layer's geometry as the engine's memory model reads it from every family's blocks
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, self.spec.n_kv_heads, self.spec.head_dim
         self.self_attn = Attention(cfg, self.spec)
         self.mlp = GatedMLP(d, cfg.mlp_hidden_size)
         self.input_layernorm = GemmaRMSNorm(d, eps)
@@ -284,52 +287,10 @@ class SelfConditioning(nn.Module):
         return unit_rms(e, self.eps)
 
 
-# ----- the prompt cache ------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class LayerKV:
-    """One layer's cached prompt entries: keys post-norm and post-RoPE, values unit-RMS, (B, H_kv, T_l, D_l).
-
-    ``kept`` (B, H_kv, T_l) bool, only in a compressed layer (``sampling/diffusion_gemma_kv.py``): which slots hold
-    an entry of that head (each head keeps its own number, padded to the longest; False slots are never attended).
-    None: every slot is an entry."""
-
-    keys: Tensor
-    values: Tensor
-    kept: Tensor | None = None
-
-
-# Called by ``encode`` and ``decode`` with (layer index, layer input x (B, T, d), rotated q (B, H, T, D), and the
-# keys and values the queries attend to, cached entries first (B, H_kv, T_l + T, D)), before the layer's attention.
+# Called by ``encode`` (once per chunk) and ``decode`` with (layer index, layer input x (B, T, d), rotated q (B, H, T,
+# D), and the keys and values the queries attend to, cached entries first (B, H_kv, T_l + T, D)), before the layer's
+# attention.
 LayerObserver = Callable[[int, Tensor, Tensor, Tensor, Tensor], None]
-
-
-def entry_mask(kept: Tensor | None, new: int, n_heads: int) -> Tensor | None:
-    """(B, H, 1, T_l + new) bool over [cached slots ; new entries] for a layer's ``kept`` slots, laid out per query
-    head (query head h reads KV head h // (H / H_kv)); None when every slot is an entry."""
-    if kept is None:
-        return None
-    b, h_kv, _ = kept.shape
-    ones = torch.ones(b, h_kv, new, dtype=torch.bool, device=kept.device)
-    return torch.cat((kept, ones), dim=-1).repeat_interleave(n_heads // h_kv, dim=1)[:, :, None, :]
-
-
-@dataclass(frozen=True)
-class PromptCache:
-    """What the encoder wrote, per layer, and ``length``: how many positions have been encoded (the next token's
-    position). Full layers hold all ``length`` entries, sliding layers the latest ``min(length, W - 1)``.
-    ``length`` is carried, not derived from the tensors, so a cache whose entries were evicted keeps its
-    positions."""
-
-    layers: tuple[LayerKV, ...]
-    length: int
-
-    @property
-    def batch_size(self) -> int:
-        return self.layers[0].keys.shape[0]
-
-    def __iter__(self) -> Iterator[LayerKV]:
-        return iter(self.layers)
 
 
 @dataclass(frozen=True)
@@ -352,13 +313,29 @@ def _visible_prompt(kv: LayerKV, spec: LayerSpec) -> LayerKV:
 
 # ----- the model -------------------------------------------------------------------------------------------------
 
+def gemma_config(cfg: ModelConfig | DiffusionGemmaConfig) -> DiffusionGemmaConfig:
+    """The family's own config of either form."""
+    if isinstance(cfg, DiffusionGemmaConfig):
+        return cfg
+    if cfg.family_config is None:
+        raise ValueError(f"a {cfg.family} config is not a DiffusionGemma config")
+    return cfg.family_config
+
+
 class DiffusionGemma(nn.Module):
     """``encode(prompt ids) -> PromptCache``; ``decode(canvas, cache, previous logits) -> canvas logits``;
-    ``commit(cache, canvas tokens) -> PromptCache``."""
+    ``commit(cache, canvas tokens) -> PromptCache``.
 
-    def __init__(self, cfg: DiffusionGemmaConfig) -> None:
+    ``config`` is the ``ModelConfig`` the rest of maskkv reads (``models.config.diffusion_gemma_config``), ``gemma``
+    the family's own config, per layer; either builds the model."""
+
+    layer_devices: list[torch.device] | None = None  # never spread over devices (``Family.device_map``)
+
+    def __init__(self, cfg: ModelConfig | DiffusionGemmaConfig) -> None:
         super().__init__()
-        self.config = cfg
+        self.gemma = gemma_config(cfg)
+        self.config = cfg if isinstance(cfg, ModelConfig) else diffusion_gemma_config(cfg)
+        cfg = self.gemma
         self.model = nn.ModuleDict({"decoder": nn.ModuleDict({
             "embed_tokens": nn.Embedding(cfg.vocab_size, cfg.d_model),
             "layers": nn.ModuleList(DiffusionGemmaLayer(cfg, i) for i in range(cfg.n_layers)),
@@ -370,6 +347,12 @@ class DiffusionGemma(nn.Module):
     @property
     def layers(self) -> nn.ModuleList:
         return self.model["decoder"]["layers"]  # type: ignore[index,return-value]
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        """The layers, under the name the engine's memory model reads every family's layers by (each states its
+        heads and head size)."""
+        return self.layers
 
     @property
     def embedding(self) -> nn.Embedding:
@@ -387,7 +370,7 @@ class DiffusionGemma(nn.Module):
         """(B, T) -> (B, T, d): the embedding times sqrt(d), the scale cast to the weight dtype first (bf16: 8.0 for
         d = 64, 53.0 for 2816)."""
         w = self.embedding.weight
-        return F.embedding(ids, w) * torch.tensor(math.sqrt(self.config.d_model), dtype=w.dtype, device=w.device)
+        return F.embedding(ids, w) * torch.tensor(math.sqrt(self.gemma.d_model), dtype=w.dtype, device=w.device)
 
     def rope(self, positions: Tensor) -> dict[str, Rope]:
         """The RoPE tables of each layer kind present, for these positions (T,)."""
@@ -399,15 +382,15 @@ class DiffusionGemma(nn.Module):
     def layers_by_kind(self) -> dict[str, LayerSpec]:
         """The first layer of each kind present (all layers of one kind share head dim and RoPE)."""
         found: dict[str, LayerSpec] = {}
-        for i in range(self.config.n_layers):
-            found.setdefault(self.config.layer_types[i], self.config.layer(i))
+        for i in range(self.gemma.n_layers):
+            found.setdefault(self.gemma.layer_types[i], self.gemma.layer(i))
         return found
 
     def head(self, x: Tensor) -> Tensor:
         """Final norm, the tied embedding as output projection, logits in fp32 soft-capped: (B, T, d) -> (B, T, V)."""
         norm = self.model["decoder"]["norm"]  # type: ignore[index]
         logits = linear(norm(x), self.embedding.weight).float()
-        cap = self.config.final_logit_softcapping
+        cap = self.gemma.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def empty_cache(self, batch_size: int = 1) -> PromptCache:
@@ -421,59 +404,79 @@ class DiffusionGemma(nn.Module):
 
     # ----- the encoder -------------------------------------------------------------------------------------------
     def encode(self, ids: Tensor, cache: PromptCache | None = None, hidden_states: bool = False,
-               observe: LayerObserver | None = None) -> EncoderOutput:
+               observe: LayerObserver | None = None, spare: int = 0, chunk: int | None = None) -> EncoderOutput:
         """The causal pass over ids (B, n) at positions ``cache.length ..`` (0 .. without a cache): the cache with
         these n positions appended, and, with ``hidden_states``, the normed last hidden state and each layer's
-        output. Encoding a prompt in chunks, each with the cache of the ones before, gives the cache of one pass.
-        A compressed layer's slots (``LayerKV.kept``) all lie before ``cache.length``: every new query sees its
-        kept entries (never its padding), and the new entries join it uncompressed. ``observe``: see
-        ``LayerObserver``."""
+        output.
+
+        The ids run in chunks of ``chunk`` rows (default ``ENCODER_CHUNK``) from the first (every layer for one
+        chunk, then the next), each attending over the cache so far: the chunks are part of the definition (a
+        prompt is always encoded in the same chunks, whoever encodes it), and the memory is linear in the prompt.
+        A full layer's entries are
+        written into a store with room for all n (``diffusion_gemma_cache.with_room``: in place where the cache
+        allows) plus ``spare`` more for later commits and the decoder's canvas; a sliding layer keeps the latest
+        W - 1. A compressed layer's slots (``LayerKV.kept``) all lie before ``cache.length``: every new query sees
+        its kept entries (never its padding), and the new entries join it uncompressed. ``observe``: see
+        ``LayerObserver`` (called once per chunk and layer)."""
         if cache is None:
             cache = self.empty_cache(ids.shape[0])
         n, start = ids.shape[1], cache.length
-        positions = torch.arange(start, start + n, device=ids.device)  # (n,)
-        ropes = self.rope(positions)
-        x = self.embed(ids)  # (B, n, d)
-        outputs = [x] if hidden_states else None
-        masks: dict[str, Tensor] = {}
-        new_layers = []
-        for layer, kv in zip(self.layers, cache, strict=True):
-            spec: LayerSpec = layer.spec
-            q, k, v = layer.qkv(x, ropes[spec.kind])  # q (B, H, n, D); k, v (B, H_kv, n, D)
-            keys = torch.cat((kv.keys, k), dim=2)  # (B, H_kv, T_l + n, D): cached entries, then these
-            values = torch.cat((kv.values, v), dim=2)
-            cached = kv.keys.shape[2]
-            mask_key = f"{spec.kind}:{cached}"
-            if mask_key not in masks:
-                # cached entries sit at the positions just before ``start``
-                key_pos = torch.arange(start - cached, start + n, device=ids.device)  # (T_l + n,)
-                visible = key_pos[None, :] <= positions[:, None]  # (n, T_l + n): causal
-                if spec.window is not None:  # sliding: itself and the W - 1 positions before
-                    visible &= key_pos[None, :] > positions[:, None] - spec.window
-                masks[mask_key] = visible
-            mask = masks[mask_key]
-            slots = entry_mask(kv.kept, n, self.config.n_heads)
-            if slots is not None:  # a compressed layer: its padding slots are never attended
-                mask = mask[None, None] & slots  # (B, H, n, T_l + n)
-            if observe is not None:
-                observe(layer.spec.index, x, q, keys, values)
-            o = attend(q, keys, values, mask)  # (B, H, n, D)
-            x = layer.finish(x, o, layer.encoder_layer_scalar)
+        layers = list(cache.layers)
+        stores = [None if layer.spec.sliding else with_room(kv, n, spare) for layer, kv in zip(self.layers, layers,
+                                                                                               strict=True)]
+        outputs: list[list[Tensor]] | None = [[] for _ in range(len(layers) + 1)] if hidden_states else None
+        for first, last in self.encoder_chunks(0, n, chunk):
+            ropes = self.rope(torch.arange(start + first, start + last, device=ids.device))
+            x = self.embed(ids[:, first:last])  # (B, r, d)
             if outputs is not None:
-                outputs.append(x)
-            kept = None if kv.kept is None else torch.cat(
-                (kv.kept, torch.ones(*kv.kept.shape[:2], n, dtype=torch.bool, device=kv.kept.device)), dim=-1)
-            keep = spec.cached_prompt_entries
-            if keep is not None:  # a sliding layer keeps the latest W - 1 entries
-                first = max(keys.shape[2] - keep, 0)
-                keys, values = keys[:, :, first:], values[:, :, first:]
-                kept = None if kept is None else kept[:, :, first:]
-            new_layers.append(LayerKV(keys, values, kept))
-        new_cache = PromptCache(tuple(new_layers), start + n)
+                outputs[0].append(x)
+            for i in range(len(layers)):
+                x, layers[i] = self.encode_layer(i, x, ropes, layers[i], stores[i], observe)
+                if outputs is not None:
+                    outputs[i + 1].append(x)
+        new_cache = PromptCache(tuple(layers), start + n)
         if outputs is None:
             return EncoderOutput(new_cache)
         norm = self.model["decoder"]["norm"]  # type: ignore[index]
-        return EncoderOutput(new_cache, norm(x), tuple(outputs))
+        whole = tuple(torch.cat(parts, dim=1) for parts in outputs)
+        return EncoderOutput(new_cache, norm(whole[-1]), whole)
+
+    @staticmethod
+    def encoder_chunks(start: int, stop: int, chunk: int | None = None) -> list[tuple[int, int]]:
+        """The chunks ``encode`` runs positions ``start .. stop - 1`` in: (first, last + 1) of each, ``chunk``
+        (default ``ENCODER_CHUNK``) at a time from ``start``."""
+        step = chunk or ENCODER_CHUNK
+        return [(a, min(a + step, stop)) for a in range(start, stop, step)]
+
+    def encode_layer(self, i: int, x: Tensor, ropes: dict[str, Rope], kv: LayerKV, store: KVStore | None,
+                     observe: LayerObserver | None = None) -> tuple[Tensor, LayerKV]:
+        """Layer i of the encoder on one chunk x (B, r, d) at the positions of ``ropes``, over the layer's cache
+        ``kv``: the layer's output and its cache with the chunk's entries. A full layer writes them into ``store``
+        (``with_room(kv, ...)``: the entries so far and room for these), a sliding layer (``store`` None) keeps
+        the latest W - 1."""
+        layer = self.layers[i]
+        spec: LayerSpec = layer.spec
+        q, k, v = layer.qkv(x, ropes[spec.kind])  # q (B, H, r, D); k, v (B, H_kv, r, D)
+        if store is None:  # sliding: the latest W - 1 entries, then these (bounded: never the whole prompt)
+            first = kv.length
+            keys, values = torch.cat((kv.keys, k), dim=2), torch.cat((kv.values, v), dim=2)
+            kept = None
+        else:  # full: written in place after the entries so far
+            first = store.filled
+            store.write(first, k, v)
+            seen = store.view(first + k.shape[2])
+            keys, values, kept = seen.keys, seen.values, seen.kept
+        if observe is not None:
+            observe(spec.index, x, q, keys, values)
+        o = attend_causal(q, keys, values, first, spec.window, kept)  # (B, H, r, D)
+        if store is None:
+            keep = spec.cached_prompt_entries
+            assert keep is not None
+            last = max(keys.shape[2] - keep, 0)
+            kv = LayerKV(keys[:, :, last:].clone(), values[:, :, last:].clone())
+        else:
+            kv = store.view(store.filled)
+        return layer.finish(x, o, layer.encoder_layer_scalar), kv
 
     def commit(self, cache: PromptCache, tokens: Tensor) -> PromptCache:
         """The cache with a finished canvas's tokens (B, C) appended (run through the encoder, as upstream)."""
@@ -485,7 +488,7 @@ class DiffusionGemma(nn.Module):
         is False get zeros (no signal)."""
         w = self.embedding.weight
         soft = logits.softmax(dim=-1, dtype=torch.float32).to(w.dtype) @ w  # (B, C, d)
-        soft = soft * torch.tensor(math.sqrt(self.config.d_model), dtype=w.dtype, device=w.device)
+        soft = soft * torch.tensor(math.sqrt(self.gemma.d_model), dtype=w.dtype, device=w.device)
         if row_mask is not None:
             soft = soft * row_mask.to(soft.dtype)[:, None, None]
         return soft
@@ -498,19 +501,30 @@ class DiffusionGemma(nn.Module):
         step. The cache is not changed. ``observe``: see ``LayerObserver``."""
         c, start = canvas.shape[1], cache.length
         ropes = self.rope(torch.arange(start, start + c, device=canvas.device))
+        x = self.decoder_input(canvas, self_conditioning_logits, self_conditioning_mask)
+        for i, kv in enumerate(cache):
+            x = self.decode_layer(i, x, kv, ropes, observe)
+        return self.head(x)
+
+    def decoder_input(self, canvas: Tensor, self_conditioning_logits: Tensor | None = None,
+                      self_conditioning_mask: Tensor | None = None) -> Tensor:
+        """The decoder's first layer input (B, C, d): the canvas embedding with the self-conditioning signal."""
         soft = None if self_conditioning_logits is None else self.soft_embedding(
             self_conditioning_logits, self_conditioning_mask)
-        x = self.model["decoder"]["self_conditioning"](self.embed(canvas), soft)  # type: ignore[index]  # (B, C, d)
-        for layer, kv in zip(self.layers, cache, strict=True):
-            q, k, v = layer.qkv(x, ropes[layer.spec.kind])  # q (B, H, C, D); k, v (B, H_kv, C, D)
-            prompt = _visible_prompt(kv, layer.spec)
-            keys = torch.cat((prompt.keys, k), dim=2)  # (B, H_kv, T_vis + C, D)
-            values = torch.cat((prompt.values, v), dim=2)
-            if observe is not None:
-                observe(layer.spec.index, x, q, keys, values)
-            mask = entry_mask(prompt.kept, c, self.config.n_heads)  # bidirectional: None unless compressed
-            x = layer.finish(x, attend(q, keys, values, mask), layer.layer_scalar)
-        return self.head(x)
+        return self.model["decoder"]["self_conditioning"](self.embed(canvas), soft)  # type: ignore[index,no-any-return]
+
+    def decode_layer(self, i: int, x: Tensor, kv: LayerKV, ropes: dict[str, Rope],
+                     observe: LayerObserver | None = None) -> Tensor:
+        """Layer i of the decoder on the canvas rows x (B, C, d) over the layer's cache ``kv`` (its visible prompt
+        entries, a compressed layer's kept slots only) and the canvas itself: the layer's output."""
+        layer = self.layers[i]
+        q, k, v = layer.qkv(x, ropes[layer.spec.kind])  # q (B, H, C, D); k, v (B, H_kv, C, D)
+        # (B, H_kv, T_vis + C, D): the prompt's entries, then the canvas's (in the store's room where it has some)
+        seen = canvas_room(_visible_prompt(kv, layer.spec), k, v)
+        if observe is not None:
+            observe(layer.spec.index, x, q, seen.keys, seen.values)
+        mask = None if seen.kept is None else seen.kept[:, :, None, :]  # bidirectional: None unless compressed
+        return layer.finish(x, attend(q, seen.keys, seen.values, mask), layer.layer_scalar)
 
     def quantization_targets(self) -> list[str]:
         """The linear layers ``models/quantize.py`` quantizes (besides the experts, ``Experts.quantize_experts``):
@@ -575,7 +589,7 @@ class DiffusionGemma(nn.Module):
         return self
 
 
-def checkpoint_shapes(cfg: DiffusionGemmaConfig) -> dict[str, tuple[int, ...]]:
+def checkpoint_shapes(cfg: ModelConfig | DiffusionGemmaConfig) -> dict[str, tuple[int, ...]]:
     """Checkpoint key -> shape of every tensor the model reads (parameters and layer scalars), from the config."""
     with torch.device("meta"):
         model = DiffusionGemma(cfg)
@@ -583,12 +597,12 @@ def checkpoint_shapes(cfg: DiffusionGemmaConfig) -> dict[str, tuple[int, ...]]:
     return {DiffusionGemma.checkpoint_key(name): tuple(t.shape) for name, t in tensors}
 
 
-def parameter_count(cfg: DiffusionGemmaConfig) -> int:
+def parameter_count(cfg: ModelConfig | DiffusionGemmaConfig) -> int:
     """Parameters of the text model (the tied embedding once, no vision tower), counted on the meta device."""
     with torch.device("meta"):
         model = DiffusionGemma(cfg)
     return sum(p.numel() for p in model.parameters())
 
 
-__all__ = ["DiffusionGemma", "EncoderOutput", "LayerKV", "LayerObserver", "PromptCache", "checkpoint_shapes",
-           "entry_mask", "parameter_count", "rope_tables"]
+__all__ = ["DiffusionGemma", "EncoderOutput", "LayerKV", "LayerObserver", "PromptCache", "attend",
+           "checkpoint_shapes", "entry_mask", "gemma_config", "parameter_count", "rope_tables"]

@@ -1,11 +1,11 @@
-"""DiffusionGemma's configuration: a frozen dataclass of its own, its ``config.json`` reader and two named shapes.
+"""DiffusionGemma's configuration: a frozen dataclass of its own, its ``config.json`` reader and named shapes.
 
 DiffusionGemma (``model_type: diffusion_gemma``, e.g. google/diffusiongemma-26B-A4B-it) does not fit
 ``models.config.ModelConfig``: its layers differ from each other. Sliding-window layers have ``head_dim`` dims and
 ``num_key_value_heads`` KV heads, default RoPE with theta 1e4; full-attention layers have ``global_head_dim`` dims,
 ``num_global_key_value_heads`` KV heads, no value projection and "proportional" partial RoPE with theta 1e6. So
-this module keeps its own config and answers per layer (``layer(i)`` -> ``LayerSpec``); how it meets
-``ModelConfig`` is the engine integration's decision (issue #47).
+this module keeps its own config and answers per layer (``layer(i)`` -> ``LayerSpec``). The rest of maskkv reads
+the ``ModelConfig`` that ``models.config.diffusion_gemma_config`` makes of it (its ``family_config`` is this one).
 
 ``from_hf`` reads both layouts a ``config.json`` comes in:
 
@@ -29,6 +29,14 @@ SLIDING = "sliding_attention"
 FULL = "full_attention"
 LAYER_KINDS = (SLIDING, FULL)
 ROPE_TYPES = ("default", "proportional")
+# Prompt rows the encoder runs at once (``DiffusionGemma.encode``): a prompt is always encoded in chunks of this many
+# tokens from its first (or from a document's end), so its numbers do not depend on who encodes it; the memory
+# model (``engine/batch_memory.py``) counts one chunk's activations.
+ENCODER_CHUNK = 512
+# Entries of one boolean attention mask (rows x keys) the encoder builds (``models/diffusion_gemma_attention.py``):
+# 32 Mi -> 32 MiB of booleans and the additive mask SDPA makes of it in the query's dtype (64 MiB in bf16). At a
+# 262k-token cache a block is 128 rows (16 where CUDA folds 8 query heads into each KV head's rows).
+MASK_ELEMENTS = 1 << 25
 
 
 @dataclass(frozen=True)
@@ -159,6 +167,15 @@ class DiffusionGemmaConfig:
     def full_layers(self) -> tuple[int, ...]:
         """The full-attention layers: the only ones whose cache grows with the prompt."""
         return tuple(i for i, kind in enumerate(self.layer_types) if kind == FULL)
+
+    @property
+    def cuts_layer_by_layer(self) -> bool:
+        """Whether a cache the first step cuts is encoded layer by layer with the cut interleaved
+        (``sampling/diffusion_gemma_forward.encode_and_cut``): it holds the prompt's hidden states and one whole
+        full layer instead of every full layer whole, so it is chosen where that is less per position (the released
+        model: 2,816 + 2,048 values against 5 x 2,048; not where the full layers are few or narrow)."""
+        full = [2 * s.n_kv_heads * s.head_dim for s in self.layers if not s.sliding]
+        return len(full) > 1 and self.d_model + max(full) < sum(full)
 
     def with_(self, **changes: Any) -> DiffusionGemmaConfig:
         return replace(self, **changes)
@@ -294,6 +311,13 @@ NAMED_CONFIGS: dict[str, DiffusionGemmaConfig] = {
         vocab_size=512, d_model=64, mlp_hidden_size=96, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16,
         layer_types=(SLIDING, FULL, SLIDING, FULL), n_experts=4, top_k_experts=2, moe_hidden_size=32,
         global_head_dim=32, n_global_kv_heads=1, sliding_window=8, max_position_embeddings=1024, canvas_length=8),
+    # the released layer pattern, window, canvas and head geometry at a size one CPU runs (12 layers, 2 of them full,
+    # 16 experts of which 4 per token, a 32k vocabulary): benchmarks of how the cache is run, not of quality
+    "diffusiongemma-small": DiffusionGemmaConfig(
+        vocab_size=32_768, d_model=1024, mlp_hidden_size=1024, n_layers=12, n_heads=8, n_kv_heads=4, head_dim=128,
+        layer_types=_pattern(12), n_experts=16, top_k_experts=4, moe_hidden_size=512, global_head_dim=256,
+        n_global_kv_heads=2, sliding_window=1024, max_position_embeddings=262_144, canvas_length=256,
+        eos_token_ids=(1, 106, 50), use_bidirectional_attention="vision"),
     # google/diffusiongemma-26B-A4B-it's text model (spec section 1.1); for parameter counts on the meta device
     "diffusiongemma-26b-a4b": DiffusionGemmaConfig(
         vocab_size=262_144, d_model=2816, mlp_hidden_size=2112, n_layers=30, n_heads=16, n_kv_heads=8, head_dim=256,

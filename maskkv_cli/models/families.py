@@ -3,6 +3,9 @@
 A new bidirectional family is its model file (blocks on ``models.base.DiffusionBlock``, the model on
 ``DiffusionModel``; see ``models.protocol``), its ``config.json`` readers in ``config.py`` and one ``Family`` row
 here. Everything else (loading, saving, ``maskkv models``, the sampler choice) reads this table.
+
+DiffusionGemma is not built on that base (an encoder and a decoder over one set of layers, no mask token): its row
+names its own loader and sampler, and what of the shared machinery it does not take (a device map).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from torch import nn
 from maskkv_cli.errors import ModelLoadError, UsageError
 from maskkv_cli.models.config import (
     ModelConfig,
+    diffusion_gemma_from_hf,
+    diffusion_gemma_to_hf,
     dream_from_hf,
     dream_to_hf,
     llada2_from_hf,
@@ -26,6 +31,7 @@ from maskkv_cli.models.config import (
     llada_moe_to_hf,
     llada_to_hf,
 )
+from maskkv_cli.models.diffusion_gemma import DiffusionGemma
 from maskkv_cli.models.dream import Dream
 from maskkv_cli.models.llada import LLaDA
 from maskkv_cli.models.llada2 import LLaDA2
@@ -41,13 +47,26 @@ class Family:
     name: str  # ModelConfig.family
     model_class: type[nn.Module]
     # the denoising loop (``sampling.SAMPLERS``): "llada" (semi-autoregressive blocks over a bidirectional
-    # model), "dream" (one block, its rules), "llada2" (block diffusion: block-causal, threshold commits, editing)
+    # model), "dream" (one block, its rules), "llada2" (block diffusion: block-causal, threshold commits, editing),
+    # "diffusion_gemma" (canvas after canvas over a causal encoder's cache, uniform-noise denoising)
     sampler: str
     model_types: tuple[str, ...]  # ``config.json`` ``model_type`` values (lower case) this family reads
     from_hf: Callable[[dict[str, Any], str], ModelConfig]  # config.json -> ModelConfig
     to_hf: Callable[[ModelConfig], dict[str, Any]]  # ModelConfig -> config.json
     chat_format: str = "llada"  # the chat template when the tokenizer has none (``prompting.chat.TEMPLATES``)
     claims: Callable[[dict[str, Any]], bool] = lambda data: True  # among families sharing a model_type: this one?
+    # how its checkpoint is read (``models.loading.LOADERS``): "standard" (every parameter under its one key) or
+    # the family's own ("diffusion_gemma": tied weights stored under either side, buffers, a vision tower skipped)
+    loader: str = "standard"
+    # whether a document's prompt prefix is computed once for every question about it (``pipeline.prepare`` then
+    # says how many leading ids are the document's): a block-causal model's whole blocks, a causal encoder's cache
+    document_prefix: bool = False
+    device_map: bool = True  # whether ``--device-map`` can spread its layers over devices
+    # the run settings (``app.run_settings.RunSettings`` fields) its sampler does not take: given, they are refused
+    refuses: tuple[str, ...] = ()
+    # the cache policies its prompt cache cannot run (``--policy``): refused where a command meets its model
+    refuses_policies: tuple[str, ...] = ()
+    calibration: bool = True  # whether ``maskkv calibrate`` measures its layer importance (a profile for MaskKV)
 
 
 def _has_experts(data: dict[str, Any]) -> bool:
@@ -60,7 +79,15 @@ FAMILY_TABLE: dict[str, Family] = {
                         chat_format="ling", claims=_has_experts),
     "llada": Family("llada", LLaDA, "llada", ("llada", ""), llada_from_hf, llada_to_hf),
     "dream": Family("dream", Dream, "dream", ("dream",), dream_from_hf, dream_to_hf),
-    "llada2": Family("llada2", LLaDA2, "llada2", ("llada2_moe",), llada2_from_hf, llada2_to_hf, chat_format="ling"),
+    "llada2": Family("llada2", LLaDA2, "llada2", ("llada2_moe",), llada2_from_hf, llada2_to_hf, chat_format="ling",
+                     document_prefix=True),
+    "diffusion_gemma": Family("diffusion_gemma", DiffusionGemma, "diffusion_gemma", ("diffusion_gemma",),
+                              diffusion_gemma_from_hf, diffusion_gemma_to_hf, chat_format="gemma",
+                              loader="diffusion_gemma", document_prefix=True, device_map=False, calibration=False,
+                              refuses=("steps", "block_length", "cfg_scale", "remasking", "threshold", "alg", "top_p",
+                                       "top_k", "editing_threshold", "max_post_steps"),
+                              # residual entries are not ported to its cache; only the window's encoder queries vote
+                              refuses_policies=("maskkv-plus", "maskkv-residual", "prompt-vote", "all-vote")),
 }
 
 

@@ -9,6 +9,7 @@ there).
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -25,7 +26,6 @@ from maskkv_cli.models import rows
 from maskkv_cli.models.config import ModelConfig
 from maskkv_cli.models.diffusion_gemma import DiffusionGemma
 from maskkv_cli.models.diffusion_gemma import checkpoint_shapes as diffusion_gemma_shapes
-from maskkv_cli.models.diffusion_gemma_config import from_hf as diffusion_gemma_from_hf
 from maskkv_cli.models.families import build_model, config_from_hf, config_to_hf, family, parameter_shapes
 from maskkv_cli.models.prequantized import PreQuantized, TorchaoShard, check_request, read_prequantized
 from maskkv_cli.models.protocol import DiffusionLM
@@ -171,17 +171,32 @@ def load_model(
     return load_checkpoint(folder, cfg, device, dtype, quantize, pre)
 
 
+def check_prequantized(folder: Path, cfg: ModelConfig, pre: PreQuantized | None, quantize: str | None) -> str | None:
+    """The quantization a load runs (``prequantized.check_request``): a pre-quantized checkpoint's own, else
+    ``quantize``; one maskkv does not run is refused, as is any of a family with its own layout (DiffusionGemma's
+    3-D experts: no pre-quantized form of them is read)."""
+    if pre is not None and family(cfg.family).loader != "standard":
+        raise ModelLoadError(f"{folder} holds pre-quantized weights ({pre.detail}); maskkv loads {cfg.family} "
+                             "checkpoints in fp32 / bf16 / fp16: load the model's bf16 release (--quantize int8|int4 "
+                             "quantizes it as it loads)")
+    return check_request(pre, folder, quantize)
+
+
 def load_checkpoint(folder: Path, cfg: ModelConfig, device: str | torch.device = "cpu",
                     dtype: str | torch.dtype | None = None, quantize: str | None = None,
                     prequantized: PreQuantized | None | _ReadIt = READ_IT) -> DiffusionLM:
     """``load_model`` of a folder already resolved whose config was read (``models.checkpoint.ModelFolder``, which
-    passes ``prequantized`` too: the checkpoint's own quantization, else read here).
+    passes ``prequantized`` too: the checkpoint's own quantization, else read here); a family with its own
+    checkpoint layout is read by its loader (``Family.loader``, ``LOADERS``).
 
     A checkpoint quantized before it was saved (``quantization_config``, ``models/prequantized.py``) loads as it is
     when maskkv runs its format (torchao int8), else is refused in one line before any weight is read."""
-    device = torch.device(device)
     pre = read_prequantized(folder) if isinstance(prequantized, _ReadIt) else prequantized
-    quantize = check_request(pre, folder, quantize)
+    quantize = check_prequantized(folder, cfg, pre, quantize)
+    loader = family(cfg.family).loader
+    if loader != "standard":
+        return LOADERS[loader](folder, cfg, device, dtype, quantize)  # type: ignore[return-value]
+    device = torch.device(device)
     dt = parse_dtype(dtype, device, quantize)
     files = weight_files(folder)
     found, shards = scan_shapes(files, pre is not None)
@@ -298,6 +313,65 @@ def save_model(
     return target
 
 
+def diffusion_gemma_keys(cfg: ModelConfig, found: dict[str, tuple[int, ...]], where: str) -> dict[str, str]:
+    """Parameter or buffer name -> the checkpoint key it is read from, for a DiffusionGemma checkpoint whose keys
+    and shapes are ``found``; a key of the config's model that is missing, unexpected or mis-shaped is refused.
+
+    The vision tower's keys are skipped (the model is text only). Text weights come from ``model.decoder.*``
+    (where ``save_pretrained`` writes the tied weights), or from ``model.encoder.language_model.*`` /
+    ``lm_head.weight`` when a checkpoint stores those; both sides' layer scalars are read, and one a checkpoint
+    lacks stays at 1 (as transformers leaves it)."""
+    expected = {DiffusionGemma.parameter_name(k): v for k, v in diffusion_gemma_shapes(cfg).items()}
+    chosen: dict[str, str] = {}
+    for key in sorted(found):
+        name = DiffusionGemma.parameter_name(key)
+        if name is None:
+            continue  # the vision tower
+        if name not in expected:
+            raise ModelLoadError(f"checkpoint {where} does not match its config.json; unexpected key {key}")
+        if name not in chosen or key.startswith("model.decoder."):  # the decoder's copy wins
+            chosen[name] = key
+    missing = [n for n in expected if n not in chosen and not n.endswith("layer_scalar")]
+    if missing:
+        raise ModelLoadError(f"checkpoint {where} does not match its config.json; missing keys: "
+                             f"{_names(DiffusionGemma.checkpoint_key(n) for n in missing)}")
+    for name, key in chosen.items():
+        if tuple(found[key]) != expected[name]:
+            raise ModelLoadError(f"checkpoint {where}: {key} is {list(found[key])}, expected {list(expected[name])}")
+    return chosen
+
+
+def unread_keys_note(found: dict[str, tuple[int, ...]]) -> str | None:
+    """What a DiffusionGemma checkpoint holds that is never read: its vision tower."""
+    vision = [k for k in found if DiffusionGemma.parameter_name(k) is None]
+    if not vision:
+        return None
+    values = sum(math.prod(found[k]) for k in vision)
+    return (f"the vision tower ({len(vision)} tensors, {values:,} values) is not read: maskkv runs the text model "
+            "only")
+
+
+def check_checkpoint(cfg: ModelConfig, found: dict[str, tuple[int, ...]], where: str) -> tuple[int, str | None]:
+    """Whether a checkpoint's keys and shapes (``found``) are those its config's model reads: (the parameters it
+    reads, a note on what it holds and never reads, or None); a mismatch is a ``ModelLoadError``."""
+    if family(cfg.family).loader == "diffusion_gemma":
+        chosen = diffusion_gemma_keys(cfg, found, where)
+        return sum(math.prod(found[k]) for k in chosen.values()), unread_keys_note(found)
+    expected = parameter_shapes(cfg)
+    check_keys(expected, found, where)
+    return sum(math.prod(shape) for shape in expected.values()), None
+
+
+def header_shapes(files: dict[str, Path]) -> dict[str, tuple[int, ...]]:
+    """Checkpoint key -> shape, from the safetensors headers (no tensor is read)."""
+    found: dict[str, tuple[int, ...]] = {}
+    for file in sorted(set(files.values())):
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                found[key] = tuple(f.get_slice(key).get_shape())
+    return found
+
+
 def load_diffusion_gemma(
     path: str | os.PathLike[str],
     device: str | torch.device = "cpu",
@@ -305,66 +379,40 @@ def load_diffusion_gemma(
     quantize: str | None = None,
 ) -> DiffusionGemma:
     """A DiffusionGemma folder as transformers saves it (``config.json`` with ``model_type: diffusion_gemma``,
-    safetensors) as ``models.diffusion_gemma.DiffusionGemma``, built on the meta device and filled in place.
-    ``quantize`` ("int8", "int4"): the attention, dense MLP and self-conditioning projections and each expert's
-    matrices are quantized as soon as they are read (``models/quantize.py``), as ``load_model`` does.
-
-    The vision tower's keys (``model.encoder.vision_tower.*``, ``model.encoder.embed_vision.*``) are skipped: the
-    model is text only. Text weights are read from ``model.decoder.*`` (where ``save_pretrained`` writes the tied
-    weights), or from ``model.encoder.language_model.*`` / ``lm_head.weight`` when a checkpoint stores those; both
-    sides' layer scalars are read, and one a checkpoint lacks stays at 1 (as transformers leaves it)."""
+    safetensors) as ``models.diffusion_gemma.DiffusionGemma``, built on the meta device and filled in place
+    (``load_model`` of such a folder; the keys read: ``diffusion_gemma_keys``). ``quantize`` ("int8", "int4"):
+    the attention, dense MLP and self-conditioning projections and each expert's matrices are quantized as soon as
+    they are read (``models/quantize.py``), as ``load_model`` does."""
     folder = resolve_model_path(path)
-    try:
-        data = json.loads((folder / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"cannot read {folder / 'config.json'}: {exc}") from None
-    if not isinstance(data, dict) or data.get("model_type") != "diffusion_gemma":
-        raise ModelLoadError(f"{folder / 'config.json'}: not a DiffusionGemma config (model_type "
-                             f"{data.get('model_type') if isinstance(data, dict) else None!r})")
-    pre = read_prequantized(folder, data)
-    if pre is not None:  # its experts are 3-D tensors: no pre-quantized layout of them is read here
-        raise ModelLoadError(f"{folder} holds pre-quantized weights ({pre.detail}); maskkv loads DiffusionGemma "
-                             "checkpoints in fp32 / bf16 / fp16: load the model's bf16 release")
-    generation = _generation_ids(folder)
-    if "eos_token_id" not in data and generation.get("eos_token_id") is not None:
-        data = {**data, "eos_token_id": generation["eos_token_id"]}  # the released ids [1, 106, 50]
-    cfg = diffusion_gemma_from_hf(data, str(folder / "config.json"))
+    cfg, pre = read_folder_config(folder)
+    if cfg.family != "diffusion_gemma":
+        raise ModelLoadError(f"{folder / 'config.json'}: not a DiffusionGemma config (family {cfg.family})")
+    return load_checkpoint(folder, cfg, device, dtype, quantize, pre)  # type: ignore[return-value]
+
+
+def read_diffusion_gemma(folder: Path, cfg: ModelConfig, device: str | torch.device = "cpu",
+                         dtype: str | torch.dtype | None = None, quantize: str | None = None) -> DiffusionGemma:
+    """``load_checkpoint`` of a DiffusionGemma folder (``Family.loader``)."""
     device = torch.device(device)
     dt = parse_dtype(dtype, device, quantize)
-    expected = {DiffusionGemma.parameter_name(k): v for k, v in diffusion_gemma_shapes(cfg).items()}
     files = weight_files(folder)
-    found: dict[str, tuple[str, Path]] = {}  # parameter name -> (the key read, its file)
-    for key, file in files.items():
-        name = DiffusionGemma.parameter_name(key)
-        if name is None:
-            continue  # the vision tower
-        if name not in expected:
-            raise ModelLoadError(f"checkpoint {folder} does not match its config.json; unexpected key {key}")
-        if name not in found or key.startswith("model.decoder."):  # the decoder's copy wins
-            found[name] = (key, file)
-    missing = [n for n in expected if n not in found and not n.endswith("layer_scalar")]
-    if missing:
-        raise ModelLoadError(f"checkpoint {folder} does not match its config.json; missing keys: "
-                             f"{_names(DiffusionGemma.checkpoint_key(n) for n in missing)}")
+    chosen = diffusion_gemma_keys(cfg, header_shapes(files), str(folder))
     with torch.device("meta"):
         model = DiffusionGemma(cfg)
     modules = dict(model.named_modules())
-    by_file: dict[Path, list[tuple[str, str]]] = {}
-    for name, (key, file) in found.items():
-        by_file.setdefault(file, []).append((name, key))
-    for name in expected:
-        if name not in found:  # a layer scalar the checkpoint lacks
+    for key in diffusion_gemma_shapes(cfg):
+        name = DiffusionGemma.parameter_name(key)
+        if name is not None and name not in chosen:  # a layer scalar the checkpoint lacks
             owner, _, leaf = name.rpartition(".")
             modules[owner]._buffers[leaf] = torch.ones(1, device=device, dtype=dt)
+    by_file: dict[Path, list[tuple[str, str]]] = {}
+    for name, key in chosen.items():
+        by_file.setdefault(files[key], []).append((name, key))
     quantized = loading_quantizer(model, quantize, device, dt)
     own_copy = quantized is not None and device.type == "cpu"  # as in load_checkpoint: no view keeps a shard mapped
     for file, names in sorted(by_file.items()):
         with safe_open(str(file), framework="pt", device=_safetensors_device(device)) as f:
             for name, key in names:
-                shape = tuple(f.get_slice(key).get_shape())
-                if shape != expected[name]:
-                    raise ModelLoadError(f"checkpoint {folder}: {key} is {list(shape)}, expected "
-                                         f"{list(expected[name])}")
                 owner, _, leaf = name.rpartition(".")
                 tensor = f.get_tensor(key).to(device=device, dtype=dt, copy=own_copy)
                 if leaf in modules[owner]._buffers:
@@ -374,4 +422,10 @@ def load_diffusion_gemma(
                 del tensor
                 if quantized is not None:
                     quantized(owner)
-    return model.eval()
+    model.eval()
+    rows.prepare(model)
+    return model
+
+
+# ``Family.loader`` -> the function that reads such a checkpoint (``load_checkpoint`` without the standard path)
+LOADERS = {"diffusion_gemma": read_diffusion_gemma}

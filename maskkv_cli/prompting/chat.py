@@ -25,6 +25,9 @@ class StopTokens(Protocol):
     @property
     def eot_token_id(self) -> int | None: ...
 
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]: ...
+
 
 def load_tokenizer(path: str | os.PathLike[str]) -> Any:
     """``AutoTokenizer`` from a local model folder (or a locally cached HF id); never downloads."""
@@ -67,7 +70,19 @@ LING_TEMPLATE = (
     "</role>{{ m['content'] }}<|role_end|>{%- endfor -%}"
     "{%- if add_generation_prompt -%}<role>ASSISTANT</role>{%- endif -%}"
 )
-CHAT_FORMATS = ("llada", "ling")
+# Gemma 4's turn format (DiffusionGemma's text stack): ``<|turn>ROLE\n...<turn|>\n`` per message, the assistant
+# as ``model``, and ``<|turn>model\n`` to answer; the bos token first. A released checkpoint brings its own
+# template (``chat_template.jinja``), which wins; this one is for folders without it.
+GEMMA_TEMPLATE = (
+    "{%- if bos_token -%}{{ bos_token }}{%- endif -%}"
+    "{%- for m in messages -%}"
+    "{{ '<|turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\\n' + (m['content'] | trim) + "
+    "'<turn|>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|turn>model\\n' }}{%- endif -%}"
+)
+CHAT_FORMATS = ("llada", "ling", "gemma")
+TEMPLATES = {"ling": LING_TEMPLATE, "gemma": GEMMA_TEMPLATE}
 
 
 def use_chat_format(tokenizer: Any, chat_format: str) -> Any:
@@ -75,8 +90,8 @@ def use_chat_format(tokenizer: Any, chat_format: str) -> Any:
     ``llada_template``, the fallback of ``chat_prompt_ids``); a tokenizer with a template keeps its own."""
     if chat_format not in CHAT_FORMATS:
         raise ValueError(f"unknown chat format {chat_format!r}")
-    if chat_format == "ling" and not getattr(tokenizer, "chat_template", None):
-        tokenizer.chat_template = LING_TEMPLATE
+    if chat_format in TEMPLATES and not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = TEMPLATES[chat_format]
     return tokenizer
 
 
@@ -91,8 +106,9 @@ def chat_prompt_ids(tokenizer: Any, user_text: str, system: str | None = None) -
 
 
 def stop_ids(tokenizer: Any, cfg: StopTokens) -> set[int]:
-    """The ids that end an answer: the config's EOS and EOT, and the tokenizer's ``<|eot_id|>`` and EOS."""
-    ids = {cfg.eos_token_id}
+    """The ids that end an answer: the config's EOS, EOT and further stop ids, and the tokenizer's ``<|eot_id|>``
+    and EOS."""
+    ids = {cfg.eos_token_id, *cfg.stop_token_ids}
     if cfg.eot_token_id is not None:
         ids.add(cfg.eot_token_id)
     eot = tokenizer.convert_tokens_to_ids("<|eot_id|>") if hasattr(tokenizer, "convert_tokens_to_ids") else None

@@ -117,6 +117,8 @@ class RunProfile:
     rope_factor: int = 1
     notes: list[str] = field(default_factory=list)
     residual: list[list[int]] | None = None  # layers x heads: 1 = the head holds a residual entry
+    # the model's index of each row of the per-layer lists (DiffusionGemma: its full-attention layers only)
+    layers: list[int] | None = None
     # what ``pipeline.answer_row`` says of the answer: its claim, confidence, what was read (by page) and where from
     row: dict[str, Any] = field(default_factory=dict)
 
@@ -131,7 +133,14 @@ class RunProfile:
             "importance": self.importance, "importance_source": self.importance_source, "pages": pages,
             "residual_heads": self.residual, "claim": self.row.get("claim"),
             "confidence": self.row.get("confidence"), "read": self.row.get("read"),
+            # which layers the rows are, where they are not every layer from 0 (DiffusionGemma's full layers)
+            **({} if self.layers is None or self.layers == list(range(len(self.layers))) else
+               {"layers": self.layers}),
         }
+
+    def layer_labels(self, rows: int) -> list[int]:
+        """The model's layer index of each of ``rows`` rows (0 .. rows - 1 where the run did not say)."""
+        return self.layers if self.layers is not None and len(self.layers) == rows else list(range(rows))
 
 
 @dataclass
@@ -145,6 +154,7 @@ class ProfileReport:
     memory_note: str
     notes: list[str] = field(default_factory=list)
     heads: str = "heads"  # what a heatmap column is: "heads", or "KV heads" for a GQA model
+    calibration: bool = True  # whether ``maskkv calibrate`` measures this model's layer importance (its family's)
     warmup_s: float | None = None  # the warm-up run (the first run on this prompt, outside the measurements)
     load_s: float | None = None  # loading the model (the command sets it)
 
@@ -213,6 +223,7 @@ def profile_document(
     from maskkv_cli.app.pipeline import answer_row, ask
     from maskkv_cli.app.run_settings import RunSettings
     from maskkv_cli.models.catalog import is_embedded_model
+    from maskkv_cli.models.families import family
 
     if not specs:
         raise UsageError("no run to profile")
@@ -258,16 +269,24 @@ def profile_document(
             pages_note=mapped if isinstance(mapped, str) else None,
             dropped_tokens=fitted.dropped, rope_factor=fitted.rope_factor, notes=notes,
             residual=residual_matrix(records) if records else None,
-            row=answer_row(answer, embedded, question, spans),
+            row=answer_row(answer, embedded, question, spans), layers=[r.layer for r in records] or None,
         ))
     if focus is None:
         focus = next((i for i, r in enumerate(runs) if r.evicted), None)
     document = {"source": doc.source, "sha256": doc.sha256, "pages": len(doc.pages), "chars": doc.n_chars}
     report_notes = list(dict.fromkeys(n for r in runs for n in r.notes))
     cfg = session.model.config
-    heads = "heads" if cfg.group_size == 1 else "KV heads"
-    if cfg.group_size > 1:
-        report_notes.append(f"GQA model: the cache and the heatmap are per key/value head ({cfg.n_kv_heads} KV heads, "
-                            f"{cfg.group_size} query heads each; votes averaged over each group)")
+    evicted = cfg.evicted_layers  # the layers a policy cuts and the heatmap draws
+    own = cfg.family_config  # DiffusionGemma's per-layer config: its full layers' KV heads, not the sliding ones'
+    kv_heads = own.layer(evicted[0]).n_kv_heads if own is not None and evicted else cfg.n_kv_heads
+    group = cfg.n_heads // kv_heads
+    heads = "heads" if group == 1 else "KV heads"
+    if group > 1:
+        report_notes.append(f"GQA model: the cache and the heatmap are per key/value head ({kv_heads} KV heads, "
+                            f"{group} query heads each; votes averaged over each group)")
+    if len(evicted) < cfg.n_layers:
+        report_notes.append(f"only the layers whose cache grows with the prompt are cut and drawn (layers "
+                            f"{', '.join(str(i) for i in evicted)}); the others hold at most their window and stay "
+                            "exact")
     return ProfileReport(document, str(session.model_path), question, str(session.device), runs, focus,
-                         memory_note(session.device), report_notes, heads, warmup_s)
+                         memory_note(session.device), report_notes, heads, family(cfg.family).calibration, warmup_s)

@@ -2,8 +2,9 @@
 
 ``common.py`` holds what both loops share (the forward passes over the compressed cache, the step meter,
 events and results), ``llada.py`` the LLaDA reference loop (blocks, transfer schedule, Gumbel noise,
-threshold decoding), ``dream.py`` Dream's (one block, timestep schedule, confidence rules). ``sample`` picks
-the loop a model's family names in ``models.families``.
+threshold decoding), ``dream.py`` Dream's (one block, timestep schedule, confidence rules), ``llada2.py``
+LLaDA2's block diffusion, ``diffusion_gemma.py`` DiffusionGemma's canvases over its encoder's cache. ``sample``
+picks the loop a model's family names in ``models.families``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from maskkv_cli.models.families import family
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import Policy
 from maskkv_cli.sampling.common import Event, GenerationResult, Scratch, StepMeter
+from maskkv_cli.sampling.diffusion_gemma import DiffusionGemmaOptions, diffusion_gemma_loop, diffusion_gemma_run
 from maskkv_cli.sampling.dream import (
     DreamGenerationConfig,
     DreamOptions,
@@ -33,7 +35,8 @@ from maskkv_cli.sampling.forward import CachedForward
 from maskkv_cli.sampling.llada import GenerationConfig, llada_loop, llada_run
 from maskkv_cli.sampling.llada2 import LLaDA2Options, llada2_loop, llada2_run
 
-__all__ = ["CachedForward", "DreamGenerationConfig", "DreamOptions", "Event", "GenerationConfig",
+__all__ = ["CachedForward", "DiffusionGemmaOptions", "DreamGenerationConfig", "DreamOptions", "Event",
+           "GenerationConfig",
            "GenerationResult", "LLaDA2Options", "SAMPLERS", "SamplerOptions", "StepMeter", "generate",
            "generate_dream", "open_generation", "sample"]
 
@@ -44,6 +47,7 @@ class SamplerOptions:
 
     dream: DreamOptions = DreamOptions()
     llada2: LLaDA2Options = LLaDA2Options()
+    diffusion_gemma: DiffusionGemmaOptions = DiffusionGemmaOptions()
 
 
 Opener = Callable[[DiffusionLM, Tensor, GenerationConfig, CachePlan, Callable[[Event], None] | None, SamplerOptions],
@@ -69,8 +73,15 @@ def _llada2(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, plan: Cac
     return run, llada2_loop(run)
 
 
+def _diffusion_gemma(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, plan: CachePlan,
+                     on_event: Callable[[Event], None] | None, opts: SamplerOptions) -> tuple[Run, Loop]:
+    run = diffusion_gemma_run(model, prompt, gen, plan, on_event, opts.diffusion_gemma)
+    return run, diffusion_gemma_loop(run)
+
+
 # Sampler family (``models.families.Family.sampler``) -> the generation state and loop over the shared settings.
-SAMPLERS: dict[str, Opener] = {"llada": _llada, "dream": _dream, "llada2": _llada2}
+SAMPLERS: dict[str, Opener] = {"llada": _llada, "dream": _dream, "llada2": _llada2,
+                               "diffusion_gemma": _diffusion_gemma}
 
 
 def open_generation(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, plan: CachePlan,
@@ -88,11 +99,13 @@ def open_generation(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, p
 @torch.no_grad()
 def sample(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, plan: CachePlan,
            on_event: Callable[[Event], None] | None = None, dream: DreamOptions | None = None,
-           llada2: LLaDA2Options | None = None) -> GenerationResult:
+           llada2: LLaDA2Options | None = None,
+           diffusion_gemma: DiffusionGemmaOptions | None = None) -> GenerationResult:
     """Denoise ``prompt`` with the loop of the model's family, the prompt cache run as ``plan`` says
-    (``engine.plan.plan_cache``); ``dream`` / ``llada2``: those families' own sampler options. The same driver as a
-    batch of many (``sampling/stream.py``), with one generation."""
-    options = SamplerOptions(dream or DreamOptions(), llada2 or LLaDA2Options())
+    (``engine.plan.plan_cache``); ``dream`` / ``llada2`` / ``diffusion_gemma``: those families' own sampler options.
+    The same driver as a batch of many (``sampling/stream.py``), with one generation."""
+    options = SamplerOptions(dream or DreamOptions(), llada2 or LLaDA2Options(),
+                             diffusion_gemma or DiffusionGemmaOptions())
     return drive(model, *open_generation(model, prompt, gen, plan, on_event, options))
 
 

@@ -32,13 +32,9 @@ StreamingLLM keeps the first 4 entries and the most recent ones; ``random`` is u
 every prompt query (``prompt-vote``, ``all-vote``) are refused (only the last ``window`` encoder queries are kept),
 and so are policies with residual entries (``maskkv-plus``, ``maskkv-residual``: not ported to this cache).
 
-The loop (``diffusion_gemma_steps.denoising_loop``, the one ``generate_reference`` drives too) yields
-``DecodeRequest`` / ``CommitRequest`` and is sent the decoder's raw logits (None after a commit).
-``CompressingForward`` answers the requests: its first decode runs over the full cache, shows each full
-layer's queries and keys to the policy (the votes), cutting each full layer as the pass reaches it (the layer
-budgets are fixed before: one layer's votes at a time), and returns those exact logits; every later step
-decodes over the compressed cache, and a committed canvas joins it through the encoder, uncompressed.
-``generate_compressed`` drives the two.
+The loop and the forward that answers its requests over the compressed cache are
+``sampling/diffusion_gemma_forward.py`` (which also encodes the prompt layer by layer with the first step's cut
+interleaved).
 """
 
 from __future__ import annotations
@@ -54,13 +50,6 @@ from maskkv_cli.errors import UsageError
 from maskkv_cli.kv.cache import select_layer
 from maskkv_cli.models.diffusion_gemma import DiffusionGemma, LayerKV, PromptCache, attend, entry_mask
 from maskkv_cli.policies.base import LayerView, Policy
-from maskkv_cli.sampling.diffusion_gemma_steps import (
-    CommitRequest,
-    DecodeRequest,
-    DiffusionGemmaSampling,
-    denoising_loop,
-    drive_loop,
-)
 
 SCALE = 1.0  # DiffusionGemma's softmax scale (QK-norm replaces 1 / sqrt(D))
 
@@ -76,19 +65,41 @@ class EncodedPrompt:
     window_queries: dict[int, Tensor]
 
 
+class WindowQueries:
+    """The baselines' observation window while a prompt is encoded: each full layer's rotated queries of the last
+    ``window`` positions seen so far (``observe`` is a ``LayerObserver``: the encoder shows one chunk at a time),
+    after a ``prefix``'s own."""
+
+    def __init__(self, model: DiffusionGemma, window: int, prefix: EncodedPrompt | None = None) -> None:
+        self.full, self.window = set(model.gemma.full_layers), window
+        self.queries: dict[int, Tensor] = {} if prefix is None or not window else {
+            i: prefix.window_queries[i][:, :, -window:] for i in self.full}
+
+    def observe(self, i: int, _x: Tensor, q: Tensor, _k: Tensor, _v: Tensor) -> None:
+        if i in self.full and self.window:
+            both = q if i not in self.queries else torch.cat((self.queries[i], q), dim=2)
+            self.queries[i] = both[:, :, -self.window :].clone()
+
+
 @torch.no_grad()
-def encode_prompt(model: DiffusionGemma, ids: Tensor, window: int = 32) -> EncodedPrompt:
-    """Encode the prompt ids (B, M) in one pass, keeping each full layer's queries of the last ``min(window, M)``
-    positions."""
-    full = set(model.config.full_layers)
-    w = min(window, ids.shape[1])
-    queries: dict[int, Tensor] = {}
+def encode_prompt(model: DiffusionGemma, ids: Tensor, window: int = 32,
+                  prefix: EncodedPrompt | None = None, spare: int = 0) -> EncodedPrompt:
+    """Encode the prompt ids (B, M), keeping each full layer's queries of the last ``min(window, M)`` positions.
 
-    def observe(i: int, _x: Tensor, q: Tensor, _k: Tensor, _v: Tensor) -> None:
-        if i in full and w:
-            queries[i] = q[:, :, -w:]
-
-    return EncodedPrompt(model.encode(ids, observe=observe).cache, queries)
+    ``prefix``: the prompt's leading ids encoded before (``encode_prompt`` of ``ids[:, :p]`` with the same
+    ``window``, e.g. a document's, computed once for all its questions): only the rest is encoded, over its cache,
+    which is the prompt encoded in these two parts; the window takes the prefix's last queries when the rest is
+    shorter than it (a query depends on the ids up to itself only). ``spare``: room the full layers keep after the
+    prompt (``DiffusionGemma.encode``)."""
+    start = 0 if prefix is None else prefix.cache.length
+    if prefix is not None and (start > ids.shape[1] or prefix.cache.batch_size != ids.shape[0]):
+        raise ValueError(f"a prefix of {start} positions does not start this {tuple(ids.shape)} prompt")
+    recent = WindowQueries(model, min(window, ids.shape[1]), prefix)
+    cache = prefix.cache if prefix is not None else None
+    if ids.shape[1] > start:
+        cache = model.encode(ids[:, start:], cache, observe=recent.observe, spare=spare).cache
+    assert cache is not None
+    return EncodedPrompt(cache, recent.queries)
 
 
 Votes = dict[int, tuple[Tensor, Tensor]]  # full layer -> (canvas queries, keys over [prompt ; canvas])
@@ -98,7 +109,7 @@ Votes = dict[int, tuple[Tensor, Tensor]]  # full layer -> (canvas queries, keys 
 def first_step(model: DiffusionGemma, cache: PromptCache, canvas: Tensor) -> tuple[Tensor, Votes]:
     """The first denoising step over the full cache (no self-conditioning): its raw logits (B, C, V) and, per full
     layer, the canvas queries (B, H, C, D) and the keys they attend to, ``[prompt ; canvas]`` (B, H_kv, M + C, D)."""
-    full = set(model.config.full_layers)
+    full = set(model.gemma.full_layers)
     seen: Votes = {}
 
     def observe(i: int, _x: Tensor, q: Tensor, k: Tensor, _v: Tensor) -> None:
@@ -114,7 +125,7 @@ def full_layer_importance(model: DiffusionGemma, cache: PromptCache, canvas: Ten
     stream before and after adding attention) at the first denoising step of ``canvas`` over ``cache``: MaskKV's
     layer importance, one value per full layer in order. Average it over a calibration set for the offline
     budgets."""
-    full = model.config.full_layers
+    full = model.gemma.full_layers
     values: dict[int, float] = {}
 
     def observe(i: int, x: Tensor, q: Tensor, k: Tensor, v: Tensor) -> None:
@@ -200,24 +211,32 @@ def check_policy(policy: Policy) -> None:
                          "prompt (its encoder is causal, so 'full' is exact)")
 
 
-def layer_budgets(model: DiffusionGemma, prompt: EncodedPrompt, policy: Policy, budget: int) -> list[int] | None:
-    """The budget of each full layer (in order) at ``budget`` entries per KV head on average, or None when nothing
-    is evicted (a policy that keeps everything, a budget at least the prompt, no full layer). They depend on the
-    prompt length alone (MaskKV's importance is given, offline), so each layer can be cut as soon as it is scored."""
+def planned_budgets(model: DiffusionGemma, prompt_len: int, policy: Policy, budget: int) -> list[int] | None:
+    """The budget of each full layer (in order) at ``budget`` entries per KV head on average over a prompt of
+    ``prompt_len`` tokens, or None when nothing is evicted (a policy that keeps everything, a budget at least the
+    prompt, no full layer). They depend on the prompt length alone (MaskKV's importance is given, offline), so each
+    layer can be cut as soon as it is scored, before the next one is even encoded."""
     check_policy(policy)
-    cache, full = prompt.cache, model.config.full_layers
-    m = cache.length
-    if not policy.evicts or budget >= m or not full:
+    full = model.gemma.full_layers
+    if not policy.evicts or budget >= prompt_len or not full:
         return None
-    for i in full:
-        if cache.layers[i].kept is not None or cache.layers[i].keys.shape[2] != m:
-            raise ValueError("compress takes the encoder's cache of the prompt alone (nothing compressed or "
-                             "committed after it)")
     importance = policy.options.importance
     if policy.uses_importance and importance is not None and len(importance) != len(full):
         raise UsageError(f"{policy.name}: {len(importance)} layer importances for {len(full)} full-attention layers "
                          "(DiffusionGemma's budgets are over its full layers)")
-    return policy.layer_budgets(len(full), budget, m)
+    return policy.layer_budgets(len(full), budget, prompt_len)
+
+
+def layer_budgets(model: DiffusionGemma, prompt: EncodedPrompt, policy: Policy, budget: int) -> list[int] | None:
+    """``planned_budgets`` for an encoded prompt, whose full layers must hold the prompt alone."""
+    budgets = planned_budgets(model, prompt.cache.length, policy, budget)
+    if budgets is not None:
+        for i in model.gemma.full_layers:
+            kv = prompt.cache.layers[i]
+            if kv.kept is not None or kv.keys.shape[2] != prompt.cache.length:
+                raise ValueError("compress takes the encoder's cache of the prompt alone (nothing compressed or "
+                                 "committed after it)")
+    return budgets
 
 
 def select_full_layer(model: DiffusionGemma, prompt: EncodedPrompt, policy: Policy, j: int, layer_budget: int,
@@ -225,13 +244,13 @@ def select_full_layer(model: DiffusionGemma, prompt: EncodedPrompt, policy: Poli
     """Full layer number ``j`` (of the full layers, in order) cut to the policy's choice: its scores and head
     budgets from the votes (canvas queries (B, H, C, D), keys ``[prompt ; canvas]``), each head's best entries
     kept in position order (``kv.cache.select_layer``), padded to the longest head under ``LayerKV.kept``."""
-    full = model.config.full_layers
+    full = model.gemma.full_layers
     i, m = full[j], prompt.cache.length
     kv = prompt.cache.layers[i]
     view = layer_view(j, len(full), canvas_q, keys, m, prompt.window_queries.get(i))
     scores = policy.scores(view, layer_budget)
     heads = policy.head_budgets(view, layer_budget, scores)
-    chosen = select_layer(kv.keys, kv.values, scores, heads, m, 0, model.config.n_heads // kv.keys.shape[1])
+    chosen = select_layer(kv.keys, kv.values, scores, heads, m, 0, model.gemma.n_heads // kv.keys.shape[1])
     kept = torch.arange(chosen.prompt_slots, device=kv.keys.device)[None, None, :] < chosen.lengths[..., None]
     pref = policy.preference(view)
     assert chosen.positions is not None
@@ -250,7 +269,7 @@ def compress(model: DiffusionGemma, prompt: EncodedPrompt, votes: Votes, policy:
         return Compression(prompt.cache, (), None)
     layers = list(prompt.cache.layers)
     choices = []
-    for j, (i, lb) in enumerate(zip(model.config.full_layers, budgets, strict=True)):
+    for j, (i, lb) in enumerate(zip(model.gemma.full_layers, budgets, strict=True)):
         layers[i], choice = select_full_layer(model, prompt, policy, j, lb, *votes[i])
         choices.append(choice)
     return Compression(PromptCache(tuple(layers), prompt.cache.length), tuple(choices), tuple(budgets))
@@ -265,7 +284,7 @@ def first_step_compressing(model: DiffusionGemma, prompt: EncodedPrompt, canvas:
     budgets = layer_budgets(model, prompt, policy, budget)
     if budgets is None:
         return model.decode(canvas, prompt.cache), Compression(prompt.cache, (), None)
-    full = model.config.full_layers
+    full = model.gemma.full_layers
     layers = list(prompt.cache.layers)
     choices: list[LayerChoice] = []
 
@@ -279,58 +298,6 @@ def first_step_compressing(model: DiffusionGemma, prompt: EncodedPrompt, canvas:
     return logits, Compression(PromptCache(tuple(layers), prompt.cache.length), tuple(choices), tuple(budgets))
 
 
-class CompressingForward:
-    """Answers a loop's requests over one prompt's cache: the first decode votes and compresses (see the module
-    doc), commits append uncompressed."""
-
-    def __init__(self, model: DiffusionGemma, prompt_ids: Tensor, policy: Policy, budget: int) -> None:
-        check_policy(policy)
-        self.model, self.policy, self.budget = model, policy, budget
-        self.prompt: EncodedPrompt | None = encode_prompt(model, prompt_ids, policy.options.window)
-        self.cache = self.prompt.cache
-        self.compression: Compression | None = None
-
-    @torch.no_grad()
-    def __call__(self, request: DecodeRequest | CommitRequest) -> Tensor | None:
-        if self.prompt is not None:  # the first step of the first canvas: the votes
-            if not isinstance(request, DecodeRequest) or request.self_conditioning is not None:
-                raise ValueError("the votes come from the first canvas's first step (no self-conditioning)")
-            logits, self.compression = first_step_compressing(self.model, self.prompt, request.canvas, self.policy,
-                                                              self.budget)
-            self.cache, self.prompt = self.compression.cache, None  # the full cache and window queries go
-            return logits
-        if isinstance(request, CommitRequest):
-            self.cache = self.model.commit(self.cache, request.tokens)
-            return None
-        return self.model.decode(request.canvas, self.cache, request.self_conditioning)
-
-
-@dataclass(frozen=True)
-class CompressedOutput:
-    sequences: Tensor
-    decoder_passes: Tensor
-    steps: tuple[int, ...]
-    compression: Compression
-
-
-@torch.no_grad()
-def generate_compressed(model: DiffusionGemma, prompt_ids: Tensor, policy: Policy, budget: int,
-                        settings: DiffusionGemmaSampling | None = None, generator: torch.Generator | None = None,
-                        seed: int | None = None) -> CompressedOutput:
-    """``generate_reference`` with the prompt cache compressed by ``policy`` at ``budget`` (see the module doc): the
-    same random numbers in the same order, so ``full`` (or a budget at least the prompt) gives its tokens."""
-    settings = settings or DiffusionGemmaSampling()
-    if generator is None and seed is not None:
-        generator = torch.Generator().manual_seed(seed)
-    forward = CompressingForward(model, prompt_ids, policy, budget)
-    loop = denoising_loop(prompt_ids, model.config.vocab_size, model.config.canvas_length, model.dtype, settings,
-                          generator)
-    out = drive_loop(loop, forward)
-    assert forward.compression is not None
-    return CompressedOutput(out.sequences, out.decoder_passes, out.steps, forward.compression)
-
-
-__all__ = ["CompressedOutput", "CompressingForward", "Compression",
-           "EncodedPrompt", "LayerChoice", "compress",
-           "encode_prompt", "first_step", "first_step_compressing", "full_layer_importance", "generate_compressed",
-           "layer_budgets", "layer_view", "select_full_layer"]
+__all__ = ["Compression", "EncodedPrompt", "LayerChoice", "WindowQueries", "check_policy", "compress", "encode_prompt",
+           "first_step", "first_step_compressing", "full_layer_importance", "layer_budgets", "layer_view",
+           "planned_budgets", "select_full_layer"]

@@ -1,7 +1,7 @@
 """DiffusionGemma's sampler as pure step functions, and a reference driver that runs them without KV compression.
 
-The steps are those of transformers' ``generation_diffusion_gemma.py`` (spec section 4), written over tensors so
-that the engine integration can wire them into its own loop:
+The steps are those of transformers' ``generation_diffusion_gemma.py`` (spec section 4), written over tensors;
+``denoising_loop`` runs them as a generator of requests, which ``sampling/diffusion_gemma.py`` hands to the driver:
 
 - ``random_canvas``: the initial canvas, uniform ids in [0, V) drawn with ``torch.randint`` from a generator; a
   CPU generator seeded s gives the canvas transformers draws after ``torch.manual_seed(s)``;
@@ -188,7 +188,7 @@ def denoising_step(model: DiffusionGemma, cache: PromptCache, canvas: Tensor, ar
     logits (None at the first step), ``finished`` the rows that stopped."""
     raw = model.decode(canvas, cache, self_conditioning)  # (B, C, V) fp32
     return step_on_logits(raw, canvas, argmax, self_conditioning, cur_step, finished, history, settings,
-                          model.config.vocab_size, model.dtype, generator)
+                          model.gemma.vocab_size, model.dtype, generator)
 
 
 def step_on_logits(raw: Tensor, canvas: Tensor, argmax: Tensor, self_conditioning: Tensor | None, cur_step: int,
@@ -291,8 +291,11 @@ def drive_loop(loop: GemmaLoop, forward: Forward) -> LoopOutput:
 class FullCacheForward:
     """Answers a loop's requests over the full prompt cache: decodes over it, commits append to it."""
 
-    def __init__(self, model: DiffusionGemma, prompt_ids: Tensor) -> None:
-        self.model, self.cache = model, model.encode(prompt_ids).cache
+    def __init__(self, model: DiffusionGemma, prompt_ids: Tensor, canvases: int = 1) -> None:
+        """``canvases``: how many the loop may run (the full layers keep room for all but the last to join the
+        cache, and for the decoder's canvas)."""
+        spare = canvases * model.gemma.canvas_length
+        self.model, self.cache = model, model.encode(prompt_ids, spare=spare).cache
 
     def __call__(self, request: DecodeRequest | CommitRequest) -> Tensor | None:
         if isinstance(request, CommitRequest):
@@ -309,6 +312,7 @@ def generate_reference(model: DiffusionGemma, prompt_ids: Tensor, settings: Diff
     settings = settings or DiffusionGemmaSampling()
     if generator is None and seed is not None:
         generator = torch.Generator().manual_seed(seed)
-    loop = denoising_loop(prompt_ids, model.config.vocab_size, model.config.canvas_length, model.dtype, settings,
+    loop = denoising_loop(prompt_ids, model.gemma.vocab_size, model.gemma.canvas_length, model.dtype, settings,
                           generator)
-    return drive_loop(loop, FullCacheForward(model, prompt_ids))
+    canvases = -(-settings.max_new_tokens // model.gemma.canvas_length)
+    return drive_loop(loop, FullCacheForward(model, prompt_ids, canvases))

@@ -3,8 +3,9 @@ the engine together.
 
 A loop (``llada.py``, ``dream.py``, ``llada2.py``) yields what it needs the forward to compute (``StepRequest``) and
 is sent the logits back. ``step_round`` takes the pending request of every running generation, asks each one's
-forward for its engine lane (``sampling/forward.py``), runs all prefill lanes in one prefill and all step lanes in
-one step (``engine/prefill.py``, ``engine/step.py``), and sends each loop its logits. ``drive`` runs one generation
+forward for its engine lane (``sampling/forward.py``), runs the prefill lanes in joined runs of up to ``JOIN_ROWS``
+rows (``prefill_groups``; a longer prompt alone) and all step lanes in one step (``engine/prefill.py``,
+``engine/step.py``), and sends each loop its logits. ``drive`` runs one generation
 this way; ``sampling/stream.py`` runs many, joining and leaving. A generation's own failure (a progress callback
 that stops it, say) ends it alone; a failed shared forward (out of memory, ...) ends the generations in it.
 """
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from torch import Tensor
 
+from maskkv_cli.engine.chunks import JOIN_ROWS
 from maskkv_cli.engine.lanes import PrefillLane, StepLane
 from maskkv_cli.engine.prefill import prefill_lanes
 from maskkv_cli.engine.step import step_logits
@@ -89,9 +91,27 @@ def _together(model: DiffusionLM, run: Callable[[DiffusionLM, list], list],  # t
         _deliver(gen, lane, output)
 
 
+def prefill_groups(pairs: Sequence[tuple[Generation, PrefillLane]],
+                   join_rows: int | None = None) -> list[list[tuple[Generation, PrefillLane]]]:
+    """The prefills of one round in runs that go through the engine together: consecutive lanes while their rows
+    together stay within ``join_rows`` (``engine/chunks.py``); a lane of more rows alone. Each lane's numbers are the
+    same in any run (``models/rows.py``), so this decides only the speed."""
+    cap = JOIN_ROWS if join_rows is None else join_rows
+    groups: list[list[tuple[Generation, PrefillLane]]] = []
+    rows = 0
+    for gen, lane in pairs:
+        n = lane.ids.shape[0] * (lane.ids.shape[1] - lane.first)
+        if not groups or rows + n > cap:
+            groups.append([])
+            rows = 0
+        groups[-1].append((gen, lane))
+        rows += n
+    return groups
+
+
 def step_round(model: DiffusionLM, generations: Sequence[Generation]) -> None:
     """One step of every generation that has a request (see the module doc)."""
-    prefills: list[tuple[Generation, Lane]] = []
+    prefills: list[tuple[Generation, PrefillLane]] = []
     steps: list[tuple[Generation, Lane]] = []
     for gen in generations:
         if gen.request is None:
@@ -113,8 +133,8 @@ def step_round(model: DiffusionLM, generations: Sequence[Generation]) -> None:
         else:
             assert isinstance(lane, StepLane)
             steps.append((gen, lane))
-    if prefills:
-        _together(model, prefill_lanes, prefills)
+    for group in prefill_groups(prefills):
+        _together(model, prefill_lanes, group)
     if steps:
         _together(model, step_logits, steps)
 

@@ -61,6 +61,7 @@ def plan_request(req: ChatRequest, defaults: RunSettings, long: str, session: Se
         else:  # a length the request sets: blocks of the server's or the model's length when they divide it
             gen = settings.answer_generation(req.max_tokens, session.generation_defaults.get("block_length"))
         cache = settings.cache()
+        settings.check_family(session.model.config.family)
     except UsageError as exc:
         raise bad_request(f"{exc} (the server's settings with this request's)", "maskkv") from None
     return Plan(settings, gen, cache, ext.long or long)

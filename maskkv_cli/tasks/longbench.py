@@ -140,7 +140,7 @@ def encode_longbench(session: Any, tasks: Sequence[Task], spec: PromptSpec,
     tok = session.tokenizer
     bos = session.model.config.bos_token_id
     overhead = len(chat_prompt_ids(tok, "")) if spec.chat else int(bos is not None)
-    limit = session.window - gen_length - overhead
+    limit = session.window - session.response_positions(gen_length) - overhead
     if limit <= 0:
         raise UsageError(f"{spec.dataset}: {gen_length} new tokens leave no room for a prompt in the model's "
                          f"{session.window}-token window; give a smaller --gen-length")

@@ -97,7 +97,7 @@ def speed(
     config: ConfigOpt = None,
     model: BenchModelOpt = None,
     gen_length: BenchGenOpt = 128,
-    steps: BenchStepsOpt = 128,
+    steps: BenchStepsOpt = None,
     block_length: BenchBlockOpt = 32,
     none_steps: Annotated[int, typer.Option(
         "--none-steps", help="Steps `none` runs (step 0 included); its end-to-end time is extrapolated from them.")]
@@ -135,6 +135,9 @@ def speed(
 
     Per case: prefill, median step, end to end, tokens/s, speedups over `none` and `full`, peak memory, KV bytes,
     the limit (one bare full forward + bare response steps over budget + response keys) and measured / limit.
+    DiffusionGemma shapes run their own sampler: the gen length rounded up to whole canvases of fixed passes,
+    prefill = the encoder and the first decoder pass, the limit its bare encode and decoder passes over the kept
+    entries (docs/performance.md).
     With --batch-sizes: the same per batch of B sequences, the time per sequence, tokens/s against batch size 1,
     and the memory model's cache per sequence and prefill peak.
 
@@ -155,17 +158,23 @@ def speed(
 
         maskkv bench speed --config llada2-small --prompt-lengths 1k --policies maskkv --budgets 256
         --quantize none,int8,int4 --repeats 5 --in-process
+
+        maskkv bench speed --config diffusiongemma-small --prompt-lengths 1k,4k --budgets 256 --threads 2
+
+        maskkv bench speed --config diffusiongemma-26b-a4b --device cuda --prompt-lengths 32k,128k --budgets 256
     """
     from maskkv_cli.bench.speed import SpeedSettings, run_sweep
     from maskkv_cli.bench.speed_report import table_rows
+    from maskkv_cli.bench.speed_settings import GEMMA_STEPS, runs_gemma
 
     dev = resolve_device(device)
     gpu = dev.startswith("cuda")
+    shape = None if model else (config or ("llada-8b" if gpu else "llada-small"))
     settings = SpeedSettings(
         prompt_lengths=parse_counts(prompt_lengths or (GPU_LENGTHS if gpu else CPU_LENGTHS), "--prompt-lengths"),
         policies=parse_policies(policies), budgets=parse_counts(budgets, "--budgets"), gen_length=gen_length,
-        steps=steps, block_length=block_length, config=None if model else (config or ("llada-8b" if gpu
-                                                                                      else "llada-small")),
+        steps=steps if steps is not None else GEMMA_STEPS if runs_gemma(shape, model) else 128,
+        block_length=block_length, config=shape,
         model=model, device=dev, dtype=dtype, none_steps=none_steps, seed=seed, threads=threads, limit=limit,
         step_modes=("eager", "compile") if compile_ else tuple(m.strip() for m in step_modes.split(",") if m.strip()),
         batch_sizes=parse_counts(batch_sizes, "--batch-sizes", unique=True), repeats=repeats,
@@ -295,7 +304,9 @@ def loading(
 def reuse(
     doc_tokens: Annotated[str, typer.Option("--doc-tokens", help="Tokens of the document (e.g. 4k).")] = "4k",
     questions: Annotated[int, typer.Option("--questions-per-doc", help="Questions asked of the document.")] = 8,
-    config: Annotated[str, config_option("Named block-causal model shape with random weights.")] = "llada2-small",
+    config: Annotated[str, config_option("Named model shape with random weights: block-causal (llada2-small, "
+                                         "llada2-mini) or DiffusionGemma (diffusiongemma-small, "
+                                         "diffusiongemma-tiny).")] = "llada2-small",
     budget: Annotated[int, budget_option("Entries per head the policy keeps.", "-b")] = 256,
     policy: PolicyOpt = "maskkv",
     gen_length: BenchGenOpt = 32,
@@ -306,14 +317,17 @@ def reuse(
     seed: SeedOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
-    """One document and several questions on a block-causal model (LLaDA2): the document computed once and reused
-    against every question asked on its own, in one run, on the CPU; time, peak live tensor bytes, equal answers.
+    """One document and several questions on a block-causal model (LLaDA2) or DiffusionGemma: the document computed
+    once and reused (LLaDA2's blocks, DiffusionGemma's encoder cache) against every question asked on its own, in one
+    run, on the CPU; time, peak live tensor bytes, equal answers.
 
     Examples:
 
         maskkv bench reuse
 
         maskkv bench reuse --doc-tokens 1k --questions-per-doc 4 --repeats 1 --json
+
+        maskkv bench reuse --config diffusiongemma-small --doc-tokens 4k --gen-length 256
     """
     from maskkv_cli.bench.reuse import ReuseCase, run_reuse
     from maskkv_cli.runtime.sizes import human_size

@@ -145,6 +145,9 @@ def calibrate(
 
     checkpoint = ModelFolder.of(known or path)  # resolved once: the tokenizer, the weights and the profile's key
     folder, cfg = checkpoint.path, checkpoint.config
+    if not family(cfg.family).calibration:
+        raise UsageError(f"calibrate does not measure {cfg.family} models yet; their MaskKV layer budgets are "
+                         "uniform")
     if gen_length is None:
         gen_length = _default_gen_length(folder)
     tokenizer = use_chat_format(tokenizer_from_folder(folder), family(cfg.family).chat_format)

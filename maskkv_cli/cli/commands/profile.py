@@ -103,7 +103,7 @@ def profile(
         import time
 
         started = time.perf_counter()
-        session = opts.load_session(device)
+        session = opts.load_session(device, policies=[spec.policy for spec in specs])
         load_s = time.perf_counter() - started
         gen = opts.generation(session.generation_defaults)
         live.phase("warm-up")

@@ -47,10 +47,15 @@ def pull(
         raise fail(f"the address names revision {in_address} and --revision {revision}; give one", 2)
     revision = revision or in_address
     result = run_pull(repo_id, revision, quiet, as_json)
+    from maskkv_cli.models.catalog import inspect
+
+    checked = inspect(result.path, repo_id, "hf-cache")  # whether it loads, from the files' headers
     if as_json:
         typer.echo(json.dumps({"repo_id": result.repo_id, "revision": result.revision, "commit": result.commit,
                                "path": str(result.path), "downloaded_bytes": result.fetched_bytes,
                                "offline": result.offline, "note": result.note or None,
+                               "family": checked.family, "loads": checked.loadable, "problem": checked.problem,
+                               "unread": checked.note,
                                "files": [{"name": f.name, "size": f.size} for f in result.files]}))
         return
     if result.offline:
@@ -61,6 +66,10 @@ def pull(
         what = "already in the cache, nothing downloaded"
     if not quiet:
         typer.echo(f"{repo_id} ({result.commit[:12]}): {what}", err=True)
+        if not checked.loadable:
+            typer.echo(f"it does not load: {checked.problem}", err=True)
+        elif checked.note:
+            typer.echo(f"{checked.family}: {checked.note}", err=True)
         typer.echo(f"use it with --model {repo_id}" + (f" (revision {revision}: --model {result.path})"
                                                        if revision and revision != "main" else ""), err=True)
     typer.echo(str(result.path))
@@ -93,7 +102,7 @@ def models(as_json: JsonOpt = False) -> None:
         params = f"{m.params / 1e9:.2f}B" if m.params and m.params >= 1e8 else (f"{m.params / 1e6:.1f}M"
                                                                               if m.params else "-")
         table.add_row(m.name, m.family or "-", params, human_size(m.size_bytes), m.dtype or "-",
-                      "yes" if m.loadable else f"no: {m.problem}")
+                      ("yes" + (f" ({m.note})" if m.note else "")) if m.loadable else f"no: {m.problem}")
     Console(width=max(100, Console().width)).print(table)
     if not any(m.source == "hf-cache" for m in found):
         from maskkv_cli.defaults import PULL_HINT

@@ -67,7 +67,8 @@ def summarize(
             block = final_block = opts.block_length or 32
             gen_tokens = final_tokens = summary_tokens(length, block)
         gen = opts.with_(gen_length=gen_tokens, block_length=block).generation({})
-        room = session.window - session.prompt_overhead(part_instruction(length)) - gen.gen_length
+        room = (session.window - session.prompt_overhead(part_instruction(length))
+                - session.response_positions(gen.gen_length))
         if room < 64:
             raise fail(f"--length {length} leaves no room for the document in the {session.window}-token window", 2)
         parts = split_parts(doc, session.count_tokens, room)
