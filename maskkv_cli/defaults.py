@@ -1,5 +1,5 @@
 """Settings: the policy, budget and layer-budget defaults, the real model every hint names, and the user's own
-default model (``MASKKV_MODEL`` or the config file).
+default model and weight quantization (``MASKKV_MODEL`` / ``MASKKV_QUANTIZE`` or the config file).
 
 A leaf: it imports no stage of the flow. Which model a run uses when ``--model`` is not given (the user's default,
 else the embedded tiny model, else a random demo model) is ``models.catalog.resolve_default_model``.
@@ -27,17 +27,50 @@ REAL_MODEL = "GSAI-ML/LLaDA-8B-Instruct"
 PULL_HINT = f"maskkv pull {REAL_MODEL}"
 
 
+# Weight quantization (--quantize, ``quantize = "..."`` in the config file): none, or torchao's weight-only int8 / int4
+# of the linear layers and experts (models/quantize.py).
+QUANTIZE_CHOICES = ("none", "int8", "int4")
+
+
+def _config_value(name: str) -> str | None:
+    """``name = ...`` in the config file, as text (None when the file or the line is not there)."""
+    path = config_file()
+    if not path.is_file():
+        return None
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"cannot read config file {path}: {exc}") from None
+    value = data.get(name)
+    return str(value) if value else None
+
+
 def configured_model() -> str | None:
     """``MASKKV_MODEL``, else ``model = ...`` in the config file, else None."""
     if os.environ.get("MASKKV_MODEL"):
         return os.environ["MASKKV_MODEL"]
-    path = config_file()
-    if path.is_file():
-        try:
-            data = tomllib.loads(path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise UsageError(f"cannot read config file {path}: {exc}") from None
-        value = data.get("model")
-        if value:
-            return str(value)
-    return None
+    return _config_value("model")
+
+
+def check_quantize(value: str, where: str = "--quantize") -> str:
+    """``value`` when it is one of ``QUANTIZE_CHOICES`` (``where``: how the message names its origin)."""
+    if value not in QUANTIZE_CHOICES:
+        raise UsageError(f"{where}: unknown quantization {value!r}; choose one of {', '.join(QUANTIZE_CHOICES)}")
+    return value
+
+
+def configured_quantize() -> str:
+    """``MASKKV_QUANTIZE``, else ``quantize = ...`` in the config file, else "none"; checked, the message naming
+    where a bad value was set."""
+    if os.environ.get("MASKKV_QUANTIZE"):
+        return check_quantize(os.environ["MASKKV_QUANTIZE"], f"MASKKV_QUANTIZE={os.environ['MASKKV_QUANTIZE']}")
+    value = _config_value("quantize")
+    if value is None:
+        return "none"
+    return check_quantize(value, f'`quantize = "{value}"` in {config_file()}')
+
+
+def resolve_quantize(given: str | None) -> str:
+    """The weight quantization of a run: ``--quantize`` when given, else the user's default
+    (``configured_quantize``)."""
+    return configured_quantize() if given is None else check_quantize(given)

@@ -125,7 +125,8 @@ def test_eval_passes_the_shared_options(tmp_path: Path, monkeypatch: pytest.Monk
     result = runner.invoke(app, ["eval", "--tasks", "x", "--budget", "8", "--threshold", "0.9", *LLADA2])
     assert result.exit_code == 0, result.output
     (args,) = given
-    run = {k: v for k, v in args.items() if k not in ("model", "device", "dtype", "mc_samples", "batch_size")}
+    run = {k: v for k, v in args.items() if k not in ("model", "device", "dtype", "quantize", "mc_samples",
+                                                      "batch_size")}
     settings = harness_settings(run)  # the harness model takes them as they are
     assert (settings.budget, settings.threshold, settings.editing_threshold, settings.max_post_steps,
             settings.top_k, settings.block_length) == (8, 0.9, 0.5, 2, 4, 32)

@@ -49,20 +49,28 @@ class Session:
     """Model + tokenizer loaded once; ``answer`` may be called many times."""
 
     def __init__(self, model_path: str | os.PathLike[str] | ModelFolder, device: str = "cpu",
-                 dtype: str | None = None, device_map: str | None = None, dream: DreamOptions | None = None) -> None:
+                 dtype: str | None = None, device_map: str | None = None, dream: DreamOptions | None = None,
+                 quantize: str | None = None) -> None:
         """``model_path``: a checkpoint folder or ORG/NAME (resolved here), or the ``ModelFolder`` a command
-        resolved at its edge (nothing is resolved again)."""
+        resolved at its edge (nothing is resolved again). ``quantize``: "int8" or "int4" weights of the linear
+        layers and experts, quantized as they are read (``models/quantize.py``); None or "none": as stored."""
         from maskkv_cli.models.placement import parse_device_map, place_model
+        from maskkv_cli.models.quantize import QuantizeError, check_mode
 
         folder = ModelFolder.of(model_path)
+        quantize = check_mode(quantize)
         if device_map and not family(folder.config.family).device_map:
             raise UsageError(f"--device-map: a {folder.config.family} model cannot be spread over devices yet; "
                              "load it on one device (--device)")
         layer_devices = parse_device_map(device_map, folder.config.n_layers)
+        if layer_devices and quantize:
+            raise QuantizeError(f"--quantize {quantize} with --device-map is not supported (each layer is packed "
+                                "for the device it is read on); run on one device, or leave --quantize out")
         self.device = layer_devices[0] if layer_devices else torch.device(device)
         load_on = "cpu" if layer_devices else self.device
         self.model: DiffusionLM = load_checkpoint(folder.path, folder.config, device=load_on, dtype=dtype or
-                                                  ("bf16" if self.device.type == "cuda" else None))
+                                                  ("bf16" if self.device.type == "cuda" else None), quantize=quantize,
+                                                  prequantized=folder.prequantized)
         if layer_devices:
             place_model(self.model, layer_devices)
         self.init_text_side(folder, dream)

@@ -24,11 +24,11 @@ def use_settings(session: Any, run: RunSettings) -> None:
     session.llada2 = run.llada2(session.stored_llada2)
 
 
-def open_session(model_path: str, device: str, dtype: str | None) -> Any:
-    """Load the model and tokenizer once per worker."""
+def open_session(model_path: str, device: str, dtype: str | None, quantize: str = "none") -> Any:
+    """Load the model (its weights quantized as ``quantize`` says) and tokenizer once per worker."""
     from maskkv_cli.app.session import Session
 
-    return Session(model_path, device=device, dtype=dtype)
+    return Session(model_path, device=device, dtype=dtype, quantize=quantize)
 
 
 def run_settings(settings: AnswerSettings) -> RunSettings:

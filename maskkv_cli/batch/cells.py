@@ -18,14 +18,17 @@ from maskkv_cli.tasks.cells import CellAnswer, CellRunner, QualityCell
 
 class PlanningSession(Session):
     """The driver's stand-in for a session when the model runs elsewhere: tokenizer, config and the workers'
-    precision (which enters the row keys), and no weights, so planning an 8B run does not load it here."""
+    precision and quantization (which enter the row keys), and no weights, so planning an 8B run does not load it
+    here."""
 
-    def __init__(self, model_path: str | ModelFolder, dtype: str | None, device_kind: str) -> None:  # no super()
+    def __init__(self, model_path: str | ModelFolder, dtype: str | None, device_kind: str,
+                 quantize: str = "none") -> None:  # no super()
         from maskkv_cli.models.loading import parse_dtype
 
         folder = ModelFolder.of(model_path)
         self.model = SimpleNamespace(config=folder.config,  # type: ignore[assignment]
-                                     dtype=parse_dtype(dtype, device_kind))
+                                     dtype=parse_dtype(dtype, device_kind, quantize),
+                                     quantization=quantize)
         self.init_text_side(folder)
 
     def answer_ids(self, *args: Any, **kwargs: Any) -> Any:

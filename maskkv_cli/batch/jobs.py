@@ -228,16 +228,19 @@ def cross_product(patterns: list[str], questions: list[str]) -> list[JobSpec]:
 
 
 def job_key(document_sha: str, question: str, model_id: str, dtype: str, device_kind: str,
-            settings: AnswerSettings) -> str:
-    """A stable hash of everything that decides the answer (24 hex characters)."""
+            settings: AnswerSettings, quantize: str = "none") -> str:
+    """A stable hash of everything that decides the answer (24 hex characters); the weights' quantization only
+    when there is one, so that unquantized runs keep the keys they had before it existed."""
     payload = {"document": document_sha, "question": question, "model": model_id, "dtype": dtype,
                "device": device_kind, "settings": settings.key_fields()}
+    if quantize != "none":
+        payload["quantize"] = quantize
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
 def plan_jobs(specs: list[JobSpec], shas: dict[str, str], settings_for: Callable[[JobSpec], AnswerSettings],
-              model_id: str, dtype: str, device_kind: str) -> tuple[list[Job], int]:
+              model_id: str, dtype: str, device_kind: str, quantize: str = "none") -> tuple[list[Job], int]:
     """Resolve each spec's settings (``settings_for``); ``shas`` maps a document path to its content hash ("" when
     unreadable, then the path stands in for it). Returns the jobs, each key once, and how many duplicates were
     dropped (the same document content, question and settings twice)."""
@@ -247,7 +250,8 @@ def plan_jobs(specs: list[JobSpec], shas: dict[str, str], settings_for: Callable
     for spec in specs:
         settings = settings_for(spec)
         sha = shas.get(spec.document, "")
-        key = job_key(sha or f"unreadable:{spec.document}", spec.question, model_id, dtype, device_kind, settings)
+        key = job_key(sha or f"unreadable:{spec.document}", spec.question, model_id, dtype, device_kind, settings,
+                      quantize)
         if key in seen:
             duplicates += 1
             continue

@@ -87,11 +87,12 @@ class BatchResult:
                 "failures": [{"id": r["id"], "document": r["document"], "error": r["error"]} for r in self.failures]}
 
 
-def resolve_dtype(dtype: str, device_kind: str) -> str:
-    """The precision a worker loads in: ``auto`` is bf16 on a GPU and fp32 on the CPU (as ``Session``)."""
+def resolve_dtype(dtype: str, device_kind: str, quantize: str = "none") -> str:
+    """The precision a worker loads in: ``auto`` is bf16 on a GPU and fp32 on the CPU, bf16 there too with int4
+    weights (as ``Session``: ``models.loading.parse_dtype``)."""
     if dtype != "auto":
         return dtype
-    return "bf16" if device_kind == "cuda" else "fp32"
+    return "bf16" if device_kind == "cuda" or quantize == "int4" else "fp32"
 
 
 def _row(job: Job, fields: dict[str, Any], attempts: int, gen_length: int | None,
@@ -157,9 +158,11 @@ def run_batch(
     password: str | None = None,
     on_progress: Callable[[BatchProgress], None] | None = None,
     on_submit: Callable[[Pool, int, Job], None] | None = None,
+    quantize: str = "none",
 ) -> BatchResult:
     """Answer every job not already finished in ``out``; returns the counts (failures are rows, not errors).
-    ``model_path``: the ``ModelFolder`` the command chose, or a path (resolved here)."""
+    ``model_path``: the ``ModelFolder`` the command chose, or a path (resolved here); ``quantize``: the weights'
+    quantization every worker loads (none, int8, int4; part of every job's key)."""
     from maskkv_cli.app.run_settings import resolve_generation
     from maskkv_cli.batch.answering import run_settings
     from maskkv_cli.models.checkpoint import ModelFolder
@@ -185,7 +188,7 @@ def run_batch(
     documents = load_documents([s.document for s in specs], password, parsed)
     shas = {path: doc.sha256 for path, doc in documents.items()}
     texts = {doc.sha256: doc.text for doc in documents.values() if not doc.error}
-    spec = WorkerSpec(model_path=model_path, dtype=None if dtype == "auto" else dtype)
+    spec = WorkerSpec(model_path=model_path, dtype=None if dtype == "auto" else dtype, quantize=quantize)
     pool, device_kind = make_pool(runner, spec)
 
     def generation(gen_length: int | None) -> tuple[int, int, int]:
@@ -194,7 +197,7 @@ def run_batch(
         return triple
 
     jobs, duplicates = plan_jobs(list(specs), shas, lambda s: job_settings(s, settings, generation), model_id,
-                                 resolve_dtype(dtype, device_kind), device_kind)
+                                 resolve_dtype(dtype, device_kind, quantize), device_kind, quantize)
     started = time.perf_counter()
     folder = AnswersFolder(out).open(job.key for job in jobs)
     counts = {"ok": 0, "failed": 0, "ran": 0, "answered": 0}
@@ -203,8 +206,9 @@ def run_batch(
     failures: list[dict[str, Any]] = []
     first_sent: list[float] = []
     try:
-        config = {"model": model_path, "model_id": model_id, "dtype": resolve_dtype(dtype, device_kind),
-                  "device": device_kind, "settings": settings.as_dict(), "generation_defaults": defaults,
+        config = {"model": model_path, "model_id": model_id, "dtype": resolve_dtype(dtype, device_kind, quantize),
+                  "quantize": quantize, "device": device_kind, "settings": settings.as_dict(),
+                  "generation_defaults": defaults,
                   "runner": pool_label(pool, runner), "jobs": len(jobs), "machine": machine_info(),
                   "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         folder.write_text(CONFIG_FILE, json.dumps(config, indent=2, default=str) + "\n")
@@ -263,7 +267,7 @@ def run_batch(
                                      and r.get("claim") != "untrained-question"),
                              untrained=sum(1 for r in answered_rows if r.get("claim") == "untrained-question"),
                              batch_sizes=sorted(sizes), batch_note=batch_notes[0] if batch_notes else "")
-        folder.write_text(SUMMARY_FILE, summary_markdown(result, config_of(model_path, settings),
+        folder.write_text(SUMMARY_FILE, summary_markdown(result, config_of(model_path, settings, quantize),
                                                          [folder.rows[j.key] for j in jobs if j.key in folder.rows]))
         folder.close()
     return result
@@ -273,8 +277,9 @@ def pool_label(pool: Any, runner: Runner) -> str:
     return getattr(pool, "kind", "") or runner.label
 
 
-def config_of(model_path: str, settings: AnswerSettings) -> dict[str, Any]:
-    return {"model": model_path, **settings.as_dict()}
+def config_of(model_path: str, settings: AnswerSettings, quantize: str = "none") -> dict[str, Any]:
+    """What summary.md names: the model (with its weights' quantization when there is one) and the settings."""
+    return {"model": model_path if quantize == "none" else f"{model_path} ({quantize} weights)", **settings.as_dict()}
 
 
 def _shown(row: dict[str, Any]) -> str:

@@ -19,6 +19,7 @@ class WorkerSpec:
     model_path: str
     device: str = "cpu"
     dtype: str | None = None
+    quantize: str = "none"  # the weights' quantization (none, int8, int4), the same in every worker
     threads: int | None = None  # torch intra-op threads; None leaves torch's default
 
 
@@ -40,7 +41,7 @@ class Worker:
             import torch
 
             torch.set_num_threads(spec.threads)
-        self.session = open_session(spec.model_path, spec.device, spec.dtype)
+        self.session = open_session(spec.model_path, spec.device, spec.dtype, spec.quantize)
         self.name = name
 
     def run(self, message: dict[str, Any], text: Any) -> dict[str, Any]:

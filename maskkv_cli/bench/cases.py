@@ -50,16 +50,23 @@ def random_model(cfg: ModelConfig, device: str | torch.device = "cpu", dtype: to
 
 
 def load_bench_model(config: str | None, model_path: str | None, device: torch.device, dtype: str,
-                     seed: int) -> DiffusionLM:
+                     seed: int, quantize: str = "none") -> DiffusionLM:
+    """A checkpoint (its linear layers quantized as they are read), or random weights of the shape ``config``
+    (quantized once built: ``quantize_model``); ``quantize``: none, int8 or int4."""
     from maskkv_cli.models.loading import load_model, parse_dtype
+    from maskkv_cli.models.quantize import quantize_model
 
     if model_path:
-        return load_model(model_path, device=device, dtype=None if dtype == "auto" else dtype)
-    return random_model(named_config(config or "llada-small"), device, parse_dtype(dtype, device), seed)
+        return load_model(model_path, device=device, dtype=None if dtype == "auto" else dtype, quantize=quantize)
+    model = random_model(named_config(config or "llada-small"), device, parse_dtype(dtype, device, quantize), seed)
+    return quantize_model(model, quantize)  # type: ignore[return-value]
 
 
 def weights_bytes(model: torch.nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    """Bytes of the model's parameters as held (a quantized one by its packed values, scales and zero points)."""
+    from maskkv_cli.models.quantize import tensor_bytes
+
+    return sum(tensor_bytes(p) for p in model.parameters())
 
 
 def random_prompt(cfg: ModelConfig, length: int, seed: int, device: torch.device, batch: int = 1) -> torch.Tensor:

@@ -52,9 +52,14 @@ class MemoryCase:
     seed: int = 0
     threads: int = 1
     profile: bool = True
+    quantize: str = "none"  # the weights' quantization: none, int8, int4 (models/quantize.py)
 
     def key(self) -> str:
-        return settings_key(asdict(self))
+        """The settings hashed (unquantized weights left out: such a case keeps the key it had before)."""
+        settings = asdict(self)
+        if self.quantize == "none":
+            del settings["quantize"]
+        return settings_key(settings)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -212,7 +217,7 @@ def run_memory_case(case: MemoryCase) -> dict[str, Any]:
     torch.set_num_threads(case.threads)
     dev = torch.device(case.device)
     started = time.time()
-    model = load_bench_model(case.config, case.model, dev, case.dtype, case.seed)
+    model = load_bench_model(case.config, case.model, dev, case.dtype, case.seed, case.quantize)
     cfg = model.config
     policy = get_policy(case.policy)
     if not policy.uses_cache:
@@ -296,17 +301,22 @@ class MemorySettings:
     seed: int = 0
     threads: int = 1
     profile: bool = True
+    quantize: str = "none"
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["policies"] = list(d["policies"])
+        if self.quantize == "none":
+            del d["quantize"]  # a run finds its folder from before quantization
         return d
 
     def cases(self) -> list[MemoryCase]:
+        from maskkv_cli.defaults import check_quantize
         from maskkv_cli.policies.base import get_policy
 
         if self.prompt_len <= 0 or self.gen_length <= 0 or self.budget <= 0:
             raise UsageError("--prompt-length, --gen-length and --budget must be positive")
+        check_quantize(self.quantize)
         out = []
         for name in self.policies:
             pol = get_policy(name)
@@ -314,7 +324,7 @@ class MemorySettings:
                 raise UsageError("bench memory compares cached prefills; drop 'none' from --policies")
             out.append(MemoryCase(name, self.budget if pol.evicts else None, self.prompt_len, self.gen_length,
                                   self.block_length, None if self.model else self.config, self.model, self.device,
-                                  self.dtype, self.seed, self.threads, self.profile))
+                                  self.dtype, self.seed, self.threads, self.profile, self.quantize))
         return out
 
 

@@ -79,13 +79,15 @@ def generation_settings(gen: Any) -> dict[str, Any]:
 
 
 def row_key(group: TaskGroup, case: Case, *, seed: int, model_id: str, dtype: str, gen: dict[str, Any],
-            source: TaskSource) -> str:
+            source: TaskSource, quantize: str = "none") -> str:
     """What decides one row's numbers, hashed (the prompt format only when it is not the default, so rows of
-    the synthetic tasks keep their keys)."""
+    the synthetic tasks keep their keys; the weights' quantization only when there is one, so unquantized rows
+    keep theirs)."""
     fmt = {} if group.prompt_format == DOCUMENT_QUESTION else {"prompt": group.prompt_format}
+    weights = {} if quantize == "none" else {"quantize": quantize}
     return settings_key({
         "task": group.task, "length": group.length, "policy": case.policy, "budget": case.budget, "n": group.n,
-        "seed": seed, "model": model_id, "dtype": dtype, "gen": gen, "source": source.as_dict(), **fmt,
+        "seed": seed, "model": model_id, "dtype": dtype, "gen": gen, "source": source.as_dict(), **fmt, **weights,
         **policy_rule(case.policy),
     })
 
@@ -185,6 +187,9 @@ class _Recorder:
         self.groups, self.cases, self.seed, self.layer_budgets = groups, cases, seed, layer_budgets
         model_id = session.folder.fingerprint  # hashed once per session's checkpoint
         dtype = str(session.model.dtype).removeprefix("torch.")
+        from maskkv_cli.models.quantize import quantization_of
+
+        quantize = quantization_of(session.model)  # a planning session's stands for its workers' models
         self.group_gens = [group_generation(gen, g) for g in groups]
         self.settings: dict[str, Any] = {
             "tasks": tasks_label,
@@ -199,10 +204,11 @@ class _Recorder:
             "model": session.model_path,
             "model_id": model_id,
             "dtype": dtype,
+            **({} if quantize == "none" else {"quantize": quantize}),
         }
         self.keys = {(gi, ci): row_key(g, c, seed=seed, model_id=model_id, dtype=dtype,
                                        gen={**generation_settings(self.group_gens[gi]), "layer_budgets": layer_budgets},
-                                       source=source)
+                                       source=source, quantize=quantize)
                      for ci, c in enumerate(cases) for gi, g in enumerate(groups)}
         self.planned = [self.keys[(gi, ci)] for ci in range(len(cases)) for gi in range(len(groups))]
         self.folder = ResultsFolder.open(BENCH_KIND, self.settings, self.planned, out=out, fresh=fresh)

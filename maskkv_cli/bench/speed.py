@@ -7,6 +7,7 @@ size 1 of the same run) and the report (``bench/speed_report.py``).
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,21 +18,43 @@ from maskkv_cli.bench.speed_report import summary_markdown, write_plot
 from maskkv_cli.bench.speed_settings import SpeedCase, SpeedSettings
 
 
+def _ratio(reference: float | None, value: float | None) -> float | None:
+    """``reference / value`` (a time ratio: above 1, ``value`` is faster), None when either is missing or 0."""
+    return reference / value if reference and value else None
+
+
+def _median_of(row: dict[str, Any], part: str) -> float | None:
+    """The median of a row's ``part`` ("step", "prefill") seconds over its runs, else its own figure."""
+    runs = row.get(f"{part}_s_runs")
+    return statistics.median(runs) if runs else row.get(f"{part}_s")
+
+
 def add_ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Speedups over ``none`` and ``full`` at the same prompt length and batch size, tokens/s over batch size 1's
-    of the same method and prompt length (all in the same run), and measured / limit."""
-    by_len: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
+    """Speedups over ``none`` and ``full`` at the same prompt length, batch size and weight quantization, tokens/s
+    over batch size 1's of the same method and prompt length, the quantized rows' speedups over the unquantized
+    run of the same case (end to end, the median step, the prefill; all in the same run), and measured / limit."""
+    by_len: dict[tuple[int, int, str], dict[str, dict[str, Any]]] = {}
     for row in rows:
-        by_len.setdefault((row["prompt_len"], row.get("batch_size", 1)), {})[row["method"]] = row
+        by_len.setdefault((row["prompt_len"], row.get("batch_size", 1), row.get("quantize", "none")),
+                          {})[row["method"]] = row
     out = []
     for row in rows:
         row = dict(row)
-        peers = by_len[(row["prompt_len"], row.get("batch_size", 1))]
+        quantize = row.get("quantize", "none")
+        peers = by_len[(row["prompt_len"], row.get("batch_size", 1), quantize)]
         for ref in ("none", "full"):
             other = peers.get(ref)
             row[f"speedup_vs_{ref}"] = (other["total_s"] / row["total_s"]
                                         if other and row["total_s"] > 0 else None)
-        single = by_len.get((row["prompt_len"], 1), {}).get(row["method"])
+        if quantize != "none":
+            plain = by_len.get((row["prompt_len"], row.get("batch_size", 1), "none"), {}).get(row["method"], {})
+            row["speedup_vs_unquantized"] = _ratio(plain.get("total_s"), row["total_s"])
+            for part in ("step", "prefill"):  # each the median over its runs (a repeated case's), then the ratio
+                row[f"{part}_speedup_vs_unquantized"] = _ratio(_median_of(plain, part), _median_of(row, part))
+                ours, theirs = row.get(f"{part}_s_runs"), plain.get(f"{part}_s_runs")
+                if ours and theirs and len(ours) == len(theirs):  # round by round: the runs side by side in time
+                    row[f"{part}_speedup_vs_unquantized_runs"] = [a / b for a, b in zip(theirs, ours, strict=True)]
+        single = by_len.get((row["prompt_len"], 1, quantize), {}).get(row["method"])
         row["speedup_vs_batch1"] = (row["tokens_per_s"] / single["tokens_per_s"]
                                     if single and single["tokens_per_s"] > 0 else None)
         runs, single_runs = row.get("tokens_per_s_runs"), (single or {}).get("tokens_per_s_runs")
@@ -51,6 +74,8 @@ def median_row(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     row["repeats"] = len(runs)
     row["total_s_runs"] = [r["total_s"] for r in runs]
     row["tokens_per_s_runs"] = [r["tokens_per_s"] for r in runs]
+    row["step_s_runs"] = [r["step_s"] for r in runs]
+    row["prefill_s_runs"] = [r["prefill_s"] for r in runs]
     return row
 
 

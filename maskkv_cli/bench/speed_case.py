@@ -204,9 +204,9 @@ def run_case(case: SpeedCase) -> dict[str, Any]:
     started = time.time()
     rss_start = rss_bytes()
     if not case.model and is_gemma_shape(case.config):
-        model: DiffusionLM = gemma_bench_model(case.config or "", dev, case.dtype, case.seed)
+        model: DiffusionLM = gemma_bench_model(case.config or "", dev, case.dtype, case.seed, case.quantize)
     else:
-        model = load_bench_model(case.config, case.model, dev, case.dtype, case.seed)
+        model = load_bench_model(case.config, case.model, dev, case.dtype, case.seed, case.quantize)
     cfg = model.config
     now(dev)
     loaded_mem = read_current(dev)

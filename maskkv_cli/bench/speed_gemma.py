@@ -58,14 +58,17 @@ class _Stop(Exception):
     """Raised from the progress callback to end a ``none`` run after its timed passes."""
 
 
-def gemma_bench_model(name: str, device: torch.device, dtype: str, seed: int) -> DiffusionGemma:
+def gemma_bench_model(name: str, device: torch.device, dtype: str, seed: int, quantize: str = "none"
+                      ) -> DiffusionGemma:
     """Random weights of the named DiffusionGemma shape on ``device`` (see the module doc): normal(0, 0.02) for the
-    matrices and the embedding, ones for norm weights, router scales and layer scalars, as ``init_weights``."""
+    matrices and the embedding, ones for norm weights, router scales and layer scalars, as ``init_weights``;
+    ``quantize``: its projections and experts then quantized (``models/quantize.py``; int4 runs bf16 on the CPU)."""
     from maskkv_cli.models.loading import parse_dtype
+    from maskkv_cli.models.quantize import quantize_model
 
     check_gemma_fits(name, str(device), dtype)
     cfg = named_config(name)
-    dt = parse_dtype(dtype, device)
+    dt = parse_dtype(dtype, device, quantize)
     with torch.device("meta"):
         model = DiffusionGemma(cfg)
     model = model.to(dtype=dt).to_empty(device=device)
@@ -78,7 +81,7 @@ def gemma_bench_model(name: str, device: torch.device, dtype: str, seed: int) ->
                 p.normal_(0.0, 0.02, generator=gen)
         for buf in model.buffers():
             buf.fill_(1.0)
-    return model.requires_grad_(False).eval()
+    return quantize_model(model.requires_grad_(False).eval(), quantize)  # type: ignore[return-value]
 
 
 def fixed_passes(steps: int) -> DiffusionGemmaOptions:

@@ -15,8 +15,8 @@ from maskkv_cli.runtime.fileio import atomic_write_bytes
 if TYPE_CHECKING:
     from maskkv_cli.bench.speed_settings import SpeedSettings
 
-__all__ = ["BATCH_COLUMNS", "batched", "fmt_bytes", "fmt_gflops", "fmt_ratio", "summary_markdown", "table_rows",
-           "write_plot"]
+__all__ = ["BATCH_COLUMNS", "QUANTIZE_COLUMNS", "batched", "fmt_bytes", "fmt_gflops", "fmt_ratio", "quantized",
+           "summary_markdown", "table_rows", "write_plot"]
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -48,9 +48,19 @@ def batched(rows: Sequence[dict[str, Any]]) -> bool:
     return any(r.get("batch_size", 1) > 1 for r in rows)
 
 
+QUANTIZE_COLUMNS = ("weights", "weights bytes", "step vs unq", "prefill vs unq")
+
+
+def quantized(rows: Sequence[dict[str, Any]]) -> bool:
+    """Whether any row ran quantized weights (the quantization columns are shown only then)."""
+    return any(r.get("quantize", "none") != "none" for r in rows)
+
+
 def table_rows(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """Header and text cells shared by the Markdown summary and the CLI table; the batch columns
-    (``BATCH_COLUMNS``) only when some row has a batch size above 1."""
+    (``BATCH_COLUMNS``) only when some row has a batch size above 1, the quantization columns
+    (``QUANTIZE_COLUMNS``: the weights' quantization and bytes, the median step's and the prefill's speedup over
+    the unquantized run of the same case) only when some row is quantized."""
     head = ["prompt", "method", "prefill s", "step ms", "total s", "tok/s", "vs none", "vs full",
             "peak mem", "above weights", "KV kept", "limit s", "meas/limit", "prefill GFLOP/s", "note"]
     extra = batched(rows)
@@ -84,6 +94,15 @@ def table_rows(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str
             cells[14:14] = [fmt_bytes(r.get("model_cache_per_sequence_bytes")),
                             fmt_bytes(r.get("model_prefill_peak_bytes"))]
         body.append(cells)
+    if quantized(rows):
+        at_method, at_note = head.index("method") + 1, head.index("note") + 1
+        head[at_note - 1:at_note - 1] = list(QUANTIZE_COLUMNS[1:])
+        head[at_method:at_method] = [QUANTIZE_COLUMNS[0]]
+        for r, cells in zip(rows, body, strict=True):
+            cells[at_note - 1:at_note - 1] = [fmt_bytes(r.get("weights_bytes")),
+                                              fmt_ratio(r.get("step_speedup_vs_unquantized"), 2),
+                                              fmt_ratio(r.get("prefill_speedup_vs_unquantized"), 2)]
+            cells[at_method:at_method] = [r.get("quantize", "none")]
     return head, body
 
 
@@ -130,6 +149,18 @@ def summary_markdown(settings: SpeedSettings, rows: Sequence[dict[str, Any]], fo
             "the B responses (weights over every sequence's rows at once, attention sequence by sequence over its "
             "own budget + response keys)",
         ]
+    if quantized(rows):
+        lines.append("- weights: the linear layers and experts quantized (torchao weight-only int8 / int4, "
+                     "`models/quantize.py`) or none; weights bytes as held (packed values, scales and zero points); "
+                     "step vs unq / prefill vs unq: the unquantized run's median step / prefill time over this row's "
+                     "(same method, prompt and batch; above 1: faster; with repeats, each the median over the runs)")
+        for row in rows:
+            per_round = row.get("step_speedup_vs_unquantized_runs")
+            if per_round:
+                prefill = row.get("prefill_speedup_vs_unquantized_runs") or []
+                lines.append(f"- {row['method']} {row['quantize']} at prompt {row['prompt_len']} against none, round "
+                             "by round: steps " + ", ".join(fmt_ratio(r, 2) for r in per_round)
+                             + "; prefill " + ", ".join(fmt_ratio(r, 2) for r in prefill))
     if s.repeats > 1:
         lines.append(f"- every case ran {s.repeats} times, round by round (each round ran every case once, in the "
                      "order of the table); a row is its case's run with the median total time, and vs batch 1 "
@@ -165,8 +196,9 @@ def write_plot(rows: Sequence[dict[str, Any]], path: Path) -> str | None:
 
     methods: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        batch = r.get("batch_size", 1)
-        methods.setdefault(r["method"] if batch == 1 else f"{r['method']} batch {batch}", []).append(r)
+        batch, weights = r.get("batch_size", 1), r.get("quantize", "none")
+        name = r["method"] if batch == 1 else f"{r['method']} batch {batch}"
+        methods.setdefault(name if weights == "none" else f"{name} {weights}", []).append(r)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for name, rs in methods.items():
         rs = sorted(rs, key=lambda r: r["prompt_len"])

@@ -34,12 +34,16 @@ class SpeedCase:
     warmup: bool = True
     step_mode: str = "eager"  # later steps: eager, compile, cuda-graph or compile+cuda-graph (step_runner.py)
     batch_size: int = 1  # sequences generated together (sample_many); 1: the single-sequence path
+    quantize: str = "none"  # the weights' quantization: none, int8, int4 (models/quantize.py)
 
     def key(self) -> str:
-        """The hash of the settings; batch size 1 is left out, so that a case keeps the key it had before batches."""
+        """The hash of the settings; batch size 1 and unquantized weights are left out, so that a case keeps the
+        key it had before batches and quantization."""
         settings = asdict(self)
         if self.batch_size == 1:
             del settings["batch_size"]
+        if self.quantize == "none":
+            del settings["quantize"]
         return settings_key(settings)
 
     def to_json(self) -> str:
@@ -56,6 +60,8 @@ class SpeedCase:
 
     @property
     def method(self) -> str:
+        """The policy and budget, with the step mode when not eager (the weights' quantization is a column of its
+        own, ``quantize``)."""
         name = self.policy if self.budget is None else f"{self.policy}@{self.budget}"
         return name if self.step_mode == "eager" else f"{name} {self.step_mode}"
 
@@ -128,22 +134,26 @@ class SpeedSettings:
     step_modes: tuple[str, ...] = ("eager",)  # each cache policy runs once per mode; ``none`` always eager
     batch_sizes: tuple[int, ...] = (1,)  # each method runs once per batch size
     repeats: int = 1  # runs of every case, round by round; a row is its case's median run
+    quantize: tuple[str, ...] = ("none",)  # each method runs once per weight quantization
 
     def as_dict(self) -> dict[str, Any]:
-        """The settings as JSON; batch sizes (1,) and one repeat are left out, so a run finds its folder from
-        before those settings."""
+        """The settings as JSON; batch sizes (1,), one repeat and unquantized weights only are left out, so a run
+        finds its folder from before those settings."""
         d = asdict(self)
-        for k in ("prompt_lengths", "policies", "budgets", "step_modes", "batch_sizes"):
+        for k in ("prompt_lengths", "policies", "budgets", "step_modes", "batch_sizes", "quantize"):
             d[k] = list(d[k])
         if self.batch_sizes == (1,):
             del d["batch_sizes"]
         if self.repeats == 1:
             del d["repeats"]
+        if self.quantize == ("none",):
+            del d["quantize"]
         return d
 
     def cases(self) -> list[SpeedCase]:
         """For each prompt length (ascending): none, full, then each evicting policy at each budget, each at every
-        batch size (ascending)."""
+        batch size (ascending), each with every weight quantization in the order given (so that with --repeats
+        the quantizations of one method alternate, run after run)."""
         from maskkv_cli.policies.base import get_policy
 
         common = dict(gen_length=self.gen_length, steps=self.steps, block_length=self.block_length,
@@ -156,8 +166,10 @@ class SpeedSettings:
                 policy = get_policy(name)
                 modes = self.step_modes if policy.uses_cache else ("eager",)
                 budgets: Sequence[int | None] = self.budgets if policy.evicts else (None,)
-                out.extend(SpeedCase(name, b, m, step_mode=mode, batch_size=n, **common)  # type: ignore[arg-type]
-                           for mode in modes for b in budgets for n in sorted(set(self.batch_sizes)))
+                out.extend(SpeedCase(name, b, m, step_mode=mode, batch_size=n, quantize=q,  # type: ignore[arg-type]
+                                     **common)
+                           for mode in modes for b in budgets for n in sorted(set(self.batch_sizes))
+                           for q in self.quantize)
         return out
 
     def check(self) -> None:
@@ -182,6 +194,12 @@ class SpeedSettings:
                 raise UsageError(f"step mode {mode} needs --device cuda")
         if self.repeats < 1:
             raise UsageError("--repeats must be at least 1")
+        from maskkv_cli.defaults import check_quantize
+
+        if not self.quantize or len(set(self.quantize)) < len(self.quantize):
+            raise UsageError("--quantize must name distinct modes, e.g. none,int8,int4")
+        for mode in self.quantize:
+            check_quantize(mode)
         if runs_gemma(self.config, self.model):
             self._check_gemma()
             return

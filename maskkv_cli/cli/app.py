@@ -42,7 +42,7 @@ def _register() -> None:
     """Every command, in the order ``maskkv --help`` lists them: one module per command in ``cli/commands/``."""
     from maskkv_cli.cli.commands.ask import ask
     from maskkv_cli.cli.commands.batch import batch
-    from maskkv_cli.cli.commands.bench import memory, reuse, speed
+    from maskkv_cli.cli.commands.bench import loading, memory, reuse, speed
     from maskkv_cli.cli.commands.bench_quality import export_tasks, quality
     from maskkv_cli.cli.commands.calibrate import calibrate
     from maskkv_cli.cli.commands.demo import demo
@@ -64,12 +64,14 @@ def _register() -> None:
     app.command("eval")(evaluate)
 
     bench_app = typer.Typer(
-        help="Benchmarks: speed (no cache vs full cache vs MaskKV over prompt lengths), prefill peak memory, and "
-        "answer quality under eviction (with its tasks exported as LongBench JSONL).",
+        help="Benchmarks: speed (no cache vs full cache vs MaskKV over prompt lengths), prefill peak memory, the peak "
+        "memory of loading (quantized or not), and answer quality under eviction (with its tasks exported as "
+        "LongBench JSONL).",
         no_args_is_help=True,
     )
     bench_app.command()(speed)
     bench_app.command()(memory)
+    bench_app.command()(loading)
     bench_app.command()(reuse)
     bench_app.command("quality")(quality)
     bench_app.command("tasks")(export_tasks)

@@ -104,8 +104,11 @@ def one_line_stats(stats: Any, prompts: int = 1) -> str:
         kv = f"{kv} per part"
     prompt = f"{prompts} prompts of {stats.prompt_len} tokens in all" if prompts > 1 else \
         f"prompt {stats.prompt_len} tokens"
+    quantized = getattr(stats, "quantization", "none")  # named only when quantized (the line is as before else)
+    weights = (f", {quantized} weights {human_size(stats.weights_bytes, binary=True)}"
+               if quantized != "none" else "")
     return (f"{stats.policy}: {prompt}, prefill {stats.prefill_s:.2f} s, "
-            f"{stats.steps_run} steps, {stats.total_s:.2f} s, {stats.tokens_per_s:.1f} tokens/s, {kv}")
+            f"{stats.steps_run} steps, {stats.total_s:.2f} s, {stats.tokens_per_s:.1f} tokens/s, {kv}{weights}")
 
 
 def live_display_on(quiet: bool, as_json: bool) -> bool:

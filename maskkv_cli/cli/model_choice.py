@@ -140,11 +140,11 @@ def pull_first(model: str | None, yes: bool, quiet: bool, as_json: bool) -> tupl
 
 
 def load_session(model: str | ModelFolder | None, device: str, dtype: str, quiet: bool, as_json: bool,
-                 device_map: str | None = None, yes: bool = False, dream: Any = None) -> Any:
+                 device_map: str | None = None, yes: bool = False, dream: Any = None, quantize: str = "none") -> Any:
     """Choose the model (``choose_model``; ``model`` may be the ``ModelFolder`` chosen before) and load it with its
-    tokenizer; ``dream``: Dream's sampler options."""
+    tokenizer; ``dream``: Dream's sampler options; ``quantize``: the weights' quantization (none, int8, int4)."""
     from maskkv_cli.app.session import Session
 
     folder = choose_model(model, yes, quiet, as_json)
     return Session(folder, device=resolve_device(device), dtype=None if dtype == "auto" else dtype,
-                   device_map=device_map, dream=dream)
+                   device_map=device_map, dream=dream, quantize=quantize)

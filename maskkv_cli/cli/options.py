@@ -130,6 +130,10 @@ PostStepsOpt = Annotated[int | None, typer.Option(
     "--max-post-steps", help="LLaDA2.1: steps a block may keep editing after its last mask [default: the model's, "
     "else 16].", show_default=False)]
 
+QuantizeOpt = Annotated[str | None, quantize_option(
+    "Weight-only quantization of the linear layers and experts as they load: int8 or int4 (torchao: pip install -e "
+    "'.[quant]'; int4 on CUDA: bf16 only), or none [default: MASKKV_QUANTIZE or `quantize = ...` in the config "
+    "file, else none].", show_default=False)]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Download a --model ORG/NAME that is not on this machine "
                                       "without asking (`maskkv pull`).")]
 
@@ -159,6 +163,9 @@ BenchStepsOpt = Annotated[int | None, steps_option(
     "DiffusionGemma: 48].", show_default=False)]
 BenchBlockOpt = Annotated[int, block_length_option("Tokens per semi-autoregressive block.")]
 ThreadsOpt = Annotated[int, threads_option("torch threads in each case's process.")]
+BenchQuantizeOpt = Annotated[str, quantize_option(
+    "Weight quantization of the model, each a case: comma-separated none, int8, int4 (torchao; the config file's "
+    "default does not apply to benchmarks).")]
 OutOpt = Annotated[Path | None, out_option(
     "Results folder [default: runs/bench-<kind>-<timestamp>, or the latest folder with identical settings, whose "
     "finished rows are reused].", show_default=False)]

@@ -28,6 +28,7 @@ from maskkv_cli.cli.options import (
     ModelOpt,
     PolicyOpt,
     PostStepsOpt,
+    QuantizeOpt,
     QuietOpt,
     RatioOpt,
     SeedOpt,
@@ -66,9 +67,24 @@ class RunOptions:
     device: str = "auto"
     device_map: str | None = None
     dtype: str = "auto"
+    quantize: str | None = None  # as given; None: the user's default (``quantization``)
     yes: bool = False
     as_json: bool = False
     quiet: bool = False
+
+    def __post_init__(self) -> None:
+        if self.quantize is not None:  # a bad --quantize stops the command before anything is read or loaded
+            from maskkv_cli.defaults import check_quantize
+
+            check_quantize(self.quantize)
+
+    @property
+    def quantization(self) -> str:
+        """The weights' quantization (none, int8, int4): ``--quantize``, else ``MASKKV_QUANTIZE`` or the config
+        file's ``quantize``, else none; an unknown value is a usage error naming where it was set."""
+        from maskkv_cli.defaults import resolve_quantize
+
+        return resolve_quantize(self.quantize)
 
     def settings(self, **more: Any) -> Any:
         """The run's ``RunSettings`` (``more``: settings only some commands take, e.g. ``cfg_scale``)."""
@@ -96,7 +112,7 @@ class RunOptions:
         for policy in policies:
             check_policy_family(policy, chosen.config.family)
         session = load_session(chosen, device, self.dtype, self.quiet, self.as_json, self.device_map,
-                               self.yes, dream=settings.dream(), **more)
+                               self.yes, dream=settings.dream(), quantize=self.quantization, **more)
         session.llada2 = settings.llada2(session.stored_llada2)  # the options given over the model's stored defaults
         return session
 
@@ -129,11 +145,12 @@ DECLARED: dict[str, tuple[Any, Any]] = {
     "device": (DeviceOpt, "auto"),
     "device_map": (DeviceMapOpt, None),
     "dtype": (DtypeOpt, "auto"),
+    "quantize": (QuantizeOpt, None),
     "yes": (YesOpt, False),
     "as_json": (JsonOpt, False),
     "quiet": (QuietOpt, False),
 }
-MODEL = ("model", "device", "device_map", "dtype", "yes")
+MODEL = ("model", "device", "device_map", "dtype", "quantize", "yes")
 CACHE = ("policy", "layer_budgets", "budget", "ratio")
 SAMPLER = ("gen_length", "steps", "block_length", "temperature", "threshold", "alg", "top_p", "top_k",
            "editing_threshold", "max_post_steps", "seed")

@@ -64,14 +64,15 @@ class Engine:
     """A loaded model and tokenizer with the few facts the harness model needs."""
 
     def __init__(self, model: str | None, device: str = "auto", dtype: str | None = None,
-                 settings: RunSettings | None = None) -> None:
+                 settings: RunSettings | None = None, quantize: str = "none") -> None:
         """``settings``: the run's; its sampler options (Dream's, LLaDA2's over the model's stored defaults) are
-        set on the session once, as ``maskkv ask`` does from its options."""
+        set on the session once, as ``maskkv ask`` does from its options. ``quantize``: the weights' (none, int8,
+        int4)."""
         from maskkv_cli.app.session import Session
         from maskkv_cli.models.catalog import default_model
 
         path, self.note, known = default_model(model)
-        self.session = Session(known or path, device=resolve_device(device), dtype=dtype)
+        self.session = Session(known or path, device=resolve_device(device), dtype=dtype, quantize=quantize)
         if settings is not None:
             self.session.dream = settings.dream()
             self.session.llada2 = settings.llada2(self.session.stored_llada2)

@@ -4,7 +4,8 @@ Model args (``--model_args key=value,...``): ``model`` (checkpoint folder; defau
 shared run setting by its name (``run_settings.RunSettings``: ``policy``, ``budget`` or ``ratio``,
 ``layer_budgets``, ``steps`` (per answer; default one token per step), ``block_length`` (default 32),
 ``remasking``, ``threshold``, ``cfg``, ``alg``, ``top_p``, ``top_k``, LLaDA2's ``editing_threshold`` and
-``max_post_steps``, ``seed``), ``device``, ``dtype``, ``max_gen_toks``
+``max_post_steps``, ``seed``), ``device``, ``dtype``, ``quantize`` (none, int8, int4: the weights'
+quantization; default ``MASKKV_QUANTIZE`` or the config file's, else none), ``max_gen_toks``
 (for requests that name none), ``mc_samples`` and ``mc_batch`` (log-likelihood estimate), ``stats_dir`` (where
 the per-request statistics go), ``batch_size`` (``generate_until`` requests denoised together: a number, or
 ``auto``, the default: the most that fit free memory by the memory model, at most ``max_batch_size``; the
@@ -80,7 +81,8 @@ class MaskKVLM(LM):
     """A diffusion LM (LLaDA or Dream) whose prompt K/V cache is kept by a maskkv policy."""
 
     def __init__(self, model: str | None = None, device: str | None = None, dtype: str | None = None,
-                 max_gen_toks: Any = DEFAULT_MAX_GEN_TOKS, mc_samples: Any = 32, mc_batch: Any = 8,
+                 quantize: str | None = None, max_gen_toks: Any = DEFAULT_MAX_GEN_TOKS, mc_samples: Any = 32,
+                 mc_batch: Any = 8,
                  stats_dir: str | None = None, batch_size: Any = None, max_batch_size: Any = None,
                  **run_args: Any) -> None:
         """``run_args``: the shared run settings by name (``engine_adapter.harness_settings``)."""
@@ -92,6 +94,9 @@ class MaskKVLM(LM):
         if self.settings.policy not in names:
             raise UsageError(f"unknown policy {self.settings.policy!r}; choose one of: {', '.join(names)}")
         self.settings.cache()  # budget and ratio both, a bad mode: one line before the model loads
+        from maskkv_cli.defaults import resolve_quantize
+
+        weights = resolve_quantize(None if quantize in (None, "") else str(quantize))
         self.max_gen_toks = int(max_gen_toks)
         self.batch_size = engine_adapter.batch_size_arg(batch_size)
         self.max_batch_size = _optional_int(max_batch_size)
@@ -116,7 +121,7 @@ class MaskKVLM(LM):
             self._world_size = self.accelerator.num_processes
             target = str(self.accelerator.device)  # one model per device: cuda:LOCAL_RANK, or the CPU
         self.engine = engine_adapter.Engine(model, device=target, dtype=None if dtype in (None, "auto") else str(dtype),
-                                            settings=self.settings)
+                                            settings=self.settings, quantize=weights)
         self._device = self.engine.device
         if self.engine.note and self._rank == 0:
             log.info(self.engine.note)

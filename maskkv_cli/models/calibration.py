@@ -60,10 +60,13 @@ class CalibrationProfile:
     tokens: int
     created: str  # ISO 8601, UTC
     maskkv_version: str
+    quantization: str = "none"  # the weights it was measured on (``calibrate --quantize``); absent in older files
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["importance"] = list(self.importance)
+        if self.quantization == "none":
+            del data["quantization"]  # unquantized profiles are written as before the field existed
         return data
 
     @classmethod
@@ -87,7 +90,7 @@ class CalibrationProfile:
             raise ValueError(f"{len(imp)} importance values for n_layers {data['n_layers']}")
         return cls(str(data["model"]), str(data["model_path"]), int(data["n_layers"]),
                    tuple(float(x) for x in imp), int(data["inputs"]), int(data["tokens"]), str(data["created"]),
-                   str(data["maskkv_version"]))
+                   str(data["maskkv_version"]), str(data.get("quantization", "none")))
 
 
 def _checkpoint(model_path: str | os.PathLike[str] | ModelFolder) -> ModelFolder:
@@ -123,7 +126,9 @@ def profile_path(model_path: str | os.PathLike[str] | ModelFolder) -> Path:
     return profile_dir() / f"{model_key(model_path)}.json"
 
 
-def make_profile(model_path: str | os.PathLike[str] | ModelFolder, result: ImportanceResult) -> CalibrationProfile:
+def make_profile(model_path: str | os.PathLike[str] | ModelFolder, result: ImportanceResult,
+                 quantization: str = "none") -> CalibrationProfile:
+    """The profile of ``result``, measured on the model's weights as quantized by ``quantization``."""
     from maskkv_cli import __version__
 
     model = _checkpoint(model_path)
@@ -132,7 +137,7 @@ def make_profile(model_path: str | os.PathLike[str] | ModelFolder, result: Impor
         raise ValueError(f"{len(result.importance)} importance values for a model with {n_layers} layers")
     return CalibrationProfile(model_key(model), str(model.path.resolve()), n_layers, tuple(result.importance),
                               result.inputs, result.tokens, datetime.now(UTC).isoformat(timespec="seconds"),
-                              __version__)
+                              __version__, quantization)
 
 
 def save_profile(profile: CalibrationProfile, path: Path | None = None) -> Path:

@@ -15,7 +15,8 @@ from pathlib import Path
 from maskkv_cli.defaults import PULL_HINT, REAL_MODEL, configured_model
 from maskkv_cli.errors import MaskKVError, ModelLoadError, ModelNotDownloaded
 from maskkv_cli.models.checkpoint import ModelFolder
-from maskkv_cli.models.loading import check_checkpoint, header_shapes, read_config, weight_files
+from maskkv_cli.models.loading import check_checkpoint, check_prequantized, read_config, scan_shapes, weight_files
+from maskkv_cli.models.prequantized import read_prequantized
 from maskkv_cli.paths import config_file, hf_cache_dir, maskkv_home, shipped_model_folder
 from maskkv_cli.runtime.fileio import atomic_write_text
 
@@ -126,7 +127,11 @@ def inspect(folder: Path, name: str, source: str) -> LocalModel:
     except MaskKVError as exc:
         return LocalModel(name, folder, source, size_bytes=size, dtype=dtype, problem=str(exc))
     try:
-        params, note = check_checkpoint(cfg, header_shapes(weight_files(folder)), str(folder))
+        pre = read_prequantized(folder)
+        check_prequantized(folder, cfg, pre, None)  # a pre-quantized format maskkv does not run is the problem
+        params, note = check_checkpoint(cfg, scan_shapes(weight_files(folder), pre is not None)[0], str(folder))
+        if pre is not None:
+            dtype = f"{dtype or '?'}, {pre.mode} weights (torchao)"
         if not any((folder / t).is_file() for t in TOKENIZER_FILES):
             raise MaskKVError("no tokenizer files (tokenizer.json, tokenizer_config.json)")
     except MaskKVError as exc:

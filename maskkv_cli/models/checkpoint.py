@@ -19,6 +19,7 @@ from pathlib import Path
 
 from maskkv_cli.models.config import ModelConfig
 from maskkv_cli.models.fingerprint import folder_fingerprint
+from maskkv_cli.models.prequantized import PreQuantized
 from maskkv_cli.paths import resolve_model_path
 
 __all__ = ["ModelFolder", "config_hash"]
@@ -43,6 +44,7 @@ class ModelFolder:
     path: Path  # the folder it resolved to (for an id, its snapshot in the HF cache)
     config: ModelConfig  # config.json, read once
     config_hash: str  # ``config_hash(path)``: the calibration profile's key
+    prequantized: PreQuantized | None = None  # the checkpoint's own quantization (config.json, the same read)
 
     @classmethod
     def of(cls, model: str | os.PathLike[str] | ModelFolder) -> ModelFolder:
@@ -50,10 +52,11 @@ class ModelFolder:
         raises ``ModelNotDownloaded`` / ``ModelLoadError``), its config read and hashed, once."""
         if isinstance(model, ModelFolder):
             return model
-        from maskkv_cli.models.loading import read_config  # torch: only when a folder is actually read
+        from maskkv_cli.models.loading import read_folder_config  # torch: only when a folder is actually read
 
         path = resolve_model_path(model)
-        return cls(str(model), path, read_config(path), config_hash(path))
+        config, pre = read_folder_config(path)
+        return cls(str(model), path, config, config_hash(path), pre)
 
     @cached_property
     def fingerprint(self) -> str:

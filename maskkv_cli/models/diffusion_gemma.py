@@ -195,12 +195,25 @@ class Experts(nn.Module):
         gate, up = linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)  # (r, I) each
         return linear(gelu_tanh(gate) * up, self.down_proj[e])
 
+    def quantize_experts(self, quantize: Callable[[Tensor], Tensor]) -> None:
+        """Each of ``gate_up_proj`` and ``down_proj`` that holds its 3-D tensor (loaded, not yet converted) becomes
+        a ``ParameterList`` of its experts' matrices, each ``quantize(matrix)`` (``models/quantize.py``, weight-only
+        int8 / int4); ``expert`` indexes either form alike. One still on the meta device waits for its weights."""
+        for name in ("gate_up_proj", "down_proj"):
+            stacked = self._parameters.get(name)
+            if stacked is None or stacked.is_meta:
+                continue
+            matrices = [nn.Parameter(quantize(stacked.data[e]), requires_grad=False) for e in range(stacked.shape[0])]
+            del self._parameters[name]
+            del stacked
+            self.add_module(name, nn.ParameterList(matrices))
+
     def forward(self, x: Tensor, experts: Tensor, weights: Tensor) -> Tensor:
         """``sum_j weights[:, j] * expert_{experts[:, j]}(x)`` for x (N, d), experts and weights (N, k)."""
         n, k = experts.shape
         flat = experts.reshape(-1)  # (N k,)
         order = flat.argsort(stable=True)  # the (token, slot) pairs grouped by expert
-        counts = torch.bincount(flat, minlength=self.gate_up_proj.shape[0]).tolist()
+        counts = torch.bincount(flat, minlength=len(self.gate_up_proj)).tolist()  # experts (3-D or per expert)
         routed = x[order // k]  # (N k, d)
         out = torch.empty_like(routed)
         start = 0
@@ -512,6 +525,12 @@ class DiffusionGemma(nn.Module):
             observe(layer.spec.index, x, q, seen.keys, seen.values)
         mask = None if seen.kept is None else seen.kept[:, :, None, :]  # bidirectional: None unless compressed
         return layer.finish(x, attend(q, seen.keys, seen.values, mask), layer.layer_scalar)
+
+    def quantization_targets(self) -> list[str]:
+        """The linear layers ``models/quantize.py`` quantizes (besides the experts, ``Experts.quantize_experts``):
+        every layer's attention and dense MLP projections and the self-conditioning MLP; not the routers (their
+        scores choose the experts) nor the tied embedding and head."""
+        return [name for name, m in self.named_modules() if isinstance(m, Linear) and not name.endswith("router.proj")]
 
     # ----- checkpoint keys ---------------------------------------------------------------------------------------
     @staticmethod

@@ -21,14 +21,15 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from maskkv_cli.errors import ModelLoadError, UsageError
+from maskkv_cli.errors import ModelLoadError
 from maskkv_cli.models import rows
 from maskkv_cli.models.config import ModelConfig
 from maskkv_cli.models.diffusion_gemma import DiffusionGemma
 from maskkv_cli.models.diffusion_gemma import checkpoint_shapes as diffusion_gemma_shapes
 from maskkv_cli.models.families import build_model, config_from_hf, config_to_hf, family, parameter_shapes
+from maskkv_cli.models.prequantized import PreQuantized, TorchaoShard, check_request, read_prequantized
 from maskkv_cli.models.protocol import DiffusionLM
-from maskkv_cli.models.quantize import loading_quantizer
+from maskkv_cli.models.quantize import loading_quantizer, mark_prequantized
 from maskkv_cli.paths import resolve_model_path
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -37,12 +38,16 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
           "float16": torch.float16, "fp16": torch.float16}
 
 
-def parse_dtype(dtype: str | torch.dtype | None, device: torch.device | str = "cpu") -> torch.dtype:
-    """``auto``/None: bf16 on CUDA, fp32 on the CPU."""
+def parse_dtype(dtype: str | torch.dtype | None, device: torch.device | str = "cpu",
+                quantize: str | None = None) -> torch.dtype:
+    """``auto``/None: bf16 on CUDA, fp32 on the CPU; bf16 on the CPU too for int4 weights (``quantize``), whose
+    CPU kernel (``aten._weight_int4pack_mm_for_cpu``) takes fp32 activations on a slow path (50-80x the time of the
+    unquantized fp32 product on this project's AMD EPYC CPU, against 1.7-2.4x in bf16; docs/models.md)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype in (None, "auto"):
-        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+        cpu = torch.device(device).type == "cpu"
+        return torch.float32 if cpu and quantize != "int4" else torch.bfloat16
     try:
         return DTYPES[dtype]
     except KeyError:
@@ -50,13 +55,27 @@ def parse_dtype(dtype: str | torch.dtype | None, device: torch.device | str = "c
 
 
 def read_config(folder: Path) -> ModelConfig:
+    return read_folder_config(folder)[0]
+
+
+def read_folder_config(folder: Path) -> tuple[ModelConfig, PreQuantized | None]:
+    """The model's config and the checkpoint's own quantization (``models/prequantized.py``), from one parse of
+    config.json."""
     try:
         data = json.loads((folder / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ModelLoadError(f"cannot read {folder / 'config.json'}: {exc}") from None
+    pre = read_prequantized(folder, data) if isinstance(data, dict) else None
     if isinstance(data, dict):
         data = {**_generation_ids(folder), **data}  # config.json's own ids win
-    return config_from_hf(data, source=str(folder / "config.json"))
+    return config_from_hf(data, source=str(folder / "config.json")), pre
+
+
+class _ReadIt:
+    """``load_checkpoint``'s default for ``prequantized``: read it from the folder's config.json."""
+
+
+READ_IT = _ReadIt()
 
 
 ID_FIELDS = ("mask_token_id", "eos_token_id", "bos_token_id", "pad_token_id")
@@ -116,6 +135,28 @@ def check_keys(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int,
         raise ModelLoadError(f"checkpoint {where} does not match its config.json; " + "; ".join(problems))
 
 
+def scan_shapes(files: dict[str, Path], torchao: bool = False
+                ) -> tuple[dict[str, tuple[int, ...]], dict[Path, TorchaoShard]]:
+    """Every tensor's shape from the files' headers, by checkpoint key; ``torchao``: a pre-quantized checkpoint's
+    files, whose quantized tensors are listed by their own names (not their parts') with each file's
+    ``TorchaoShard`` (a class maskkv does not run is refused here, before any weight is read)."""
+    found: dict[str, tuple[int, ...]] = {}
+    shards: dict[Path, TorchaoShard] = {}
+    for file in sorted(set(files.values())):
+        with safe_open(str(file), framework="pt") as f:
+            shapes = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
+            if torchao:
+                shard = shards[file] = TorchaoShard(f.metadata())
+                shard.check(file)
+                for name, keys in shard.names.items():
+                    for key in keys:
+                        if key.endswith("_qdata") and key in shapes:
+                            found[name] = shapes[key]  # an Int8Tensor's shape is its values'
+                        shapes.pop(key, None)
+            found.update(shapes)
+    return found, shards
+
+
 def load_model(
     path: str | os.PathLike[str],
     device: str | torch.device = "cpu",
@@ -126,20 +167,39 @@ def load_model(
     into place (no random init, no second copy). ``quantize`` ("int8", "int4"): each linear layer is quantized as
     soon as it is read (``models/quantize.py``), so the full-precision model is never resident."""
     folder = resolve_model_path(path)
-    return load_checkpoint(folder, read_config(folder), device, dtype, quantize)
+    cfg, pre = read_folder_config(folder)
+    return load_checkpoint(folder, cfg, device, dtype, quantize, pre)
+
+
+def check_prequantized(folder: Path, cfg: ModelConfig, pre: PreQuantized | None, quantize: str | None) -> str | None:
+    """The quantization a load runs (``prequantized.check_request``): a pre-quantized checkpoint's own, else
+    ``quantize``; one maskkv does not run is refused, as is any of a family with its own layout (DiffusionGemma's
+    3-D experts: no pre-quantized form of them is read)."""
+    if pre is not None and family(cfg.family).loader != "standard":
+        raise ModelLoadError(f"{folder} holds pre-quantized weights ({pre.detail}); maskkv loads {cfg.family} "
+                             "checkpoints in fp32 / bf16 / fp16: load the model's bf16 release (--quantize int8|int4 "
+                             "quantizes it as it loads)")
+    return check_request(pre, folder, quantize)
 
 
 def load_checkpoint(folder: Path, cfg: ModelConfig, device: str | torch.device = "cpu",
-                    dtype: str | torch.dtype | None = None, quantize: str | None = None) -> DiffusionLM:
-    """``load_model`` of a folder already resolved whose config was read (``models.checkpoint.ModelFolder``); a
-    family with its own checkpoint layout is read by its loader (``Family.loader``, ``LOADERS``)."""
+                    dtype: str | torch.dtype | None = None, quantize: str | None = None,
+                    prequantized: PreQuantized | None | _ReadIt = READ_IT) -> DiffusionLM:
+    """``load_model`` of a folder already resolved whose config was read (``models.checkpoint.ModelFolder``, which
+    passes ``prequantized`` too: the checkpoint's own quantization, else read here); a family with its own
+    checkpoint layout is read by its loader (``Family.loader``, ``LOADERS``).
+
+    A checkpoint quantized before it was saved (``quantization_config``, ``models/prequantized.py``) loads as it is
+    when maskkv runs its format (torchao int8), else is refused in one line before any weight is read."""
+    pre = read_prequantized(folder) if isinstance(prequantized, _ReadIt) else prequantized
+    quantize = check_prequantized(folder, cfg, pre, quantize)
     loader = family(cfg.family).loader
     if loader != "standard":
         return LOADERS[loader](folder, cfg, device, dtype, quantize)  # type: ignore[return-value]
     device = torch.device(device)
-    dt = parse_dtype(dtype, device)
+    dt = parse_dtype(dtype, device, quantize)
     files = weight_files(folder)
-    found = header_shapes(files)
+    found, shards = scan_shapes(files, pre is not None)
     expected = parameter_shapes(cfg)
     optional = getattr(family(cfg.family).model_class, "optional_keys", ())
     left_out = [k for k in expected if k not in found and k.endswith(optional)] if optional else []
@@ -147,23 +207,53 @@ def load_checkpoint(folder: Path, cfg: ModelConfig, device: str | torch.device =
     with torch.device("meta"):
         model = build_model(cfg)
     modules = dict(model.named_modules())
-    quantized = loading_quantizer(model, quantize)
+    quantized = None if pre is not None else loading_quantizer(model, quantize, device, dt)
     for key in left_out:  # e.g. a router's expert bias that a checkpoint does not carry: zeros, as upstream inits it
         owner, _, leaf = model.parameter_name(key).rpartition(".")
         modules[owner]._parameters[leaf] = nn.Parameter(torch.zeros(expected[key], device=device, dtype=dt),
                                                         requires_grad=False)
+    # Quantizing on the CPU, every tensor kept is the loader's own copy: a tensor read in the file's dtype is
+    # otherwise a view of the file's mapping, which would keep the whole shard mapped (and the pages of the
+    # layers already quantized resident) for as long as any such view lives.
+    own_copy = (quantized is not None or pre is not None) and device.type == "cpu"
+    parts: dict[str, dict[str, torch.Tensor]] = {}  # a quantized tensor's parts read so far
     for file in sorted(set(files.values())):
+        shard = shards.get(file)
+        part_of = {key: name for name, keys in shard.names.items() for key in keys} if shard else {}
         with safe_open(str(file), framework="pt", device=_safetensors_device(device)) as f:
             for key in f.keys():
+                if key in part_of:  # a part of a pre-quantized tensor: kept as stored (int8 values, scales)
+                    name = part_of[key]
+                    got = parts.setdefault(name, {})
+                    got[key] = f.get_tensor(key).to(device=device, copy=own_copy)
+                    if len(got) == len(shard.names[name]):  # type: ignore[union-attr]
+                        _set_quantized(model, modules, name, shard.build(name, parts.pop(name)), folder)  # type: ignore[union-attr]
+                    continue
                 owner, _, leaf = model.parameter_name(key).rpartition(".")
-                tensor = f.get_tensor(key).to(device=device, dtype=dt)
+                tensor = f.get_tensor(key).to(device=device, dtype=dt, copy=own_copy)
                 modules[owner]._parameters[leaf] = nn.Parameter(tensor, requires_grad=False)
                 del tensor
                 if quantized is not None:
                     quantized(owner)
+                    modules[owner] = model.get_submodule(owner)  # a layer split in parts replaces the one read
+                    # (dropping it here frees its full-precision weight now, not when loading ends)
+    if parts:
+        raise ModelLoadError(f"checkpoint {folder}: the quantized tensors {_names(parts)} miss some of their parts")
+    if pre is not None:
+        mark_prequantized(model, pre.mode or "none")  # and its layers read in parts split by rows
     model.eval()
     rows.prepare(model)  # the row floor's probe now, not inside the first measured step
     return model
+
+
+def _set_quantized(model: nn.Module, modules: dict[str, nn.Module], name: str, weight: torch.Tensor,
+                   folder: Path) -> None:
+    """A pre-quantized tensor into its place: the weight of a linear layer (nothing else runs quantized)."""
+    owner, _, leaf = model.parameter_name(name).rpartition(".")  # type: ignore[attr-defined]
+    if not isinstance(modules.get(owner), rows.Linear) or leaf != "weight":
+        raise ModelLoadError(f"checkpoint {folder}: {name} is quantized, but only linear layers' weights run "
+                             "quantized in maskkv")
+    modules[owner]._parameters[leaf] = nn.Parameter(weight, requires_grad=False)
 
 
 def save_model(
@@ -286,25 +376,25 @@ def load_diffusion_gemma(
     path: str | os.PathLike[str],
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype | None = None,
+    quantize: str | None = None,
 ) -> DiffusionGemma:
     """A DiffusionGemma folder as transformers saves it (``config.json`` with ``model_type: diffusion_gemma``,
     safetensors) as ``models.diffusion_gemma.DiffusionGemma``, built on the meta device and filled in place
-    (``load_model`` of such a folder; the keys read: ``diffusion_gemma_keys``)."""
+    (``load_model`` of such a folder; the keys read: ``diffusion_gemma_keys``). ``quantize`` ("int8", "int4"):
+    the attention, dense MLP and self-conditioning projections and each expert's matrices are quantized as soon as
+    they are read (``models/quantize.py``), as ``load_model`` does."""
     folder = resolve_model_path(path)
-    cfg = read_config(folder)
+    cfg, pre = read_folder_config(folder)
     if cfg.family != "diffusion_gemma":
         raise ModelLoadError(f"{folder / 'config.json'}: not a DiffusionGemma config (family {cfg.family})")
-    return read_diffusion_gemma(folder, cfg, device, dtype)
+    return load_checkpoint(folder, cfg, device, dtype, quantize, pre)  # type: ignore[return-value]
 
 
 def read_diffusion_gemma(folder: Path, cfg: ModelConfig, device: str | torch.device = "cpu",
                          dtype: str | torch.dtype | None = None, quantize: str | None = None) -> DiffusionGemma:
     """``load_checkpoint`` of a DiffusionGemma folder (``Family.loader``)."""
-    if quantize is not None:
-        raise UsageError("DiffusionGemma cannot be quantized yet (its experts are 3-D tensors, not linear "
-                         "layers); run it without quantization")
     device = torch.device(device)
-    dt = parse_dtype(dtype, device)
+    dt = parse_dtype(dtype, device, quantize)
     files = weight_files(folder)
     chosen = diffusion_gemma_keys(cfg, header_shapes(files), str(folder))
     with torch.device("meta"):
@@ -318,15 +408,20 @@ def read_diffusion_gemma(folder: Path, cfg: ModelConfig, device: str | torch.dev
     by_file: dict[Path, list[tuple[str, str]]] = {}
     for name, key in chosen.items():
         by_file.setdefault(files[key], []).append((name, key))
+    quantized = loading_quantizer(model, quantize, device, dt)
+    own_copy = quantized is not None and device.type == "cpu"  # as in load_checkpoint: no view keeps a shard mapped
     for file, names in sorted(by_file.items()):
         with safe_open(str(file), framework="pt", device=_safetensors_device(device)) as f:
             for name, key in names:
                 owner, _, leaf = name.rpartition(".")
-                tensor = f.get_tensor(key).to(device=device, dtype=dt)
+                tensor = f.get_tensor(key).to(device=device, dtype=dt, copy=own_copy)
                 if leaf in modules[owner]._buffers:
                     modules[owner]._buffers[leaf] = tensor
                 else:
                     modules[owner]._parameters[leaf] = nn.Parameter(tensor, requires_grad=False)
+                del tensor
+                if quantized is not None:
+                    quantized(owner)
     model.eval()
     rows.prepare(model)
     return model

@@ -10,13 +10,16 @@ The formats (torchao's tensor subclasses; each product still goes through ``rows
 
 - ``int8``: ``Int8WeightOnlyConfig`` (per output row, symmetric): ``Int8Tensor``; its product casts the int8 weight
   to the activation dtype and runs the dtype's own matrix product, so it rounds by rows as the unquantized one.
-- ``int4``: ``PrototypeInt4WeightOnlyConfig`` (groups of ``INT4_GROUPS[0]`` input columns, asymmetric, tinygemm's
-  parameters): ``Int4OpaqueTensor``, whose product is PyTorch's own CPU kernel ``aten._weight_int4pack_mm_for_cpu``.
-  torchao's non-prototype ``Int4WeightOnlyConfig`` packs only for CUDA kernels (its formats plain, preshuffled,
-  plain_int32 and tile_packed_to_4d all need mslk / tinygemm on a GPU), and ``IntxWeightOnlyConfig`` keeps int4 in
-  one byte per value (``unpacked_to_int8``) or needs torchao's C++ CPU kernels; so the CPU's packed int4 weight-only
-  path is the prototype config. A layer whose input width no group size divides stays unquantized (and is named
-  by ``quantized_layers``).
+- ``int4`` on the CPU: ``PrototypeInt4WeightOnlyConfig`` (groups of ``INT4_GROUPS[0]`` input columns, asymmetric,
+  tinygemm's parameters): ``Int4OpaqueTensor``, whose product is PyTorch's own CPU kernel
+  ``aten._weight_int4pack_mm_for_cpu``. torchao's non-prototype ``Int4WeightOnlyConfig`` packs only for CUDA kernels
+  (its formats plain, preshuffled, plain_int32 and tile_packed_to_4d all need mslk / tinygemm on a GPU), and
+  ``IntxWeightOnlyConfig`` keeps int4 in one byte per value (``unpacked_to_int8``) or needs torchao's C++ CPU
+  kernels; so the CPU's packed int4 weight-only path is the prototype config. A layer whose input width no group
+  size divides stays unquantized (and is named by ``quantized_layers``).
+- ``int4`` on CUDA: ``Int4WeightOnlyConfig`` with the ``tile_packed_to_4d`` format (``Int4TilePackedTo4dTensor``,
+  PyTorch's own tinygemm kernel ``aten._weight_int4pack_mm``): bf16 only, compute capability 8.0 or newer
+  (``check_supported`` says so before loading). Not run on a GPU by this project's tests.
 
 A layer the family reads in parts (``Linear.splits``: LLaDA2's fused q/k/v projection) is stored as one quantized
 ``Linear`` per part (``SplitLinear``): a packed int4 weight cannot be sliced by rows.
@@ -37,13 +40,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from maskkv_cli.errors import MaskKVError, UsageError
+from maskkv_cli.defaults import QUANTIZE_CHOICES, check_quantize
+from maskkv_cli.errors import MaskKVError
 from maskkv_cli.models.rows import Linear
 
-__all__ = ["MODES", "QuantizeError", "SplitLinear", "check_mode", "loading_quantizer", "quantization_of",
-           "quantize_model", "quantized_layers", "tensor_bytes", "weights_bytes"]
+__all__ = ["MODES", "QuantizeError", "SplitLinear", "check_mode", "check_supported", "loading_quantizer",
+           "mark_prequantized", "quantization_of", "quantize_model", "quantized_layers", "tensor_bytes",
+           "weights_bytes"]
 
-MODES = ("int8", "int4")
+MODES = tuple(m for m in QUANTIZE_CHOICES if m != "none")  # ("int8", "int4")
 INSTALL = "pip install -e '.[quant]'"
 INT4_GROUPS = (128, 64, 32)  # the group sizes the CPU int4 kernel takes, largest (fewest scale bytes) first
 
@@ -56,9 +61,30 @@ def check_mode(mode: str | None) -> str | None:
     """``mode`` as given when it is a quantization maskkv knows (None and "none": no quantization)."""
     if mode in (None, "none"):
         return None
-    if mode not in MODES:
-        raise UsageError(f"unknown quantization {mode!r}; choose one of none, {', '.join(MODES)}")
-    return mode
+    return check_quantize(mode)
+
+
+def check_supported(mode: str | None, device: torch.device | str, dtype: torch.dtype) -> None:
+    """A one-line error when torchao cannot run ``mode`` on ``device`` in ``dtype`` (before any weight is read):
+    int8 runs on the CPU and CUDA in fp32, bf16 and fp16; int4 on the CPU in those three (PyTorch's int4pack kernel)
+    and on CUDA in bf16 only, on a GPU of compute capability 8.0 or newer (PyTorch's tinygemm kernel)."""
+    mode = check_mode(mode)
+    if mode is None:
+        return
+    device = torch.device(device)
+    name = str(dtype).removeprefix("torch.")
+    if device.type not in ("cpu", "cuda"):
+        raise QuantizeError(f"--quantize {mode} runs on the CPU and on CUDA, not on {device.type}; use --device cpu or "
+                            "cuda, or leave --quantize out")
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise QuantizeError(f"--quantize {mode} takes fp32, bf16 or fp16 weights, not {name}")
+    if mode == "int4" and device.type == "cuda":
+        if dtype != torch.bfloat16:
+            raise QuantizeError(f"--quantize int4 on CUDA runs PyTorch's tinygemm kernel, which takes bf16 only, not "
+                                f"{name}: use --dtype bf16 (the GPU default), or --quantize int8")
+        if torch.cuda.get_device_capability(device)[0] < 8:
+            raise QuantizeError("--quantize int4 on CUDA needs a GPU of compute capability 8.0 or newer (tinygemm); "
+                                "use --quantize int8 on this one")
 
 
 @contextlib.contextmanager
@@ -102,9 +128,13 @@ def quantize_weight_of(layer: nn.Linear, mode: str) -> bool:
         config = quantization.Int8WeightOnlyConfig(set_inductor_config=False)
     else:
         group = int4_group(layer.in_features)
-        if group is None or layer.weight.device.type != "cpu":
+        if group is None:
             return False
-        config = int4.PrototypeInt4WeightOnlyConfig(group_size=group, set_inductor_config=False)
+        if layer.weight.device.type == "cuda":  # tinygemm's layout, PyTorch's ``_weight_int4pack_mm`` (bf16)
+            config = quantization.Int4WeightOnlyConfig(group_size=group, int4_packing_format="tile_packed_to_4d",
+                                                       set_inductor_config=False)
+        else:
+            config = int4.PrototypeInt4WeightOnlyConfig(group_size=group, set_inductor_config=False)
     with torch.no_grad():
         quantization.quantize_(layer, config, filter_fn=lambda m, _: m is layer)
     return is_quantized(layer.weight)
@@ -161,10 +191,31 @@ def quantize_layer(layer: Linear, mode: str) -> nn.Module:
 
 
 def targets(model: nn.Module) -> list[str]:
-    """Names of the layers ``quantize_model`` quantizes: every ``Linear`` inside the blocks."""
+    """Names of the layers ``quantize_model`` quantizes: every ``Linear`` inside the blocks, or those a model names
+    itself (``quantization_targets``: DiffusionGemma's)."""
+    own = getattr(model, "quantization_targets", None)
+    if own is not None:
+        return list(own())
     blocks = model.blocks  # type: ignore[attr-defined]
     prefix = next(name for name, m in model.named_modules() if m is blocks)
     return [f"{prefix}.{name}" for name, m in blocks.named_modules() if isinstance(m, Linear)]
+
+
+def quantize_matrix(weight: Tensor, mode: str) -> Tensor:
+    """One weight matrix (out, in) in ``mode`` (through a ``Linear`` of that shape, as every layer is quantized);
+    the matrix as it is when int4 has no group size for its input width."""
+    layer = Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    layer.weight = nn.Parameter(weight.detach(), requires_grad=False)
+    quantize_weight_of(layer, mode)
+    return layer.weight.detach()
+
+
+def quantize_expert_tensors(model: nn.Module, mode: str, owner: str | None = None) -> None:
+    """The experts held as 3-D tensors (a module with ``quantize_experts``: DiffusionGemma's), each expert's
+    matrices quantized on their own; ``owner``: only that module (while loading)."""
+    for name, m in model.named_modules():
+        if hasattr(m, "quantize_experts") and (owner is None or name == owner):
+            m.quantize_experts(lambda w: quantize_matrix(w, mode))
 
 
 def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
@@ -183,26 +234,48 @@ def quantize_model(model: nn.Module, mode: str | None) -> nn.Module:
     mode = check_mode(mode)
     if mode is None:
         return model
+    first = next(model.parameters())
+    check_supported(mode, first.device, first.dtype)
     torchao_modules()
     for name in targets(model):
         layer = model.get_submodule(name)
         _replace(model, name, quantize_layer(layer, mode))  # type: ignore[arg-type]
+    quantize_expert_tensors(model, mode)
     _mark(model, mode)
     return model
 
 
-def loading_quantizer(model: nn.Module, mode: str | None) -> Callable[[str], None] | None:
+def mark_prequantized(model: nn.Module, mode: str) -> None:
+    """A model whose weights came quantized from its checkpoint (``models/prequantized.py``): its mode recorded,
+    and each layer the family reads in parts (``Linear.splits``) with a quantized weight stored as a
+    ``SplitLinear`` of its rows' parts, as ``quantize_model`` stores it."""
+    for name in targets(model):
+        layer = model.get_submodule(name)
+        if isinstance(layer, Linear) and layer.splits and is_quantized(layer.weight):
+            _replace(model, name, split_layer(layer))
+    _mark(model, mode)
+
+
+def loading_quantizer(model: nn.Module, mode: str | None, device: torch.device | str = "cpu",
+                      dtype: torch.dtype = torch.float32) -> Callable[[str], None] | None:
     """For ``load_model``: a callback taking the module name each loaded tensor went to; once a target layer
     holds all its tensors it is quantized at once, so its full-precision weight lives only until the next one
-    is read. None when ``mode`` is None."""
+    is read. None when ``mode`` is None. Called before any weight is read, so that torchao missing or a
+    ``device`` / ``dtype`` it cannot run (``check_supported``) is a one-line error before the load."""
     mode = check_mode(mode)
     if mode is None:
         return None
+    check_supported(mode, device, dtype)
     torchao_modules()
     pending = set(targets(model))
     _mark(model, mode)
 
+    experts = {name for name, m in model.named_modules() if hasattr(m, "quantize_experts")}
+
     def loaded(owner: str) -> None:
+        if owner in experts:  # a 3-D expert tensor, quantized expert by expert as soon as it is read
+            quantize_expert_tensors(model, mode, owner)
+            return
         if owner not in pending:
             return
         layer = model.get_submodule(owner)

@@ -11,11 +11,11 @@ counted by what it would hold:
   stays in the model's dtype;
 - every other parameter and buffer (embedding, norms, routers, the LM head) in the model's dtype.
 
-DiffusionGemma (``models/diffusion_gemma.py``) is not quantized by maskkv yet; its int8 / int4 figures apply the same
-rules to what the rules name: every ``Linear`` of its layers except the router's projection, and each expert's two
-matrices (``gate_up_proj[e]`` of (2 I, d) and ``down_proj[e]`` of (d, I)) as 2-D weights. The embedding (tied to the
-head), norms, router and the self-conditioning MLP (outside the layers) stay in the model's dtype. These are
-estimates of a format not implemented for that model (``WeightsEstimate.implemented`` is False).
+DiffusionGemma (``models/diffusion_gemma.py``): the layers ``DiffusionGemma.quantization_targets`` names (every
+``Linear`` of its layers except the router's projection, and the self-conditioning MLP's) and each expert's two
+matrices (``gate_up_proj[e]`` of (2 I, d) and ``down_proj[e]`` of (d, I)) as 2-D weights, as ``quantize_model``
+quantizes them (``Experts.quantize_experts``). The embedding (tied to the head), norms and routers stay in the
+model's dtype.
 """
 
 from __future__ import annotations
@@ -117,11 +117,12 @@ def _diffusion_gemma(cfg: DiffusionGemmaConfig) -> tuple[Matrices, int]:
     with torch.device("meta"):
         model = DiffusionGemma(cfg)
     matrices = []
-    for i, layer in enumerate(model.layers):
+    for name in model.quantization_targets():
+        m = model.get_submodule(name)
+        assert isinstance(m, Linear)
+        matrices.append((f"{name}.weight", 1, m.out_features, m.in_features))
+    for i in range(cfg.n_layers):
         prefix = f"model.decoder.layers.{i}"
-        for name, m in layer.named_modules():
-            if isinstance(m, Linear) and not name.startswith("router"):
-                matrices.append((f"{prefix}.{name}.weight", 1, m.out_features, m.in_features))
         experts, hidden, d = cfg.n_experts, cfg.moe_hidden_size, cfg.d_model
         matrices.append((f"{prefix}.experts.gate_up_proj", experts, 2 * hidden, d))
         matrices.append((f"{prefix}.experts.down_proj", experts, d, hidden))
@@ -142,5 +143,4 @@ def weights_estimate(cfg: ModelConfig | DiffusionGemmaConfig, mode: str | None,
     matrices, rest = _diffusion_gemma(cfg) if dgemma else _linear_family(cfg)  # type: ignore[arg-type]
     q_bytes = sum(n * quantized_matrix_bytes(out, inp, mode, element_bytes) for n, out, inp in matrices)
     q_params = sum(n * out * inp for n, out, inp in matrices)
-    return WeightsEstimate(mode, element_bytes, q_bytes, q_params, rest * element_bytes, rest,
-                           implemented=mode is None or not dgemma)
+    return WeightsEstimate(mode, element_bytes, q_bytes, q_params, rest * element_bytes, rest, implemented=True)

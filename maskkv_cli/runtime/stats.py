@@ -36,7 +36,16 @@ def rss_bytes() -> int:
 
 
 def peak_rss_bytes() -> int:
-    """Peak resident set size of this process since it started."""
+    """Peak resident set size of this process: Linux's VmHWM, since the start or the last ``reset_peak``; elsewhere
+    ``getrusage``'s, since the start. (On Linux ``getrusage`` also keeps the resident set a process had before its
+    exec, which a reset does not clear: a fresh process started from a larger one would read its parent's size.)"""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
 

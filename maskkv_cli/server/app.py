@@ -37,6 +37,7 @@ from starlette.routing import Route
 from maskkv_cli.app.session import Session
 from maskkv_cli.documents.store import DocumentStore
 from maskkv_cli.errors import MaskKVError, UsageError
+from maskkv_cli.models.quantize import quantization_of
 from maskkv_cli.sampling.service import GenerationService
 from maskkv_cli.server.answering import Completion, answer_chat, plan_request
 from maskkv_cli.server.chat_request import EXTENSION_KEY, parse_chat
@@ -52,10 +53,13 @@ log = logging.getLogger("maskkv.server")
 DONE = object()  # the end of a stream's pieces
 
 
-def model_id(model_path: str) -> str:
-    """What ``/v1/models`` calls the model: a folder's name, or the Hugging Face id as given."""
+def model_id(model_path: str, quantization: str = "none") -> str:
+    """What ``/v1/models`` calls the model: a folder's name, or the Hugging Face id as given; ``:int8`` / ``:int4``
+    after it when its weights are quantized, so that a client (or a cache in front of the server) never takes a
+    quantized model's answers for the unquantized one's."""
     path = Path(model_path)
-    return path.name if path.exists() else model_path
+    name = path.name if path.exists() else model_path
+    return name if quantization == "none" else f"{name}:{quantization}"
 
 
 def page_html() -> str:
@@ -172,7 +176,7 @@ class Server:
         if self.batch_size > 1:
             session.engine = GenerationService(session.model, self.batch_size)
         self.runner = Runner(config.queue, config.timeout_s, workers=self.batch_size)
-        self.model = model_id(session.model_path)
+        self.model = model_id(session.model_path, quantization_of(session.model))
         self.embedded = is_embedded_model(session.model_path)
         self.page = page_html()
         self.ingesting = anyio.CapacityLimiter(2)  # PDF parsing at once: the rest of the uploads wait

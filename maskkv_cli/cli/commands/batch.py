@@ -26,7 +26,7 @@ from maskkv_cli.prompting.fit import DEFAULT_LONG, LONG_MODES
 
 # the shared options batch takes: the cache and the sampler's, all of them (LLaDA2's included), and the model's
 # but --device-map (each worker holds its model on one device)
-BATCH_MODEL = ("model", "device", "dtype", "yes")
+BATCH_MODEL = ("model", "device", "dtype", "quantize", "yes")
 
 
 class _Progress:
@@ -109,6 +109,8 @@ def batch(
         maskkv batch jobs.jsonl --out runs/r1 --ray auto --json
 
         maskkv batch jobs.jsonl --out runs/r1 --batch-size 8
+
+        maskkv batch jobs.jsonl --out runs/r1-int8 --quantize int8 --workers 2
     """
     from maskkv_cli.batch.jobs import cross_product, read_jobs_file, read_questions
     from maskkv_cli.batch.run import Runner, run_batch
@@ -138,7 +140,7 @@ def batch(
     runner = Runner(devices=names, ray=ray, workers=workers if ray else None, device=opts.device, batch_size=size)
     with _Progress(live_display_on(quiet, as_json)) as progress:
         result = run_batch(specs, settings, folder, out, runner=runner, dtype=opts.dtype, password=password,
-                           on_progress=progress)
+                           on_progress=progress, quantize=opts.quantization)
     if as_json:
         typer.echo(json.dumps(result.as_dict()))
     elif not quiet:

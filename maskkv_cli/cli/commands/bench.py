@@ -17,6 +17,7 @@ from maskkv_cli.cli.options import (
     BenchBlockOpt,
     BenchGenOpt,
     BenchModelOpt,
+    BenchQuantizeOpt,
     BenchStepsOpt,
     ConfigOpt,
     DeviceOpt,
@@ -34,6 +35,7 @@ from maskkv_cli.cli.options import (
     budgets_option,
     config_option,
     device_option,
+    quantize_option,
     repeats_option,
 )
 from maskkv_cli.cli.parsing import parse_count, parse_counts, parse_policies
@@ -47,8 +49,9 @@ def _progress(quiet: bool, as_json: bool) -> Any:
     def on_case(i: int, n: int, case: Any, row: dict[str, Any] | None) -> None:
         if quiet or as_json:
             return
-        batch = getattr(case, "batch_size", 1)
-        what = f"[{i + 1}/{n}] prompt {case.prompt_len} {case.method}" + (f" batch {batch}" if batch > 1 else "")
+        batch, weights = getattr(case, "batch_size", 1), getattr(case, "quantize", "none")
+        what = (f"[{i + 1}/{n}] prompt {case.prompt_len} {case.method}" + (f" batch {batch}" if batch > 1 else "")
+                + (f" {weights}" if weights != "none" else ""))
         if row is None:
             sys.stderr.write(f"{what}: running...\n")
         elif row.get("reused"):
@@ -79,9 +82,9 @@ def _print_table(title: str, head: list[str], body: list[list[str]], keep: tuple
     console.print(table)
 
 
-SPEED_COLUMNS = ("prompt", "method", "batch", "prefill s", "step ms", "total s", "tok/s", "s/seq", "vs batch 1",
-                 "vs none", "vs full", "peak mem", "KV kept", "cache/seq (model)", "prefill peak (model)",
-                 "meas/limit", "prefill GFLOP/s", "note")
+SPEED_COLUMNS = ("prompt", "method", "weights", "batch", "prefill s", "step ms", "total s", "tok/s", "s/seq",
+                 "vs batch 1", "vs none", "vs full", "peak mem", "KV kept", "cache/seq (model)", "prefill peak (model)",
+                 "meas/limit", "prefill GFLOP/s", "weights bytes", "step vs unq", "prefill vs unq", "note")
 
 
 @guarded
@@ -119,6 +122,7 @@ def speed(
     repeats: Annotated[int, repeats_option(
         "Run every case this many times, round by round (each round runs every case once), and "
         "report each case's median run; ratios between cases then compare runs spread over the same time.")] = 1,
+    quantize: BenchQuantizeOpt = "none",
     in_process: Annotated[bool, typer.Option(
         "--in-process", help="Run every case in this process (quick checks; peak memory is then not per case).")]
     = False,
@@ -152,6 +156,9 @@ def speed(
         maskkv bench speed --prompt-lengths 1k -n 32 --steps 32 --policies maskkv --budgets 256 --batch-sizes 1,8
         --repeats 5
 
+        maskkv bench speed --config llada2-small --prompt-lengths 1k --policies maskkv --budgets 256
+        --quantize none,int8,int4 --repeats 5 --in-process
+
         maskkv bench speed --config diffusiongemma-small --prompt-lengths 1k,4k --budgets 256 --threads 2
 
         maskkv bench speed --config diffusiongemma-26b-a4b --device cuda --prompt-lengths 32k,128k --budgets 256
@@ -170,7 +177,8 @@ def speed(
         block_length=block_length, config=shape,
         model=model, device=dev, dtype=dtype, none_steps=none_steps, seed=seed, threads=threads, limit=limit,
         step_modes=("eager", "compile") if compile_ else tuple(m.strip() for m in step_modes.split(",") if m.strip()),
-        batch_sizes=parse_counts(batch_sizes, "--batch-sizes", unique=True), repeats=repeats)
+        batch_sizes=parse_counts(batch_sizes, "--batch-sizes", unique=True), repeats=repeats,
+        quantize=tuple(m.strip() for m in quantize.split(",") if m.strip()))
     folder, rows = run_sweep(settings, out, fresh, isolate=not in_process, on_case=_progress(quiet, as_json))
     if as_json:
         typer.echo(json.dumps({"results": rows}))
@@ -194,6 +202,9 @@ def memory(
     block_length: BenchBlockOpt = 32,
     device: Annotated[str, device_option("cpu (peak RSS) or cuda (allocator peak).")] = "cpu",
     dtype: DtypeOpt = "auto",
+    quantize: Annotated[str, quantize_option(
+        "Weight quantization of the model: none, int8 or int4 (torchao; the config file's default does not apply "
+        "to benchmarks).")] = "none",
     threads: ThreadsOpt = 1,
     seed: SeedOpt = 0,
     profile: Annotated[bool, typer.Option(
@@ -222,7 +233,7 @@ def memory(
                               gen_length=gen_length,
                               block_length=block_length, policies=parse_policies(policies),
                               config=None if model else config, model=model, device=resolve_device(device),
-                              dtype=dtype, seed=seed, threads=threads, profile=profile)
+                              dtype=dtype, seed=seed, threads=threads, profile=profile, quantize=quantize)
     folder, rows = run_memory(settings, out, fresh, on_case=_progress(quiet, as_json))
     if as_json:
         typer.echo(json.dumps({"results": rows}))
@@ -237,6 +248,56 @@ def memory(
     if not quiet:
         sys.stderr.write(f"results: {folder.path}\n")
 
+
+
+@guarded
+def loading(
+    quantize: BenchQuantizeOpt = "none,int8,int4",
+    config: Annotated[str, config_option("Named model shape whose random weights are written as a bf16 checkpoint "
+                                         "in shards (removed after the run).")] = "llada2-small",
+    model: BenchModelOpt = None,
+    shard_mb: Annotated[int, typer.Option("--shard-mb", help="Shard size of the random checkpoint, MiB (a tensor "
+                                          "larger than this gets a shard of its own).")] = 256,
+    device: Annotated[str, device_option("cpu (peak RSS) or cuda (allocator peak).")] = "cpu",
+    dtype: DtypeOpt = "auto",
+    threads: ThreadsOpt = 1,
+    seed: SeedOpt = 0,
+    out: OutOpt = None,
+    fresh: FreshOpt = False,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Peak memory of loading a checkpoint in several shards, unquantized and quantized while loading, each in a
+    fresh process, against the target: the weights held + the largest shard.
+
+    Examples:
+
+        maskkv bench loading
+
+        maskkv bench loading --dtype bf16 --quantize int8,int4 --json
+
+        maskkv bench loading --model ~/models/LLaDA2.1-mini --dtype bf16
+    """
+    from maskkv_cli.bench.loading import LoadSettings, loading_table, run_loading
+
+    settings = LoadSettings(quantize=tuple(m.strip() for m in quantize.split(",") if m.strip()),
+                            config=None if model else config, model=model, shard_mb=shard_mb,
+                            dtype=dtype, device=resolve_device(device), seed=seed, threads=threads)
+
+    def on_case(i: int, n: int, case: Any, row: dict[str, Any] | None) -> None:
+        if not quiet and not as_json:
+            what = f"[{i + 1}/{n}] loading with {case.quantize} weights"
+            sys.stderr.write(f"{what}: running...\n" if row is None else f"{what}: "
+                             + ("reused\n" if row.get("reused") else f"{row['load_s']:.1f} s\n"))
+
+    folder, rows = run_loading(settings, out, fresh, on_case=on_case)
+    if as_json:
+        typer.echo(json.dumps({"results": rows}))
+        return
+    head, body = loading_table(rows)
+    _print_table("maskkv bench loading", head, body, left=("weights", "dtype", "within", "note"))
+    if not quiet:
+        sys.stderr.write(f"results: {folder.path}\n")
 
 
 @guarded

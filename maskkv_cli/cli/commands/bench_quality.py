@@ -44,6 +44,7 @@ from maskkv_cli.cli.options import (
     QualitySamplesOpt,
     QualitySeedOpt,
     QualityStepsOpt,
+    QuantizeOpt,
     QuietOpt,
     RayOpt,
     TaskKindsOpt,
@@ -172,6 +173,7 @@ def quality(
     prompts: PromptsOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
+    quantize: QuantizeOpt = None,
     out: OutOpt = None,
     fresh: FreshOpt = False,
     devices: DevicesOpt = None,
@@ -207,18 +209,22 @@ def quality(
         maskkv bench quality --model ~/models/LLaDA-8B-Instruct --ray auto --out runs/q8b
 
         maskkv bench quality --haystack stdlib-heldout --tasks niah_single,niah_none --lengths 512,1k
+
+        maskkv bench quality --quantize int8 --policies full,maskkv --budgets 64,256
     """
     from maskkv_cli.app.run_settings import RunSettings
     from maskkv_cli.bench.quality import run_quality
     from maskkv_cli.bench.quality_plan import is_tasks_file, parse_kinds, plan_cases
     from maskkv_cli.bench.quality_sources import TaskSource, build_groups, read_haystack, read_tasks_file
     from maskkv_cli.cli.parsing import parse_policies
+    from maskkv_cli.defaults import resolve_quantize
     from maskkv_cli.engine.batch_memory import parse_batch_size
     from maskkv_cli.engine.plan import check_layer_budgets
     from maskkv_cli.tasks.longbench import load_templates
 
     if samples <= 0:
         raise UsageError(f"--samples must be a positive integer, got {samples}")
+    weights = resolve_quantize(quantize)
     check_layer_budgets(layer_budgets)
     names = parse_policies(policies)
     budget_list = parse_counts(budgets, "--budgets", unique=True)
@@ -257,11 +263,11 @@ def quality(
         path, message, known = default_model(model)
         note(message, quiet, as_json)
         pool, device_kind = make_pool(Runner(devices=worker_devices, ray=ray, workers=workers if ray else None),
-                                      WorkerSpec(path, dtype=None if dtype == "auto" else dtype))
-        session = PlanningSession(known or path, None if dtype == "auto" else dtype, device_kind)
+                                      WorkerSpec(path, dtype=None if dtype == "auto" else dtype, quantize=weights))
+        session = PlanningSession(known or path, None if dtype == "auto" else dtype, device_kind, weights)
         cell_runner = pooled_cells(pool)
     else:
-        session = load_session(model, device, dtype, quiet, as_json)
+        session = load_session(model, device, dtype, quiet, as_json, quantize=weights)
     defaults = session.generation_defaults or FALLBACK_GENERATION
     gen = RunSettings(gen_length=gen_length, steps=steps, block_length=block_length, seed=seed).generation(defaults)
     cases = plan_cases(names, budget_list)

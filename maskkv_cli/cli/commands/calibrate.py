@@ -20,6 +20,7 @@ from maskkv_cli.cli.options import (
     JsonOpt,
     MaxTokensOpt,
     ModelOpt,
+    QuantizeOpt,
     QuietOpt,
 )
 from maskkv_cli.errors import DocumentError, UsageError
@@ -96,6 +97,7 @@ def calibrate(
     gen_length: GenLengthOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
+    quantize: QuantizeOpt = None,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -110,9 +112,15 @@ def calibrate(
         maskkv calibrate --model ~/models/LLaDA-8B-Instruct
 
         maskkv calibrate --model ~/models/LLaDA-8B-Instruct --samples 16 report.pdf notes.txt
+
+        maskkv calibrate --model ~/models/LLaDA2.1-mini --quantize int8
+
+    With --quantize the importance is measured on the quantized weights; the profile (one per model, used by runs
+    of any quantization) records it.
     """
     from rich.console import Console
 
+    from maskkv_cli.defaults import resolve_quantize
     from maskkv_cli.engine.importance import measure_importance
     from maskkv_cli.models.calibration import make_profile, save_profile
     from maskkv_cli.models.catalog import default_model
@@ -122,6 +130,7 @@ def calibrate(
         raise UsageError("--samples and --max-tokens must be positive")
     if gen_length is not None and gen_length < 0:
         raise UsageError("--gen-length must not be negative")
+    weights = resolve_quantize(quantize)
     path, msg, known = default_model(model)
     note(msg, quiet, as_json)
     texts = read_texts(docs) if docs else builtin_corpus()
@@ -145,7 +154,8 @@ def calibrate(
     # a block-causal model is measured as it runs: in blocks (its stored block length, else 32)
     block = read_model_defaults(folder).generation.get("block_length", 32) if cfg.block_causal else None
     inputs = calibration_inputs(tokenizer, texts, max_tokens, samples, gen_length, cfg.mask_token_id)
-    llada = load_checkpoint(folder, cfg, device=resolve_device(device), dtype=None if dtype == "auto" else dtype)
+    llada = load_checkpoint(folder, cfg, device=resolve_device(device), dtype=None if dtype == "auto" else dtype,
+                            quantize=weights, prequantized=checkpoint.prequantized)
     batches = (torch.tensor([seq], dtype=torch.long) for seq in inputs)
 
     err = Console(stderr=True)
@@ -159,7 +169,7 @@ def calibrate(
                                         block=block)
     else:
         result = measure_importance(llada, batches, block=block)
-    profile = make_profile(checkpoint, result)
+    profile = make_profile(checkpoint, result, weights)
     saved = save_profile(profile)
 
     if as_json:

@@ -10,7 +10,16 @@ import typer
 
 from maskkv_cli.cli.common import guarded, one_line_stats
 from maskkv_cli.cli.model_choice import load_session
-from maskkv_cli.cli.options import BudgetOpt, DeviceOpt, JsonOpt, ModelOpt, QuietOpt, SeedOpt, length_option
+from maskkv_cli.cli.options import (
+    BudgetOpt,
+    DeviceOpt,
+    JsonOpt,
+    ModelOpt,
+    QuantizeOpt,
+    QuietOpt,
+    SeedOpt,
+    length_option,
+)
 from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.runtime.fileio import atomic_write_text
 
@@ -22,6 +31,7 @@ def demo(
     length: Annotated[int, length_option("Document length in tokens.")] = 250,
     seed: SeedOpt = 0,
     device: DeviceOpt = "auto",
+    quantize: QuantizeOpt = None,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -36,15 +46,19 @@ def demo(
         maskkv demo
 
         maskkv demo --budget 8 --length 500
+
+        maskkv demo --quantize int8
     """
     from maskkv_cli.app.pipeline import ask
     from maskkv_cli.app.run_settings import RunSettings
+    from maskkv_cli.defaults import resolve_quantize
     from maskkv_cli.paths import maskkv_home
     from maskkv_cli.tasks.metrics import score
     from maskkv_cli.tasks.synthetic import generate_tasks
 
+    weights = resolve_quantize(quantize)
     started = time.perf_counter()
-    session = load_session(model, device, "auto", quiet, as_json)
+    session = load_session(model, device, "auto", quiet, as_json, quantize=weights)
     load_s = time.perf_counter() - started
     task = generate_tasks("niah_single", 1, length, seed=seed, count_tokens=session.count_tokens)[0]
     doc = atomic_write_text(maskkv_home() / "demo" / "demo.txt", task.context)

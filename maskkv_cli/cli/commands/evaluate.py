@@ -16,7 +16,7 @@ from maskkv_cli.cli.run_options import CACHE, OUTPUT, SAMPLER, RunOptions, run_o
 # every shared option but the answer length and the temperature, which each request sets; the model's but
 # --device-map and --yes (each rank holds its model on one device; a model not on this machine is an error)
 EVAL_SAMPLER = tuple(name for name in SAMPLER if name not in ("gen_length", "temperature"))
-EVAL_MODEL = ("model", "device", "dtype")
+EVAL_MODEL = ("model", "device", "dtype", "quantize")
 
 
 @guarded
@@ -54,6 +54,8 @@ def evaluate(
 
         maskkv eval --tasks my_task --include-path ./tasks --no-builtin-tasks --policy full --batch-size 8
 
+        maskkv eval --model ~/LLaDA2.1-mini --tasks longbench_trec --quantize int8 -o runs/lb-int8
+
         accelerate launch --multi_gpu --num_processes 8 -m maskkv_cli eval --tasks longbench_trec -o runs/lb
     """
     from maskkv_cli.evaluation import INSTALL_HINT, harness_available
@@ -73,7 +75,8 @@ def evaluate(
     note(message, quiet, as_json)
 
     model_args: dict[str, Any] = {"model": model, "device": opts.device, "dtype": opts.dtype,
-                                  "mc_samples": mc_samples, "batch_size": batch_size, **harness_args(opts)}
+                                  "quantize": opts.quantization, "mc_samples": mc_samples, "batch_size": batch_size,
+                                  **harness_args(opts)}
     run = run_eval(names, model_args, include_path=None if include_path is None else str(include_path),
                    builtin_tasks=builtin_tasks, chat_template=chat_template, limit=limit, output=output)
     if run.results is None:

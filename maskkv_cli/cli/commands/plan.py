@@ -38,8 +38,8 @@ def _notes(model: Any, rows: list[Any]) -> list[str]:
         lines.append(f"activations include one {QUERY_CHUNK}-query chunk's fp32 attention scores (held by a kernel "
                      "that forms them; flash kernels do not)")
     if any(r.format == "int4" and r.weights_implemented for r in rows):
-        lines.append("int4: maskkv packs int4 for the CPU's kernel (models/quantize.py); on a GPU its loader leaves "
-                     "the layers in bf16 today, so there these rows are the format's bytes, not what maskkv loads")
+        lines.append("int4: the bytes of the CPU's packing (models/quantize.py); on a GPU maskkv packs int4 for "
+                     "PyTorch's tinygemm kernel (tile_packed_to_4d, bf16 only), whose bytes are not measured here")
     if any(not r.weights_implemented for r in rows):
         lines.append("*: the format's rules applied to this model's shapes; maskkv cannot load it so yet")
     if any(r.over_window for r in rows):

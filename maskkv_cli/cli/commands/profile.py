@@ -38,7 +38,7 @@ def _check_output(path: Path | None, option: str) -> None:
 
 @guarded
 @run_options("layer_budgets", "gen_length", "steps", "block_length", "temperature", "threshold", "seed", "model",
-             "device", "dtype", *OUTPUT)
+             "device", "dtype", "quantize", *OUTPUT)
 def profile(
     document: Annotated[Path, typer.Argument(help="PDF, text or Markdown file.", show_default=False)],
     question: Annotated[str, typer.Argument(help="The question asked in every run.")] = DEFAULT_QUESTION,

@@ -59,6 +59,8 @@ def serve(
 
         maskkv serve --model GSAI-ML/LLaDA-8B-Instruct --budget 128 --port 8080
 
+        maskkv serve --model inclusionAI/LLaDA2.1-mini --quantize int4   # /v1/models names it LLaDA2.1-mini:int4
+
         MASKKV_API_KEY=secret maskkv serve --host 0.0.0.0   # on the network, with a key
 
         curl -F file=@report.pdf http://127.0.0.1:8000/v1/documents   # upload: its id
@@ -100,8 +102,9 @@ def serve(
 
     def ready(url: str) -> None:
         together = f", {server.batch_size} requests at once" if server.batch_size > 1 else ""
-        typer.echo(f"maskkv serve: {session.model_path} at {url}/ (the page) and {url}/v1 (the API){together}; "
-                   "Ctrl-C stops", err=True)
+        weights = "" if opts.quantization == "none" else f" ({opts.quantization} weights)"
+        typer.echo(f"maskkv serve: {session.model_path}{weights} at {url}/ (the page) and {url}/v1 (the API)"
+                   f"{together}; Ctrl-C stops", err=True)
 
     try:
         run_server(app, sock, on_ready=ready, log_level="warning" if opts.quiet else "info")
