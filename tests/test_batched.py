@@ -76,7 +76,7 @@ def test_golden_cases_alone_in_a_batch_of_eight_and_repeated(models: dict, famil
     """Every golden token case (every policy, both budgets, every decoding mode) gives its recorded tokens in a
     batch of 8 with prompts of other lengths, policies and budgets, and in a batch of itself repeated. Prefills are
     joined without a row cap here, so that eight of them share one pass."""
-    monkeypatch.setattr(driver, "JOIN_ROWS", 1 << 20)
+    monkeypatch.setattr(driver, "join_rows", lambda model: 1 << 20)
     golden = json.loads((GOLDEN_DIR / "tokens.json").read_text(encoding="utf-8"))
     tok, model = models["tokenizer"], models[family]
     ids = prompt_ids(tok)
@@ -347,15 +347,22 @@ def test_a_shared_prefill_equals_each_prefill_alone(mlp_chunk: int, query_chunk:
 
 
 def test_prefills_join_up_to_the_row_cap_and_long_ones_run_alone(models: dict, lanes_per_step: list[int]) -> None:
-    """Prefills go through the engine in runs of at most ``JOIN_ROWS`` rows (a longer prompt alone); every sequence's
+    """Prefills go through the engine in runs of at most ``join_rows`` rows (a longer prompt alone); every sequence's
     tokens are still the ones it gets alone."""
+    from maskkv_cli.engine.chunks import JOIN_ROWS
     from maskkv_cli.engine.lanes import PrefillLane
+    from maskkv_cli.engine.prefill import join_rows
+    from maskkv_cli.models.config import named_config
+    from maskkv_cli.models.families import build_model
     from maskkv_cli.sampling.llada import denoise_llada
+
+    with torch.device("meta"):  # a layer's weights against a row's activations: 54.5 MB / 16 kB
+        assert join_rows(build_model(named_config("llada-small"))) == 54_534_144 // ((1024 + 3072) * 4)
 
     lane = PrefillLane(torch.zeros(1, 40, dtype=torch.long), 32, torch.arange(32, 40), None)
     long = PrefillLane(torch.zeros(2, 300, dtype=torch.long), 280, torch.arange(280, 300), None)
     sizes = [len(g) for g in driver.prefill_groups([(None, lane)] * 3 + [(None, long)] + [(None, lane)] * 2,
-                                                   join_rows=100)]  # type: ignore[list-item]
+                                                   100)]  # type: ignore[list-item]
     assert sizes == [2, 1, 1, 2]  # 80 rows, then 40 (120 > 100), the 600-row lane alone, then 80
 
     tok, model = models["tokenizer"], models["llada"]
@@ -364,8 +371,8 @@ def test_prefills_join_up_to_the_row_cap_and_long_ones_run_alone(models: dict, l
     longer = torch.tensor([chat_prompt_ids(tok, document_question("".join(TEXTS) * 2, "Who?"))])
     jobs = [_job(model, p, gen, "maskkv", 8) for p in [*short, longer]]
     shared_prefills.clear()
-    driver_rows = sum(j.prompt.shape[-1] + 16 for j in jobs[:3])
-    assert driver_rows <= driver.JOIN_ROWS < longer.shape[-1] + 16
+    assert join_rows(model) == JOIN_ROWS  # a tiny model's layer weighs less than 512 rows' activations
+    assert sum(j.prompt.shape[-1] + 16 for j in jobs[:3]) <= JOIN_ROWS < longer.shape[-1] + 16
     results = sample_many(model, jobs, 4)
     assert shared_prefills == [3, 1]  # the three short prompts together, the long one on its own
     for together, job in zip(results, jobs, strict=True):

@@ -19,13 +19,14 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from maskkv_cli.engine.chunks import MLP_CHUNK, QUERY_CHUNK
+from maskkv_cli.engine.chunks import JOIN_ROWS, MLP_CHUNK, QUERY_CHUNK
 from maskkv_cli.engine.lanes import Layout, PrefillLane, RowTables, on_layer, spans
 from maskkv_cli.engine.selection import LayerRecord, LayerSink, OfflineSelection, OnlineSelection, online_budget
 from maskkv_cli.kv.cache import PromptCache
 from maskkv_cli.kv.prefix import PrefixLayer, PrefixStore
 from maskkv_cli.models.base import Rope, attention
 from maskkv_cli.models.protocol import Block, DiffusionLM
+from maskkv_cli.models.quantize import weights_bytes
 from maskkv_cli.policies.base import LayerView, Policy
 
 SHIFT_ROWS = 4096  # tokens per slice when measuring the attention shift (bounds the fp32 temporaries)
@@ -109,6 +110,20 @@ def _lane_heads(t: Tensor, a: int, b: int, batch: int, whole: bool) -> Tensor:
         return t
     part = t[0, :, a:b]  # (H, batch * n, D)
     return part.reshape(part.shape[0], batch, -1, part.shape[-1]).transpose(0, 1).contiguous()
+
+
+def join_rows(model: DiffusionLM) -> int:
+    """How many rows of prefills go through the weights as one pass (``sampling/driver.py`` joins prompts up to it):
+    as many rows as make one layer's activations (each row's hidden state and MLP width) weigh what the layer's
+    weights weigh, and at least ``JOIN_ROWS``. Joined rows share each weight's read, which pays while the weights
+    outweigh the rows; past that a joined pass only holds more activations, which costs where the weights are small.
+    Measured (``scripts/bench_join.py``, 8 prompts joined against one at a time, docs/performance.md): llada-small
+    (54 MB a layer, 3,328 rows by this rule) 0.60-0.83x the time alone for prompts of 32-512 tokens at 2 threads,
+    1.00x at 1k; the embedded model (0.85 MB a layer, 416 rows, so 512) 0.80x at 100 tokens, 1.04-1.15x at 300-1,400
+    tokens at 2 threads."""
+    cfg = model.config
+    per_row = (cfg.d_model + cfg.mlp_hidden_size) * (torch.finfo(model.dtype).bits // 8)
+    return max(JOIN_ROWS, weights_bytes(model.blocks[0]) // per_row)
 
 
 def prefill_lanes(model: DiffusionLM, lanes: Sequence[PrefillLane], mlp_chunk: int = MLP_CHUNK,

@@ -3,11 +3,11 @@ the engine together.
 
 A loop (``llada.py``, ``dream.py``, ``llada2.py``) yields what it needs the forward to compute (``StepRequest``) and
 is sent the logits back. ``step_round`` takes the pending request of every running generation, asks each one's
-forward for its engine lane (``sampling/forward.py``), runs the prefill lanes in joined runs of up to ``JOIN_ROWS``
-rows (``prefill_groups``; a longer prompt alone) and all step lanes in one step (``engine/prefill.py``,
-``engine/step.py``), and sends each loop its logits. ``drive`` runs one generation
-this way; ``sampling/stream.py`` runs many, joining and leaving. A generation's own failure (a progress callback
-that stops it, say) ends it alone; a failed shared forward (out of memory, ...) ends the generations in it.
+forward for its engine lane (``sampling/forward.py``), runs the prefill lanes in joined runs of up to
+``engine.prefill.join_rows`` rows (``prefill_groups``; a longer prompt alone) and all step lanes in one step
+(``engine/prefill.py``, ``engine/step.py``), and sends each loop its logits. ``drive`` runs one generation this
+way; ``sampling/stream.py`` runs many, joining and leaving. A generation's own failure (a progress callback that
+stops it, say) ends it alone; a failed shared forward (out of memory, ...) ends the generations in it.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from torch import Tensor
 
-from maskkv_cli.engine.chunks import JOIN_ROWS
 from maskkv_cli.engine.lanes import PrefillLane, StepLane
-from maskkv_cli.engine.prefill import prefill_lanes
+from maskkv_cli.engine.prefill import join_rows, prefill_lanes
 from maskkv_cli.engine.step import step_logits
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.sampling.forward import Forward, Lane, StepRequest
@@ -92,11 +91,10 @@ def _together(model: DiffusionLM, run: Callable[[DiffusionLM, list], list],  # t
 
 
 def prefill_groups(pairs: Sequence[tuple[Generation, PrefillLane]],
-                   join_rows: int | None = None) -> list[list[tuple[Generation, PrefillLane]]]:
+                   cap: int) -> list[list[tuple[Generation, PrefillLane]]]:
     """The prefills of one round in runs that go through the engine together: consecutive lanes while their rows
-    together stay within ``join_rows`` (``engine/chunks.py``); a lane of more rows alone. Each lane's numbers are the
-    same in any run (``models/rows.py``), so this decides only the speed."""
-    cap = JOIN_ROWS if join_rows is None else join_rows
+    together stay within ``cap`` (``engine.prefill.join_rows``); a lane of more rows alone. Each lane's numbers are
+    the same in any run (``models/rows.py``), so this decides only the speed."""
     groups: list[list[tuple[Generation, PrefillLane]]] = []
     rows = 0
     for gen, lane in pairs:
@@ -133,8 +131,9 @@ def step_round(model: DiffusionLM, generations: Sequence[Generation]) -> None:
         else:
             assert isinstance(lane, StepLane)
             steps.append((gen, lane))
-    for group in prefill_groups(prefills):
-        _together(model, prefill_lanes, group)
+    if prefills:
+        for group in prefill_groups(prefills, join_rows(model)):
+            _together(model, prefill_lanes, group)
     if steps:
         _together(model, step_logits, steps)
 
