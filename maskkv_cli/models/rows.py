@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from maskkv_cli.models.int8_matmul import int8_linear, takes
+
 PROBE_ROWS = 32  # small_rows looks at products of up to this many rows
 # (inputs, outputs) of the probed products: two mid-sized ones, then a small one (bf16 products below some size take
 # another kernel for a few rows) and a long reduction (a single bf16 row takes another kernel there)
@@ -98,13 +100,21 @@ def at_least_rows(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
     return fn(padded)[: x.shape[0]]
 
 
+def product(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)``; an int8 weight in bf16 on the CPU runs PyTorch's int8 kernel
+    (``models/int8_matmul.py``), whose rows never depend on each other."""
+    if takes(x, weight):
+        return int8_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)`` over x (..., n_in) as a product of never fewer than ``small_rows + 1`` rows."""
     width = x.shape[-1]
     rows = x.numel() // width if width else 0
     if rows == 0 or rows > PROBE_ROWS or rows > few_rows(x):  # no probe finds more than PROBE_ROWS
-        return F.linear(x, weight, bias)
-    out = at_least_rows(lambda flat: F.linear(flat, weight, bias), x.reshape(rows, width))
+        return product(x, weight, bias)
+    out = at_least_rows(lambda flat: product(flat, weight, bias), x.reshape(rows, width))
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
