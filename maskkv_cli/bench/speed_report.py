@@ -151,7 +151,8 @@ def summary_markdown(settings: SpeedSettings, rows: Sequence[dict[str, Any]], fo
         ]
     if quantized(rows):
         lines.append("- weights: the linear layers and experts quantized (torchao weight-only int8 / int4, "
-                     "`models/quantize.py`) or none; weights bytes as held (packed values, scales and zero points); "
+                     "`models/quantize.py`; int8 in bf16 on the CPU multiplied by PyTorch's int8 kernel, "
+                     "`models/int8_matmul.py`) or none; weights bytes as held (packed values, scales and zero points); "
                      "step vs unq / prefill vs unq: the unquantized run's median step / prefill time over this row's "
                      "(same method, prompt and batch; above 1: faster; with repeats, each the median over the runs)")
         for row in rows:
