@@ -72,7 +72,8 @@ def batch_limits(names: list[str], specs: list[JobSpec], model_path: str, settin
     from maskkv_cli.engine.plan import plan_cache
 
     session = Session(model_path)
-    run = RunSettings(policy=settings.policy, budget=settings.budget)
+    run = RunSettings(policy=settings.policy, budget=settings.budget, gen_length=settings.gen_length,
+                      steps=settings.steps, block_length=settings.block_length)
     gen, cache = run.generation(session.generation_defaults), run.cache()
     texts = {spec.document: Path(spec.document).read_text() for spec in specs}
     lengths = sorted(len(prepare(session, texts[s.document], s.question, gen.gen_length).ids) for s in specs)
@@ -100,6 +101,8 @@ def main() -> None:
     parser.add_argument("--questions", type=Path, help="a file of questions, one per line (with --docs)")
     parser.add_argument("--policy", default="maskkv", help="the cache policy of every job (default: maskkv, as "
                         "maskkv batch runs; runs before 2026-12-06 used maskkv-plus)")
+    parser.add_argument("--gen-length", type=int, help="answer tokens of every job, in as many steps, one block "
+                        "(default: the model's)")
     parser.add_argument("--configs", default="local 1,local 2,ray 1,ray 2",
                         help="comma-separated, from: local 1, local 2, ray 1, ray 2, batch N (this process, "
                              "--batch-size N), batch auto (--batch-size auto), local W batch N (W worker processes, "
@@ -114,7 +117,8 @@ def main() -> None:
     else:
         specs = make_jobs(work, 10, args.jobs // 10, seed=0)
     model, _ = resolve_default_model(None)
-    settings = AnswerSettings(policy=args.policy)
+    n = args.gen_length
+    settings = AnswerSettings(policy=args.policy, gen_length=n, steps=n, block_length=n)
     ray_start = 0.0
     uses_ray = any(name.startswith("ray") for name in order)
     if uses_ray:

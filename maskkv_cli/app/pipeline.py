@@ -40,7 +40,7 @@ from maskkv_cli.sampling.confidence import LOW_CONFIDENCE_STATISTIC, Confidence
 
 __all__ = ["CLAIMS", "Answer", "PartsAnswer", "Prompt", "Session", "add_pages", "answer_row", "ask", "ask_in_parts",
            "ask_many", "batch_size_for", "choose_part", "claim", "common_source", "confidence_fields", "part_prompts",
-           "parts_answer", "parts_stats", "prepare", "prompt_count", "reading_fields", "room_for_text", "says_absent",
+           "parts_answer", "parts_stats", "prepare", "prompt_lengths", "reading_fields", "room_for_text", "says_absent",
            "spans_pages", "trained_question", "used_every_token"]
 
 
@@ -177,22 +177,26 @@ def parts_answer(context: str, n_tokens: int, room: int, answers: Sequence[Answe
                        replace(chosen.result, stats=stats), notes, chosen.confidence, fitted, parts=list(answers))
 
 
-def prompt_count(session: Session, context: str, question: str, gen_length: int, long: str = DEFAULT_LONG) -> int:
-    """How many prompts ``ask`` builds for ``question`` about ``context``: its parts, else one."""
-    ids = session.document_ids(context)
+def prompt_lengths(session: Session, context: str, question: str, gen_length: int,
+                   long: str = DEFAULT_LONG) -> list[int]:
+    """About how many tokens each prompt ``ask`` builds for ``question`` about ``context`` holds: its parts (each
+    taken as long as the room), else the one prompt (the text cut to the room unless RoPE-scaled)."""
+    n_ids = len(session.document_ids(context))
+    overhead = session.prompt_overhead(question)
     room = room_for_text(session, question, gen_length)
-    if long != "parts" or len(ids) <= room:
-        return 1
-    return len(part_windows(len(ids), room, min(PART_OVERLAP, room // 4)))
+    if long == "parts" and n_ids > room:
+        return [overhead + room] * len(part_windows(n_ids, room, min(PART_OVERLAP, room // 4)))
+    return [overhead + (n_ids if long == "rope-scale" else min(n_ids, room))]
 
 
 def batch_size_for(session: Session, items: Sequence[tuple[str, str]], gen: GenerationConfig, cache: CacheConfig,
                    long: str, requested: int | None) -> tuple[int, str | None]:
     """How many prompts ``ask_many`` denoises together for these ``(context, question)`` items: ``requested``, or
     for None the most of their prompts (each part counted, each taken as long as the window) that fit by the memory
-    model (``Session.batch_size``), with the line saying so."""
-    n_prompts = sum(prompt_count(session, context, question, gen.gen_length, long) for context, question in items)
-    return session.batch_size(requested, [session.window] * n_prompts, gen, cache)
+    model, unless a batch would share too little of their work (``Session.batch_size``), with the line saying so."""
+    lengths = [n for context, question in items for n in prompt_lengths(session, context, question,
+                                                                         gen.gen_length, long)]
+    return session.batch_size(requested, [session.window] * len(lengths), gen, cache, work_lens=lengths)
 
 
 def ask_many(

@@ -11,7 +11,9 @@ from typing import Any
 import torch
 
 from maskkv_cli.engine.batch_memory import auto_batch_size, batch_memory, free_bytes, model_geometry
+from maskkv_cli.engine.batch_work import batch_work
 from maskkv_cli.engine.plan import CacheConfig, CachePlan, plan_cache
+from maskkv_cli.engine.prefill import join_rows
 from maskkv_cli.engine.prefix import compute_prefix
 from maskkv_cli.errors import UsageError
 from maskkv_cli.kv.prefix import PrefixStore
@@ -205,10 +207,11 @@ class Session:
         return [done[i] for i in range(n)]
 
     def batch_size(self, requested: int | None, prompt_lens: Sequence[int], gen: GenerationConfig,
-                   cache: CacheConfig) -> tuple[int, str | None]:
-        """``requested`` sequences at once, or for None (``--batch-size auto``) the largest batch of these prompts
-        that fits the device's free memory by the memory model (``engine/batch_memory.py``), with a line saying
-        so."""
+                   cache: CacheConfig, work_lens: Sequence[int] | None = None) -> tuple[int, str | None]:
+        """``requested`` sequences at once, or for None (``--batch-size auto``) the largest batch of prompts of
+        ``prompt_lens`` that fits the device's free memory by the memory model (``engine/batch_memory.py``), with a
+        line saying so; 1 when the prompts that will run (``work_lens``, where known) leave a batch too little of
+        their work to share (``engine/batch_work.py``)."""
         if requested is not None:
             return requested, None
         if not prompt_lens:
@@ -218,7 +221,14 @@ class Session:
         kept = plan.budget if plan.policy.evicts and plan.budget is not None else longest
         element = torch.finfo(self.model.dtype).bits // 8
         memory = batch_memory(model_geometry(self.model), longest, gen.gen_length, kept, element)
-        return auto_batch_size(memory, free_bytes(self.device), len(prompt_lens))
+        size, line = auto_batch_size(memory, free_bytes(self.device), len(prompt_lens))
+        if size > 1 and work_lens:
+            block_causal = self.model.config.block_causal
+            step_rows = gen.block_length if block_causal else self.response_positions(gen.gen_length)
+            work = batch_work(work_lens, gen.steps, step_rows, plan.policy.uses_cache, join_rows(self.model))
+            if not work.pays:
+                return 1, f"batch size auto: 1 ({work.reason()}; by the memory model {size} would fit)"
+        return size, line
 
     def sampler_options(self) -> SamplerOptions:
         """Every family's own sampler settings as this session holds them (its loop reads its own)."""

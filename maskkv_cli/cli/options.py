@@ -211,17 +211,20 @@ QuestionsFileOpt = Annotated[Path | None, questions_option("A file with one ques
 BatchJobsOpt = Annotated[str, batch_size_option(
     "Jobs of equal settings a worker denoises together in one forward (consecutive jobs, one document after "
     "another): a number, or auto (up to 16 jobs sent at once, as many prompts at a time as fit free memory by the "
-    "memory model). Each answer is the one it gets alone.")]
+    "memory model; 1 where a batch would share too little of their work: long prompts, short answers). Each answer "
+    "is the one it gets alone.")]
 CellBatchOpt = Annotated[str, batch_size_option(
     "A row's tasks denoised together in one forward: a number, or auto (as many as fit free memory by the memory "
-    "model). Scores do not depend on it; s/sample is then the row's time shared equally.")]
+    "model; 1 where a batch would share too little of their work). Scores do not depend on it; s/sample is then "
+    "the row's time shared equally.")]
 ServeBatchOpt = Annotated[str, batch_size_option(
     "Requests whose generations run together in one forward (each answer the one it gets alone): a number, or "
     "auto (as many window-long prompts as fit free memory by the memory model, at most 1 + --queue); 1: one "
     "request at a time. Block-causal models (LLaDA2) always run one at a time.")]
 AskBatchOpt = Annotated[str, batch_size_option(
     "Questions (and parts of a long document) denoised together in one forward: a number, or auto (the most that "
-    "fit free memory by the memory model). Each answer is the one it gets alone.")]
+    "fit free memory by the memory model; 1 where a batch would share too little of their work: long prompts, "
+    "short answers). Each answer is the one it gets alone.")]
 
 # batch
 BatchOutOpt = Annotated[Path | None, out_option(
@@ -235,7 +238,8 @@ HarnessTasksOpt = Annotated[str, tasks_option(
     "Comma-separated harness task or group names, e.g. longbench_hotpotqa,gsm8k, or names from --include-path.")]
 EvalBatchOpt = Annotated[str, batch_size_option(
     "Generation requests of one answer length denoised together in one forward: a number, or auto (the most that "
-    "fit free memory by the memory model). Each answer is the one it gets alone.")]
+    "fit free memory by the memory model; 1 where a batch would share too little of their work). Each answer is "
+    "the one it gets alone.")]
 
 # calibrate
 CalibrationSamplesOpt = Annotated[int, samples_option("Calibration inputs (document windows) at most.")]

@@ -186,7 +186,8 @@ def batch_size(engine: Engine, prompts: Sequence[list[int]], gen_length: int, se
     ``max_batch_size``; with the line saying how an automatic size was chosen."""
     run = request_run(settings, temperature)
     lengths = [len(fit_prompt(engine, list(ids), gen_length)[0]) for ids in prompts]
-    size, note = engine.session.batch_size(requested, lengths, run.answer_generation(gen_length), run.cache())
+    size, note = engine.session.batch_size(requested, lengths, run.answer_generation(gen_length), run.cache(),
+                                           work_lens=lengths)
     if requested is None and max_batch_size is not None and size > max_batch_size:
         size, note = max_batch_size, f"{note}; capped at max_batch_size {max_batch_size}"
     return size, note

@@ -58,7 +58,8 @@ def answer_prompts(session: Any, prompts: list[list[int]], gen: Any, cache: Any,
     if batch_size == 1 or len(prompts) <= 1:
         return [answer_prompt(session, ids, gen, cache) for ids in prompts]
     t0 = time.perf_counter()
-    size, _ = session.batch_size(batch_size, [len(ids) for ids in prompts], gen, cache)
+    lengths = [len(ids) for ids in prompts]
+    size, _ = session.batch_size(batch_size, lengths, gen, cache, work_lens=lengths)
     answers = session.answer_many(prompts, gen, cache, size)
     each = (time.perf_counter() - t0) / len(prompts)
     return [_cell_answer(answer, each) for answer in answers]
