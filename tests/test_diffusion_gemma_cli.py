@@ -208,9 +208,8 @@ def test_maskkv_at_a_small_budget_evicts_the_full_layers_only(session, folder, d
     assert stats.kv_full_bytes == 4 * 2 * (2 * (W - 1) * 2 * 16 + 2 * m * 1 * 32)  # fp32 K and V, as kept whole
     assert stats.kv_bytes < stats.kv_full_bytes
     assert answer.budget == 4
-    assert answer.notes == ["uniform layer budgets (a diffusion_gemma model has no calibration profile yet)"]
-    refused = runner.invoke(app, ["calibrate", "--model", str(folder)])
-    assert refused.exit_code != 0 and refused.stderr.startswith("error: calibrate does not measure diffusion_gemma")
+    assert len(answer.notes) == 1
+    assert answer.notes[0].startswith("no calibration profile for this model: uniform layer budgets")
     out = runner.invoke(app, ["profile", str(doc), QUESTION, "--model", str(folder), "--policies", "maskkv,full",
                               "--budgets", "4", "--gen-length", str(GEN), "--no-warmup", "--json"])
     assert out.exit_code == 0, out.output
@@ -221,10 +220,33 @@ def test_maskkv_at_a_small_budget_evicts_the_full_layers_only(session, folder, d
     assert not runs["full"]["evicted"] and runs["full"]["head_budgets"] == [[m], [m]]
 
 
+def test_calibrate_measures_the_full_layers_and_maskkv_splits_its_budget_by_them(session, folder, doc):
+    """``maskkv calibrate`` stores one I(l) per full layer (measured at the first step of a random canvas), the same
+    for the same inputs; MaskKV's run then names the profile and splits its budget over the full layers by it."""
+    args = ["calibrate", "--model", str(folder), "--samples", "2", "--max-tokens", "48", str(doc), "--json"]
+    out = runner.invoke(app, args)
+    assert out.exit_code == 0, out.output
+    profile = json.loads(out.stdout)
+    assert profile["n_layers"] == 2 and len(profile["importance"]) == 2  # layers 1 and 3
+    assert all(0.0 < v <= 2.0 for v in profile["importance"]) and profile["inputs"] == 2
+    assert profile["tokens"] == 2 * C
+    again = runner.invoke(app, args)
+    assert json.loads(again.stdout)["importance"] == profile["importance"]
+    prompt = pipeline.prepare(session, DOC, QUESTION, GEN)
+    answer = session.answer_ids(prompt.ids, _gen(), CacheConfig(policy="maskkv", budget=4),
+                                document_len=prompt.document_len)
+    assert answer.notes[0].startswith("using calibration profile")
+    budgets = answer.result.layer_budgets
+    assert budgets is not None and len(budgets) == 2 and sum(budgets) == 2 * 4
+    uniform = session.answer_ids(prompt.ids, _gen(), CacheConfig(policy="mask-vote-uniform", budget=4),
+                                 document_len=prompt.document_len)
+    assert uniform.result.layer_budgets == [4, 4]
+
+
 def test_profile_draws_the_full_layers_by_their_indices(folder, doc, tmp_path):
     """The heatmap and the layer chart name DiffusionGemma's full layers (L1, L3 here, not L0, L1), the GQA note
-    counts their KV heads (1, of 4 query heads; the sliding layers have 2), and nothing points at maskkv calibrate,
-    which refuses the family; the HTML report too."""
+    counts their KV heads (1, of 4 query heads; the sliding layers have 2), and points at maskkv calibrate for a
+    profile; the HTML report too."""
     html = tmp_path / "run.html"
     out = runner.invoke(app, ["profile", str(doc), QUESTION, "--model", str(folder), "--policies", "maskkv",
                               "--budgets", "4", "--gen-length", str(GEN), "--no-warmup", "--html", str(html)])
@@ -233,7 +255,7 @@ def test_profile_draws_the_full_layers_by_their_indices(folder, doc, tmp_path):
     rows = [line.split()[0] for line in out.stdout.splitlines() if line.strip().startswith("L")]
     assert "L1" in rows and "L3" in rows and "L0" not in rows and "L2" not in rows
     assert "(1 KV heads, 4 query heads each" in text and "layers 1, 3" in text
-    assert "maskkv calibrate does not measure" in text and "run `maskkv calibrate`" not in text
+    assert "run `maskkv calibrate`" in text and "maskkv calibrate does not measure" not in text
     page = html.read_text()
     assert "<th>L1</th>" in page and "<th>L3</th>" in page and "<th>L0</th>" not in page
 

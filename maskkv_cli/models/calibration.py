@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from maskkv_cli.models.checkpoint import ModelFolder, config_hash
+from maskkv_cli.models.config import ModelConfig
 from maskkv_cli.paths import config_file, resolve_model_path
 from maskkv_cli.runtime.fileio import atomic_write_text
 
@@ -126,13 +127,19 @@ def profile_path(model_path: str | os.PathLike[str] | ModelFolder) -> Path:
     return profile_dir() / f"{model_key(model_path)}.json"
 
 
+def calibrated_layers(cfg: ModelConfig) -> int:
+    """How many values a profile of this model holds: one per layer whose prompt cache MaskKV's layer budgets split
+    (``ModelConfig.evicted_layers``: DiffusionGemma's full-attention layers, every layer elsewhere)."""
+    return len(cfg.evicted_layers)
+
+
 def make_profile(model_path: str | os.PathLike[str] | ModelFolder, result: ImportanceResult,
                  quantization: str = "none") -> CalibrationProfile:
     """The profile of ``result``, measured on the model's weights as quantized by ``quantization``."""
     from maskkv_cli import __version__
 
     model = _checkpoint(model_path)
-    n_layers = model.config.n_layers
+    n_layers = calibrated_layers(model.config)
     if len(result.importance) != n_layers:
         raise ValueError(f"{len(result.importance)} importance values for a model with {n_layers} layers")
     return CalibrationProfile(model_key(model), str(model.path.resolve()), n_layers, tuple(result.importance),
@@ -169,7 +176,7 @@ def find_profile(model_path: str | os.PathLike[str] | ModelFolder) -> tuple[Cali
         return None, str(exc)
     if profile.model != key:
         return None, f"it was made for model {profile.model!r}, not {key!r}"
-    n_layers = model.config.n_layers
+    n_layers = calibrated_layers(model.config)
     if profile.n_layers != n_layers:
         return None, f"it has {profile.n_layers} layers, the model has {n_layers}"
     return profile, None

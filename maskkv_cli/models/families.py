@@ -83,7 +83,7 @@ FAMILY_TABLE: dict[str, Family] = {
                      document_prefix=True),
     "diffusion_gemma": Family("diffusion_gemma", DiffusionGemma, "diffusion_gemma", ("diffusion_gemma",),
                               diffusion_gemma_from_hf, diffusion_gemma_to_hf, chat_format="gemma",
-                              loader="diffusion_gemma", document_prefix=True, device_map=False, calibration=False,
+                              loader="diffusion_gemma", document_prefix=True, device_map=False,
                               refuses=("steps", "block_length", "cfg_scale", "remasking", "threshold", "alg", "top_p",
                                        "top_k", "editing_threshold", "max_post_steps"),
                               # residual entries are not ported to its cache; only the window's encoder queries vote

@@ -6,8 +6,9 @@ Heavy modules (torch, transformers, Rich) load inside the command, so ``maskkv -
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -25,6 +26,9 @@ from maskkv_cli.cli.options import (
 )
 from maskkv_cli.errors import DocumentError, UsageError
 from maskkv_cli.runtime.devices import resolve_device
+
+if TYPE_CHECKING:
+    from maskkv_cli.models.calibration import ImportanceResult
 
 DEFAULT_GEN_LENGTH = 128
 DocsArg = Annotated[list[Path] | None, typer.Argument(
@@ -116,7 +120,8 @@ def calibrate(
         maskkv calibrate --model ~/models/LLaDA2.1-mini --quantize int8
 
     With --quantize the importance is measured on the quantized weights; the profile (one per model, used by runs
-    of any quantization) records it.
+    of any quantization) records it. DiffusionGemma: each input is the prompt alone (no masks), I(l) is measured
+    per full-attention layer at the first denoising step of a random canvas (the only layers MaskKV cuts).
     """
     from rich.console import Console
 
@@ -148,15 +153,24 @@ def calibrate(
     if not family(cfg.family).calibration:
         raise UsageError(f"calibrate does not measure {cfg.family} models yet; their MaskKV layer budgets are "
                          "uniform")
+    canvas = cfg.family_config is not None  # DiffusionGemma: the prompt alone, then a random canvas
     if gen_length is None:
-        gen_length = _default_gen_length(folder)
+        gen_length = 0 if canvas else _default_gen_length(folder)
     tokenizer = use_chat_format(tokenizer_from_folder(folder), family(cfg.family).chat_format)
     # a block-causal model is measured as it runs: in blocks (its stored block length, else 32)
     block = read_model_defaults(folder).generation.get("block_length", 32) if cfg.block_causal else None
-    inputs = calibration_inputs(tokenizer, texts, max_tokens, samples, gen_length, cfg.mask_token_id)
+    inputs = calibration_inputs(tokenizer, texts, max_tokens, samples, 0 if canvas else gen_length,
+                                cfg.mask_token_id)
     llada = load_checkpoint(folder, cfg, device=resolve_device(device), dtype=None if dtype == "auto" else dtype,
                             quantize=weights, prequantized=checkpoint.prequantized)
     batches = (torch.tensor([seq], dtype=torch.long) for seq in inputs)
+
+    def measure(on_batch: Callable[[int, int], None] | None = None) -> ImportanceResult:
+        if canvas:
+            from maskkv_cli.sampling.diffusion_gemma_importance import measure_full_layer_importance
+
+            return measure_full_layer_importance(llada, batches, on_input=on_batch)  # type: ignore[arg-type]
+        return measure_importance(llada, batches, on_batch=on_batch, block=block)
 
     err = Console(stderr=True)
     if err.is_terminal and not quiet and not as_json:
@@ -165,17 +179,16 @@ def calibrate(
         with Progress(TextColumn("[bold]calibrating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err, transient=True) as progress:
             task = progress.add_task("calibrating", total=len(inputs))
-            result = measure_importance(llada, batches, on_batch=lambda n, _t: progress.update(task, completed=n),
-                                        block=block)
+            result = measure(lambda n, _t: progress.update(task, completed=n))
     else:
-        result = measure_importance(llada, batches, block=block)
+        result = measure()
     profile = make_profile(checkpoint, result, weights)
     saved = save_profile(profile)
 
     if as_json:
         typer.echo(json.dumps({**profile.to_dict(), "path": str(saved)}))
         return
-    _print_table(profile.importance, result.inputs, result.tokens)
+    _print_table(profile.importance, result.inputs, result.tokens, cfg.evicted_layers)
     typer.echo(f"saved calibration profile to {saved}")
 
 
@@ -186,7 +199,8 @@ def _default_gen_length(folder: Path) -> int:
     return read_model_defaults(folder).generation.get("gen_length", DEFAULT_GEN_LENGTH)
 
 
-def _print_table(importance: tuple[float, ...], inputs: int, tokens: int) -> None:
+def _print_table(importance: tuple[float, ...], inputs: int, tokens: int, layers: tuple[int, ...]) -> None:
+    """I(l) per measured layer (``layers``: their indices in the model), the first and last as the boundary."""
     from rich.console import Console
     from rich.table import Table
 
@@ -196,8 +210,8 @@ def _print_table(importance: tuple[float, ...], inputs: int, tokens: int) -> Non
     table.add_column("layer", justify="right")
     table.add_column("I(l)", justify="right")
     table.add_column("", no_wrap=True)
-    for i, value in enumerate(importance):
+    for i, (layer, value) in enumerate(zip(layers, importance, strict=True)):
         bar = "#" * round(24 * value / top)
-        label = f"{i}" + (" (boundary)" if i in (0, last) else "")
+        label = f"{layer}" + (" (boundary)" if i in (0, last) else "")
         table.add_row(label, f"{value:.4f}", bar)
     Console().print(table)
