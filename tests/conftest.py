@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,15 @@ def tiny_dir(tmp_path_factory, tiny_model, tiny_tokenizer) -> Path:
     from maskkv_cli.models.loading import save_model
 
     return save_model(tiny_model, tmp_path_factory.mktemp("ckpt") / "tiny-llada", tiny_tokenizer)
+
+
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def threads(request: pytest.FixtureRequest) -> Iterator[int]:
+    """The test runs once with one torch thread and once with two (the row floor differs between them)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(autouse=True)

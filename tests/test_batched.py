@@ -251,14 +251,6 @@ def test_a_sequence_that_fails_ends_alone(models: dict) -> None:
         sample_many(model, jobs, 4)
 
 
-@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
-def threads(request: pytest.FixtureRequest) -> Iterator[int]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize(("config", "dtype"), [("tiny", "fp32"), ("dream-tiny", "fp32"), ("llada-moe-tiny", "fp32"),
                                                ("llada2-tiny", "fp32"), ("llada-moe-tiny", "bf16"),
                                                ("llada2-tiny", "bf16")])

@@ -19,6 +19,7 @@ import torch
 pytest.importorskip("transformers.models.diffusion_gemma",
                     reason="the installed transformers has no DiffusionGemma (needs transformers>=5.25)")
 
+from dgemma_folder import randomise as _randomise  # noqa: E402
 from transformers import DiffusionGemmaConfig as HFConfig  # noqa: E402
 from transformers import DiffusionGemmaForBlockDiffusion  # noqa: E402
 from transformers.cache_utils import DynamicCache  # noqa: E402
@@ -52,26 +53,6 @@ FP32 = 1e-4
 BF16 = 1e-2  # measured: 0 (bit-identical), see test_bf16_close_to_transformers
 # every draw the argmax, every position accepted; 16 steps (no canvas of this model stops early in this limit)
 DETERMINISTIC = dict(t_min=0.0, t_max=1e-6, max_denoising_steps=16)
-
-
-def _randomise(model: torch.nn.Module, seed: int) -> None:
-    """Every text weight random: scales and norm weights in [0.5, 1.5], matrices ~ 1/sqrt(fan in), the embedding
-    larger (peaky logits, so the sampler accepts varying numbers of positions); layer scalars of the encoder and
-    the decoder different."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():  # tied weights are listed once
-            if "vision" in name:
-                continue
-            if p.dim() == 1:  # norm weights, router scale, per-expert scales
-                p.copy_(0.5 + torch.rand(p.shape, generator=gen))
-            elif "embed_tokens" in name:
-                p.copy_(1.5 * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
-        for name, b in model.named_buffers():
-            if name.endswith("layer_scalar"):
-                b.copy_(0.5 + torch.rand(b.shape, generator=gen))
 
 
 @pytest.fixture(scope="module")

@@ -19,14 +19,6 @@ from maskkv_cli.models.quantize import quantize_matrix, quantize_model  # noqa: 
 BF16 = torch.bfloat16
 
 
-@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
-def threads(request):
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
 def int8_weight(n_out: int, n_in: int, dtype: torch.dtype = BF16, seed: int = 0) -> Tensor:
     w = torch.randn(n_out, n_in, generator=torch.Generator().manual_seed(seed)) * 0.02
     return quantize_matrix(w.to(dtype), "int8")

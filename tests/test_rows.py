@@ -14,14 +14,6 @@ from maskkv_cli.models.rows import PROBE_SHAPES, Linear, at_least_rows, linear, 
 FAMILIES = ["tiny", "dream-tiny", "llada-moe-tiny", "llada2-tiny"]
 
 
-@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
-def threads(request):
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
 def test_few_rows_are_computed_as_inside_a_larger_product(threads) -> None:
     assert 0 <= small_rows() <= 32
     g = torch.Generator().manual_seed(3)

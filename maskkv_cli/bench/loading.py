@@ -21,20 +21,19 @@ shards of ``--shard-mb`` MiB (removed after the run); ``--model`` loads a checkp
 from __future__ import annotations
 
 import gc
-import json
 import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from maskkv_cli.bench.cases import case_main, random_model, run_in_fresh_process
-from maskkv_cli.bench.results import ResultsFolder, settings_key
+from maskkv_cli.bench.results import JsonCase, ResultsFolder, settings_key
 from maskkv_cli.errors import UsageError
 
 MIB = 1 << 20
@@ -45,7 +44,7 @@ SLACK = 16 * MIB
 
 
 @dataclass(frozen=True)
-class LoadCase:
+class LoadCase(JsonCase):
     """One load: a checkpoint folder, its weights' quantization, the dtype and device it is loaded in; ``source``
     names the checkpoint in the row's key (a random one's folder is temporary, its shape and shards are not)."""
 
@@ -61,17 +60,6 @@ class LoadCase:
         if self.source:
             del settings["model"]
         return settings_key(settings)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> LoadCase:
-        data = json.loads(text)
-        unknown = set(data) - {f.name for f in fields(cls)}
-        if unknown:
-            raise UsageError(f"unknown case fields: {', '.join(sorted(unknown))}")
-        return cls(**data)
 
     @property
     def method(self) -> str:

@@ -17,11 +17,10 @@ sampler thread reads the resident set every millisecond for the RSS per phase.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ import torch
 
 from maskkv_cli.bench.cases import case_main, load_bench_model, random_prompt, run_in_fresh_process, weights_bytes
 from maskkv_cli.bench.live_bytes import LiveBytes
-from maskkv_cli.bench.results import ResultsFolder, settings_key
+from maskkv_cli.bench.results import JsonCase, ResultsFolder, settings_key
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.rows import small_rows
 from maskkv_cli.runtime.stats import read_current, read_peak, reset_peak
@@ -39,7 +38,7 @@ LIVE = "live_peak_above_weights_bytes"  # rows without it come from an older eng
 
 
 @dataclass(frozen=True)
-class MemoryCase:
+class MemoryCase(JsonCase):
     policy: str
     budget: int | None
     prompt_len: int = 16384
@@ -60,17 +59,6 @@ class MemoryCase:
         if self.quantize == "none":
             del settings["quantize"]
         return settings_key(settings)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> MemoryCase:
-        data = json.loads(text)
-        unknown = set(data) - {f.name for f in fields(cls)}
-        if unknown:
-            raise UsageError(f"unknown case fields: {', '.join(sorted(unknown))}")
-        return cls(**data)
 
     @property
     def method(self) -> str:

@@ -12,13 +12,30 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
+from maskkv_cli.errors import UsageError
 from maskkv_cli.runtime.devices import machine_info
 from maskkv_cli.runtime.fileio import atomic_write_text
 
 RUNS_ROOT = Path("runs")
+
+
+class JsonCase:
+    """A benchmark case (a dataclass) as one line of JSON, as a fresh process receives it."""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_json(cls, text: str) -> Self:
+        data = json.loads(text)
+        unknown = set(data) - {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        if unknown:
+            raise UsageError(f"unknown case fields: {', '.join(sorted(unknown))}")
+        return cls(**data)
 
 
 def settings_key(settings: dict[str, Any]) -> str:

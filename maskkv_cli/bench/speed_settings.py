@@ -3,18 +3,17 @@ settings (``SpeedSettings``: the cases it runs, checked once before anything run
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from maskkv_cli.bench.results import settings_key
+from maskkv_cli.bench.results import JsonCase, settings_key
 from maskkv_cli.engine.step_runner import StepOptions
 from maskkv_cli.errors import UsageError
 
 
 @dataclass(frozen=True)
-class SpeedCase:
+class SpeedCase(JsonCase):
     """Everything that decides one row of the sweep."""
 
     policy: str
@@ -45,18 +44,6 @@ class SpeedCase:
         if self.quantize == "none":
             del settings["quantize"]
         return settings_key(settings)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> SpeedCase:
-        data = json.loads(text)
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise UsageError(f"unknown case fields: {', '.join(sorted(unknown))}")
-        return cls(**data)
 
     @property
     def method(self) -> str:
