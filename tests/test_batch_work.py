@@ -36,7 +36,7 @@ def test_rows_of_long_and_short_prompts() -> None:
 def test_auto_runs_long_prompts_with_short_answers_one_at_a_time(session) -> None:
     long_text = " ".join(f"Clause {i} says the licensee keeps the notice." for i in range(400))
     items = [(long_text, f"What does clause {i} say?") for i in range(6)]
-    lengths = [n for c, q in items for n in prompt_lengths(session, c, q, GEN.gen_length, "truncate")]
+    lengths = [n for c, q in items for n, _ in prompt_lengths(session, c, q, GEN.gen_length, "truncate")]
     assert min(lengths) > join_rows(session.model)
     size, line = batch_size_for(session, items, GEN, CacheConfig("maskkv", 64), "truncate", None)
     assert size == 1
@@ -62,4 +62,27 @@ def test_prompt_lengths_count_every_part(session) -> None:
     parts = prompt_lengths(session, text, question, GEN.gen_length, "parts")
     one = prompt_lengths(session, text, question, GEN.gen_length, "truncate")
     assert len(parts) > 1 and len(one) == 1
-    assert max(parts) <= session.window and one[0] <= session.window
+    assert max(n for n, _ in parts) <= session.window and one[0][0] <= session.window
+    assert all(doc < n for n, doc in parts + one)
+
+
+def test_a_stored_document_prefix_is_not_counted_as_prefill_work(tmp_path, tiny_tokenizer) -> None:
+    """On a block-causal model the document's whole blocks are computed once for every question about it
+    (``Session.prefix_rows``): many short questions about one long document still batch; without a cache they do
+    not."""
+    from maskkv_cli.app.session import Session
+    from maskkv_cli.models.config import named_config
+    from maskkv_cli.models.loading import build_model, save_model
+
+    cfg = named_config("llada2-tiny").with_(vocab_size=len(tiny_tokenizer))
+    folder = save_model(build_model(cfg).init_weights(seed=3, std=0.25).eval(), tmp_path / "llada2", tiny_tokenizer)
+    session = Session(str(folder))
+    gen = GenerationConfig(gen_length=16, steps=16, block_length=8)
+    long_text = " ".join(f"Clause {i} says the licensee keeps the notice." for i in range(400))
+    items = [(long_text, f"What does clause {i} say?") for i in range(4)]
+    (n, doc), = prompt_lengths(session, *items[0], gen.gen_length, "truncate")
+    assert n > join_rows(session.model) and session.prefix_rows(doc, n, gen, CacheConfig("maskkv", 64)) >= doc - 8
+    size, _ = batch_size_for(session, items, gen, CacheConfig("maskkv", 64), "truncate", None)
+    assert size == 4
+    assert session.prefix_rows(doc, n, gen, CacheConfig("none")) == 0
+    assert batch_size_for(session, items, gen, CacheConfig("none"), "truncate", None)[0] == 1

@@ -178,25 +178,29 @@ def parts_answer(context: str, n_tokens: int, room: int, answers: Sequence[Answe
 
 
 def prompt_lengths(session: Session, context: str, question: str, gen_length: int,
-                   long: str = DEFAULT_LONG) -> list[int]:
-    """About how many tokens each prompt ``ask`` builds for ``question`` about ``context`` holds: its parts (each
-    taken as long as the room), else the one prompt (the text cut to the room unless RoPE-scaled)."""
+                   long: str = DEFAULT_LONG) -> list[tuple[int, int]]:
+    """About how many tokens each prompt ``ask`` builds for ``question`` about ``context`` holds, and how many of
+    them are the document's: its parts (each taken as long as the room), else the one prompt (the text cut to the
+    room unless RoPE-scaled)."""
     n_ids = len(session.document_ids(context))
     overhead = session.prompt_overhead(question)
     room = room_for_text(session, question, gen_length)
     if long == "parts" and n_ids > room:
-        return [overhead + room] * len(part_windows(n_ids, room, min(PART_OVERLAP, room // 4)))
-    return [overhead + (n_ids if long == "rope-scale" else min(n_ids, room))]
+        return [(overhead + room, room)] * len(part_windows(n_ids, room, min(PART_OVERLAP, room // 4)))
+    text = n_ids if long == "rope-scale" else min(n_ids, room)
+    return [(overhead + text, text)]
 
 
 def batch_size_for(session: Session, items: Sequence[tuple[str, str]], gen: GenerationConfig, cache: CacheConfig,
                    long: str, requested: int | None) -> tuple[int, str | None]:
     """How many prompts ``ask_many`` denoises together for these ``(context, question)`` items: ``requested``, or
     for None the most of their prompts (each part counted, each taken as long as the window) that fit by the memory
-    model, unless a batch would share too little of their work (``Session.batch_size``), with the line saying so."""
-    lengths = [n for context, question in items for n in prompt_lengths(session, context, question,
+    model, unless a batch would share too little of the rows their prefills and steps run (a stored document
+    prefix's rows not counted: ``Session.prefix_rows``; ``Session.batch_size``), with the line saying so."""
+    prompts = [p for context, question in items for p in prompt_lengths(session, context, question,
                                                                          gen.gen_length, long)]
-    return session.batch_size(requested, [session.window] * len(lengths), gen, cache, work_lens=lengths)
+    work = [n - session.prefix_rows(doc, n, gen, cache) for n, doc in prompts]
+    return session.batch_size(requested, [session.window] * len(prompts), gen, cache, work_lens=work)
 
 
 def ask_many(

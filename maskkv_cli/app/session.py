@@ -234,12 +234,20 @@ class Session:
         """Every family's own sampler settings as this session holds them (its loop reads its own)."""
         return SamplerOptions(self.dream, self.llada2, self.diffusion_gemma)
 
+    def prefix_rows(self, document_len: int, prompt_len: int, gen: GenerationConfig, cache: CacheConfig) -> int:
+        """The rows of a prompt whose document (its first ``document_len`` tokens) is computed once and stored for
+        every prompt that starts with it: the document's whole blocks, on a block-causal model with a policy that
+        caches; else 0."""
+        if not (self.model.config.block_causal and get_policy(cache.policy).uses_cache):
+            return 0
+        return min(document_len, prompt_len) // gen.block_length * gen.block_length
+
     def _plan(self, ids: list[int], gen: GenerationConfig, cache: CacheConfig, document_len: int = 0,
               rope_factor: float = 1.0) -> CachePlan:
         block = gen.block_length
         prefix = None
-        whole = min(document_len, len(ids)) // block * block
-        if self.model.config.block_causal and whole and get_policy(cache.policy).uses_cache:
+        whole = self.prefix_rows(document_len, len(ids), gen, cache)
+        if whole:
             prefix = self.prefix_store(ids[:whole], block, rope_factor)
         return plan_cache(self.model, cache, len(ids), self.folder, block_length=block, prefix=prefix,
                           rope_factor=rope_factor, document_len=document_len)
