@@ -283,8 +283,11 @@ def test_tally_summary() -> None:
 # Runs `maskkv ingest FOLDER` with the store's chunked writer slowed down: the third document's entry is
 # half written, then the process says so (a marker file) and waits to be killed.
 _HALTING_INGEST = """
-import sys, time
+import signal, sys, time
 from pathlib import Path
+# Ctrl-C as in a terminal, whatever the test run passed on: a process started with SIGINT ignored (a background
+# job of a non-interactive shell) keeps it ignored, and Python then installs no KeyboardInterrupt handler
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import maskkv_cli.documents.store as store
 marker, folder = Path(sys.argv[1]), sys.argv[2]
 write, calls = store._write_all, []
