@@ -308,6 +308,9 @@ def test_a_document_is_encoded_once_for_its_questions(folder, doc):
     assert [a.result.tokens.tolist() for a in together] == [a.result.tokens.tolist() for a in answers]
     data = _ask_json(folder, doc, "-q", questions[0], "-q", questions[1], "--budget", "6", "--seed", "3")
     assert [a["answer"] for a in data["answers"]] == [a.text for a in answers]
+    # auto runs them one at a time: a batch runs each prompt's passes alone, in turn, and would lose the reuse
+    size, line = pipeline.batch_size_for(Session(folder), [(DOC, q) for q in questions], gen, cache, "truncate", None)
+    assert size == 1 and line is not None and "runs each prompt's passes alone" in line
 
 
 def test_summarize_runs(folder, doc):
@@ -357,6 +360,17 @@ def test_bench_reuse_on_a_diffusion_gemma_shape():
     row = run_reuse(ReuseCase(config="diffusiongemma-tiny", doc_tokens=40, questions=2, question_tokens=6,
                               gen_length=8, budget=8, repeats=1))
     assert row["answers_equal"] == 2 and row["prefix_bytes"] > 0
+    assert 0 < row["reused_prefill_s"] and 0 < row["separate_prefill_s"] < row["separate_s"]
+
+
+def test_bench_memory_refuses_it_in_one_line(folder, tmp_path):
+    """``bench memory`` measures the engine's prefill, which DiffusionGemma does not run: refused before loading,
+    naming the commands that do give its memory."""
+    out = runner.invoke(app, ["bench", "memory", "--model", str(folder), "--prompt-length", "64",
+                              "--out", str(tmp_path / "mem")])
+    assert out.exit_code != 0
+    assert out.stderr.startswith("error: bench memory measures the engine's prefill") and "maskkv plan" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.output
 
 
 def test_the_memory_model_reads_a_loaded_diffusion_gemma(session):

@@ -222,6 +222,10 @@ class Session:
         element = torch.finfo(self.model.dtype).bits // 8
         memory = batch_memory(model_geometry(self.model), longest, gen.gen_length, kept, element)
         size, line = auto_batch_size(memory, free_bytes(self.device), len(prompt_lens))
+        name = self.model.config.family
+        if size > 1 and not family(name).joins_batches:
+            return 1, (f"batch size auto: 1 ({name} runs each prompt's passes alone, so a batch would gain nothing and "
+                       f"a document's stored cache would not be reused; by the memory model {size} would fit)")
         if size > 1 and work_lens:
             block_causal = self.model.config.block_causal
             step_rows = gen.block_length if block_causal else self.response_positions(gen.gen_length)
