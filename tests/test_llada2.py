@@ -269,3 +269,4 @@ def test_bench_speed_and_reuse_on_a_llada2_shape(tmp_path):
     assert result.exit_code == 0, result.output
     row = json.loads(result.stdout)
     assert row["answers_equal"] == 2 and row["prefix_bytes"] > 0 and row["separate_s"] > 0
+    assert 0 < row["reused_prefill_s"] and 0 < row["separate_prefill_s"] < row["separate_s"]

@@ -333,6 +333,18 @@ def compare(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def check_engine_family(model: str) -> None:
+    """Refuse, before anything loads, a model whose prefill is not the engine's (DiffusionGemma: its own encoder
+    and decoder), which is what this benchmark measures."""
+    from maskkv_cli.models.checkpoint import ModelFolder
+
+    cfg = ModelFolder.of(model).config
+    if cfg.family_config is not None:
+        raise UsageError(f"bench memory measures the engine's prefill, which {cfg.family} models do not run; "
+                         f"`maskkv plan --model {model}` gives their memory model and `maskkv bench speed --model "
+                         f"{model}` their measured peak")
+
+
 def run_memory(
     settings: MemorySettings,
     out: Path | None = None,
@@ -340,6 +352,8 @@ def run_memory(
     isolate: bool = True,
     on_case: Callable[[int, int, MemoryCase, dict[str, Any] | None], None] | None = None,
 ) -> tuple[ResultsFolder, list[dict[str, Any]]]:
+    if settings.model:
+        check_engine_family(settings.model)
     cases = settings.cases()
     folder = ResultsFolder.open("memory", settings.as_dict(), [c.key() for c in cases], out, fresh)
     for key in [k for k, row in folder.rows.items() if LIVE not in row]:  # measured before the live reading

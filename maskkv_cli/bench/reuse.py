@@ -19,9 +19,11 @@ runs its own sampler (temperature 0, the deterministic limit; ``gen_length`` rou
 in (the document, then the question), **reused** encodes the document's chunk once (``DocumentCache``) and each
 question's chunk over it; the stored prefix is the document's cache on every layer.
 
-Reported: total seconds of each (median of ``repeats`` runs, after a warm-up), the speed-up, the peak of live
-tensor bytes above the weights (``live_bytes.LiveBytes``: exact, the allocator aside) of each, the stored prefix's
-bytes, and how many answers are token for token the same in both.
+Reported: total seconds of each (median of ``repeats`` runs, after a warm-up), the speed-up, the prefill seconds
+of each (every answer's ``prefill_s``, plus, reused, the document's own computation: what reuse saves, without
+the denoising steps, whose number per answer and time per pass vary much more than that between runs), the peak of
+live tensor bytes above the weights (``live_bytes.LiveBytes``: exact, the allocator aside) of each, the stored
+prefix's bytes, and how many answers are token for token the same in both.
 """
 
 from __future__ import annotations
@@ -59,8 +61,9 @@ class ReuseCase:
 
 
 def _run(model: Any, prompts: list[torch.Tensor], doc: list[int], case: ReuseCase,
-         reuse: bool) -> tuple[float, int, list[torch.Tensor], int]:
-    """(seconds, peak live bytes, each answer's tokens, stored prefix bytes) of answering every prompt."""
+         reuse: bool) -> tuple[float, int, list[torch.Tensor], int, float]:
+    """(seconds, peak live bytes, each answer's tokens, stored prefix bytes, prefill seconds) of answering every
+    prompt."""
     from maskkv_cli.engine.plan import CachePlan
     from maskkv_cli.engine.prefix import compute_prefix
     from maskkv_cli.policies import get_policy
@@ -74,19 +77,22 @@ def _run(model: Any, prompts: list[torch.Tensor], doc: list[int], case: ReuseCas
     with LiveBytes() as live:
         started = time.perf_counter()
         prefix = compute_prefix(model, doc[:whole], case.block_length) if reuse and whole else None
+        prefill = time.perf_counter() - started  # the document's blocks, once
         if prefix is not None:
             stored = prefix.nbytes()
         for prompt in prompts:
             plan = CachePlan.build(model, get_policy(case.policy), case.budget, prompt.shape[1],
                                    block_length=case.block_length, prefix=prefix)
-            answers.append(sample(model, prompt, gen, plan).tokens)
+            result = sample(model, prompt, gen, plan)
+            answers.append(result.tokens)
+            prefill += result.stats.prefill_s
         seconds = time.perf_counter() - started
         del prefix
-    return seconds, live.peak, answers, stored
+    return seconds, live.peak, answers, stored, prefill
 
 
 def _run_gemma(model: Any, prompts: list[torch.Tensor], doc: list[int], case: ReuseCase,
-               reuse: bool) -> tuple[float, int, list[torch.Tensor], int]:
+               reuse: bool) -> tuple[float, int, list[torch.Tensor], int, float]:
     """``_run`` of a DiffusionGemma model: each prompt's document chunk encoded for it, or once for all."""
     from maskkv_cli.engine.plan import CachePlan
     from maskkv_cli.policies import get_policy
@@ -98,17 +104,20 @@ def _run_gemma(model: Any, prompts: list[torch.Tensor], doc: list[int], case: Re
     documents = DocumentCache() if reuse else None
     options = DiffusionGemmaOptions(documents=documents)
     answers: list[torch.Tensor] = []
+    prefill = 0.0
     small_rows(str(model.device), model.dtype)
     with LiveBytes() as live:
         started = time.perf_counter()
         for prompt in prompts:
             plan = CachePlan.build(model, get_policy(case.policy), case.budget, prompt.shape[1],
                                    document_len=len(doc))
-            answers.append(sample(model, prompt, gen, plan, diffusion_gemma=options).tokens)
+            result = sample(model, prompt, gen, plan, diffusion_gemma=options)
+            answers.append(result.tokens)
+            prefill += result.stats.prefill_s
         seconds = time.perf_counter() - started
         stored = 0 if documents is None else documents.stored_bytes()
         del documents, options
-    return seconds, live.peak, answers, stored
+    return seconds, live.peak, answers, stored, prefill
 
 
 def _gemma_model(case: ReuseCase) -> Any:
@@ -151,7 +160,11 @@ def run_reuse(case: ReuseCase) -> dict[str, Any]:
     same = sum(torch.equal(a, b) for a, b in zip(separate[0][2], reused[0][2], strict=True))
     sep_s = statistics.median(r[0] for r in separate)
     reu_s = statistics.median(r[0] for r in reused)
+    sep_prefill = statistics.median(r[4] for r in separate)
+    reu_prefill = statistics.median(r[4] for r in reused)
     return {**case.as_dict(), "separate_s": round(sep_s, 4), "reused_s": round(reu_s, 4),
-            "speedup": round(sep_s / reu_s, 3), "separate_peak_bytes": max(r[1] for r in separate),
+            "speedup": round(sep_s / reu_s, 3), "separate_prefill_s": round(sep_prefill, 4),
+            "reused_prefill_s": round(reu_prefill, 4), "prefill_speedup": round(sep_prefill / reu_prefill, 3),
+            "separate_peak_bytes": max(r[1] for r in separate),
             "reused_peak_bytes": max(r[1] for r in reused), "prefix_bytes": reused[0][3],
             "answers_equal": same, "runs": case.repeats}

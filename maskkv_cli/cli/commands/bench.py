@@ -339,10 +339,13 @@ def reuse(
     if as_json:
         typer.echo(json.dumps(row))
         return
-    head = ["way", "seconds", "peak live tensors"]
-    body = [["separate asks", f"{row['separate_s']:.2f}", human_size(row["separate_peak_bytes"], binary=True)],
-            ["document reused", f"{row['reused_s']:.2f}", human_size(row["reused_peak_bytes"], binary=True)]]
+    head = ["way", "seconds", "prefill seconds", "peak live tensors"]
+    body = [["separate asks", f"{row['separate_s']:.2f}", f"{row['separate_prefill_s']:.2f}",
+             human_size(row["separate_peak_bytes"], binary=True)],
+            ["document reused", f"{row['reused_s']:.2f}", f"{row['reused_prefill_s']:.2f}",
+             human_size(row["reused_peak_bytes"], binary=True)]]
     _print_table(f"maskkv bench reuse ({config}, {case.doc_tokens}-token document, {questions} questions, "
                  f"{policy}@{budget})", head, body)
-    typer.echo(f"speed-up {row['speedup']:.2f}x; stored prefix {human_size(row['prefix_bytes'], binary=True)}; "
+    typer.echo(f"speed-up {row['speedup']:.2f}x (prefills {row['prefill_speedup']:.2f}x); stored prefix "
+               f"{human_size(row['prefix_bytes'], binary=True)}; "
                f"{row['answers_equal']} of {questions} answers token for token equal")
