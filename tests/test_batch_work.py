@@ -27,7 +27,8 @@ def test_rows_of_long_and_short_prompts() -> None:
     # a long answer over it: its steps are nearly all of the work
     assert batch_work([1500], steps=256, step_rows=256, cached=True, join_rows=512).pays
     # no cache: every step runs the whole prompt again, alone as its prefill does
-    assert batch_work([1500], steps=8, step_rows=8, cached=False, join_rows=512).share == 0.0
+    uncached = batch_work([1500], steps=8, step_rows=8, cached=False, join_rows=512)
+    assert uncached.share == 0.0 and "every step runs the prompt again" in uncached.reason()
     assert batch_work([100], steps=8, step_rows=8, cached=False, join_rows=512).share == 1.0
     assert batch_work([], steps=8, step_rows=8, cached=True, join_rows=512).pays
     assert 0 < MIN_SHARED < 1

@@ -223,7 +223,7 @@ class Session:
         memory = batch_memory(model_geometry(self.model), longest, gen.gen_length, kept, element)
         size, line = auto_batch_size(memory, free_bytes(self.device), len(prompt_lens))
         name = self.model.config.family
-        if size > 1 and not family(name).joins_batches:
+        if size > 1 and not family(name).engine_lanes:
             return 1, (f"batch size auto: 1 ({name} runs each prompt's passes alone, so a batch would gain nothing and "
                        f"a document's stored cache would not be reused; by the memory model {size} would fit)")
         if size > 1 and work_lens:

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from maskkv_cli.bench.cases import case_main, random_model, run_in_fresh_process
-from maskkv_cli.bench.results import JsonCase, ResultsFolder, settings_key
+from maskkv_cli.bench.results import JsonCase, ResultsFolder, mib, settings_key
 from maskkv_cli.errors import UsageError
 
 MIB = 1 << 20
@@ -226,18 +226,14 @@ def run_loading(settings: LoadSettings, out: Path | None = None, fresh: bool = F
     return results, rows
 
 
-def _mib(n: float | None) -> str:
-    return "-" if n is None else f"{n / MIB:.1f} MiB"
-
-
 def loading_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     kind = "CUDA" if any(r.get("mem_kind") == "cuda" for r in rows) else "RSS"
     head = ["weights", "dtype", "weights held", "largest shard", f"peak {kind} above start", "target (weights + shard)",
             "above target", "within", f"{kind} after load", "peak vs unquantized", "load s", "note"]
-    body = [[r["quantize"], r["dtype_loaded"], _mib(r["weights_bytes"]), _mib(r["largest_shard_bytes"]),
-             _mib(r["peak_above_start_bytes"]), _mib(r["target_bytes"]), _mib(r["above_target_bytes"]),
+    body = [[r["quantize"], r["dtype_loaded"], mib(r["weights_bytes"]), mib(r["largest_shard_bytes"]),
+             mib(r["peak_above_start_bytes"]), mib(r["target_bytes"]), mib(r["above_target_bytes"]),
              "yes" if r["within_target"] else "NO",
-             _mib(r["after_above_start_bytes"]),
+             mib(r["after_above_start_bytes"]),
              "-" if r.get("peak_share_of_unquantized") is None else f"{r['peak_share_of_unquantized']:.2f}x",
              f"{r['load_s']:.1f}", "weights mapped from the file (paged in when first used)"
              if r.get("mapped_from_file") else ""] for r in rows]

@@ -28,7 +28,7 @@ import torch
 
 from maskkv_cli.bench.cases import case_main, load_bench_model, random_prompt, run_in_fresh_process, weights_bytes
 from maskkv_cli.bench.live_bytes import LiveBytes
-from maskkv_cli.bench.results import JsonCase, ResultsFolder, settings_key
+from maskkv_cli.bench.results import JsonCase, ResultsFolder, mib, settings_key
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.rows import small_rows
 from maskkv_cli.runtime.stats import read_current, read_peak, reset_peak
@@ -334,12 +334,13 @@ def compare(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def check_engine_family(model: str) -> None:
-    """Refuse, before anything loads, a model whose prefill is not the engine's (DiffusionGemma: its own encoder
-    and decoder), which is what this benchmark measures."""
+    """Refuse, before anything loads, a model whose prefill is not the engine's (``Family.engine_lanes``:
+    DiffusionGemma runs its own encoder and decoder), which is what this benchmark measures."""
     from maskkv_cli.models.checkpoint import ModelFolder
+    from maskkv_cli.models.families import family
 
     cfg = ModelFolder.of(model).config
-    if cfg.family_config is not None:
+    if not family(cfg.family).engine_lanes:
         raise UsageError(f"bench memory measures the engine's prefill, which {cfg.family} models do not run; "
                          f"`maskkv plan --model {model}` gives their memory model and `maskkv bench speed --model "
                          f"{model}` their measured peak")
@@ -365,10 +366,6 @@ def run_memory(
     return folder, rows
 
 
-def _mib(n: float | None) -> str:
-    return "-" if n is None else f"{n / 2**20:.1f} MiB"
-
-
 def memory_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     cuda = any(r.get("mem_kind") == "cuda" for r in rows)
     os_kind = "CUDA" if cuda else "RSS"
@@ -379,8 +376,8 @@ def memory_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[s
     for r in rows:
         share, rss_share = r.get("share_of_full"), r.get("rss_share_of_full")
         target = "-" if r.get("target_met") is None else ("met" if r["target_met"] else "missed")
-        body.append([r["method"], _mib(r["loaded_mem_bytes"]), _mib(r["peak_mem_bytes"]),
-                     _mib(r["peak_above_weights_bytes"]), _mib(r.get(LIVE)), _mib(r["kv_bytes"]),
+        body.append([r["method"], mib(r["loaded_mem_bytes"]), mib(r["peak_mem_bytes"]),
+                     mib(r["peak_above_weights_bytes"]), mib(r.get(LIVE)), mib(r["kv_bytes"]),
                      "-" if r.get("live_kv_share") is None else f"{100 * r['live_kv_share']:.1f}%",
                      "-" if share is None else f"{share:.3f}", "-" if rss_share is None else f"{rss_share:.3f}",
                      target, r.get("peak_phase", "-")])
@@ -410,8 +407,8 @@ def memory_markdown(settings: MemorySettings, rows: Sequence[dict[str, Any]]) ->
         if r.get("phases"):
             lines += ["", f"## {r['method']}: peak above weights per layer and phase", "",
                       "| layer | phase | live tensors | RSS / CUDA (sampled) |", "|---|---|---|---|"]
-            lines += [f"| {p['layer']} | {p['phase']} | {_mib(p.get('live_above_weights_bytes'))} | "
-                      f"{_mib(p['peak_above_weights_bytes'])} |" for p in r["phases"]]
+            lines += [f"| {p['layer']} | {p['phase']} | {mib(p.get('live_above_weights_bytes'))} | "
+                      f"{mib(p['peak_above_weights_bytes'])} |" for p in r["phases"]]
     return "\n".join(lines) + "\n"
 
 

@@ -23,6 +23,11 @@ from maskkv_cli.runtime.fileio import atomic_write_text
 RUNS_ROOT = Path("runs")
 
 
+def mib(n: float | None) -> str:
+    """A table cell of ``n`` bytes in MiB with one decimal, or "-" for none."""
+    return "-" if n is None else f"{n / 2**20:.1f} MiB"
+
+
 class JsonCase:
     """A benchmark case (a dataclass) as one line of JSON, as a fresh process receives it."""
 

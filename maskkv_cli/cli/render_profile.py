@@ -166,9 +166,8 @@ def heatmap(matrix: Sequence[Sequence[float]], title: str, unit: str, color: boo
     return out
 
 
-def layer_chart(run: RunProfile, width: int = 24, calibration: bool = True) -> RenderableType:
-    """Layer importance I(l) and the layer budgets as horizontal bars (budgets only without importance);
-    ``calibration``: whether ``maskkv calibrate`` measures the model's layer importance."""
+def layer_chart(run: RunProfile, width: int = 24) -> RenderableType:
+    """Layer importance I(l) and the layer budgets as horizontal bars (budgets only without importance)."""
     budgets = run.layer_budgets or []
     table = Table(box=None, show_header=True, pad_edge=False, title_justify="left",
                   title=Text("layer budgets" + (" and importance I(l)" if run.importance else ""), style="bold"))
@@ -191,9 +190,6 @@ def layer_chart(run: RunProfile, width: int = 24, calibration: bool = True) -> R
         why = "I(l) measured on this input (--layer-budgets online)"
     elif run.importance_source == "profile":
         why = "I(l) from the model's calibration profile"
-    elif uses_importance(run.spec.policy) and not calibration:
-        why = ("no calibration profile: uniform layer budgets (maskkv calibrate does not measure this model's layers "
-               "yet)")
     elif uses_importance(run.spec.policy):
         why = "no calibration profile was used: uniform layer budgets (run `maskkv calibrate` to make one)"
     else:
@@ -269,7 +265,7 @@ def report_renderables(report: ProfileReport, width: int, color: bool) -> list[R
     if run.preference:
         out.append(heatmap(run.preference, "P_h: share of the mask queries' attention on the prompt", "P_h",
                            color, min(width, 40 + 6), run.layer_labels(len(run.preference))))
-    out.append(layer_chart(run, width=max(8, min(24, (width - 30) // 2)), calibration=report.calibration))
+    out.append(layer_chart(run, width=max(8, min(24, (width - 30) // 2))))
     out.append(page_chart(run, width=max(8, min(30, width - 50))))
     return out
 

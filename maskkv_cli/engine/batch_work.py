@@ -33,6 +33,7 @@ class BatchWork:
     shared_rows: int
     unjoined: int  # prompts whose prefill is longer than the joined rows
     join_rows: int
+    cached: bool  # the steps run over a cache (else each runs the prompt again)
 
     @property
     def share(self) -> float:
@@ -44,8 +45,10 @@ class BatchWork:
 
     def reason(self) -> str:
         """Why a batch does not pay, in words."""
-        return (f"a batch shares {self.share:.0%} of these prompts' work, under {MIN_SHARED:.0%}: "
-                f"{self.unjoined} of their prefills are longer than the {self.join_rows} rows joined and run alone")
+        why = (f"{self.unjoined} of their prefills are longer than the {self.join_rows} rows joined and run alone"
+               if self.cached else f"without a cache every step runs the prompt again, alone past "
+                                   f"{self.join_rows} rows")
+        return f"a batch shares {self.share:.0%} of these prompts' work, under {MIN_SHARED:.0%}: {why}"
 
 
 def batch_work(prompt_lens: Sequence[int], steps: int, step_rows: int, cached: bool, join_rows: int) -> BatchWork:
@@ -59,4 +62,4 @@ def batch_work(prompt_lens: Sequence[int], steps: int, step_rows: int, cached: b
         step_shared = cached or length + step_rows <= join_rows
         rows += length + steps * step
         shared += length * joined + steps * step * step_shared
-    return BatchWork(rows, shared, unjoined, join_rows)
+    return BatchWork(rows, shared, unjoined, join_rows, cached)

@@ -23,7 +23,6 @@ from maskkv_cli.engine.step_runner import StepOptions
 from maskkv_cli.errors import UsageError
 from maskkv_cli.kv.budgets import resolve_budget
 from maskkv_cli.kv.prefix import PrefixStore
-from maskkv_cli.models.families import family
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import Policy, PolicyOptions, get_policy, uses_importance
 
@@ -164,8 +163,6 @@ def resolve_importance(
     from maskkv_cli.models.checkpoint import ModelFolder
 
     model = ModelFolder.of(model_path)  # resolved once for the path and the profile
-    if not family(model.config.family).calibration:
-        return options, f"uniform layer budgets (a {model.config.family} model has no calibration profile yet)"
     path = profile_path(model)
     profile, reason = find_profile(model)
     if profile is not None:

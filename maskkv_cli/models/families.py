@@ -66,10 +66,10 @@ class Family:
     refuses: tuple[str, ...] = ()
     # the cache policies its prompt cache cannot run (``--policy``): refused where a command meets its model
     refuses_policies: tuple[str, ...] = ()
-    calibration: bool = True  # whether ``maskkv calibrate`` measures its layer importance (a profile for MaskKV)
-    # whether its passes join other prompts' in a batch (``sampling/driver.py``); False: each prompt's run alone, in
-    # turn, so ``--batch-size auto`` runs one prompt at a time
-    joins_batches: bool = True
+    # whether its passes run as the engine's lanes (``engine/prefill.py``, ``engine/step.py``), joined with other
+    # prompts' in a batch; False (its own forward): each prompt runs alone, in turn, so ``--batch-size auto`` runs
+    # one at a time and ``bench memory``, which measures the engine's prefill, refuses it
+    engine_lanes: bool = True
 
 
 def _has_experts(data: dict[str, Any]) -> bool:
@@ -86,7 +86,7 @@ FAMILY_TABLE: dict[str, Family] = {
                      document_prefix=True),
     "diffusion_gemma": Family("diffusion_gemma", DiffusionGemma, "diffusion_gemma", ("diffusion_gemma",),
                               diffusion_gemma_from_hf, diffusion_gemma_to_hf, chat_format="gemma",
-                              loader="diffusion_gemma", document_prefix=True, device_map=False, joins_batches=False,
+                              loader="diffusion_gemma", document_prefix=True, device_map=False, engine_lanes=False,
                               refuses=("steps", "block_length", "cfg_scale", "remasking", "threshold", "alg", "top_p",
                                        "top_k", "editing_threshold", "max_post_steps"),
                               # residual entries are not ported to its cache; only the window's encoder queries vote

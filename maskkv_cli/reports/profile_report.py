@@ -154,7 +154,6 @@ class ProfileReport:
     memory_note: str
     notes: list[str] = field(default_factory=list)
     heads: str = "heads"  # what a heatmap column is: "heads", or "KV heads" for a GQA model
-    calibration: bool = True  # whether ``maskkv calibrate`` measures this model's layer importance (its family's)
     warmup_s: float | None = None  # the warm-up run (the first run on this prompt, outside the measurements)
     load_s: float | None = None  # loading the model (the command sets it)
 
@@ -223,7 +222,6 @@ def profile_document(
     from maskkv_cli.app.pipeline import answer_row, ask
     from maskkv_cli.app.run_settings import RunSettings
     from maskkv_cli.models.catalog import is_embedded_model
-    from maskkv_cli.models.families import family
 
     if not specs:
         raise UsageError("no run to profile")
@@ -289,4 +287,4 @@ def profile_document(
                             f"{', '.join(str(i) for i in evicted)}); the others hold at most their window and stay "
                             "exact")
     return ProfileReport(document, str(session.model_path), question, str(session.device), runs, focus,
-                         memory_note(session.device), report_notes, heads, family(cfg.family).calibration, warmup_s)
+                         memory_note(session.device), report_notes, heads, warmup_s)

@@ -150,9 +150,6 @@ def calibrate(
 
     checkpoint = ModelFolder.of(known or path)  # resolved once: the tokenizer, the weights and the profile's key
     folder, cfg = checkpoint.path, checkpoint.config
-    if not family(cfg.family).calibration:
-        raise UsageError(f"calibrate does not measure {cfg.family} models yet; their MaskKV layer budgets are "
-                         "uniform")
     canvas = cfg.family_config is not None  # DiffusionGemma: the prompt alone, then a random canvas
     if gen_length is None:
         gen_length = 0 if canvas else _default_gen_length(folder)
