@@ -51,6 +51,23 @@ def threads(request: pytest.FixtureRequest) -> Iterator[int]:
     torch.set_num_threads(before)
 
 
+@pytest.fixture
+def eval_model_args(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    """The model args ``maskkv eval`` hands the harness, one dict per run (the harness's run replaced)."""
+    pytest.importorskip("lm_eval")
+    import maskkv_cli.evaluation.runner as eval_runner
+    from maskkv_cli.evaluation.runner import EvalRun
+
+    given: list[dict] = []
+
+    def run_eval(tasks: list[str], model_args: dict, **kwargs: object) -> EvalRun:
+        given.append(model_args)
+        return EvalRun(None, {}, None)
+
+    monkeypatch.setattr(eval_runner, "run_eval", run_eval)
+    return given
+
+
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path, monkeypatch):
     """Every test gets its own MASKKV_HOME and no configured default model."""

@@ -216,21 +216,10 @@ def test_serve_and_eval_pass_the_flag(tiny_dir: Path, monkeypatch: pytest.Monkey
     assert quantized_layers(state.session.model)[0]
 
 
-def test_eval_passes_the_flag_as_a_model_arg(monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("lm_eval")
-    import maskkv_cli.evaluation.runner as eval_runner
-    from maskkv_cli.evaluation.runner import EvalRun
-
-    given: list[dict[str, Any]] = []
-
-    def run_eval(tasks: list[str], model_args: dict[str, Any], **kwargs: Any) -> EvalRun:
-        given.append(model_args)
-        return EvalRun(None, {}, None)
-
-    monkeypatch.setattr(eval_runner, "run_eval", run_eval)
+def test_eval_passes_the_flag_as_a_model_arg(eval_model_args: list[dict[str, Any]]) -> None:
     result = runner.invoke(app, ["eval", "--tasks", "x", "--quantize", "int4"])
     assert result.exit_code == 0, result.output
-    assert given[0]["quantize"] == "int4"
+    assert eval_model_args[0]["quantize"] == "int4"
 
 
 def test_the_harness_model_loads_quantized_weights(tiny_dir: Path) -> None:

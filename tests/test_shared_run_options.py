@@ -109,22 +109,12 @@ def test_serve_passes_the_llada2_options(llada2_dir: Path, monkeypatch: pytest.M
     assert (settings.editing_threshold, settings.max_post_steps) == (0.5, 2)
 
 
-def test_eval_passes_the_shared_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("lm_eval")
-    import maskkv_cli.evaluation.runner as eval_runner
+def test_eval_passes_the_shared_options(tmp_path: Path, eval_model_args: list[dict[str, Any]]) -> None:
     from maskkv_cli.evaluation.engine_adapter import harness_settings
-    from maskkv_cli.evaluation.runner import EvalRun
 
-    given: list[dict[str, Any]] = []
-
-    def run_eval(tasks: list[str], model_args: dict[str, Any], **kwargs: Any) -> EvalRun:
-        given.append(model_args)
-        return EvalRun(None, {}, None)
-
-    monkeypatch.setattr(eval_runner, "run_eval", run_eval)
     result = runner.invoke(app, ["eval", "--tasks", "x", "--budget", "8", "--threshold", "0.9", *LLADA2])
     assert result.exit_code == 0, result.output
-    (args,) = given
+    (args,) = eval_model_args
     run = {k: v for k, v in args.items() if k not in ("model", "device", "dtype", "quantize", "mc_samples",
                                                       "batch_size")}
     settings = harness_settings(run)  # the harness model takes them as they are
