@@ -254,7 +254,8 @@ def test_a_sequence_that_fails_ends_alone(models: dict) -> None:
 @pytest.mark.parametrize(("config", "dtype"), [("tiny", "fp32"), ("dream-tiny", "fp32"), ("llada-moe-tiny", "fp32"),
                                                ("llada2-tiny", "fp32"), ("llada-moe-tiny", "bf16"),
                                                ("llada2-tiny", "bf16")])
-def test_every_probability_is_bit_identical_for_each_family(config: str, dtype: str, threads: int) -> None:
+def test_every_probability_is_bit_identical_for_each_family(config: str, dtype: str, threads: int,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Not only the tokens: every committed token's probability is the same float alone and in a batch of eight
     prompts of different lengths, every policy kind in one batch (the plain forward, the full cache, MaskKV, online
     layer budgets), at one and two threads (two threads' few-rows kernel reaches 11 rows on this project's
@@ -275,7 +276,18 @@ def test_every_probability_is_bit_identical_for_each_family(config: str, dtype: 
              CacheConfig("maskkv", 16, layer_budgets="online")]
     jobs = [BatchJob(p, gen, plan_cache(model, kinds[i % len(kinds)], p.shape[1], block_length=gen.block_length))
             for i, p in enumerate(prompts)]
-    for job, together in zip(jobs, sample_many(model, jobs, 8), strict=True):
+    shared: list[int] = []  # lanes per greedy pick the driver ran over several lanes' rows at once
+    picks = driver.pick_lanes
+
+    def count(pick, joined, sizes, shapes, scratch):  # type: ignore[no-untyped-def]
+        shared.append(len(sizes))
+        return picks(pick, joined, sizes, shapes, scratch)
+
+    monkeypatch.setattr(driver, "pick_lanes", count)
+    together_all = sample_many(model, jobs, 8)
+    assert max(shared) >= 6  # the sampler step is shared too (the plain lanes' logits join the others')
+    monkeypatch.undo()
+    for job, together in zip(jobs, together_all, strict=True):
         alone = sample(model, job.prompt, gen, job.plan)
         assert together.tokens.tolist() == alone.tokens.tolist()
         assert torch.equal(together.token_probs.nan_to_num(-1.0), alone.token_probs.nan_to_num(-1.0)), job.plan

@@ -159,7 +159,7 @@ def test_scratch_gives_the_reference_probabilities(threads):
     """The sampler's reused float64 memory (``sampling.common.Scratch``) changes no number: the chosen tokens'
     probabilities equal the reference expression for many rows (worked through a few at a time), for shrinking,
     growing and guided shapes and a vocabulary wider than one chunk, with one and two threads."""
-    from maskkv_cli.sampling.common import SCRATCH_BYTES, Scratch
+    from maskkv_cli.sampling.picks import SCRATCH_BYTES, Scratch
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)

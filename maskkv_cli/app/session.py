@@ -34,6 +34,7 @@ from maskkv_cli.sampling.service import GenerationService
 from maskkv_cli.sampling.stream import BatchJob, sample_many
 
 DOCUMENTS_REMEMBERED = 4  # documents whose token ids a session keeps (``Session.document_ids``)
+OVERHEADS_KEPT = 4096  # questions whose prompt overhead a session keeps (``Session.prompt_overhead``)
 
 
 @dataclass
@@ -99,6 +100,7 @@ class Session:
         self.stored_diffusion_gemma = self.diffusion_gemma
         self._documents: dict[str, list[int]] = {}  # text -> token ids (``document_ids``), oldest first
         self._probes: dict[str, list[int]] = {}  # the last document's empty-question prompt (``document_prompt_len``)
+        self._overheads: dict[str, int] = {}  # ``prompt_overhead`` per question (a job asks it 3-4 times)
         self._prefix: tuple[tuple[object, ...], PrefixStore] | None = None  # the last computed document prefix
         self._lock = threading.Lock()  # the remembered documents, for sessions shared by threads (a server)
         # Where generations run: None, here; a ``GenerationService``, in its thread with the other threads' ones
@@ -155,7 +157,13 @@ class Session:
 
     def prompt_overhead(self, question: str) -> int:
         """Tokens of the chat template and the question around an empty document."""
-        return len(chat_prompt_ids(self.tokenizer, document_question("", question)))
+        n = self._overheads.get(question)
+        if n is None:
+            n = len(chat_prompt_ids(self.tokenizer, document_question("", question)))
+            if len(self._overheads) >= OVERHEADS_KEPT:
+                self._overheads.clear()
+            self._overheads[question] = n
+        return n
 
     def prompt_ids(self, text: str) -> list[int]:
         return chat_prompt_ids(self.tokenizer, text)

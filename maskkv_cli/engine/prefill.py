@@ -26,7 +26,7 @@ from maskkv_cli.kv.cache import PromptCache
 from maskkv_cli.kv.prefix import PrefixLayer, PrefixStore
 from maskkv_cli.models.base import Rope, attention
 from maskkv_cli.models.protocol import Block, DiffusionLM
-from maskkv_cli.models.quantize import weights_bytes
+from maskkv_cli.models.quantize import held_bytes
 from maskkv_cli.policies.base import LayerView, Policy
 
 SHIFT_ROWS = 4096  # tokens per slice when measuring the attention shift (bounds the fp32 temporaries)
@@ -123,7 +123,7 @@ def join_rows(model: DiffusionLM) -> int:
     tokens at 2 threads."""
     cfg = model.config
     per_row = (cfg.d_model + cfg.mlp_hidden_size) * (torch.finfo(model.dtype).bits // 8)
-    return max(JOIN_ROWS, weights_bytes(model.blocks[0]) // per_row)
+    return max(JOIN_ROWS, held_bytes(model, 0) // per_row)
 
 
 def prefill_lanes(model: DiffusionLM, lanes: Sequence[PrefillLane], mlp_chunk: int = MLP_CHUNK,

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import weakref
 from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
@@ -307,6 +308,20 @@ def weights_bytes(model: nn.Module) -> int:
     """Bytes of every parameter and buffer of ``model`` as held (quantized ones by their inner tensors)."""
     tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
     return sum(tensor_bytes(t) for t in tensors.values())
+
+
+_HELD: weakref.WeakKeyDictionary[nn.Module, dict[tuple[object, ...], int]] = weakref.WeakKeyDictionary()
+
+
+def held_bytes(model: nn.Module, block: int | None = None) -> int:
+    """``weights_bytes`` of ``model`` (or of its block ``block``), remembered for the model while its dtype and
+    quantization stay the same: every finished generation and every round of prefills asks, and walking a model's
+    parameters costs about a millisecond (a step of the embedded model takes a few)."""
+    key = (getattr(model, "dtype", None), quantization_of(model), block)
+    held = _HELD.setdefault(model, {})
+    if key not in held:
+        held[key] = weights_bytes(model if block is None else model.blocks[block])  # type: ignore[index]
+    return held[key]
 
 
 def quantization_of(model: nn.Module) -> str:

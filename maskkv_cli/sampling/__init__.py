@@ -20,7 +20,7 @@ from maskkv_cli.engine.step_runner import StepOptions
 from maskkv_cli.models.families import family
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import Policy
-from maskkv_cli.sampling.common import Event, GenerationResult, Scratch, StepMeter
+from maskkv_cli.sampling.common import Event, GenerationResult, StepMeter
 from maskkv_cli.sampling.diffusion_gemma import DiffusionGemmaOptions, diffusion_gemma_loop, diffusion_gemma_run
 from maskkv_cli.sampling.dream import (
     DreamGenerationConfig,
@@ -34,6 +34,7 @@ from maskkv_cli.sampling.driver import Loop, Run, drive
 from maskkv_cli.sampling.forward import CachedForward
 from maskkv_cli.sampling.llada import GenerationConfig, llada_loop, llada_run
 from maskkv_cli.sampling.llada2 import LLaDA2Options, llada2_loop, llada2_run
+from maskkv_cli.sampling.picks import Scratch
 
 __all__ = ["CachedForward", "DiffusionGemmaOptions", "DreamGenerationConfig", "DreamOptions", "Event",
            "GenerationConfig",

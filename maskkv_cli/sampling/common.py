@@ -19,9 +19,10 @@ from maskkv_cli.engine.selection import LayerRecord
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.base import kv_bytes_per_token
 from maskkv_cli.models.protocol import DiffusionLM
-from maskkv_cli.models.quantize import quantization_of, weights_bytes
+from maskkv_cli.models.quantize import held_bytes, quantization_of
 from maskkv_cli.runtime.stats import RunStats, memory_now, model_devices, now, reset_cuda_peaks
 from maskkv_cli.sampling.forward import CachedForward, Forward
+from maskkv_cli.sampling.picks import Scratch
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ class StepMeter:
     def __init__(self, model: DiffusionLM, stats: RunStats, on_event: Callable[[Event], None] | None,
                  prompt_len: int, forward: Forward) -> None:
         self.model, self.stats, self.prompt_len, self.forward = model, stats, prompt_len, forward
-        self.emit = on_event or (lambda e: None)
+        self.emit = on_event
         self.device = model.device
         self.steps = 0
         reset_cuda_peaks(model_devices(model))
@@ -93,9 +94,10 @@ class StepMeter:
             self.stats.prefill_s = t1 - t0 - setup
         else:
             self.stats.step_s.append(t1 - t0)
-        left = int((x[:, self.prompt_len :] == self.model.config.mask_token_id).sum())
-        self.emit(Event("prefill" if self.steps == 0 else "step", block, n_blocks, self.steps, int(commit.sum()),
-                        left, t1 - self.start - setup, x[:, self.prompt_len :]))
+        if self.emit is not None:  # (the count of masks left reads the sequence: only for a listener)
+            left = int((x[:, self.prompt_len :] == self.model.config.mask_token_id).sum())
+            self.emit(Event("prefill" if self.steps == 0 else "step", block, n_blocks, self.steps,
+                            int(commit.sum()), left, t1 - self.start - setup, x[:, self.prompt_len :]))
         self.steps += 1
 
     def done(self) -> None:
@@ -109,58 +111,9 @@ class StepMeter:
             stats.kv_entries = forward.cache.logical_entries()
             stats.kv_bytes = forward.cache.prompt_nbytes()
         stats.kv_full_bytes = kv_bytes_per_token(self.model) * forward.split * forward.batch
-        stats.weights_bytes, stats.quantization = weights_bytes(self.model), quantization_of(self.model)
-        self.emit(Event("done", 0, 0, self.steps, 0, 0, stats.total_s))
-
-
-SCRATCH_BYTES = 4 << 20  # the float64 rows ``Scratch`` works on at once: 4 rows of a 126k-token vocabulary
-
-
-class Scratch:
-    """Memory the samplers reuse from step to step for their full-vocabulary float64 work.
-
-    ``chosen_probabilities`` is the reference sampler's ``logits.to(torch.float64).softmax(-1)`` at the chosen
-    tokens: a fresh float64 copy and softmax of every row, tens of MiB per step for a 126k-token vocabulary. Blocks
-    that large come from their own mappings (``allocator.py``) and the kernel zeroes each page on first touch: on
-    the CPU that costs more than the softmax itself (about 9 ms of a 16-row step). On the CPU the rows are worked
-    through a few at a time in two reused buffers of ``SCRATCH_BYTES`` each (the softmax of a row does not depend on
-    the rows beside it, so the numbers are the same); on other devices the plain expression runs. Loops stepping
-    together (``batched.py``) share one scratch: each finishes its step before the next one starts."""
-
-    def __init__(self) -> None:
-        self._buffers: dict[str, Tensor] = {}
-
-    def _buffer(self, name: str, rows: int, width: int, device: torch.device) -> Tensor:
-        size = rows * width
-        buf = self._buffers.get(name)
-        if buf is None or buf.numel() < size or buf.device != device:
-            buf = torch.empty(size, dtype=torch.float64, device=device)
-            self._buffers[name] = buf
-        return buf[:size].view(rows, width)
-
-    def chosen_probabilities(self, logits: Tensor, chosen: Tensor) -> Tensor:
-        """``logits.to(torch.float64).softmax(-1).gather(-1, chosen[..., None]).squeeze(-1)``: the probability of
-        token ``chosen`` (...) under logits (..., V), as float64."""
-        if logits.device.type != "cpu":
-            return logits.to(torch.float64).softmax(-1).gather(-1, chosen[..., None]).squeeze(-1)
-        width = logits.shape[-1]
-        flat, index = logits.reshape(-1, width), chosen.reshape(-1, 1)
-        out = torch.empty(flat.shape[0], dtype=torch.float64)
-        step = max(1, SCRATCH_BYTES // (8 * width))
-        for start in range(0, flat.shape[0], step):
-            stop = min(flat.shape[0], start + step)
-            wide = self._buffer("wide", stop - start, width, flat.device)
-            wide.copy_(flat[start:stop])
-            probs = torch.softmax(wide, -1, out=self._buffer("probs", stop - start, width, flat.device))
-            out[start:stop] = probs.gather(-1, index[start:stop]).squeeze(-1)
-        return out.view(chosen.shape)
-
-
-def suppress_mask(logits: Tensor, mask_id: int) -> Tensor:
-    """Never "commit" the mask token itself (random or tiny models can predict it): its logit becomes -inf."""
-    if mask_id < logits.shape[-1]:
-        logits[..., mask_id] = float("-inf")
-    return logits
+        stats.weights_bytes, stats.quantization = held_bytes(self.model), quantization_of(self.model)
+        if self.emit is not None:
+            self.emit(Event("done", 0, 0, self.steps, 0, 0, stats.total_s))
 
 
 class Denoising:

@@ -40,7 +40,7 @@ from maskkv_cli.engine.selection import LayerRecord
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.diffusion_gemma import DiffusionGemma, PromptCache
 from maskkv_cli.models.protocol import DiffusionLM
-from maskkv_cli.models.quantize import quantization_of, weights_bytes
+from maskkv_cli.models.quantize import held_bytes, quantization_of
 from maskkv_cli.runtime.stats import RunStats, memory_now, model_devices, now, reset_cuda_peaks
 from maskkv_cli.sampling.common import Event, GenerationResult
 from maskkv_cli.sampling.diffusion_gemma_forward import CompressingForward
@@ -331,7 +331,7 @@ class GemmaRun:
         _, stats.peak_mem_bytes, stats.mem_kind = memory_now(model_devices(self.model))
         stats.kv_entries, stats.kv_bytes = forward.kv_entries, forward.kv_bytes
         stats.kv_full_bytes = full_cache_bytes(self.model, self.prompt.shape[1])  # type: ignore[arg-type]
-        stats.weights_bytes, stats.quantization = weights_bytes(self.model), quantization_of(self.model)
+        stats.weights_bytes, stats.quantization = held_bytes(self.model), quantization_of(self.model)
         self.emit(Event("done", 0, 0, self.steps, 0, 0, stats.total_s))
         records, budgets = forward.layer_records()
         return GenerationResult(self.response[:, :n].clone(), stats, records, budgets, self.token_probs[:, :n].clone(),

@@ -22,10 +22,11 @@ from maskkv_cli.errors import UsageError
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import Policy
 from maskkv_cli.runtime.stats import now
-from maskkv_cli.sampling.common import Denoising, Event, GenerationResult, suppress_mask, top_k_commit
+from maskkv_cli.sampling.common import Denoising, Event, GenerationResult, top_k_commit
 from maskkv_cli.sampling.driver import Loop, drive
 from maskkv_cli.sampling.forward import StepRequest
 from maskkv_cli.sampling.llada import GenerationConfig
+from maskkv_cli.sampling.picks import Pick, Picked, Scratch, suppress_mask
 
 DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 
@@ -88,7 +89,7 @@ def filter_logits(logits: Tensor, top_p: float | None, top_k: int | None) -> Ten
 
 
 def sample_tokens(logits: Tensor, gen: DreamGenerationConfig,
-                  rng: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
+                  rng: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor]:
     """(confidence, tokens, probability of each chosen token) for logits (B, n, V) by Dream's rules."""
     if gen.temperature > 0:
         logits = logits / gen.temperature
@@ -107,6 +108,22 @@ def sample_tokens(logits: Tensor, gen: DreamGenerationConfig,
     elif gen.alg == "entropy":
         conf = (probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
     return conf, x0, chosen_prob
+
+
+@dataclass(frozen=True)
+class DreamGreedy(Pick):
+    """Dream's step at temperature 0 as a shared rule: the mask token suppressed, ``sample_tokens``' argmax, its
+    probability and the confidence its ``alg`` ranks by."""
+
+    mask_id: int
+    alg: str
+    top_p: float | None
+    top_k: int | None
+
+    def __call__(self, logits: Tensor, scratch: Scratch) -> Picked:
+        rule = DreamGenerationConfig(alg=self.alg, top_p=self.top_p, top_k=self.top_k)  # temperature 0
+        conf, tokens, probs = sample_tokens(suppress_mask(logits, self.mask_id), rule, None)
+        return Picked(tokens, probs, conf)
 
 
 def generate_dream(
@@ -143,17 +160,23 @@ def dream_loop(run: Denoising, gen: DreamGenerationConfig) -> Loop:
     """Dream's loop over ``run``: yields each step's ``StepRequest`` and is sent its logits."""
     x, m, rng, device = run.x, run.m, run.rng, run.device
     timesteps = torch.linspace(1, gen.eps, gen.steps + 1, dtype=torch.float64)
+    # greedy: the driver picks each row's token with the batch's other rows (``sample_tokens`` at temperature 0)
+    pick = DreamGreedy(run.mask_id, gen.alg, gen.top_p, gen.top_k) if gen.temperature == 0 else None
     for i in range(gen.steps):
         masked = x[:, m:] == run.mask_id
         if not bool(masked.any()):
             break
         t0 = now(device)
         rows = torch.nonzero(masked.any(0)).flatten()
-        logits = suppress_mask((yield StepRequest(x, rows)), run.mask_id)  # (B, n, V)
+        reply = yield StepRequest(x, rows, pick=pick)  # (B, n, V) logits, or the greedy picks
         t, s = float(timesteps[i]), float(timesteps[i + 1])
         last = i == gen.steps - 1
         still = run.still_masked(rows)  # (B, n)
-        conf, x0, chosen_prob = sample_tokens(logits, gen, rng)
+        if isinstance(reply, Picked):
+            x0, chosen_prob, conf = reply.tokens, reply.probs, reply.confidence
+            assert conf is not None
+        else:
+            conf, x0, chosen_prob = sample_tokens(suppress_mask(reply, run.mask_id), gen, rng)
         if gen.alg == "origin":
             p = 1.0 if last else 1 - s / t
             commit = still & (torch.rand(still.shape, generator=rng, device=device, dtype=torch.float64) < p)

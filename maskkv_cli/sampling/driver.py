@@ -5,9 +5,11 @@ A loop (``llada.py``, ``dream.py``, ``llada2.py``) yields what it needs the forw
 is sent the logits back. ``step_round`` takes the pending request of every running generation, asks each one's
 forward for its engine lane (``sampling/forward.py``), runs the prefill lanes in joined runs of up to
 ``engine.prefill.join_rows`` rows (``prefill_groups``; a longer prompt alone) and all step lanes in one step
-(``engine/prefill.py``, ``engine/step.py``), and sends each loop its logits. ``drive`` runs one generation this
-way; ``sampling/stream.py`` runs many, joining and leaving. A generation's own failure (a progress callback that
-stops it, say) ends it alone; a failed shared forward (out of memory, ...) ends the generations in it.
+(``engine/prefill.py``, ``engine/step.py``), and sends each loop its logits, or, where its request names a greedy
+rule (``StepRequest.pick``), that rule's picks, computed once over the rows of every lane of the run that names the
+same rule (``sampling/picks.py``). ``drive`` runs one generation this way; ``sampling/stream.py`` runs many,
+joining and leaving. A generation's own failure (a progress callback that stops it, say) ends it alone; a failed
+shared forward (out of memory, ...) ends the generations in it.
 """
 
 from __future__ import annotations
@@ -22,12 +24,15 @@ from maskkv_cli.engine.prefill import join_rows, prefill_lanes
 from maskkv_cli.engine.step import step_logits
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.sampling.forward import Forward, Lane, StepRequest
+from maskkv_cli.sampling.picks import Pick, Picked, Scratch, joined_span, pick_lanes, pick_one
 
 if TYPE_CHECKING:
     from maskkv_cli.sampling.common import GenerationResult
 
-# A denoising loop as a generator: it yields what it needs the forward to compute and is sent the logits back.
-Loop = Generator[StepRequest, Tensor, None]
+# A denoising loop as a generator: it yields what it needs the forward to compute and is sent the logits back (its
+# picks instead when its request names a greedy rule).
+Reply = Tensor | Picked
+Loop = Generator[StepRequest, Reply, None]
 
 
 class Run(Protocol):
@@ -44,20 +49,37 @@ class Generation:
 
     def __init__(self, index: int, run: Run, loop: Loop) -> None:
         self.index, self.run, self.loop = index, run, loop
+        scratch = getattr(run, "scratch", None)  # the loops' shared float64 work (``Scratch``), where they have one
+        self.scratch: Scratch = scratch if isinstance(scratch, Scratch) else Scratch()
         self.request: StepRequest | None = None
         self.result: GenerationResult | None = None
         self.error: BaseException | None = None
         self.advance(None)
 
-    def advance(self, logits: Tensor | None) -> None:
-        """Send the loop its logits (None: start it); keep its next request, or its result when it ends."""
+    def advance(self, reply: Reply | None) -> None:
+        """Send the loop its reply (None: start it); keep its next request, or its result when it ends."""
         try:
-            self.request = next(self.loop) if logits is None else self.loop.send(logits)
+            self.request = next(self.loop) if reply is None else self.loop.send(reply)
         except StopIteration:
             self.request = None
             self.result = self.run.result()
         except Exception as exc:  # noqa: BLE001 - the generation's own failure, handed to whoever waits for it
             self.fail(exc)
+
+    def answer(self, logits: Tensor, picked: Picked | None = None) -> None:
+        """Send the loop its step's logits, or the picks its request asks for (``picked`` when the driver computed
+        them with other lanes' rows), on the device of its sequence (a model spread over devices ends on its last)."""
+        assert self.request is not None
+        device, pick = self.request.x.device, self.request.pick
+        if pick is None:
+            self.advance(logits.to(device))
+            return
+        try:
+            mine = picked if picked is not None else pick_one(pick, logits, self.scratch)
+        except Exception as exc:  # noqa: BLE001
+            self.fail(exc)
+            return
+        self.advance(mine.to(device))
 
     def fail(self, exc: BaseException) -> None:
         self.request, self.error = None, exc
@@ -68,14 +90,30 @@ class Generation:
         return self.request is None
 
 
-def _deliver(gen: Generation, lane: Lane, output: object) -> None:
-    try:
-        logits = gen.run.forward.take(lane, output)
-    except Exception as exc:  # noqa: BLE001
-        gen.fail(exc)
-        return
-    assert gen.request is not None
-    gen.advance(logits.to(gen.request.x.device))  # a model spread over devices ends on its last one
+def _shared_picks(gens: Sequence[Generation], logits: Sequence[Tensor]) -> dict[int, Picked]:
+    """The picks of every generation whose request names a rule that at least one other one names too, each rule run
+    once over the rows of all of them (when their logits lie back to back, as the engine's joined logits split per
+    lane do), by position in ``gens``."""
+    by_rule: dict[Pick, list[int]] = {}
+    for i, gen in enumerate(gens):
+        pick = None if gen.request is None else gen.request.pick
+        if pick is not None:
+            by_rule.setdefault(pick, []).append(i)
+    out: dict[int, Picked] = {}
+    for pick, members in by_rule.items():
+        if len(members) < 2:
+            continue
+        parts = [logits[i] for i in members]
+        joined = joined_span(parts)
+        if joined is None:
+            continue
+        try:
+            shared = pick_lanes(pick, joined, [p.numel() // p.shape[-1] for p in parts],
+                                [tuple(p.shape[:-1]) for p in parts], gens[members[0]].scratch)
+        except Exception:  # noqa: BLE001 - each loop then picks from its own logits (and fails alone)
+            continue
+        out.update(zip(members, shared, strict=True))
+    return out
 
 
 def _together(model: DiffusionLM, run: Callable[[DiffusionLM, list], list],  # type: ignore[type-arg]
@@ -86,8 +124,15 @@ def _together(model: DiffusionLM, run: Callable[[DiffusionLM, list], list],  # t
         for gen, _ in pairs:
             gen.fail(exc)
         return
+    taken: list[tuple[Generation, Tensor]] = []
     for (gen, lane), output in zip(pairs, outputs, strict=True):
-        _deliver(gen, lane, output)
+        try:
+            taken.append((gen, gen.run.forward.take(lane, output)))
+        except Exception as exc:  # noqa: BLE001
+            gen.fail(exc)
+    picks = _shared_picks([gen for gen, _ in taken], [logits for _, logits in taken])
+    for i, (gen, logits) in enumerate(taken):
+        gen.answer(logits, picks.get(i))
 
 
 def prefill_groups(pairs: Sequence[tuple[Generation, PrefillLane]],
@@ -125,7 +170,7 @@ def step_round(model: DiffusionLM, generations: Sequence[Generation]) -> None:
             except Exception as exc:  # noqa: BLE001
                 gen.fail(exc)
                 continue
-            gen.advance(logits.to(gen.request.x.device))
+            gen.answer(logits)
         elif isinstance(lane, PrefillLane):
             prefills.append((gen, lane))
         else:

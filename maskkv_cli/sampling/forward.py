@@ -26,6 +26,7 @@ from maskkv_cli.engine.step_runner import StepRunner
 from maskkv_cli.errors import UsageError
 from maskkv_cli.kv.cache import PromptCache
 from maskkv_cli.models.protocol import DiffusionLM
+from maskkv_cli.sampling.picks import Pick
 
 Lane = PrefillLane | StepLane
 
@@ -35,12 +36,14 @@ class StepRequest:
     """What a denoising loop asks of the forward at one step: logits of the rows ``rows`` of the sequence ``x``
     (B, M + L) (response positions for ``CachedForward``, rows of the block for ``BlockForward``); ``block_start``:
     the first position of the block that holds them (``BlockForward``: the block's first sequence position);
-    ``finish``: the block is finished, its final tokens run once more for their keys and values (``BlockForward``)."""
+    ``finish``: the block is finished, its final tokens run once more for their keys and values (``BlockForward``);
+    ``pick``: the loop's greedy rule; it is then sent that rule's ``Picked``, not the logits (``sampling/picks.py``)."""
 
     x: Tensor
     rows: Tensor
     block_start: int | None = None
     finish: bool = False
+    pick: Pick | None = None
 
 
 class Forward:

@@ -25,9 +25,10 @@ from maskkv_cli.errors import UsageError
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import Policy
 from maskkv_cli.runtime.stats import now
-from maskkv_cli.sampling.common import Denoising, Event, GenerationResult, suppress_mask, top_k_commit
+from maskkv_cli.sampling.common import Denoising, Event, GenerationResult, top_k_commit
 from maskkv_cli.sampling.driver import Loop, drive
 from maskkv_cli.sampling.forward import StepRequest
+from maskkv_cli.sampling.picks import MaskedArgmax, Picked, suppress_mask
 
 REMASKING = ("low_confidence", "random")
 
@@ -123,6 +124,8 @@ def llada_loop(run: Denoising, gen: GenerationConfig) -> Loop:
     """The LLaDA loop over ``run``: yields each step's ``StepRequest`` and is sent its logits."""
     x, m, mask_id, rng, device = run.x, run.m, run.mask_id, run.rng, run.device
     bsz = x.shape[0]
+    # greedy without guidance: the driver picks each row's argmax and probability with the batch's other rows
+    pick = MaskedArgmax(mask_id) if gen.temperature == 0 and gen.cfg_scale == 0 else None
     for blk in range(gen.n_blocks):
         lo, hi = blk * gen.block_length, (blk + 1) * gen.block_length
         block_masked = x[:, m + lo : m + hi] == mask_id  # (B, block)
@@ -139,13 +142,17 @@ def llada_loop(run: Denoising, gen: GenerationConfig) -> Loop:
                 un = x.clone()
                 un[:, :m] = mask_id
                 xin = torch.cat([x, un], 0)
-            logits = yield StepRequest(xin, rows, lo)  # (B', n, V)
-            if gen.cfg_scale > 0:
-                cond, unc = logits.chunk(2, 0)
-                logits = unc + (gen.cfg_scale + 1) * (cond - unc)
-            logits = suppress_mask(logits, mask_id)
-            x0 = add_gumbel_noise(logits, gen.temperature, rng).argmax(-1)  # (B, n)
-            chosen_prob = run.scratch.chosen_probabilities(logits, x0)
+            reply = yield StepRequest(xin, rows, lo, pick=pick)  # (B', n, V) logits, or the greedy picks
+            if isinstance(reply, Picked):
+                x0, chosen_prob = reply.tokens, reply.probs  # (B, n): the argmax and its probability, as below
+            else:
+                logits = reply
+                if gen.cfg_scale > 0:
+                    cond, unc = logits.chunk(2, 0)
+                    logits = unc + (gen.cfg_scale + 1) * (cond - unc)
+                logits = suppress_mask(logits, mask_id)
+                x0 = add_gumbel_noise(logits, gen.temperature, rng).argmax(-1)  # (B, n)
+                chosen_prob = run.scratch.chosen_probabilities(logits, x0)
             if gen.remasking == "low_confidence":
                 conf = chosen_prob
             else:

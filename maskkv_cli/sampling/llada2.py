@@ -44,6 +44,7 @@ from maskkv_cli.sampling.dream import filter_logits
 from maskkv_cli.sampling.driver import Loop, drive
 from maskkv_cli.sampling.forward import BlockForward, StepRequest, finish_rows
 from maskkv_cli.sampling.llada import GenerationConfig, transfer_schedule
+from maskkv_cli.sampling.picks import Picked, SoftmaxMax
 
 DEFAULT_THRESHOLD = 0.95  # LLaDA2.0's and 2.1's commit threshold when neither the user nor the model sets one
 DEFAULT_MAX_POST_STEPS = 16
@@ -131,6 +132,8 @@ class BlockDenoising:
                                on_event, self.m, self.forward)
         self.token_probs = torch.full((bsz, total - self.m), float("nan"), dtype=torch.float64, device=self.device)
         self.rng = torch.Generator(device=self.device).manual_seed(gen.seed)
+        # greedy: the driver picks each row's token with the batch's other rows (``pick_tokens`` at temperature 0)
+        self.pick = SoftmaxMax() if gen.temperature == 0 else None
         self.threshold = gen.threshold if gen.threshold is not None else (
             options.threshold if options.threshold is not None else DEFAULT_THRESHOLD)
 
@@ -153,6 +156,13 @@ class BlockDenoising:
                                 self.forward.layer_budgets, self.token_probs[:, :g], self.plan)
 
 
+def _picked(reply: Tensor | Picked, run: BlockDenoising) -> tuple[Tensor, Tensor]:
+    """(tokens, probabilities) of a step: the driver's greedy picks, or ``pick_tokens`` over the logits."""
+    if isinstance(reply, Picked):
+        return reply.tokens, reply.probs
+    return pick_tokens(reply, run.gen, run.options, run.rng)
+
+
 def _block_20(run: BlockDenoising, blk: int) -> Loop:
     """LLaDA2.0: the block's steps, each committing above the threshold or the step's quota."""
     start, gen, options = blk * run.block, run.gen, run.options
@@ -164,8 +174,7 @@ def _block_20(run: BlockDenoising, blk: int) -> Loop:
             break
         t0 = now(run.device)
         rows = torch.nonzero(masked.any(0)).flatten()
-        logits = yield StepRequest(run.x, rows, start)
-        tokens, probs = pick_tokens(logits, gen, options, run.rng)
+        tokens, probs = _picked((yield StepRequest(run.x, rows, start, pick=run.pick)), run)
         commit = _commit_masks(probs, masked[:, rows], run.threshold, schedule[step])
         run.write(start, rows, commit, tokens, probs, t0, blk)
 
@@ -186,8 +195,7 @@ def _block_21(run: BlockDenoising, blk: int) -> Loop:
         if post > options.max_post_steps or stalls > options.max_post_steps:
             break
         t0 = now(run.device)
-        logits = yield StepRequest(run.x, rows, start)
-        tokens, probs = pick_tokens(logits, run.gen, options, run.rng)
+        tokens, probs = _picked((yield StepRequest(run.x, rows, start, pick=run.pick)), run)
         commit = _commit_masks(probs, masked, run.threshold, 1)
         editable = ~masked
         editable[:, :prompt_rows] = False

@@ -23,9 +23,10 @@ from torch import Tensor
 from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.sampling import SamplerOptions, open_generation
-from maskkv_cli.sampling.common import Event, GenerationResult, Scratch
+from maskkv_cli.sampling.common import Event, GenerationResult
 from maskkv_cli.sampling.driver import Generation, step_round
 from maskkv_cli.sampling.llada import GenerationConfig
+from maskkv_cli.sampling.picks import Scratch
 
 
 @dataclass(frozen=True)
