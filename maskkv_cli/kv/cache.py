@@ -10,8 +10,6 @@ step's rows write (``write_response``), which entries they see (``visible``), an
 - ``EvictedLayer``: each head keeps its own number of entries (a policy's selection); heads shorter than the
   longest are padded and masked with ``-inf`` in an additive bias (none when all heads keep the same count); a
   diffuse head may hold one residual entry (``kv/residual.py``).
-- ``WindowLayer``: a sliding-window layer's last ``window - 1`` prompt entries, every head, exactly (what such a
-  layer's queries after the prompt can see; nothing to evict).
 
 A step's rows at response positions ``[offset, offset + n)`` see every prompt slot and the response slot before
 ``offset + n``: the whole slot for a bidirectional model (``offset`` 0, ``n`` = L), the blocks so far for a
@@ -109,12 +107,6 @@ class EvictedLayer(LayerCache):
     kind = "evicted"
 
 
-class WindowLayer(LayerCache):
-    """A sliding-window layer's last prompt entries, every head (``positions`` say which)."""
-
-    kind = "window"
-
-
 @dataclass
 class PromptCache:
     prompt_len: int
@@ -149,21 +141,6 @@ def dense_layer(k: Tensor, v: Tensor, prompt_len: int, response_len: int) -> Lay
     vb[:, :, :prompt_len].copy_(v[:, :, :prompt_len])
     lengths = torch.full(k.shape[:2], prompt_len, dtype=torch.int64, device=k.device)
     return DenseLayer(kb, vb, prompt_len, lengths)
-
-
-def window_layer(k: Tensor, v: Tensor, prompt_len: int, response_len: int, window: int) -> LayerCache:
-    """Keep the last ``window - 1`` prompt entries of every head (all of them when the prompt is shorter): what the
-    queries after the prompt see in a sliding-window layer of ``window`` positions (a query sees itself and the
-    ``window - 1`` positions before it)."""
-    first = max(0, prompt_len - (window - 1))
-    kept = prompt_len - first
-    kb, vb = _buffers(k, v, kept, response_len)
-    kb[:, :, :kept].copy_(k[:, :, first:prompt_len])
-    vb[:, :, :kept].copy_(v[:, :, first:prompt_len])
-    b, h = k.shape[:2]
-    lengths = torch.full((b, h), kept, dtype=torch.int64, device=k.device)
-    positions = torch.arange(first, prompt_len, device=k.device).expand(b, h, kept).clone()
-    return WindowLayer(kb, vb, kept, lengths, positions)
 
 
 def _top_indices(scores: Tensor, budgets: Tensor, kmax: int) -> Tensor:

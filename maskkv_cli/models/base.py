@@ -245,12 +245,17 @@ def dense_hidden(model: DiffusionModel, ids: Tensor, key_mask: Tensor | None = N
     are the RoPE positions (default 0..T-1); ``mlp_chunk`` bounds the MLP's rows at once; ``on_attention(i, x,
     attn)`` sees each layer's attention input and output (the layer importance is measured through it)."""
     x = model.embed(ids)
-    rope = model.rope(torch.arange(ids.shape[1], device=ids.device) if positions is None else positions)
+    pos = torch.arange(ids.shape[1], device=ids.device) if positions is None else positions
+    tables: dict[object, Rope] = {}  # each kind of layer's RoPE tables (``rope_kind``), computed once
     mask = None if key_mask is None else key_mask[:, None, None, :]
     if attn_mask is not None:
         mask = attn_mask[None, None] if mask is None else mask & attn_mask[None, None]
     for i, block in enumerate(model.blocks):
-        x, rope = on_layer_device(model, i, x, rope)
+        kind = model.rope_kind(i)
+        if kind not in tables:
+            tables[kind] = model.layer_rope(i, pos)
+        x, rope = on_layer_device(model, i, x, tables[kind])
+        rope = tables[kind] = rope.to(x.device)
         hook = None if on_attention is None else (lambda h, a, i=i: on_attention(i, h, a))  # type: ignore[misc]
         if mask is not None:
             mask = mask.to(x.device)
