@@ -352,7 +352,8 @@ class HFLayoutModel(DiffusionModel):
 
     @property
     def device(self) -> torch.device:
-        return self.lm_head.weight.device
+        """Where the embedding (the input) lives: a device map's first device, as the protocol says."""
+        return self.model[self.embedding_name].weight.device
 
     @property
     def dtype(self) -> torch.dtype:
