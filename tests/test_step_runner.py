@@ -76,6 +76,31 @@ def test_compiled_generation_gives_the_eager_tokens(tiny_model):
     assert counters["stats"]["unique_graphs"] == graphs
 
 
+def test_a_compiled_step_of_two_rows_compiles_once(tiny_model, monkeypatch):
+    """A generation of two rows (a batch of prompts, or guidance) steps on ``x[:, split:]``, a strided view: every
+    call runs on the setup's buffer, so the step compiles in the setup only, never again inside a timed step."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    import maskkv_cli.sampling.forward as forward
+
+    after_setup: list[int] = []
+
+    class Counted(StepRunner):
+        def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            super().__init__(*args, **kwargs)
+            after_setup.append(counters["stats"]["unique_graphs"])
+
+    monkeypatch.setattr(forward, "StepRunner", Counted)
+    torch._dynamo.reset()
+    ids = torch.cat([prompt_of(tiny_model, 44, 1), prompt_of(tiny_model, 44, 2)])
+    eager = generate(tiny_model, ids, GEN, get_policy("maskkv"), 12)
+    compiled = generate(tiny_model, ids, GEN, get_policy("maskkv"), 12, step_options=StepOptions(compile=True))
+    assert len(after_setup) == 1 and after_setup[0] > 0
+    assert counters["stats"]["unique_graphs"] == after_setup[0]  # nothing compiled in the 15 later steps
+    assert torch.equal(compiled.tokens, eager.tokens)
+
+
 def test_compiled_dream_generation_gives_the_eager_tokens(tiny_tokenizer):
     cfg = named_config("dream-tiny").with_(vocab_size=len(tiny_tokenizer))
     dream = Dream(cfg).init_weights(seed=2, std=0.2).eval()

@@ -9,8 +9,10 @@ instead of its still-masked rows (a fraction of one layer) and buys a function t
 captured as one CUDA graph: one launch per step instead of a few per layer.
 
 Both run the engine's one step (``engine.step.step_hidden``, one lane); the eager path (the needed rows only)
-stays the default; these modes are opt-in
-(``--compile``, ``--cuda-graph``) and need the whole model on one device.
+stays the default; these modes are opt-in (``maskkv bench speed --step-modes compile,cuda-graph`` or ``--compile``,
+and the library's ``StepOptions``) and need the whole model on one device. Every call runs on the buffer the setup
+ran on (``static_in``, the response copied in): a compiled step never sees other strides than those it was
+compiled for (a batch's response is a strided view of its sequence), so it never recompiles inside a timed step.
 """
 
 from __future__ import annotations
@@ -94,15 +96,18 @@ class StepRunner:
         self.setup_s = now(dev) - t0
 
     def _capture(self) -> None:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):  # warm-up (and compilation) outside the capture, as CUDA graphs require
-                self.body(self.static_in, self.static_window)
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.static_out = self.body(self.static_in, self.static_window)
+        # on the model's own GPU: the streams and the capture otherwise follow the current device (cuda:0), while
+        # the kernels of a model on cuda:N run on that device's stream and the capture would record nothing
+        with torch.cuda.device(self.static_in.device):
+            side = torch.cuda.Stream(device=self.static_in.device)
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):  # warm-up (and compilation) outside the capture, as CUDA graphs require
+                    self.body(self.static_in, self.static_window)
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.static_out = self.body(self.static_in, self.static_window)
 
     def __call__(self, response: Tensor, rows: Tensor, start: int | None = None) -> Tensor:
         """Logits (B, len(rows), V) at response rows ``rows`` (ascending) for the response ids (B, L).
@@ -120,13 +125,13 @@ class StepRunner:
                     raise ValueError(f"rows {first}..{last} span more than one window of {self.window}")
             window = torch.arange(start, start + self.window, device=response.device)
             rows = rows - start
+        self.static_in.copy_(response)
         if self.graph is not None:
-            self.static_in.copy_(response)
             if window is not None and self.static_window is not None:
                 self.static_window.copy_(window)
             self.graph.replay()
             hidden = self.static_out
             assert hidden is not None
         else:
-            hidden = self.body(response, window)
+            hidden = self.body(self.static_in, window)
         return self.model.head(hidden[:, rows])
