@@ -18,11 +18,16 @@ def logit_chunks(q: Tensor, k: Tensor, scale: float, chunk_elements: int = CHUNK
     group side by side), each chunk about ``chunk_elements`` elements."""
     b, h, r, d = q.shape
     hkv, t = k.shape[1], k.shape[2]
-    kt = k.float().transpose(-1, -2)[:, :, None]  # (B, H_kv, 1, D, T)
-    qg = q.view(b, hkv, h // hkv, r, d)
+    g = h // hkv
+    kt = k.float().transpose(-1, -2)  # (B, H_kv, D, T)
+    qg = q.view(b, hkv, g, r, d)
     rows = max(1, chunk_elements // max(1, b * h * t))
     for start in range(0, r, rows):
-        yield torch.matmul(qg[:, :, :, start : start + rows].float(), kt).mul_(scale)
+        part = qg[:, :, :, start : start + rows].float()
+        n = part.shape[3]
+        # the group's query rows side by side against the keys once: a (B, H_kv, 1, D, T) operand broadcast over
+        # the group would copy the keys g times per chunk (hundreds of MB per chunk at 32k tokens)
+        yield torch.matmul(part.reshape(b, hkv, g * n, d), kt).view(b, hkv, g, n, t).mul_(scale)
 
 
 def attention_mass(q: Tensor, k: Tensor, scale: float, chunk_elements: int = CHUNK_ELEMENTS,
