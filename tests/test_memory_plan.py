@@ -201,11 +201,16 @@ def test_diffusion_gemma_step_and_encoder_chunk_against_live_bytes(monkeypatch: 
     peaks below the step term (which counts three vocabulary-wide fp32 logits, as the sampler keeps them, where
     ``decode`` alone holds one) and above half of it, the same at both lengths (the canvas's entries go into the full
     layer's room: no copy of its cache)."""
+    import maskkv_cli.models.base as base
     import maskkv_cli.models.diffusion_gemma_attention as attention
     from maskkv_cli.bench.live_bytes import LiveBytes
     from maskkv_cli.models.rows import small_rows
 
-    monkeypatch.setattr(attention, "folds_groups", lambda q, k: q.shape[1] != k.shape[1])
+    def folds(q: torch.Tensor, k: torch.Tensor) -> bool:
+        return q.shape[1] != k.shape[1]
+
+    monkeypatch.setattr(base, "folds_groups", folds)  # what attention decides by default
+    monkeypatch.setattr(attention, "folds_groups", folds)  # what attend_causal sizes its mask blocks by
     cfg = DG.with_(d_model=256, mlp_hidden_size=192, n_layers=6, n_heads=8, n_kv_heads=4, head_dim=32,
                    layer_types=(SLIDING,) * 5 + (FULL,), n_experts=8, top_k_experts=4, moe_hidden_size=64,
                    global_head_dim=64, n_global_kv_heads=2, sliding_window=64, vocab_size=4096, canvas_length=32,

@@ -101,11 +101,41 @@ class RMSNorm(nn.Module):
         return y.to(x.dtype) * self.weight
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
-    """SDPA of q (B, H, Tq, D) over k, v (B, H_kv, Tk, D): grouped-query attention whenever H_kv < H.
+def folds_groups(q: Tensor, k: Tensor) -> bool:
+    """Whether ``attention`` folds the query heads of a KV head into its rows by default (CUDA, grouped heads)."""
+    return q.device.type == "cuda" and q.shape[1] != k.shape[1]
 
-    ``mask``: bool (True = may attend) or an additive float bias, broadcastable to (B, H, Tq, Tk)."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
+
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, scale: float | None = None,
+              fold: bool | None = None) -> Tensor:
+    """SDPA of q (B, H, R, D) over k, v (B, H_kv, S, D); query head h reads KV head h // g (g = H / H_kv).
+
+    ``mask``: bool (True = may attend) or an additive float bias, (R, S) for every head or (B or 1, 1 or H or H_kv,
+    R or 1, S). ``scale``: the softmax scale (None: 1 / sqrt(D)). Where SDPA takes grouped heads without copying
+    them (the CPU's flash kernel) it is asked for them; on CUDA (``fold`` None: there) each KV head's query heads are
+    folded into its rows, (B, H_kv, g R, D): the math kernel would repeat the keys and values g times and form the
+    scores of every head, and the memory-efficient kernel, which takes masks and fp32, does not take grouped
+    heads. Folding moves rows, not sums: each row's result is the same up to the kernel's rounding."""
+    b, h, r, d = q.shape
+    hkv, s = k.shape[1], k.shape[2]
+    g = h // hkv
+    if fold is None:
+        fold = folds_groups(q, k)
+    if g == 1 or not fold:
+        if mask is not None and mask.dim() == 4 and mask.shape[1] not in (1, h):  # per KV head -> per query head
+            mask = mask.repeat_interleave(g, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=g > 1)
+    folded = q.reshape(b, hkv, g * r, d)  # row j R + i: query head (KV head) g + j, row i
+    if mask is not None:
+        if mask.dim() == 2:  # (R, S) -> (g R, S)
+            mask = mask.repeat(g, 1)
+        elif mask.shape[1] == h:  # per query head (B, H, R or 1, S) -> (B, H_kv, g R, S)
+            mask = mask.expand(mask.shape[0], h, r, s).reshape(mask.shape[0], hkv, g * r, s)
+        elif mask.shape[2] != 1:  # every head's or a KV head's rows (B, 1 or H_kv, R, S) -> (B, H_kv, g R, S)
+            mask = mask[:, :, None].expand(mask.shape[0], mask.shape[1], g, r, s).reshape(
+                mask.shape[0], mask.shape[1], g * r, s)
+    out = F.scaled_dot_product_attention(folded, k, v, attn_mask=mask, scale=scale)
+    return out.view(b, h, r, out.shape[-1])
 
 
 class DiffusionBlock(nn.Module):

@@ -1,8 +1,7 @@
 """DiffusionGemma's attention over a cache of any length, in bounded memory.
 
-``attend`` is SDPA with softmax scale 1 (QK-norm replaces 1 / sqrt(D)) and grouped KV heads. Where SDPA has a
-kernel that takes grouped heads without copying them (the CPU's flash kernel), it is asked for grouped heads;
-elsewhere (CUDA) each KV head's query heads are folded into its rows, (B, H_kv, g R, D), so that no kernel repeats
+``attend`` is SDPA with softmax scale 1 (QK-norm replaces 1 / sqrt(D)) and grouped KV heads: the engine's
+``models.base.attention``, which on CUDA folds each KV head's query heads into its rows, so that no kernel repeats
 the keys and values g times (the math kernel would: 8 copies of a full layer's cache in the released model) and
 the memory-efficient kernel, which takes masks and the full layers' 512-dim heads but not grouped heads, can run.
 
@@ -18,40 +17,17 @@ one): a math kernel would, per head.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from maskkv_cli.models.base import attention, folds_groups
 from maskkv_cli.models.diffusion_gemma_config import MASK_ELEMENTS
 
 
-def folds_groups(q: Tensor, k: Tensor) -> bool:
-    """Whether ``attend`` folds the query heads of a KV head into its rows (CUDA, grouped heads)."""
-    return q.device.type == "cuda" and q.shape[1] != k.shape[1]
-
-
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, fold: bool | None = None) -> Tensor:
-    """SDPA of q (B, H, R, D) over k, v (B, H_kv, S, D) with softmax scale 1; query head h reads KV head h // g
-    (g = H / H_kv). ``mask`` (True = may attend): (R, S) for every head, or (B, H or H_kv, R or 1, S) per query
-    head or per KV head. ``fold``: fold each KV head's query heads into its rows (default: on CUDA)."""
-    b, h, r, d = q.shape
-    hkv, s = k.shape[1], k.shape[2]
-    g = h // hkv
-    if fold is None:
-        fold = folds_groups(q, k)
-    if g == 1 or not fold:
-        if mask is not None and mask.dim() == 4 and mask.shape[1] != h:  # per KV head -> per query head
-            mask = mask.repeat_interleave(g, dim=1)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0, enable_gqa=g > 1)
-    folded = q.reshape(b, hkv, g * r, d)  # row j r + i: query head hkv_index * g + j, row i
-    if mask is not None:
-        if mask.dim() == 2:  # (R, S) -> (g R, S)
-            mask = mask.repeat(g, 1)
-        elif mask.shape[1] == h:  # per query head (B, H, R or 1, S) -> (B, H_kv, g R, S)
-            mask = mask.expand(b, h, r, s).reshape(b, hkv, g * r, s)
-        elif mask.shape[2] != 1:  # per KV head, per row (B, H_kv, R, S) -> (B, H_kv, g R, S)
-            mask = mask[:, :, None].expand(b, hkv, g, r, s).reshape(b, hkv, g * r, s)
-    out = F.scaled_dot_product_attention(folded, k, v, attn_mask=mask, scale=1.0)
-    return out.view(b, h, r, out.shape[-1])
+    """``models.base.attention`` with softmax scale 1: q (B, H, R, D) over k, v (B, H_kv, S, D), query head h
+    reading KV head h // g; ``mask`` (True = may attend) (R, S) for every head, or (B, H or H_kv, R or 1, S);
+    ``fold``: fold each KV head's query heads into its rows (default: on CUDA)."""
+    return attention(q, k, v, mask, scale=1.0, fold=fold)
 
 
 def attend_causal(q: Tensor, k: Tensor, v: Tensor, first: int, window: int | None = None,
@@ -94,4 +70,4 @@ def entry_mask(kept: Tensor | None, new: int, n_heads: int) -> Tensor | None:
     return torch.cat((kept, ones), dim=-1).repeat_interleave(n_heads // h_kv, dim=1)[:, :, None, :]
 
 
-__all__ = ["MASK_ELEMENTS", "attend", "attend_causal", "entry_mask", "folds_groups"]
+__all__ = ["MASK_ELEMENTS", "attend", "attend_causal", "entry_mask"]
