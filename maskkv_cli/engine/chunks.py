@@ -1,5 +1,5 @@
 """How many rows the prefill computes at once: its activations are bounded by these, whatever the prompt's length
-(``engine/forward.py`` runs them; ``engine/batch_memory.py`` counts them without importing torch)."""
+(``engine/prefill.py`` runs them; ``engine/batch_memory.py`` counts them without importing torch)."""
 
 MLP_CHUNK = 2048  # rows of the MLP (and of the k/v projections) computed at once in the prefill
 QUERY_CHUNK = 512  # query rows of the prefill's attention, output projection and residual computed at once

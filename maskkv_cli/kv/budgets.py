@@ -1,6 +1,6 @@
 """Cache budgets: how many prompt K/V pairs each layer and each head keeps.
 
-Pure functions over ints and tensors (see docs spec ``maskkv.md``, sections 2 and 4):
+Pure functions over ints and tensors (the rules of docs/policies.md):
 
 - ``resolve_budget``: the per-head budget B from ``--budget`` or ``--ratio``.
 - ``uniform_layer_budgets`` / ``boundary_layer_budgets`` / ``pyramid_layer_budgets``: one budget per layer.

@@ -38,7 +38,7 @@ class LayerCache:
     lengths: Tensor  # (B, H_kv) int64: kept prompt entries per key/value head (logical)
     positions: Tensor | None = None  # (B, H_kv, K) int64 original prompt positions; None = all positions kept
     bias: Tensor | None = None  # (B, H_q, 1, K + L) additive mask (0 / -inf) in the compute dtype; None = dense
-    residual: Tensor | None = None  # (B, H) bool: heads whose last prompt slot is a residual entry (residual.py)
+    residual: Tensor | None = None  # (B, H_kv) bool: KV heads whose last prompt slot is a residual entry (residual.py)
     kind: ClassVar[str] = "dense"
 
     @property

@@ -2,7 +2,7 @@
 
 The canvas is ``[prompt ; masks]`` rounded up to whole blocks counted from position 0, so the prompt's tail
 shares the first response block with the first masks. Blocks are decoded left to right; a block attends to
-itself and every earlier block (``models/base.py`` ``dense_hidden``'s ``attn_mask``; ``engine.forward.Layout``).
+itself and every earlier block (``models/base.py`` ``dense_hidden``'s ``attn_mask``; ``engine.lanes.Layout``).
 
 - LLaDA2.0 (``LLaDA2Options.editing_threshold`` None): each block gets ``steps_per_block`` steps (capped at
   ``gen_length // minimal_topk``). A step commits every masked position whose chosen token's probability exceeds
