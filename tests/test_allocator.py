@@ -67,6 +67,9 @@ def test_nothing_on_other_platforms() -> None:
 
 
 def test_cli_entry_point_configures() -> None:
-    import maskkv_cli.cli  # noqa: F401
-
-    assert allocator.state() is not None
+    """A fresh interpreter that imports only the command line has configured the allocator, as ``configure``
+    decides for that environment (the switch set: left alone)."""
+    code = ("import maskkv_cli.cli; from maskkv_cli.runtime import allocator; print(allocator.state())")
+    env = {**os.environ, allocator.ENV: "default"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == f"unchanged ({allocator.ENV}=default)"

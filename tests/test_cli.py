@@ -83,10 +83,17 @@ def test_debug_shows_traceback(tmp_path):
 
 
 def test_policies_lists_all():
-    result = runner.invoke(app, ["policies"])
+    """One row per registered policy, its name first, and only the paper's method marked as the default."""
+    from maskkv_cli.policies.base import policy_names
+
+    result = runner.invoke(app, ["policies"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[0]: line for line in result.output.splitlines() if line.strip()}
+    assert set(rows) == set(policy_names())
     for name in ("none", "full", "maskkv", "snapkv", "pyramidkv", "adakv", "streamingllm", "random",
                  "mask-vote-uniform", "prompt-vote", "all-vote"):
-        assert name in result.output
+        assert name in rows
+    assert [name for name, line in rows.items() if line.rstrip().endswith("[default]")] == ["maskkv"]
 
 
 def test_the_papers_maskkv_is_the_default_and_maskkv_plus_is_labelled_experimental():
