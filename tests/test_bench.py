@@ -177,11 +177,12 @@ def test_broken_jsonl_lines_are_skipped(tmp_path):
     assert folder.get("a") == {"key": "a", "x": 1} and folder.get("b") is None
 
 
-def test_case_in_a_fresh_process():
+def test_case_in_a_fresh_process(tmp_path):
     case = SpeedCase("maskkv", 8, 32, **{**TINY, "warmup": False})
-    row = run_case_subprocess(case)
+    row = run_case_subprocess(case, log_dir=tmp_path / "logs")
     assert row["key"] == case.key() and row["peak_reset"] in (True, False)
     assert row["peak_mem_bytes"] > 0 and row["limit_s"] > 0 and row["kv_bytes"] > 0
+    assert (tmp_path / "logs" / f"{case.key()}.txt").is_file()  # a finished case's stderr is kept too
 
 
 def test_memory_case_and_target():

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,12 +21,19 @@ from maskkv_cli.models.config import ModelConfig, named_config
 from maskkv_cli.models.families import build_model
 from maskkv_cli.models.protocol import DiffusionLM
 
-__all__ = ["BenchError", "case_main", "load_bench_model", "random_model", "random_prompt", "run_in_fresh_process",
-           "weights_bytes"]
+__all__ = ["BenchError", "case_main", "failure_cause", "load_bench_model", "random_model", "random_prompt",
+           "run_in_fresh_process", "weights_bytes"]
 
 
 class BenchError(MaskKVError):
-    """A benchmark case that failed (its process crashed, ran out of memory, or printed no row)."""
+    """A benchmark case that failed (its process crashed, ran out of memory, ran past its timeout, or printed no
+    row). The message is one line; ``tail``: the last lines of the child's stderr; ``log``: the file holding all
+    of it (None when it was not kept)."""
+
+    def __init__(self, message: str, tail: Sequence[str] = (), log: Path | None = None) -> None:
+        super().__init__(message)
+        self.tail = list(tail)
+        self.log = log
 
 
 def random_model(cfg: ModelConfig, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
@@ -77,29 +86,75 @@ def random_prompt(cfg: ModelConfig, length: int, seed: int, device: torch.device
     return ids.to(device)
 
 
+TAIL_LINES = 30  # stderr lines a failed case keeps: CUDA errors end with generic hint lines below the cause
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b")
+
+
+def failure_cause(lines: Sequence[str]) -> str:
+    """The line of a child's stderr that names its failure: the last line that starts a Python exception
+    (``RuntimeError: CUDA error: ...``), not the hints printed below it, else the last non-empty line."""
+    text = [ln.strip() for ln in lines if ln.strip()]
+    for line in reversed(text):
+        if _EXCEPTION_LINE.match(line):
+            return line
+    return text[-1] if text else "no output"
+
+
 def run_in_fresh_process(module: str, case_json: str, threads: int, label: str,
-                         timeout: float | None = None) -> dict[str, Any]:
-    """Run ``python -m module --case JSON`` in a fresh process with ``threads`` threads; return its JSON row."""
+                         timeout: float | None = None, log: Path | None = None) -> dict[str, Any]:
+    """Run ``python -m module --case JSON`` in a fresh process with ``threads`` threads; return its JSON row.
+
+    The child's stderr goes to the file ``log`` (kept; a temporary file when None), so that a failure's cause is
+    on disk even when the child is killed. A child running past ``timeout`` seconds is killed, so it does not keep
+    the device. A failure raises ``BenchError`` whose message is one line (the cause) and whose ``tail`` holds the
+    last ``TAIL_LINES`` lines of stderr."""
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     cmd = [sys.executable, "-m", module, "--case", case_json]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise BenchError(f"{label} ran past {timeout:.0f} s") from None
-    lines = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("{")]
-    if lines and json.loads(lines[-1]).get("error"):  # the case's own one-line error (a usage error in the case)
-        raise BenchError(f"{label} failed: {json.loads(lines[-1])['error']}")
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+    with (open(log, "w+", encoding="utf-8") if log is not None
+          else tempfile.TemporaryFile("w+", encoding="utf-8")) as err:
+        # the child stays in this process group, so that whatever stops this run as a group stops it too
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        timed_out = False
+        try:
+            stdout, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            stdout = _kill(proc)
+        except BaseException:  # Ctrl-C or any error here: the child must not go on holding the device
+            _kill(proc)
+            raise
+        err.seek(0)
+        stderr_lines = err.read().rstrip().splitlines()  # blank lines at the end would take the tail's room
+    tail = stderr_lines[-TAIL_LINES:]
+    where = f"; stderr in {log}" if log is not None else ""
+    if timed_out:
+        raise BenchError(f"{label} timed out after {timeout:g} s and was killed{where}", tail, log)
+    lines = [ln for ln in stdout.splitlines() if ln.strip().startswith("{")]
+    row = json.loads(lines[-1]) if lines else None
+    if row is not None and row.get("error"):  # the case's own one-line error (a usage error in the case)
+        raise BenchError(f"{label} failed: {row['error']}", tail, log)
+    if proc.returncode != 0 or row is None:
         why = "killed (out of memory?)" if proc.returncode in (-9, 137) else f"exit code {proc.returncode}"
-        raise BenchError(f"{label} failed ({why}): {tail}")
-    row = json.loads(lines[-1])
-    if row.get("error"):
-        raise BenchError(f"{label} failed: {row['error']}")
+        raise BenchError(f"{label} failed ({why}): {failure_cause(stderr_lines)}{where}", tail, log)
     return row
+
+
+def _kill(proc: subprocess.Popen[str]) -> str:
+    """SIGKILL the child and return what it had printed; a helper process it started that still holds its stdout
+    open is not waited for beyond a few seconds."""
+    proc.kill()
+    try:
+        return proc.communicate(timeout=5)[0] or ""
+    except subprocess.TimeoutExpired:
+        if proc.stdout is not None:
+            proc.stdout.close()
+        proc.wait()
+        return ""
 
 
 def case_main(argv: Sequence[str] | None, prog: str, run: Callable[[str], dict[str, Any]]) -> int:

@@ -27,6 +27,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -298,11 +299,13 @@ def run_case(case: SpeedCase) -> dict[str, Any]:
 
 
 def run_case_subprocess(case: SpeedCase, timeout: float | None = None,
-                        module: str = "maskkv_cli.bench.speed_case") -> dict[str, Any]:
-    """Run ``case`` in a fresh Python process and return the JSON row it prints."""
+                        module: str = "maskkv_cli.bench.speed_case", log_dir: Path | None = None) -> dict[str, Any]:
+    """Run ``case`` in a fresh Python process and return the JSON row it prints; its stderr is kept in
+    ``log_dir/<key>.txt`` when ``log_dir`` is given; past ``timeout`` seconds it is killed (``BenchError``)."""
     batch = f" batch {case.batch_size}" if case.batch_size > 1 else ""
+    log = None if log_dir is None else log_dir / f"{case.key()}.txt"
     return run_in_fresh_process(module, case.to_json(), case.threads,
-                                f"case {case.method} at prompt {case.prompt_len}{batch}", timeout)
+                                f"case {case.method} at prompt {case.prompt_len}{batch}", timeout, log)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
