@@ -1,15 +1,24 @@
-"""bench cases in fresh processes when they fail: each child's stderr kept in a log, the failure's cause line, the
-timeout that kills a hung case."""
+"""bench speed when cases fail: each child's stderr kept in logs/, the failure's cause line, the per-case timeout,
+error rows that do not stop the sweep and are run again by a rerun, the run order, the command's exit status."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from maskkv_cli.bench.cases import TAIL_LINES, BenchError, failure_cause, run_in_fresh_process
+from maskkv_cli.bench.results import read_jsonl
+from maskkv_cli.bench.speed import run_sweep
+from maskkv_cli.bench.speed_report import table_rows
+from maskkv_cli.bench.speed_settings import SpeedCase, SpeedSettings
+
+TINY = dict(gen_length=16, steps=8, block_length=8, config="tiny", none_steps=2, limit=False)
 
 CUDA_TAIL = [
     "Traceback (most recent call last):",
@@ -74,3 +83,147 @@ def test_a_child_past_its_timeout_is_killed_and_says_so(tmp_path, monkeypatch):
     assert info.value.tail == ["started, now hanging"] and "now hanging" in log.read_text()
     with pytest.raises(ProcessLookupError):  # killed and reaped: no such process any more
         os.kill(int(pid_file.read_text()), 0)
+
+
+def _row(case: SpeedCase, total: float) -> dict:
+    """A made-up row of ``case`` with the fields the ratios, the table and the plot read."""
+    return {"key": case.key(), "method": case.method, **asdict(case), "prefill_s": total / 10, "step_s": 0.01,
+            "total_s": total, "tokens_per_s": 16 / total, "peak_mem_bytes": 2**20, "kv_bytes": 0, "limit_s": None}
+
+
+def _runner(calls: list[SpeedCase], fails: set[tuple[int, str]]):
+    def runner(case: SpeedCase) -> dict:
+        calls.append(case)
+        if (case.prompt_len, case.method) in fails:
+            raise BenchError(f"case {case.method} at prompt {case.prompt_len} failed (exit code 1): RuntimeError: x",
+                             ["Traceback (most recent call last):", "RuntimeError: x"], Path("logs/k.txt"))
+        return _row(case, {"none": 8.0, "full": 4.0}.get(case.method, 2.0))
+
+    return runner
+
+
+def test_a_failed_case_leaves_an_error_row_the_sweep_goes_on_and_a_rerun_runs_it_again(tmp_path):
+    settings = SpeedSettings(prompt_lengths=(32, 48), budgets=(8,), **TINY)
+    calls: list[SpeedCase] = []
+    folder, rows = run_sweep(settings, out=tmp_path, runner=_runner(calls, {(32, "full")}))
+    assert len(calls) == 6 and [r["method"] for r in rows] == ["none", "full", "maskkv@8"] * 2
+    failed = rows[1]
+    assert failed["error"].endswith("RuntimeError: x") and failed["prompt_len"] == 32
+    assert failed["stderr_tail"] == ["Traceback (most recent call last):", "RuntimeError: x"]
+    assert failed["log"] == "logs/k.txt" and failed["key"] == calls[1].key() and "total_s" not in failed
+    on_disk = read_jsonl(tmp_path / "results.jsonl")  # saved like any row, in the planned order
+    assert [bool(r.get("error")) for r in on_disk] == [False, True, False, False, False, False]
+    # no ratio against the failed case; the others keep theirs
+    assert rows[2]["speedup_vs_full"] is None and rows[2]["speedup_vs_none"] == pytest.approx(4.0)
+    assert rows[5]["speedup_vs_full"] == pytest.approx(2.0)
+    head, body = table_rows(rows)
+    cells = dict(zip(head, body[1], strict=True))
+    assert cells["prompt"] == "32" and cells["method"] == "full" and cells["total s"] == "-"
+    assert cells["note"].startswith("failed: case full at prompt 32 failed")
+    summary = (tmp_path / "summary.md").read_text()
+    assert "1 case(s) failed" in summary and "| 32 | full | - |" in summary
+
+    again, rows2 = run_sweep(settings, out=tmp_path, runner=_runner(calls, set()))  # error rows are not reused
+    assert [c.method for c in calls[6:]] == ["full"] and calls[6].prompt_len == 32
+    assert again.reused == 5 and not any(r.get("error") for r in rows2)
+    assert rows2[2]["speedup_vs_full"] == pytest.approx(2.0)
+
+
+def test_a_case_failing_in_a_later_round_is_an_error_row_and_runs_no_more(tmp_path):
+    settings = SpeedSettings(prompt_lengths=(32,), policies=("full", "maskkv"), budgets=(8,), repeats=3, **TINY)
+    calls: list[SpeedCase] = []
+    runs = iter([True, True, False])  # full: rounds 1 and 2 run, round 3 fails
+
+    def runner(case: SpeedCase) -> dict:
+        if case.method == "full" and not next(runs):
+            calls.append(case)
+            raise BenchError("case full at prompt 32 failed (exit code 1): RuntimeError: y")
+        return _runner(calls, set())(case)
+
+    _, rows = run_sweep(settings, out=tmp_path, runner=runner)
+    assert [c.method for c in calls] == ["full", "maskkv@8"] * 3
+    assert rows[0]["error"].endswith("RuntimeError: y (run 3 of 3)") and rows[0]["log"] is None
+    assert rows[1]["repeats"] == 3 and rows[1]["speedup_vs_full"] is None
+
+    settings = SpeedSettings(prompt_lengths=(48,), policies=("full", "maskkv"), budgets=(8,), repeats=3, **TINY)
+    calls.clear()
+    _, rows = run_sweep(settings, out=tmp_path / "first", runner=_runner(calls, {(48, "full")}))
+    assert [c.method for c in calls] == ["full", "maskkv@8", "maskkv@8", "maskkv@8"]  # full not run again
+    assert rows[0]["error"].endswith("(run 1 of 3)")
+
+
+def test_longest_first_runs_the_longest_prompts_first_and_keeps_the_rows_ascending(tmp_path):
+    settings = SpeedSettings(prompt_lengths=(32, 64, 48), budgets=(8,), **TINY)
+    calls: list[SpeedCase] = []
+    _, rows = run_sweep(settings, out=tmp_path / "a", runner=_runner(calls, set()), longest_first=True)
+    assert [(c.prompt_len, c.method) for c in calls] == [
+        (n, m) for n in (64, 48, 32) for m in ("none", "full", "maskkv@8")]
+    assert [r["prompt_len"] for r in rows] == [32] * 3 + [48] * 3 + [64] * 3
+    calls.clear()
+    run_sweep(settings, out=tmp_path / "b", runner=_runner(calls, set()))  # the default: ascending
+    assert [c.prompt_len for c in calls] == [32] * 3 + [48] * 3 + [64] * 3
+
+
+def test_the_case_timeout_reaches_the_fresh_process_and_its_log(tmp_path):
+    """A timeout shorter than importing torch: the real case process is killed, the row says so, the log is kept."""
+    settings = SpeedSettings(prompt_lengths=(32,), policies=("full",), **TINY)
+    folder, rows = run_sweep(settings, out=tmp_path, case_timeout=0.2)
+    (row,) = rows
+    assert "timed out after 0.2 s and was killed" in row["error"]
+    assert row["log"] == str(tmp_path / "logs" / f"{row['key']}.txt") and Path(row["log"]).is_file()
+
+
+runner = CliRunner()
+ARGS = ["bench", "speed", "--config", "tiny", "--prompt-lengths", "32", "--policies", "none,full,maskkv",
+        "--budgets", "8", "--gen-length", "16", "--steps", "8", "--block-length", "8", "--none-steps", "2",
+        "--no-limit", "--in-process"]
+
+
+def test_cli_shows_the_finished_rows_then_exits_1_with_one_line(tmp_path, monkeypatch):
+    from maskkv_cli.bench import speed
+    from maskkv_cli.cli import app
+
+    real = speed.run_case
+
+    def run_case(case: SpeedCase) -> dict:
+        if case.method == "full":
+            raise BenchError("case full at prompt 32 failed (exit code 1): RuntimeError: z", [], tmp_path / "k.txt")
+        return real(case)
+
+    monkeypatch.setattr(speed, "run_case", run_case)
+    result = runner.invoke(app, [*ARGS, "--out", str(tmp_path / "r")])
+    assert result.exit_code == 1
+    assert "maskkv@8" in result.stdout and "failed: case full" in result.stdout  # the table, with the failure
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == (f"error: 1 of 3 cases failed; their stderr is in {tmp_path / 'r' / 'logs'}; rerun the same "
+                    "command to run them again")
+    assert "FAILED: case full at prompt 32" in result.stderr  # the progress line of the case
+    result = runner.invoke(app, [*ARGS, "--out", str(tmp_path / "j"), "--json"])
+    assert result.exit_code == 1
+    data = json.loads(result.stdout)
+    assert [bool(r.get("error")) for r in data["results"]] == [False, True, False]
+
+
+def test_cli_case_timeout_defaults_and_checks(monkeypatch):
+    from maskkv_cli.bench import speed
+    from maskkv_cli.cli import app
+
+    seen: list[dict] = []
+
+    def fake_sweep(settings, out, fresh, **kwargs):
+        seen.append(kwargs)
+        return type("Folder", (), {"path": Path("x")})(), []
+
+    monkeypatch.setattr(speed, "run_sweep", fake_sweep)
+    base = ARGS[:-1]  # fresh processes
+    for extra, want in (([], None), (["--device", "cuda"], 300.0), (["--device", "cuda", "--case-timeout", "0"], None),
+                        (["--case-timeout", "12.5"], 12.5)):
+        result = runner.invoke(app, [*base, *extra, "--json"])
+        assert result.exit_code == 0, result.output
+        assert seen[-1]["case_timeout"] == want and seen[-1]["longest_first"] is False
+    runner.invoke(app, [*base, "--longest-first", "--json"])
+    assert seen[-1]["longest_first"] is True
+    result = runner.invoke(app, [*ARGS, "--case-timeout", "10"])
+    assert result.exit_code == 2 and "--case-timeout needs fresh processes" in result.output
+    result = runner.invoke(app, [*base, "--case-timeout", "-1"])
+    assert result.exit_code == 2 and "--case-timeout must be 0" in result.output

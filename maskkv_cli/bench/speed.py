@@ -3,15 +3,24 @@
 Every case (``bench/speed_settings.py``) runs in a fresh process (``bench/speed_case.py``), round by round when it
 repeats, into a results folder that a rerun reuses; the rows get their ratios (against ``none``, ``full`` and batch
 size 1 of the same run) and the report (``bench/speed_report.py``).
+
+A case that fails (its process crashed, ran out of memory or ran past ``case_timeout``) does not stop the sweep: it
+leaves an error row (its one-line cause, the last lines of its stderr, the path of its whole stderr in
+``logs/<key>.txt``), saved like any row, and the sweep goes on. Error rows get no ratios, are no one's reference and
+are never reused: a rerun runs their cases again.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from maskkv_cli.bench.cases import BenchError
 from maskkv_cli.bench.results import ResultsFolder
 from maskkv_cli.bench.speed_case import run_case, run_case_subprocess
 from maskkv_cli.bench.speed_report import summary_markdown, write_plot
@@ -35,11 +44,16 @@ def add_ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     run of the same case (end to end, the median step, the prefill; all in the same run), and measured / limit."""
     by_len: dict[tuple[int, int, str], dict[str, dict[str, Any]]] = {}
     for row in rows:
+        if row.get("error"):  # a failed case has no times: it is no one's reference
+            continue
         by_len.setdefault((row["prompt_len"], row.get("batch_size", 1), row.get("quantize", "none")),
                           {})[row["method"]] = row
     out = []
     for row in rows:
         row = dict(row)
+        if row.get("error"):
+            out.append(row)
+            continue
         quantize = row.get("quantize", "none")
         peers = by_len[(row["prompt_len"], row.get("batch_size", 1), quantize)]
         for ref in ("none", "full"):
@@ -79,23 +93,57 @@ def median_row(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
+def error_row(case: SpeedCase, exc: BenchError) -> dict[str, Any]:
+    """The row a failed case leaves: its settings, the one-line cause, the last lines of its stderr and the file
+    holding all of it (None when the runner kept none)."""
+    return {"key": case.key(), "method": case.method, **asdict(case), "error": str(exc), "stderr_tail": exc.tail,
+            "log": None if exc.log is None else str(exc.log), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def keep_going(run: Callable[[SpeedCase], dict[str, Any]]) -> Callable[[SpeedCase], dict[str, Any]]:
+    """``run``, except that a case failing with ``BenchError`` returns its ``error_row`` instead of raising, so
+    that one case cannot stop the sweep."""
+
+    def run_or_error(case: SpeedCase) -> dict[str, Any]:
+        try:
+            return run(case)
+        except BenchError as exc:
+            return error_row(case, exc)
+
+    return run_or_error
+
+
 def run_rounds(cases: Sequence[SpeedCase], run: Callable[[SpeedCase], dict[str, Any]], repeats: int,
                on_case: Callable[[int, int, SpeedCase, dict[str, Any] | None], None] | None = None,
                ) -> dict[str, dict[str, Any]]:
     """Every case ``repeats`` times, round by round (each round runs every case once, in order), so that the runs
     of the cases a ratio compares are spread over the same stretch of the machine's time; each case's median run
-    (``median_row``) by key. ``on_case(i, n, case, row)`` as in ``run_sweep``, over all n runs."""
+    (``median_row``) by key. A run that returns an error row makes it the case's row: the case is not run again
+    in later rounds (its runs so far would not make a median of ``repeats``). ``on_case(i, n, case, row)`` as in
+    ``run_sweep``, over all n runs."""
     tell = on_case or (lambda *a: None)
     runs: dict[str, list[dict[str, Any]]] = {case.key(): [] for case in cases}
+    failed: dict[str, dict[str, Any]] = {}
     total = len(cases) * repeats
     for r in range(repeats):
         for j, case in enumerate(cases):
+            if case.key() in failed:
+                continue
             i = r * len(cases) + j
             tell(i, total, case, None)
             row = run(case)
-            runs[case.key()].append(row)
             tell(i, total, case, row)
-    return {key: median_row(rows) for key, rows in runs.items()}
+            if row.get("error"):
+                failed[case.key()] = {**row, "error": f"{row['error']} (run {r + 1} of {repeats})"}
+            else:
+                runs[case.key()].append(row)
+    return {key: failed[key] if key in failed else median_row(rows) for key, rows in runs.items()}
+
+
+def run_order(cases: Sequence[SpeedCase], longest_first: bool) -> list[SpeedCase]:
+    """The order the cases run in: as planned, or the longest prompt length's cases first (each length's cases in
+    their planned order), so that a short window measures the long prompts before it closes."""
+    return sorted(cases, key=lambda c: -c.prompt_len) if longest_first else list(cases)
 
 
 def run_sweep(
@@ -105,26 +153,34 @@ def run_sweep(
     isolate: bool = True,
     on_case: Callable[[int, int, SpeedCase, dict[str, Any] | None], None] | None = None,
     runner: Callable[[SpeedCase], dict[str, Any]] | None = None,
+    case_timeout: float | None = None,
+    longest_first: bool = False,
 ) -> tuple[ResultsFolder, list[dict[str, Any]]]:
-    """Run (or reuse) every case, write the results folder, return it with the rows (ratios added).
+    """Run (or reuse) every case, write the results folder, return it with the rows (ratios added; a failed
+    case's error row among them, see the module doc).
 
     ``on_case(i, n, case, row)`` is called before a case runs (row None) and after it (its row, with
-    ``reused`` true when it came from the folder).
+    ``reused`` true when it came from the folder). ``case_timeout``: seconds after which a case's process is
+    killed (fresh processes only). ``longest_first``: run order (``run_order``); the rows keep the planned order.
     """
     settings.check()
     cases = settings.cases()
     folder = ResultsFolder.open("speed", settings.as_dict(), [c.key() for c in cases], out, fresh)
-    run = runner or (run_case_subprocess if isolate else run_case)
+    if runner is None:
+        runner = (partial(run_case_subprocess, timeout=case_timeout, log_dir=folder.path / "logs") if isolate
+                  else run_case)
+    run = keep_going(runner)
+    order = run_order(cases, longest_first)
     if settings.repeats > 1:  # the missing cases' runs, round by round, then their median rows into the folder
-        medians = run_rounds([c for c in cases if folder.get(c.key()) is None], run, settings.repeats, on_case)
+        medians = run_rounds([c for c in order if folder.get(c.key()) is None], run, settings.repeats, on_case)
 
         def tell_reused(i: int, n: int, case: SpeedCase, row: dict[str, Any] | None) -> None:
             if on_case is not None and row is not None and row.get("reused"):  # run_rounds told of the others
                 on_case(i, n, case, row)
 
-        reused = folder.run_cases(cases, lambda case: medians[case.key()], tell_reused)
+        reused = folder.run_cases(order, lambda case: medians[case.key()], tell_reused)
     else:
-        reused = folder.run_cases(cases, run, on_case)
+        reused = folder.run_cases(order, run, on_case)
     rows = add_ratios(folder.ordered())
     folder.update(rows)
     rows = [{**r, "reused": r["key"] in reused} for r in rows]

@@ -60,7 +60,8 @@ def table_rows(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str
     """Header and text cells shared by the Markdown summary and the CLI table; the batch columns
     (``BATCH_COLUMNS``) only when some row has a batch size above 1, the quantization columns
     (``QUANTIZE_COLUMNS``: the weights' quantization and bytes, the median step's and the prefill's speedup over
-    the unquantized run of the same case) only when some row is quantized."""
+    the unquantized run of the same case) only when some row is quantized. A failed case's row (``error``) shows
+    its prompt, method (batch, weights) and, as its note, the cause; every figure "-"."""
     head = ["prompt", "method", "prefill s", "step ms", "total s", "tok/s", "vs none", "vs full",
             "peak mem", "above weights", "KV kept", "limit s", "meas/limit", "prefill GFLOP/s", "note"]
     extra = batched(rows)
@@ -70,6 +71,13 @@ def table_rows(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str
         head[14:14] = ["cache/seq (model)", "prefill peak (model)"]
     body = []
     for r in rows:
+        if r.get("error"):  # a failed case: its name and cause, no figures
+            cells = ["-"] * len(head)
+            cells[0], cells[1], cells[-1] = str(r["prompt_len"]), r["method"], f"failed: {r['error']}"
+            if extra:
+                cells[2] = str(r.get("batch_size", 1))
+            body.append(cells)
+            continue
         notes = []
         if r.get("extrapolated"):
             notes.append("extrapolated")
@@ -172,6 +180,10 @@ def summary_markdown(settings: SpeedSettings, rows: Sequence[dict[str, Any]], fo
                 lines.append(f"- {row['method']} at prompt {row['prompt_len']}, batch {row['batch_size']} against 1, "
                              "round by round: " + ", ".join(fmt_ratio(r, 2) for r in per_round)
                              + f" (median {fmt_ratio(statistics.median(per_round), 2)})")
+    failed = [r for r in rows if r.get("error")]
+    if failed:
+        lines.append(f"- {len(failed)} case(s) failed (the note says why; each one's stderr is in `logs/<key>.txt` "
+                     "of this folder when it ran in a fresh process); a rerun runs them again")
     lines += [
         "",
         "| " + " | ".join(head) + " |",
@@ -197,6 +209,8 @@ def write_plot(rows: Sequence[dict[str, Any]], path: Path) -> str | None:
 
     methods: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
+        if r.get("error"):  # a failed case has no point to draw
+            continue
         batch, weights = r.get("batch_size", 1), r.get("quantize", "none")
         name = r["method"] if batch == 1 else f"{r['method']} batch {batch}"
         methods.setdefault(name if weights == "none" else f"{name} {weights}", []).append(r)

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from maskkv_cli.cli.common import guarded
+from maskkv_cli.cli.common import fail, guarded
 from maskkv_cli.cli.options import (
     BenchBlockOpt,
     BenchGenOpt,
@@ -39,10 +39,14 @@ from maskkv_cli.cli.options import (
     repeats_option,
 )
 from maskkv_cli.cli.parsing import parse_count, parse_counts, parse_policies
+from maskkv_cli.errors import UsageError
 from maskkv_cli.runtime.devices import resolve_device
 
 CPU_LENGTHS = "1k,2k,4k"
 GPU_LENGTHS = "1k,2k,4k,8k,16k,32k"
+# Seconds a bench speed case may run on a GPU by default: many times the 15-25 s expected of an 8B case at 32k
+# (an estimate, not measured yet), yet short of a lent window, so that one hung case cannot take all of it.
+GPU_CASE_TIMEOUT = 300.0
 
 
 def _progress(quiet: bool, as_json: bool) -> Any:
@@ -54,6 +58,8 @@ def _progress(quiet: bool, as_json: bool) -> Any:
                 + (f" {weights}" if weights != "none" else ""))
         if row is None:
             sys.stderr.write(f"{what}: running...\n")
+        elif row.get("error"):
+            sys.stderr.write(f"{what}: FAILED: {row['error']}\n")
         elif row.get("reused"):
             sys.stderr.write(f"{what}: reused\n")
         else:
@@ -126,6 +132,13 @@ def speed(
     in_process: Annotated[bool, typer.Option(
         "--in-process", help="Run every case in this process (quick checks; peak memory is then not per case).")]
     = False,
+    case_timeout: Annotated[float | None, typer.Option(
+        "--case-timeout", metavar="SECONDS", help="Kill a case's process after this many seconds and record the "
+        f"case as failed [default: {GPU_CASE_TIMEOUT:.0f} on a GPU (a hung capture, compile or kernel must not "
+        "take a whole lent window), none on the CPU; 0: none].", show_default=False)] = None,
+    longest_first: Annotated[bool, typer.Option(
+        "--longest-first", help="Run the longest prompt length's cases first (the table keeps ascending order), "
+        "so that a short window measures the long prompts before it closes.")] = False,
     out: OutOpt = None,
     fresh: FreshOpt = False,
     as_json: JsonOpt = False,
@@ -141,6 +154,10 @@ def speed(
     With --batch-sizes: the same per batch of B sequences, the time per sequence, tokens/s against batch size 1,
     and the memory model's cache per sequence and prefill peak.
 
+    A case that fails or runs past --case-timeout leaves an error row (its stderr kept in the results folder's
+    logs/) and the sweep goes on; the command then exits with status 1, and a rerun runs only the failed and
+    missing cases.
+
     Examples:
 
         maskkv bench speed
@@ -148,6 +165,8 @@ def speed(
         maskkv bench speed --config llada-small --prompt-lengths 16k --budgets 256 --policies none,full,maskkv
 
         maskkv bench speed --device cuda --prompt-lengths 1k,32k --gen-length 256 --steps 256 --json
+
+        maskkv bench speed --device cuda --prompt-lengths 1k,32k --budgets 256 --longest-first --case-timeout 300
 
         maskkv bench speed --device cuda --step-modes eager,compile+cuda-graph --policies full,maskkv
 
@@ -179,14 +198,25 @@ def speed(
         step_modes=("eager", "compile") if compile_ else tuple(m.strip() for m in step_modes.split(",") if m.strip()),
         batch_sizes=parse_counts(batch_sizes, "--batch-sizes", unique=True), repeats=repeats,
         quantize=tuple(m.strip() for m in quantize.split(",") if m.strip()))
-    folder, rows = run_sweep(settings, out, fresh, isolate=not in_process, on_case=_progress(quiet, as_json))
+    if case_timeout is not None and case_timeout < 0:
+        raise UsageError("--case-timeout must be 0 (none) or a positive number of seconds")
+    if in_process and case_timeout:
+        raise UsageError("--case-timeout needs fresh processes; leave out --in-process")
+    timeout = (GPU_CASE_TIMEOUT if gpu else None) if case_timeout is None else case_timeout or None
+    folder, rows = run_sweep(settings, out, fresh, isolate=not in_process, on_case=_progress(quiet, as_json),
+                             case_timeout=timeout, longest_first=longest_first)
     if as_json:
         typer.echo(json.dumps({"results": rows}))
-        return
-    head, body = table_rows(rows)
-    _print_table("maskkv bench speed", head, body, SPEED_COLUMNS)
-    if not quiet:
-        sys.stderr.write(f"results: {folder.path}\n")
+    else:
+        head, body = table_rows(rows)
+        _print_table("maskkv bench speed", head, body, SPEED_COLUMNS)
+        if not quiet:
+            sys.stderr.write(f"results: {folder.path}\n")
+    failed = [r for r in rows if r.get("error")]
+    if failed:  # after the table: the finished rows are shown and saved, and the exit status says not all ran
+        logs = f"their stderr is in {folder.path / 'logs'}" if any(r.get("log") for r in failed) else \
+            "their causes are in the table's notes"
+        raise fail(f"{len(failed)} of {len(rows)} cases failed; {logs}; rerun the same command to run them again")
 
 
 @guarded
