@@ -524,3 +524,55 @@ def test_repeats_run_round_by_round_and_keep_each_cases_median_run(tmp_path, mon
     assert again.path == folder.path and len(order) == 6
     with pytest.raises(UsageError, match="--repeats"):
         SpeedSettings(repeats=0, **TINY).check()
+
+
+# ----- the warm-up ---------------------------------------------------------------------------------------------
+
+
+def test_warm_up_rule_own_length_prefill_on_cuda_only():
+    from maskkv_cli.bench.speed_case import warms_own_length
+
+    assert warms_own_length(torch.device("cuda")) and warms_own_length(torch.device("cuda:1"))
+    assert not warms_own_length(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_warm_up_at_the_cases_own_length_is_one_stopped_prefill(monkeypatch, batch):
+    """With the rule on (as on CUDA), the warm-up adds step 0 of the case's own generation, stopped there; with it
+    off (the CPU), the warm-up is the short run alone, as before."""
+    from maskkv_cli import sampling
+    from maskkv_cli.bench import speed_case
+
+    monkeypatch.setattr(speed_case, "WARMUP_PROMPT", 16)  # shorter than the case, so the two warm-ups differ
+    runs: list[tuple[int, int]] = []  # per generation: (prompt length, steps seen, step 0 included)
+    real_sample, real_many = sampling.sample, speed_case.sample_many
+
+    def sample(model, prompt, gen, plan, on_event=None, **kwargs):
+        seen = [0]
+
+        def count(event):
+            seen[0] += event.kind in ("prefill", "step")
+            if on_event is not None:
+                on_event(event)
+
+        try:
+            return real_sample(model, prompt, gen, plan, count, **kwargs)
+        finally:
+            runs.append((prompt.shape[1], seen[0]))
+
+    def sample_many(model, jobs, *args, **kwargs):  # a batch: its length and, negated, its size
+        runs.append((jobs[0].prompt.shape[1], -len(jobs)))
+        return real_many(model, jobs, *args, **kwargs)
+
+    monkeypatch.setattr(sampling, "sample", sample)
+    monkeypatch.setattr(speed_case, "sample_many", sample_many)
+    case = SpeedCase("maskkv", 8, 48, batch_size=batch, **{**TINY, "limit": False})
+    row = run_case(case)
+    assert row["warmup_own_length"] is False
+    assert runs == ([(16, 4), (48, 8)] if batch == 1 else [(16, -2), (48, -2)])  # short warm-up, measured run
+    runs.clear()
+    monkeypatch.setattr(speed_case, "warms_own_length", lambda device: True)
+    row = run_case(case)
+    assert row["warmup_own_length"] is True and row["steps_run"] == 8
+    # the case's own prefill in between, a single one stopped after step 0 (a batch: stopped at its first mark)
+    assert runs == ([(16, 4), (48, 1), (48, 8)] if batch == 1 else [(16, -2), (48, -2), (48, -2)])
