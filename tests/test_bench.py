@@ -289,6 +289,38 @@ def test_gpu_script_is_valid_bash():
     assert "--config llada-8b" in text and "--gen-length 256" in text and "bench speed" in text
 
 
+def _gpu_script_args(tmp_path, env: dict[str, str]) -> list[str]:
+    """The arguments scripts/gpu_bench.sh gives `maskkv bench speed`: PYTHON is a stand-in that passes the GPU
+    check and prints its arguments one per line."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    fake = tmp_path / "python"
+    fake.write_text('#!/usr/bin/env bash\nif [[ "$1" == "-" ]]; then cat >/dev/null; exit 0; fi\n'
+                    'printf "%s\\n" "$@"\n')
+    fake.chmod(0o755)
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_bench.sh"
+    proc = subprocess.run(["bash", str(script), "--json"], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHON": str(fake), **env})
+    return proc.stdout.splitlines()
+
+
+def _value(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def test_gpu_script_defaults_fit_a_short_window_and_run_32k_first(tmp_path):
+    args = _gpu_script_args(tmp_path, {"OUT": "/somewhere/else"})  # an exported OUT no longer redirects results
+    assert args[:3] == ["-m", "maskkv_cli", "bench"] and args[3] == "speed" and args[-1] == "--json"
+    assert _value(args, "--out") == "runs/bench-speed-h200"
+    assert _value(args, "--prompt-lengths") == "1k,32k" and _value(args, "--budgets") == "256"
+    assert "--longest-first" in args
+    args = _gpu_script_args(tmp_path, {"MASKKV_BENCH_OUT": "runs/x", "LENGTHS": "32k", "BUDGETS": "64,256"})
+    assert _value(args, "--out") == "runs/x" and _value(args, "--prompt-lengths") == "32k"
+    assert _value(args, "--budgets") == "64,256"
+
+
 def test_step_modes_make_their_own_cases_and_rows():
     settings = SpeedSettings(prompt_lengths=(32,), budgets=(8,), step_modes=("eager", "compile"), **TINY)
     methods = [c.method for c in settings.cases()]
