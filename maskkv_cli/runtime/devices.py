@@ -22,7 +22,8 @@ def resolve_device(device: str) -> str:
 
 
 def machine_info() -> dict[str, Any]:
-    """Where the numbers come from: CPU, threads, torch version, GPU if any."""
+    """Where the numbers come from: CPU, threads, torch version, and with a GPU its name and the CUDA libraries'
+    settings that change GPU timings (``_cuda_info``). A machine without CUDA gets exactly the CPU fields."""
     import torch
 
     info: dict[str, Any] = {
@@ -35,6 +36,28 @@ def machine_info() -> dict[str, Any]:
     }
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
+        info.update(_cuda_info())
+    return info
+
+
+def _cuda_info() -> dict[str, Any]:
+    """The CUDA runtime torch was built with, the cuDNN version, and whether TF32 may replace fp32 in matrix
+    products and in cuDNN (fp32 timings differ several-fold with it). Each reading that fails is None: describing
+    the machine must never stop a run."""
+    import torch
+
+    readings = {
+        "cuda": lambda: torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version,
+        "tf32_matmul": lambda: bool(torch.backends.cuda.matmul.allow_tf32),
+        "tf32_cudnn": lambda: bool(torch.backends.cudnn.allow_tf32),
+    }
+    info: dict[str, Any] = {}
+    for name, read in readings.items():
+        try:
+            info[name] = read()
+        except Exception:  # a build without the library, or an API that moved: unknown, not fatal
+            info[name] = None
     return info
 
 
