@@ -6,7 +6,8 @@ writes its figures into ``--out`` (JSON, rewritten after every check, so a run c
 prints one line; a check that fails records its error and the next one runs.
 
 - ``attention``: ``models.base.attention``'s folded grouped heads (the CUDA path) and SDPA's grouped heads against
-  the plain definition in fp32, for the mask layouts the engine passes (max abs difference).
+  the plain definition in fp32, for the mask layouts the engine passes (max abs difference), and the SDPA kernel
+  PyTorch picks for each (flash, efficient, cudnn or math: the math one forms every head's scores).
 - ``block_contract``: per family and dtype, the cached step 0 (policy ``full``) and a cached step against the plain
   forward (equal bit for bit? max difference).
 - ``alone_vs_batch``: per family and dtype, 8 prompts of other lengths and every kind of cache plan, in one batch
@@ -77,8 +78,24 @@ def check_attention(dev: torch.device) -> dict[str, Any]:
             m = None if mask is None else (mask.to(dev) if mask.dtype == torch.bool else mask.to(dev, dtype))
             for fold in (False, True):
                 got = attention(*args, m, fold=fold).cpu()
-                out[f"{name}, {dtype_name}, {'folded' if fold else 'grouped'}"] = _diff(got, reference)
+                label = f"{name}, {dtype_name}, {'folded' if fold else 'grouped'}"
+                out[label] = {"max_diff": _diff(got, reference), "kernel": _kernel(*args, m, fold)}
     return out
+
+
+def _kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, fold: bool) -> str:
+    """The SDPA kernel PyTorch picks for ``attention``'s call (grouped heads, or folded as on CUDA)."""
+    backends = torch.nn.attention.SDPBackend
+    names = {int(getattr(backends, n)): n.lower() for n in dir(backends) if n.isupper()}
+    g = q.shape[1] // k.shape[1]
+    if not fold:
+        full = mask if mask is None or mask.shape[1] == q.shape[1] else mask.repeat_interleave(g, dim=1)
+        return names.get(int(torch._fused_sdp_choice(q, k, v, full, 0.0, False, enable_gqa=True)), "?")
+    b, h, r, d = q.shape
+    folded = q.reshape(b, k.shape[1], g * r, d)
+    if mask is not None:  # the folded layout's mask shape (models.base.attention lays it out the same way)
+        mask = torch.zeros(b, k.shape[1], g * r, k.shape[2], dtype=q.dtype, device=q.device)
+    return names.get(int(torch._fused_sdp_choice(folded, k, v, mask, 0.0, False)), "?")
 
 
 def check_block_contract(dev: torch.device) -> dict[str, Any]:
