@@ -67,8 +67,9 @@ def masked_sequence(model: DiffusionLM, prompt: Tensor, gen_length: int) -> tupl
 def top_k_commit(conf: Tensor, still: Tensor, counts: list[int]) -> Tensor:
     """Bool (B, n): the ``counts[b]`` most confident still-masked positions of each row."""
     commit = torch.zeros_like(still)
+    left = still.sum(1).tolist()  # every row's still-masked count in one read from the device
     for b, k in enumerate(counts):
-        k = min(k, int(still[b].sum()))
+        k = min(k, int(left[b]))
         if k:
             commit[b, conf[b].topk(k).indices] = True
     return commit

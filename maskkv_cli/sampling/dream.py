@@ -163,11 +163,11 @@ def dream_loop(run: Denoising, gen: DreamGenerationConfig) -> Loop:
     # greedy: the driver picks each row's token with the batch's other rows (``sample_tokens`` at temperature 0)
     pick = DreamGreedy(run.mask_id, gen.alg, gen.top_p, gen.top_k) if gen.temperature == 0 else None
     for i in range(gen.steps):
-        masked = x[:, m:] == run.mask_id
-        if not bool(masked.any()):
-            break
         t0 = now(device)
+        masked = x[:, m:] == run.mask_id
         rows = torch.nonzero(masked.any(0)).flatten()
+        if len(rows) == 0:  # every position committed (read with the rows: one device sync, not two)
+            break
         reply = yield StepRequest(x, rows, pick=pick)  # (B, n, V) logits, or the greedy picks
         t, s = float(timesteps[i]), float(timesteps[i + 1])
         last = i == gen.steps - 1

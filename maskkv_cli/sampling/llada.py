@@ -132,11 +132,13 @@ def llada_loop(run: Denoising, gen: GenerationConfig) -> Loop:
         schedules = [transfer_schedule(int(c), gen.steps_per_block) for c in block_masked.sum(1)]
         j = 0
         while True:
-            masked = x[:, m + lo : m + hi] == mask_id
-            if not bool(masked.any()) or (gen.threshold is None and j >= gen.steps_per_block):
+            if gen.threshold is None and j >= gen.steps_per_block:
                 break
             t0 = now(device)
+            masked = x[:, m + lo : m + hi] == mask_id
             rows = lo + torch.nonzero(masked.any(0)).flatten()  # response positions whose logits are needed
+            if len(rows) == 0:  # the block is done (read with the rows: one device sync, not two)
+                break
             xin = x
             if gen.cfg_scale > 0:
                 un = x.clone()

@@ -169,11 +169,11 @@ def _block_20(run: BlockDenoising, blk: int) -> Loop:
     steps = min(gen.steps_per_block, gen.gen_length // options.minimal_topk)
     schedule = transfer_schedule(run.block, steps)
     for step in range(steps):
-        masked = run.x[:, start : start + run.block] == run.mask_id
-        if not bool(masked.any()):
-            break
         t0 = now(run.device)
+        masked = run.x[:, start : start + run.block] == run.mask_id
         rows = torch.nonzero(masked.any(0)).flatten()
+        if len(rows) == 0:  # the block is done (read with the rows: one device sync, not two)
+            break
         tokens, probs = _picked((yield StepRequest(run.x, rows, start, pick=run.pick)), run)
         commit = _commit_masks(probs, masked[:, rows], run.threshold, schedule[step])
         run.write(start, rows, commit, tokens, probs, t0, blk)
