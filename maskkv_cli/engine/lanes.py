@@ -106,6 +106,15 @@ def on_layer(model: DiffusionLM, layer: int, x: Tensor) -> Tensor:
     return x if not devices or x.device == devices[layer] else x.to(devices[layer])
 
 
+def flat_heads(o: Tensor) -> Tensor:
+    """(b, H, n, D) -> (1, H, b * n, D): a lane's attention output as one run of rows (its b sequences back to
+    back), as the lanes' rows are laid out for the products they share."""
+    if o.shape[0] == 1:
+        return o
+    b, h, n, d = o.shape
+    return o.transpose(0, 1).reshape(1, h, b * n, d)
+
+
 def spans(sizes: Sequence[int]) -> list[tuple[int, int]]:
     """Back-to-back [start, stop) of runs of these sizes."""
     out, start = [], 0

@@ -6,7 +6,9 @@ Per layer: the keys of every lane's rows (in row chunks, all lanes' rows in each
 sink gets its whole keys and values (select, or hold until the last layer: ``engine/selection.py``) and the lane's
 attention runs over its own keys in query chunks (updating its rows of the hidden state in place), then the MLP over
 every row in row chunks. Only x, k, v (and the votes' fp32 keys) are whole-length. A lane alone is the memory-bounded
-prefill of one question; lanes together share the products of every layer and nothing else.
+prefill of one question; lanes together share the products of every layer and nothing else: short lanes (each
+within one query chunk, ``joins_queries``) also their queries and the attention's output projection, each lane's
+attention running over its own keys.
 
 ``prefill`` is one sequence's step 0 with its cache plan's selection (offline or online layer budgets, a
 block-causal layout, a stored document prefix).
@@ -20,7 +22,7 @@ import torch
 from torch import Tensor
 
 from maskkv_cli.engine.chunks import JOIN_ROWS, MLP_CHUNK, QUERY_CHUNK
-from maskkv_cli.engine.lanes import Layout, PrefillLane, RowTables, on_layer, spans
+from maskkv_cli.engine.lanes import Layout, PrefillLane, RowTables, flat_heads, on_layer, spans
 from maskkv_cli.engine.selection import LayerRecord, LayerSink, OfflineSelection, OnlineSelection, online_budget
 from maskkv_cli.kv.cache import PromptCache
 from maskkv_cli.kv.prefix import PrefixLayer, PrefixStore
@@ -112,6 +114,21 @@ def _lane_heads(t: Tensor, a: int, b: int, batch: int, whole: bool) -> Tensor:
     return part.reshape(part.shape[0], batch, -1, part.shape[-1]).transpose(0, 1).contiguous()
 
 
+def joins_queries(lanes: Sequence[PrefillLane], query_chunk: int) -> bool:
+    """Whether a prefill of these lanes computes every lane's queries and attention output projection as one
+    product each (as it does the keys and values), instead of lane by lane: for two or more lanes whose rows all run
+    (no stored prefix, nothing captured) and each fit one query chunk, where a lane alone would also have run its
+    queries, its attention and its projection in one piece. Each row's numbers are the same either way (the row
+    floor, ``models/rows.py``); joined, the products are larger (they share the weights' reads, and threads)."""
+    return len(lanes) > 1 and all(lane.prefix is None and lane.capture is None
+                                  and lane.ids.shape[0] * lane.ids.shape[1] <= query_chunk for lane in lanes)
+
+
+def _row_slices(q: Tensor) -> Callable[[int, int], Tensor]:
+    """``(start, stop) -> q[:, :, start:stop]``: a lane's queries of any run of its positions, already computed."""
+    return lambda start, stop: q[:, :, start:stop]
+
+
 def join_rows(model: DiffusionLM) -> int:
     """How many rows of prefills go through the weights as one pass (``sampling/driver.py`` joins prompts up to it):
     as many rows as make one layer's activations (each row's hidden state and MLP width) weigh what the layer's
@@ -142,6 +159,7 @@ def prefill_lanes(model: DiffusionLM, lanes: Sequence[PrefillLane], mlp_chunk: i
                        [lane.first for lane in lanes], heights, [lane.rope_factor for lane in lanes])
     n_layers = len(model.blocks)
     shifts: list[list[Tensor]] = [[] for _ in lanes]
+    joined = joins_queries(lanes, query_chunk)
     for i, block in enumerate(model.blocks):
         x = on_layer(model, i, x)
         dev = x.device
@@ -149,13 +167,16 @@ def prefill_lanes(model: DiffusionLM, lanes: Sequence[PrefillLane], mlp_chunk: i
         views = [x[:, a:b].view(h, n, x.shape[-1]) for (a, b), h, n in zip(bounds, heights, own, strict=True)]
         inputs = [xv.clone() if lane.capture is not None else None for xv, lane in zip(views, lanes, strict=True)]
         keys = chunked_rows(row_fn(block.keys, x, rows_rope), total, mlp_chunk)  # (1, H_kv, N, D)
+        queries = chunked_rows(row_fn(block.queries, x, rows_rope), total, mlp_chunk) if joined else None
         pending = []
         for j, (lane, (a, b), xv) in enumerate(zip(lanes, bounds, views, strict=True)):
             t, p = lane.ids.shape[1], lane.first
             rope = tables.lane(i, j, dev)
             lane_rope = rope if p == 0 else rope.rows(p, t)  # the tables of the lane's running rows
             prefix = None if lane.prefix is None else lane.prefix.layers[i]
-            if prefix is None:
+            if queries is not None:
+                rows_q = _row_slices(_lane_heads(queries, a, b, heights[j], whole))
+            elif prefix is None:
                 rows_q = row_fn(block.queries, xv, lane_rope)
             else:
                 rows_q = prefix.queries(lambda h, first, stop, r=rope, blk=block: blk.queries(h, r.rows(first, stop)),
@@ -169,9 +190,10 @@ def prefill_lanes(model: DiffusionLM, lanes: Sequence[PrefillLane], mlp_chunk: i
                              compute_q=rows_q, mask_start=lane.mask_start, visible=visible)
             scores = None if lane.sink is None else lane.sink.scores(view)
             pending.append((view, rows_q, k, scores, lane_rope, visible, prefix))
-        del keys
+        del keys, queries
         values = chunked_rows(row_fn(block.values, x), total, mlp_chunk)
         pending.reverse()  # popped in lane order: each lane's view and keys are freed after its attention
+        outputs: list[Tensor] = []  # joined: each lane's attention, projected once for every lane's rows
         for j, (lane, (a, b), xv) in enumerate(zip(lanes, bounds, views, strict=True)):
             view, rows_q, k, scores, lane_rope, visible, prefix = pending.pop()
             v = _lane_heads(values, a, b, heights[j], whole)
@@ -184,6 +206,11 @@ def prefill_lanes(model: DiffusionLM, lanes: Sequence[PrefillLane], mlp_chunk: i
                 sink(view, q_mask, scores, k, v)
                 del q_mask
             del view, scores
+            if joined:
+                mask = None if visible is None else visible(0, lane.ids.shape[1])[None, None]
+                outputs.append(flat_heads(attention(rows_q(0, lane.ids.shape[1]), k, v, mask)))
+                del k, v, rows_q
+                continue
             shift = attend_in_chunks(block, xv, k, v, lane_rope, query_chunk, lane.measure, visible,
                                      offset=lane.first)
             if lane.capture is not None:
@@ -195,6 +222,14 @@ def prefill_lanes(model: DiffusionLM, lanes: Sequence[PrefillLane], mlp_chunk: i
                 shifts[j].append(shift)
             del k, v, rows_q
         del values, pending, inputs
+        if outputs:
+            attn = block.attn_proj(torch.cat(outputs, 2))  # (1, N, d): every lane's rows in one product
+            del outputs
+            for j, (lane, (a, b), xv) in enumerate(zip(lanes, bounds, views, strict=True)):
+                if lane.measure:
+                    shifts[j].append(attention_shift(xv, attn[:, a:b].view(xv.shape)))
+            x += attn
+            del attn
         for start in range(0, total, mlp_chunk):  # the MLP in row chunks, added in place
             x[:, start : start + mlp_chunk] += block.mlp(x[:, start : start + mlp_chunk])
     picked = []

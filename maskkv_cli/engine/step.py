@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from maskkv_cli.engine.lanes import RowTables, StepLane, on_layer, spans
+from maskkv_cli.engine.lanes import RowTables, StepLane, flat_heads, on_layer, spans
 from maskkv_cli.kv.cache import PromptCache
 from maskkv_cli.models.base import attention
 from maskkv_cli.models.protocol import DiffusionLM
@@ -28,14 +28,6 @@ def _heads(t: Tensor, a: int, b: int, batch: int) -> Tensor:
         return t[:, :, a:b]
     part = t[0, :, a:b]
     return part.reshape(part.shape[0], batch, -1, part.shape[-1]).transpose(0, 1)
-
-
-def _flat_heads(o: Tensor) -> Tensor:
-    """(b, H, n, D) -> (1, H, b * n, D): a lane's attention output as one run of tokens."""
-    if o.shape[0] == 1:
-        return o
-    b, h, n, d = o.shape
-    return o.transpose(0, 1).reshape(1, h, b * n, d)
 
 
 def step_hidden(model: DiffusionLM, lanes: Sequence[StepLane]) -> list[Tensor]:
@@ -79,7 +71,7 @@ def step_hidden(model: DiffusionLM, lanes: Sequence[StepLane]) -> list[Tensor]:
             return [x.new_empty(h, 0, x.shape[-1]) for h in heights]
         if i == last:
             x = torch.cat(kept, 1) if len(kept) != 1 else kept[0]
-        o = torch.cat([_flat_heads(out) for out in outs], 2) if len(outs) != 1 else _flat_heads(outs[0])
+        o = torch.cat([flat_heads(out) for out in outs], 2) if len(outs) != 1 else flat_heads(outs[0])
         del outs, kept
         x = x + block.attn_proj(o)
         del o
