@@ -153,7 +153,6 @@ def test_decode_strips_trailing_eos(tiny_tokenizer):
     assert decode_answer(tiny_tokenizer, ids + [eos] * 5, {eos}, 5) == "the river"
 
 
-
 @pytest.mark.parametrize("threads", [1, 2])
 def test_scratch_gives_the_reference_probabilities(threads):
     """The sampler's reused float64 memory (``sampling.common.Scratch``) changes no number: the chosen tokens'

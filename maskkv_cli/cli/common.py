@@ -91,8 +91,6 @@ def note_once(message: str | None, quiet: bool, as_json: bool) -> None:
     note(message, quiet, as_json)
 
 
-
-
 def one_line_stats(stats: Any, prompts: int = 1) -> str:
     """A run's statistics in one line; ``prompts``: how many prompts it took (a document read in parts), whose
     prompt tokens, prefill and steps are summed and whose cache is the largest of one."""

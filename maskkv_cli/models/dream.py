@@ -53,7 +53,6 @@ class DreamBlock(HFLayoutBlock):
         return self.self_attn.o_proj(self.merge_heads(o))
 
 
-
 class Dream(HFLayoutModel):
     """``model(ids (B, T)) -> logits (B, T, vocab)``, already shifted (position i predicted from i - 1)."""
 

@@ -70,7 +70,6 @@ class LLaDA2Block(HFLayoutBlock):
         return self.attention.dense(self.merge_heads(o))
 
 
-
 class LLaDA2(HFLayoutModel):
     """``model(ids (B, T)) -> logits (B, T, vocab)``; position i predicts token i."""
 

@@ -69,7 +69,6 @@ class LLaDAMoEBlock(HFLayoutBlock):
         return self.self_attn.o_proj(self.merge_heads(o))
 
 
-
 class LLaDAMoE(HFLayoutModel):
     """``model(ids (B, T)) -> logits (B, T, vocab)``; position i predicts token i."""
 

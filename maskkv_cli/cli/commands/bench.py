@@ -279,7 +279,6 @@ def memory(
         sys.stderr.write(f"results: {folder.path}\n")
 
 
-
 @guarded
 def loading(
     quantize: BenchQuantizeOpt = "none,int8,int4",
