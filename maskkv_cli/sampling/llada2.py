@@ -44,7 +44,7 @@ from maskkv_cli.sampling.dream import filter_logits
 from maskkv_cli.sampling.driver import Loop, drive
 from maskkv_cli.sampling.forward import BlockForward, StepRequest, finish_rows
 from maskkv_cli.sampling.llada import GenerationConfig, transfer_schedule
-from maskkv_cli.sampling.picks import Picked, SoftmaxMax
+from maskkv_cli.sampling.picks import Picked, SoftmaxMax, softmax_max
 
 DEFAULT_THRESHOLD = 0.95  # LLaDA2.0's and 2.1's commit threshold when neither the user nor the model sets one
 DEFAULT_MAX_POST_STEPS = 16
@@ -82,10 +82,9 @@ def llada2_defaults(stored: dict[str, float]) -> LLaDA2Options:
 def pick_tokens(logits: Tensor, gen: GenerationConfig, options: LLaDA2Options,
                 rng: torch.Generator) -> tuple[Tensor, Tensor]:
     """(tokens, their probabilities), both (B, n): the argmax of the fp32 softmax, or a sample with temperature."""
-    logits = logits.float()
     if gen.temperature == 0:
-        probs, tokens = logits.softmax(-1).max(-1)
-        return tokens, probs
+        return softmax_max(logits)
+    logits = logits.float()
     probs = filter_logits(logits / gen.temperature, options.top_p, options.top_k).softmax(-1)
     tokens = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=rng).view(probs.shape[:-1])
     return tokens, probs.gather(-1, tokens[..., None]).squeeze(-1)

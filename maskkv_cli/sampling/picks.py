@@ -106,13 +106,19 @@ class MaskedArgmax(Pick):
         return Picked(tokens, scratch.chosen_probabilities(logits, tokens))
 
 
+def softmax_max(logits: Tensor) -> tuple[Tensor, Tensor]:
+    """(tokens, probabilities) of logits (..., V): each row's most likely token under the float32 softmax and its
+    probability (LLaDA2's greedy choice; the mask token is not suppressed)."""
+    probs, tokens = logits.float().softmax(-1).max(-1)
+    return tokens, probs
+
+
 @dataclass(frozen=True)
 class SoftmaxMax(Pick):
-    """LLaDA2's greedy step: the most likely token of the float32 softmax and its probability (no suppression)."""
+    """LLaDA2's greedy step (``softmax_max``) as a rule the batch shares."""
 
     def __call__(self, logits: Tensor, scratch: Scratch) -> Picked:
-        probs, tokens = logits.float().softmax(-1).max(-1)
-        return Picked(tokens, probs)
+        return Picked(*softmax_max(logits))
 
 
 def pick_lanes(pick: Pick, joined: Tensor, sizes: list[int], shapes: list[tuple[int, ...]],
