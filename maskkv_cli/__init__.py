@@ -12,8 +12,8 @@ from maskkv_cli.runtime.allocator import configure_once
 
 __version__ = "0.1.0"
 
-# Importing the package fixes glibc's mmap threshold (``allocator.py``; ``MASKKV_MALLOC=default`` turns it off),
-# before torch allocates anything, so freed activations go back to the kernel.
+# Importing the package fixes glibc's mmap and trim thresholds (``allocator.py``; ``MASKKV_MALLOC=default`` turns it
+# off), before torch allocates anything, so the peak does not depend on what ran before.
 configure_once()
 
 _LAZY = {

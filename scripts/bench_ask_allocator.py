@@ -3,12 +3,14 @@
 Builds (once) a checkpoint of the llada-small shape with random weights in the upstream layout, using the bundled
 tiny model's tokenizer and special ids (the embedding keeps llada-small's 126,464 rows, so the weights are the
 real 1.40 GB), and a text document of about ``--tokens`` tokens made from the bundled corpus. Then runs
-``maskkv ask`` in fresh processes, alternating the default (fixed mmap threshold) and ``MASKKV_MALLOC=default``,
-``--repeats`` times each, and prints every run and the medians. The peak RSS and the CPU time (user + system) of
-each child come from ``os.wait4`` (the kernel's figures for that process alone); on a shared machine the CPU time
-is the steadier of the two clocks.
+``maskkv ask`` in fresh processes, alternating the allocator settings of ``--settings`` (``SETTINGS``: the default,
+fixed thresholds of 4 MiB and 8 MiB; ``fixed-128k``, the mmap threshold fixed at 128 KiB as before 2026-12-06;
+``glibc``, ``MASKKV_MALLOC=default``), ``--repeats`` times each, and prints every run and the medians. The peak
+RSS and the CPU time (user + system) of each child come from ``os.wait4`` (the kernel's figures for that process
+alone); on a shared machine the CPU time is the steadier of the two clocks.
 
     python scripts/bench_ask_allocator.py --work /tmp/ask-alloc --tokens 16384 --repeats 5
+    python scripts/bench_ask_allocator.py --tokens 4096 --repeats 3 --settings default,fixed-128k,glibc
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ import time
 from pathlib import Path
 
 ASSETS = Path(__file__).resolve().parent.parent / "maskkv_cli" / "assets"
+# name -> the environment that selects it (glibc reads its MALLOC_ variables at start-up; maskkv leaves a threshold
+# set that way alone, runtime/allocator.py)
+SETTINGS = {"default": {}, "fixed-128k": {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"},
+            "glibc": {"MASKKV_MALLOC": "default"}}
 
 
 def build(work: Path, tokens: int) -> tuple[Path, Path]:
@@ -49,11 +55,10 @@ def build(work: Path, tokens: int) -> tuple[Path, Path]:
     return ckpt, doc
 
 
-def run_once(ckpt: Path, doc: Path, allocator: bool, extra: list[str]) -> dict[str, float]:
+def run_once(ckpt: Path, doc: Path, setting: str, extra: list[str]) -> dict[str, float]:
     env = {k: v for k, v in os.environ.items() if k != "MASKKV_MALLOC" and not k.startswith("MALLOC_")}
     env["OMP_NUM_THREADS"] = "1"
-    if not allocator:
-        env["MASKKV_MALLOC"] = "default"
+    env.update(SETTINGS[setting])
     cmd = [sys.executable, "-m", "maskkv_cli", "ask", str(doc), "What is the special magic number?", "--model",
            str(ckpt), "--device", "cpu", "--json", "--quiet", *extra]
     t0 = time.perf_counter()
@@ -74,29 +79,41 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/ask-alloc"))
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--settings", default="default,glibc", help=f"comma-separated, from: {', '.join(SETTINGS)}")
     ap.add_argument("extra", nargs="*", help="more arguments for maskkv ask (after --)")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    ckpt, doc = build(args.work, args.tokens)
-    runs: dict[bool, list[dict[str, float]]] = {True: [], False: []}
+    if args.build_only:
+        build(args.work, args.tokens)
+        return
+    # Built in a child of its own: a process started by fork and exec keeps its parent's resident set as its peak
+    # (``ru_maxrss``), so runs forked from a process that held the model would all read at least its size.
+    subprocess.run([sys.executable, __file__, "--build-only", "--work", str(args.work), "--tokens", str(args.tokens)],
+                   check=True)
+    ckpt, doc = build(args.work, args.tokens)  # both exist now: only their paths
+    names = [n.strip() for n in args.settings.split(",")]
+    unknown = [n for n in names if n not in SETTINGS]
+    if unknown:
+        ap.error(f"unknown setting {unknown[0]!r}; choose from {', '.join(SETTINGS)}")
+    runs: dict[str, list[dict[str, float]]] = {n: [] for n in names}
     for i in range(args.repeats):
-        for allocator in (True, False) if i % 2 == 0 else (False, True):
-            r = run_once(ckpt, doc, allocator, args.extra)
-            runs[allocator].append(r)
-            label = "fixed threshold" if allocator else "MASKKV_MALLOC=default"
-            print(f"run {i + 1} {label:22s} prompt {r['prompt_tokens']} tokens  peak RSS {r['peak_rss_mib']:8.1f} "
+        for name in names if i % 2 == 0 else names[::-1]:
+            r = run_once(ckpt, doc, name, args.extra)
+            runs[name].append(r)
+            print(f"run {i + 1} {name:11s} prompt {r['prompt_tokens']} tokens  peak RSS {r['peak_rss_mib']:8.1f} "
                   f"MiB  prefill {r['prefill_s']:7.1f} s  wall {r['wall_s']:7.1f} s  CPU {r['cpu_s']:7.1f} s",
                   flush=True)
     keys = ("peak_rss_mib", "prefill_s", "wall_s", "cpu_s")
-    med = {a: {k: statistics.median(r[k] for r in runs[a]) for k in keys} for a in runs}
-    on, off = med[True], med[False]
-    for name, m in (("fixed threshold", on), ("MASKKV_MALLOC=default", off)):
-        print(f"median {name:22s} peak RSS {m['peak_rss_mib']:.1f} MiB, prefill {m['prefill_s']:.1f} s, "
-              f"wall {m['wall_s']:.1f} s, CPU {m['cpu_s']:.1f} s")
-    print(f"peak RSS drop {off['peak_rss_mib'] - on['peak_rss_mib']:.1f} MiB; ratios (fixed / default): prefill "
-          f"{on['prefill_s'] / off['prefill_s']:.3f}, wall {on['wall_s'] / off['wall_s']:.3f}, CPU (user + sys) "
-          f"{on['cpu_s'] / off['cpu_s']:.3f}")
-    same = {r["answer"] for a in runs for r in runs[a]}
+    med = {n: {k: statistics.median(r[k] for r in runs[n]) for k in keys} for n in names}
+    first = med[names[0]]
+    for name, m in med.items():
+        print(f"median {name:11s} peak RSS {m['peak_rss_mib']:.1f} MiB (spread "
+              f"{max(r['peak_rss_mib'] for r in runs[name]) - min(r['peak_rss_mib'] for r in runs[name]):.1f}), "
+              f"prefill {m['prefill_s']:.1f} s, wall {m['wall_s']:.1f} s, CPU {m['cpu_s']:.1f} s; {names[0]} / this: "
+              f"peak RSS {first['peak_rss_mib'] - m['peak_rss_mib']:+.1f} MiB, prefill "
+              f"{first['prefill_s'] / m['prefill_s']:.3f}, CPU {first['cpu_s'] / m['cpu_s']:.3f}")
+    same = {r["answer"] for n in names for r in runs[n]}
     print(f"identical answers in every run: {len(same) == 1}")
 
 

@@ -14,10 +14,10 @@ from maskkv_cli.runtime import allocator
 
 GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 
-# Run in a fresh interpreter: free a 1 MiB block (glibc's dynamic threshold would rise to 1 MiB), then allocate
-# 512 KiB and report whether it was served by mmap (mallinfo2's hblkhd grows) or from the heap.
+# Run in a fresh interpreter: free a block of FREED bytes (glibc's dynamic threshold would rise to its size), then
+# allocate one of ASKED bytes and report how much of it was served by mmap (mallinfo2's hblkhd grows; 0: the heap).
 PROBE = r"""
-import ctypes, json
+import ctypes, json, sys
 import maskkv_cli
 from maskkv_cli.runtime import allocator
 
@@ -31,34 +31,53 @@ libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes = [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
 libc.mallinfo2.restype = MallInfo2
-libc.free(libc.malloc(1 << 20))
+freed, asked = int(sys.argv[1]), int(sys.argv[2])
+libc.free(libc.malloc(freed))
 before = libc.mallinfo2().hblkhd
-block = libc.malloc(512 << 10)
+block = libc.malloc(asked)
 after = libc.mallinfo2().hblkhd
 libc.free(block)
 print(json.dumps({"mmapped": after - before, "state": allocator.state()}))
 """
 
 
-def _probe(**env: str) -> dict[str, object]:
+MIB = 1 << 20
+FIXED = (f"mmap threshold fixed at {allocator.MMAP_THRESHOLD} bytes; "
+         f"trim threshold fixed at {allocator.TRIM_THRESHOLD} bytes")
+
+
+def _probe(freed: int, asked: int, **env: str) -> dict[str, object]:
     full_env = {k: v for k, v in os.environ.items() if k != allocator.ENV and not k.startswith("MALLOC_")}
     full_env.update(env)
-    out = subprocess.run([sys.executable, "-c", PROBE], env=full_env, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", PROBE, str(freed), str(asked)], env=full_env, capture_output=True,
+                         text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.skipif(not GLIBC, reason="the setting exists only with glibc on Linux")
 def test_import_fixes_the_mmap_threshold() -> None:
-    result = _probe()
-    assert result["state"] == f"mmap threshold fixed at {allocator.MMAP_THRESHOLD} bytes"
-    assert result["mmapped"] >= 512 << 10  # served by its own mapping despite the earlier 1 MiB free
+    assert allocator.MMAP_THRESHOLD == 4 * MIB
+    big = _probe(16 * MIB, 6 * MIB)
+    assert big["state"] == FIXED
+    assert big["mmapped"] >= 6 * MIB  # its own mapping despite the earlier 16 MiB free: the threshold did not rise
+    small = _probe(16 * MIB, 1 * MIB)
+    assert small["mmapped"] == 0  # below the threshold: from the heap (no fresh pages to fault in)
 
 
 @pytest.mark.skipif(not GLIBC, reason="the setting exists only with glibc on Linux")
 def test_env_switch_leaves_glibc_dynamic_threshold() -> None:
-    result = _probe(**{allocator.ENV: "default"})
+    result = _probe(16 * MIB, 6 * MIB, **{allocator.ENV: "default"})
     assert result["state"] == f"unchanged ({allocator.ENV}=default)"
-    assert result["mmapped"] == 0  # the threshold rose to 1 MiB, so 512 KiB came from the heap
+    assert result["mmapped"] == 0  # the threshold rose to 16 MiB, so 6 MiB came from the heap
+
+
+@pytest.mark.skipif(not GLIBC, reason="the setting exists only with glibc on Linux")
+def test_glibc_variables_are_the_users_choice() -> None:
+    """A threshold set through glibc's own variable stays as the user set it; the other one is still fixed."""
+    result = _probe(MIB, 512 << 10, MALLOC_MMAP_THRESHOLD_=str(256 << 10))
+    assert result["state"] == (f"mmap threshold left to MALLOC_MMAP_THRESHOLD_; "
+                               f"trim threshold fixed at {allocator.TRIM_THRESHOLD} bytes")
+    assert result["mmapped"] >= 512 << 10  # the user's 256 KiB threshold, not ours
 
 
 def test_nothing_on_other_platforms() -> None:

@@ -1,13 +1,24 @@
-"""A fixed mmap threshold for glibc's malloc, set once at start-up (Linux with glibc only).
+"""Fixed mmap and trim thresholds for glibc's malloc, set once at start-up (Linux with glibc only).
 
-By default glibc raises its mmap threshold each time a large mmap-backed block is freed (up to 32 MiB on 64-bit).
-After the first big activation of a prefill is freed, later activations below the new threshold come from the
-heap, and freed heap memory mostly stays resident: a process keeps hundreds of MiB it no longer uses and its
-peak resident set depends on the order of earlier allocations. A fixed threshold (``mallopt(M_MMAP_THRESHOLD,
-...)``, which also turns the dynamic adjustment off) serves every block of at least ``MMAP_THRESHOLD`` bytes
-with its own mapping, returned to the kernel as soon as it is freed. See docs/performance.md for the effect.
+glibc serves a block of at least its mmap threshold with its own mapping, given back to the kernel on ``free``, and
+smaller blocks from its heap, whose free top it returns to the kernel past the trim threshold. By default the mmap
+threshold starts at 128 KiB and rises to the size of every mmap-backed block that is freed (up to 32 MiB, the trim
+threshold following at twice that): after the first big activation of a prefill is freed, later ones come from the
+heap, a process keeps up to hundreds of MiB it no longer uses, and its peak resident set depends on the order of
+earlier allocations. Fixed thresholds (``mallopt``, which also turns that adjustment off) keep the peak the same
+from run to run. The values trade the two costs:
 
-``MASKKV_MALLOC=default`` leaves the allocator as it is. Nothing is done on other platforms or C libraries.
+- ``MMAP_THRESHOLD`` (4 MiB): a block this large or larger gets its own mapping, freed at once. Below it, blocks are
+  reused from the heap: a mapped block costs the kernel a zero-filled page fault on every first touch, each time
+  it is allocated, which is most of an elementwise operation's time on a block of a few hundred KiB (a tiny
+  model's activations, a batch's steps). At 128 KiB that cost made the embedded model's joined prefills 1.5-1.8x
+  slower (docs/performance.md, "The allocator").
+- ``TRIM_THRESHOLD`` (8 MiB, twice the mmap threshold as glibc pairs them): the heap keeps this much free memory at
+  its top instead of giving it back and faulting it in again at the next step.
+
+``MASKKV_MALLOC=default`` leaves the allocator as it is; a ``MALLOC_MMAP_THRESHOLD_`` or ``MALLOC_TRIM_THRESHOLD_``
+in the environment is the user's own setting, which glibc applied at start-up: that parameter is left alone.
+Nothing is done on other platforms or C libraries.
 """
 
 from __future__ import annotations
@@ -18,9 +29,14 @@ import platform
 import sys
 from collections.abc import Mapping
 
-M_MMAP_THRESHOLD = -3  # mallopt parameter number in glibc's malloc.h
-MMAP_THRESHOLD = 128 * 1024  # bytes: glibc's own starting value, kept fixed from now on
+M_TRIM_THRESHOLD = -1  # mallopt parameter numbers in glibc's malloc.h
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 4 * 1024 * 1024  # bytes
+TRIM_THRESHOLD = 2 * MMAP_THRESHOLD
 ENV = "MASKKV_MALLOC"
+# (glibc's environment variable, mallopt parameter, value), in the order they are set
+SETTINGS = (("MALLOC_MMAP_THRESHOLD_", M_MMAP_THRESHOLD, MMAP_THRESHOLD),
+            ("MALLOC_TRIM_THRESHOLD_", M_TRIM_THRESHOLD, TRIM_THRESHOLD))
 
 _state: str | None = None
 
@@ -38,7 +54,7 @@ def _glibc() -> ctypes.CDLL | None:
 
 
 def configure(env: Mapping[str, str] | None = None, system: str | None = None) -> str:
-    """Set the fixed mmap threshold unless told not to; returns what was done, in words.
+    """Set the fixed thresholds unless told not to; returns what was done, in words.
 
     ``env`` (default ``os.environ``) and ``system`` (default ``sys.platform``) are parameters so that tests can
     check each branch; the module-level call in ``maskkv_cli/__init__.py`` uses the defaults.
@@ -54,9 +70,16 @@ def configure(env: Mapping[str, str] | None = None, system: str | None = None) -
         return "unchanged (the C library is not glibc)"
     libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     libc.mallopt.restype = ctypes.c_int
-    if libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) != 1:
-        return "unchanged (mallopt refused the setting)"
-    return f"mmap threshold fixed at {MMAP_THRESHOLD} bytes"
+    done: list[str] = []
+    for variable, param, value in SETTINGS:
+        name = variable.removeprefix("MALLOC_").removesuffix("_").lower().replace("_", " ")
+        if variable in env:
+            done.append(f"{name} left to {variable}")
+        elif libc.mallopt(param, value) != 1:
+            done.append(f"{name} unchanged (mallopt refused it)")
+        else:
+            done.append(f"{name} fixed at {value} bytes")
+    return "; ".join(done)
 
 
 def configure_once() -> str:
