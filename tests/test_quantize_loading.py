@@ -26,6 +26,14 @@ MIB = 1 << 20
 SCALED_THRESHOLD = {"MALLOC_MMAP_THRESHOLD_": str(128 << 10)}
 
 
+@pytest.fixture(autouse=True)
+def scaled_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every loading process these tests start (``bench.cases.run_in_fresh_process`` passes the environment on)
+    runs at the scaled-down threshold."""
+    for name, value in SCALED_THRESHOLD.items():
+        monkeypatch.setenv(name, value)
+
+
 @pytest.fixture(scope="module")
 def sharded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A LLaDA2 MoE shape of 56 MiB in fp32 (4 layers, 3 of 8 experts), saved in bf16 in 15 shards of at most
@@ -39,10 +47,7 @@ def sharded(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])
-def test_a_quantized_load_stays_within_the_weights_and_one_shard(sharded: Path, mode: str,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in SCALED_THRESHOLD.items():
-        monkeypatch.setenv(name, value)
+def test_a_quantized_load_stays_within_the_weights_and_one_shard(sharded: Path, mode: str) -> None:
     row = run_load_subprocess(LoadCase(str(sharded), mode))
     assert row["shards"] >= 8 and row["peak_reset"] and row["quantized_layers"] == 100
     assert row["peak_above_start_bytes"] <= row["weights_bytes"] + row["largest_shard_bytes"] + SLACK, row

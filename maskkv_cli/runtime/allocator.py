@@ -41,9 +41,9 @@ SETTINGS = (("MALLOC_MMAP_THRESHOLD_", M_MMAP_THRESHOLD, MMAP_THRESHOLD),
 _state: str | None = None
 
 
-def _glibc() -> ctypes.CDLL | None:
-    """The running process's C library when it is glibc, else None."""
-    if platform.libc_ver()[0] != "glibc":
+def glibc() -> ctypes.CDLL | None:
+    """The running process's C library when it is glibc on Linux, else None."""
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
         return None
     try:
         libc = ctypes.CDLL(None)
@@ -65,7 +65,7 @@ def configure(env: Mapping[str, str] | None = None, system: str | None = None) -
         return f"unchanged ({ENV}=default)"
     if not system.startswith("linux"):
         return f"unchanged (not Linux: {system})"
-    libc = _glibc()
+    libc = glibc()
     if libc is None:
         return "unchanged (the C library is not glibc)"
     libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]

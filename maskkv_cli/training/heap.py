@@ -1,21 +1,20 @@
 """Keep freed memory inside the process during CPU training.
 
-PyTorch's CPU tensors come from ``malloc``. glibc serves requests above its mmap threshold (128 KiB, rising to at
-most 32 MiB) with ``mmap`` and unmaps them when they are freed, so every training step gets its activations as fresh
-pages and the kernel zero-fills each one again on first touch. On the 2-core machines this project trains on, that
-kernel work was a third of a step (docs/tiny-model.md, "Training speed"). Serving every request from the heap and
-never trimming it keeps those pages mapped from one step to the next; the process then holds its peak footprint
-until it exits.
+PyTorch's CPU tensors come from ``malloc``. glibc serves requests above its mmap threshold (fixed at 4 MiB when
+maskkv is imported, ``runtime/allocator.py``) with ``mmap`` and unmaps them when they are freed, so every training
+step gets its large activations as fresh pages and the kernel zero-fills each one again on first touch. On the
+2-core machines this project trains on, that kernel work was a third of a step (docs/tiny-model.md, "Training
+speed"). Serving every request from the heap and never trimming it keeps those
+pages mapped from one step to the next; the process then holds its peak footprint until it exits.
 """
 
 from __future__ import annotations
 
 import ctypes
-import sys
 
-# mallopt parameters from glibc's malloc.h
-M_TRIM_THRESHOLD = -1
-M_MMAP_MAX = -4
+from maskkv_cli.runtime.allocator import M_TRIM_THRESHOLD, glibc
+
+M_MMAP_MAX = -4  # mallopt parameter number in glibc's malloc.h
 
 
 def keep_freed_memory() -> bool:
@@ -23,15 +22,9 @@ def keep_freed_memory() -> bool:
 
     Returns whether both settings took; False off Linux or off glibc, where nothing is changed.
     """
-    if not sys.platform.startswith("linux"):
+    libc = glibc()
+    if libc is None:
         return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    mallopt = getattr(libc, "mallopt", None)
-    if mallopt is None:
-        return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    return bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1)) and bool(mallopt(M_MMAP_MAX, 0))
+    libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    libc.mallopt.restype = ctypes.c_int
+    return bool(libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)) and bool(libc.mallopt(M_MMAP_MAX, 0))
