@@ -14,9 +14,9 @@ from maskkv_cli.runtime import allocator
 
 GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 
-# Run in a fresh interpreter: free a block of FREED bytes (glibc's dynamic threshold would rise to its size), then
-# allocate one of ASKED bytes and report how much of it was served by mmap (mallinfo2's hblkhd grows; 0: the heap).
-PROBE = r"""
+# What both probes start with, in a fresh interpreter: maskkv imported, and glibc's malloc, free and mallinfo2
+# (hblkhd: the bytes in mmap-backed blocks).
+HEADER = r"""
 import ctypes, json, sys
 import maskkv_cli
 from maskkv_cli.runtime import allocator
@@ -31,13 +31,21 @@ libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes = [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
 libc.mallinfo2.restype = MallInfo2
+
+
+def mapped(size):
+    before = libc.mallinfo2().hblkhd
+    block = libc.malloc(size)
+    grown = libc.mallinfo2().hblkhd - before
+    libc.free(block)
+    return grown
+"""
+# Free a block of argv[1] bytes (glibc's dynamic threshold would rise to its size), then allocate one of argv[2]
+# bytes and report how much of it was served by mmap (0: the heap).
+PROBE = HEADER + r"""
 freed, asked = int(sys.argv[1]), int(sys.argv[2])
 libc.free(libc.malloc(freed))
-before = libc.mallinfo2().hblkhd
-block = libc.malloc(asked)
-after = libc.mallinfo2().hblkhd
-libc.free(block)
-print(json.dumps({"mmapped": after - before, "state": allocator.state()}))
+print(json.dumps({"mmapped": mapped(asked), "state": allocator.state()}))
 """
 
 
@@ -78,6 +86,21 @@ def test_glibc_variables_are_the_users_choice() -> None:
     assert result["state"] == (f"mmap threshold left to MALLOC_MMAP_THRESHOLD_; "
                                f"trim threshold fixed at {allocator.TRIM_THRESHOLD} bytes")
     assert result["mmapped"] >= 512 << 10  # the user's 256 KiB threshold, not ours
+
+
+MAPPED_INSIDE = HEADER + r"""
+with allocator.small_blocks_mapped():
+    inside = mapped(512 << 10)
+print(json.dumps({"inside": inside, "after": mapped(512 << 10)}))
+"""
+
+
+@pytest.mark.skipif(not GLIBC, reason="the setting exists only with glibc on Linux")
+def test_small_blocks_are_mapped_inside_the_block_only() -> None:
+    env = {k: v for k, v in os.environ.items() if k != allocator.ENV and not k.startswith("MALLOC_")}
+    out = subprocess.run([sys.executable, "-c", MAPPED_INSIDE], env=env, capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["inside"] >= 512 << 10 and result["after"] == 0
 
 
 def test_nothing_on_other_platforms() -> None:

@@ -18,20 +18,10 @@ from maskkv_cli.models.config import named_config  # noqa: E402
 from maskkv_cli.models.loading import load_model, save_model  # noqa: E402
 
 MIB = 1 << 20
-# A real checkpoint's layers (tens to hundreds of MiB) are far above the allocator's mmap threshold
-# (``runtime/allocator.py``, 4 MiB), so a freed full-precision copy goes back to the kernel. These layers are
-# scaled down (0.25-1 MiB in fp32), and so is the threshold of the loading process: 128 KiB, set through glibc's own
-# variable, which maskkv leaves alone. What a load may hold above the weights and one shard is
-# ``bench.loading.SLACK`` (measured 1.3-3.1 MiB here).
-SCALED_THRESHOLD = {"MALLOC_MMAP_THRESHOLD_": str(128 << 10)}
-
-
-@pytest.fixture(autouse=True)
-def scaled_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every loading process these tests start (``bench.cases.run_in_fresh_process`` passes the environment on)
-    runs at the scaled-down threshold."""
-    for name, value in SCALED_THRESHOLD.items():
-        monkeypatch.setenv(name, value)
+# Each layer's full-precision copy is freed right after it is quantized; a quantized load maps every block of 128
+# KiB or more (``runtime.allocator.small_blocks_mapped``), so those copies go back to the kernel even where the
+# layers are as small as here (0.25-1 MiB) and would otherwise come from the heap (the start-up threshold is 4 MiB).
+# What a load may hold above the weights and one shard is ``bench.loading.SLACK`` (measured 1.3-3.1 MiB here).
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ from maskkv_cli.models.prequantized import PreQuantized, TorchaoShard, check_req
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.models.quantize import loading_quantizer, mark_prequantized
 from maskkv_cli.paths import resolve_model_path
+from maskkv_cli.runtime.allocator import small_blocks_mapped
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -193,6 +194,14 @@ def load_checkpoint(folder: Path, cfg: ModelConfig, device: str | torch.device =
     when maskkv runs its format (torchao int8), else is refused in one line before any weight is read."""
     pre = read_prequantized(folder) if isinstance(prequantized, _ReadIt) else prequantized
     quantize = check_prequantized(folder, cfg, pre, quantize)
+    if quantize is None:
+        return _load_checkpoint(folder, cfg, device, dtype, None, pre)
+    with small_blocks_mapped():  # each freed full-precision copy back to the kernel (runtime/allocator.py)
+        return _load_checkpoint(folder, cfg, device, dtype, quantize, pre)
+
+
+def _load_checkpoint(folder: Path, cfg: ModelConfig, device: str | torch.device, dtype: str | torch.dtype | None,
+                     quantize: str | None, pre: PreQuantized | None) -> DiffusionLM:
     loader = family(cfg.family).loader
     if loader != "standard":
         return LOADERS[loader](folder, cfg, device, dtype, quantize)  # type: ignore[return-value]
