@@ -11,8 +11,9 @@ from run to run. The values trade the two costs:
 - ``MMAP_THRESHOLD`` (4 MiB): a block this large or larger gets its own mapping, freed at once. Below it, blocks are
   reused from the heap: a mapped block costs the kernel a zero-filled page fault on every first touch, each time
   it is allocated, which is most of an elementwise operation's time on a block of a few hundred KiB (a tiny
-  model's activations, a batch's steps). At 128 KiB that cost made the embedded model's joined prefills 1.5-1.8x
-  slower (docs/performance.md, "The allocator").
+  model's activations, a batch's steps). At 128 KiB that cost made the embedded model's joined prefills 1.6-2.0x
+  slower (docs/performance.md, "The allocator"). A quantized load maps smaller blocks too while it runs
+  (``small_blocks_mapped``).
 - ``TRIM_THRESHOLD`` (8 MiB, twice the mmap threshold as glibc pairs them): the heap keeps this much free memory at
   its top instead of giving it back and faulting it in again at the next step.
 
