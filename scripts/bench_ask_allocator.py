@@ -31,13 +31,19 @@ SETTINGS = {"default": {}, "fixed-128k": {"MALLOC_MMAP_THRESHOLD_": "131072", "M
             "glibc": {"MASKKV_MALLOC": "default"}}
 
 
-def build(work: Path, tokens: int) -> tuple[Path, Path]:
+def paths(work: Path, tokens: int) -> tuple[Path, Path]:
+    """The checkpoint folder and the document ``build`` writes."""
+    return work / "llada-small-random", work / f"doc-{tokens}.txt"
+
+
+def build(work: Path, tokens: int) -> None:
+    """Write the checkpoint and the document of ``paths`` where they are missing."""
     from maskkv_cli.models.config import named_config
     from maskkv_cli.models.llada import LLaDA
     from maskkv_cli.models.loading import read_config, save_model
     from maskkv_cli.prompting import load_tokenizer
 
-    ckpt, doc = work / "llada-small-random", work / f"doc-{tokens}.txt"
+    ckpt, doc = paths(work, tokens)
     tok = load_tokenizer(ASSETS / "tiny-llada")
     if not ckpt.is_dir():
         tiny = read_config(ASSETS / "tiny-llada")
@@ -52,7 +58,6 @@ def build(work: Path, tokens: int) -> tuple[Path, Path]:
         text = "\n\n".join([corpus] * (tokens // per_copy + 1))
         ids = tok(text)["input_ids"][:tokens]
         doc.write_text(tok.decode(ids))
-    return ckpt, doc
 
 
 def run_once(ckpt: Path, doc: Path, setting: str, extra: list[str]) -> dict[str, float]:
@@ -87,11 +92,12 @@ def main() -> None:
     if args.build_only:
         build(args.work, args.tokens)
         return
-    # Built in a child of its own: a process started by fork and exec keeps its parent's resident set as its peak
-    # (``ru_maxrss``), so runs forked from a process that held the model would all read at least its size.
-    subprocess.run([sys.executable, __file__, "--build-only", "--work", str(args.work), "--tokens", str(args.tokens)],
-                   check=True)
-    ckpt, doc = build(args.work, args.tokens)  # both exist now: only their paths
+    ckpt, doc = paths(args.work, args.tokens)
+    if not (ckpt.is_dir() and doc.is_file()):
+        # built in a child of its own: a process started by fork and exec keeps its parent's resident set as its
+        # peak (``ru_maxrss``), so runs forked from a process that had held the model would all read at least its size
+        subprocess.run([sys.executable, __file__, "--build-only", "--work", str(args.work), "--tokens",
+                        str(args.tokens)], check=True)
     names = [n.strip() for n in args.settings.split(",")]
     unknown = [n for n in names if n not in SETTINGS]
     if unknown:

@@ -42,15 +42,18 @@ SETTINGS = (("MALLOC_MMAP_THRESHOLD_", M_MMAP_THRESHOLD, MMAP_THRESHOLD),
             ("MALLOC_TRIM_THRESHOLD_", M_TRIM_THRESHOLD, TRIM_THRESHOLD))
 
 _state: str | None = None
+_mmap_fixed = False  # whether ``configure`` set the mmap threshold in this process
 
 
 def glibc() -> ctypes.CDLL | None:
-    """The running process's C library when it is glibc on Linux, else None."""
+    """The running process's C library when it is glibc on Linux (its ``mallopt(int, int) -> int`` typed), else
+    None."""
     if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
         return None
     try:
         libc = ctypes.CDLL(None)
-        libc.mallopt  # noqa: B018  (raises AttributeError when the symbol is missing)
+        libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]  # AttributeError when the symbol is missing
+        libc.mallopt.restype = ctypes.c_int
     except (OSError, AttributeError):
         return None
     return libc
@@ -68,11 +71,10 @@ def configure(env: Mapping[str, str] | None = None, system: str | None = None) -
         return f"unchanged ({ENV}=default)"
     if not system.startswith("linux"):
         return f"unchanged (not Linux: {system})"
+    global _mmap_fixed
     libc = glibc()
     if libc is None:
         return "unchanged (the C library is not glibc)"
-    libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    libc.mallopt.restype = ctypes.c_int
     done: list[str] = []
     for variable, param, value in SETTINGS:
         name = variable.removeprefix("MALLOC_").removesuffix("_").lower().replace("_", " ")
@@ -82,6 +84,7 @@ def configure(env: Mapping[str, str] | None = None, system: str | None = None) -
             done.append(f"{name} unchanged (mallopt refused it)")
         else:
             done.append(f"{name} fixed at {value} bytes")
+            _mmap_fixed = _mmap_fixed or param == M_MMAP_THRESHOLD
     return "; ".join(done)
 
 
@@ -94,12 +97,10 @@ def small_blocks_mapped(threshold: int = LOAD_THRESHOLD) -> Iterator[None]:
     weights and one shard); mapped, each goes back to the kernel when it is freed. Nothing changes where the
     start-up call did not fix the mmap threshold (another platform, ``MASKKV_MALLOC=default``, the user's own
     ``MALLOC_MMAP_THRESHOLD_``)."""
-    libc = glibc()
-    if libc is None or _state is None or f"mmap threshold fixed at {MMAP_THRESHOLD} bytes" not in _state:
+    libc = glibc() if _mmap_fixed else None
+    if libc is None:
         yield
         return
-    libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    libc.mallopt.restype = ctypes.c_int
     libc.mallopt(M_MMAP_THRESHOLD, threshold)
     try:
         yield

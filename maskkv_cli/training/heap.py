@@ -10,8 +10,6 @@ pages mapped from one step to the next; the process then holds its peak footprin
 
 from __future__ import annotations
 
-import ctypes
-
 from maskkv_cli.runtime.allocator import M_TRIM_THRESHOLD, glibc
 
 M_MMAP_MAX = -4  # mallopt parameter number in glibc's malloc.h
@@ -25,6 +23,4 @@ def keep_freed_memory() -> bool:
     libc = glibc()
     if libc is None:
         return False
-    libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    libc.mallopt.restype = ctypes.c_int
     return bool(libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)) and bool(libc.mallopt(M_MMAP_MAX, 0))
