@@ -313,11 +313,12 @@ def test_rope_scaled_prompts_batch_with_others(tiny_dir: Path) -> None:
         assert torch.equal(answer.result.token_probs.nan_to_num(-1.0), single.result.token_probs.nan_to_num(-1.0))
 
 
-@pytest.mark.parametrize(("mlp_chunk", "query_chunk"), [(16, 8), (60, 24), (2048, 512)])
+@pytest.mark.parametrize(("mlp_chunk", "query_chunk"), [(16, 8), (60, 24), (64, 512), (2048, 512)])
 def test_a_shared_prefill_equals_each_prefill_alone(mlp_chunk: int, query_chunk: int) -> None:
     """``prefill_lanes`` over prompts of several lengths (an online lane, a CFG lane of two rows among them), with
     chunks smaller and larger than a prompt (a product then holds the rows of one lane, part of one, or several
-    lanes'), gives each prompt the logits, kept cache entries and importance of its prefill alone."""
+    lanes'; with query chunks that hold every lane, queries, keys and values come from ``chunked_qkv`` in one or
+    several row chunks), gives each prompt the logits, kept cache entries and importance of its prefill alone."""
     from maskkv_cli.bench.cases import random_model
     from maskkv_cli.engine.lanes import PrefillLane
     from maskkv_cli.engine.prefill import prefill, prefill_lanes, selection_sink

@@ -8,7 +8,8 @@ attention runs over its own keys in query chunks (updating its rows of the hidde
 every row in row chunks. Only x, k, v (and the votes' fp32 keys) are whole-length. A lane alone is the memory-bounded
 prefill of one question; lanes together share the products of every layer and nothing else: short lanes (each
 within one query chunk, ``joins_queries``) also their queries and the attention's output projection, each lane's
-attention running over its own keys.
+attention running over its own keys, and their queries, keys and values come from one normalisation of each row
+(``chunked_qkv``: the same numbers, one pass over the rows instead of three).
 
 ``prefill`` is one sequence's step 0 with its cache plan's selection (offline or online layer budgets, a
 block-causal layout, a stored document prefix).
@@ -69,6 +70,24 @@ def chunked_rows(fn: Callable[[int, int], Tensor], t: int, chunk: int) -> Tensor
     for start in range(chunk, t, chunk):
         out[:, :, start : start + chunk] = fn(start, min(t, start + chunk))
     return out
+
+
+def chunked_qkv(block: Block, x: Tensor, rope: Rope, t: int, chunk: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``block.qkv`` of x's rows [0, t) (queries, keys and values from one normalisation of each row), ``chunk`` rows
+    at a time, each written into one preallocated buffer as ``chunked_rows`` writes its one."""
+    if t <= chunk:
+        return block.qkv(x[:, :t], rope.rows(0, t))
+    first = block.qkv(x[:, :chunk], rope.rows(0, chunk))
+    outs = tuple(f.new_empty(f.shape[0], f.shape[1], t, f.shape[3]) for f in first)
+    for out, part in zip(outs, first, strict=True):
+        out[:, :, :chunk] = part
+    del first
+    for start in range(chunk, t, chunk):
+        stop = min(t, start + chunk)
+        for out, part in zip(outs, block.qkv(x[:, start:stop], rope.rows(start, stop)), strict=True):
+            out[:, :, start:stop] = part
+    q, k, v = outs
+    return q, k, v
 
 
 def row_fn(fn: Callable[..., Tensor], x: Tensor, rope: Rope | None = None) -> Callable[[int, int], Tensor]:
@@ -166,8 +185,11 @@ def prefill_lanes(model: DiffusionLM, lanes: Sequence[PrefillLane], mlp_chunk: i
         rows_rope = tables.rows(i, dev)
         views = [x[:, a:b].view(h, n, x.shape[-1]) for (a, b), h, n in zip(bounds, heights, own, strict=True)]
         inputs = [xv.clone() if lane.capture is not None else None for xv, lane in zip(views, lanes, strict=True)]
-        keys = chunked_rows(row_fn(block.keys, x, rows_rope), total, mlp_chunk)  # (1, H_kv, N, D)
-        queries = chunked_rows(row_fn(block.queries, x, rows_rope), total, mlp_chunk) if joined else None
+        values: Tensor | None = None
+        if joined:  # short lanes: every row's queries, keys and values from one normalisation
+            queries, keys, values = chunked_qkv(block, x, rows_rope, total, mlp_chunk)  # (1, H or H_kv, N, D)
+        else:  # long ones: the values only once the scores are taken (one whole-length tensor less meanwhile)
+            keys, queries = chunked_rows(row_fn(block.keys, x, rows_rope), total, mlp_chunk), None
         pending = []
         for j, (lane, (a, b), xv) in enumerate(zip(lanes, bounds, views, strict=True)):
             t, p = lane.ids.shape[1], lane.first
@@ -191,7 +213,8 @@ def prefill_lanes(model: DiffusionLM, lanes: Sequence[PrefillLane], mlp_chunk: i
             scores = None if lane.sink is None else lane.sink.scores(view)
             pending.append((view, rows_q, k, scores, lane_rope, visible, prefix))
         del keys, queries
-        values = chunked_rows(row_fn(block.values, x), total, mlp_chunk)
+        if values is None:
+            values = chunked_rows(row_fn(block.values, x), total, mlp_chunk)
         pending.reverse()  # popped in lane order: each lane's view and keys are freed after its attention
         outputs: list[Tensor] = []  # joined: each lane's attention, projected once for every lane's rows
         for j, (lane, (a, b), xv) in enumerate(zip(lanes, bounds, views, strict=True)):
