@@ -197,6 +197,8 @@ def batch_size_for(session: Session, items: Sequence[tuple[str, str]], gen: Gene
     for None the most of their prompts (each part counted, each taken as long as the window) that fit by the memory
     model, unless a batch would share too little of the rows their prefills and steps run (a stored document
     prefix's rows not counted: ``Session.prefix_rows``; ``Session.batch_size``), with the line saying so."""
+    if requested is not None:  # a size given: nothing to measure
+        return requested, None
     prompts = [p for context, question in items for p in prompt_lengths(session, context, question,
                                                                          gen.gen_length, long)]
     work = [n - session.prefix_rows(doc, n, gen, cache) for n, doc in prompts]

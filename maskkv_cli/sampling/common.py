@@ -137,16 +137,12 @@ class Denoising:
                                       device=self.device)
         self.scratch = Scratch()  # loops stepping together are given one to share (``batched.py``)
 
-    def still_masked(self, rows: Tensor) -> Tensor:
-        """Bool (B, n): which of the response positions ``rows`` are still masks."""
-        return self.x[:, self.m + rows] == self.mask_id
-
     def commit(self, rows: Tensor, commit: Tensor, x0: Tensor, chosen_prob: Tensor, t0: float, block: int,
                n_blocks: int) -> None:
         """Write the chosen tokens ``x0`` where ``commit`` is set, record their probabilities ``chosen_prob`` (which
         take no part in choosing), and time the step that began at ``t0``."""
-        x, m = self.x, self.m
-        x[:, m + rows] = torch.where(commit, x0, x[:, m + rows])
+        x, positions = self.x, self.m + rows
+        x[:, positions] = torch.where(commit, x0, x[:, positions])
         self.token_probs[:, rows] = torch.where(commit, chosen_prob, self.token_probs[:, rows])
         self.meter.step(t0, x, commit, block, n_blocks)
 

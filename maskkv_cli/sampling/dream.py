@@ -171,7 +171,7 @@ def dream_loop(run: Denoising, gen: DreamGenerationConfig) -> Loop:
         reply = yield StepRequest(x, rows, pick=pick)  # (B, n, V) logits, or the greedy picks
         t, s = float(timesteps[i]), float(timesteps[i + 1])
         last = i == gen.steps - 1
-        still = run.still_masked(rows)  # (B, n)
+        still = masked[:, rows]  # (B, n): which of them are still masks (x is as it was when asked)
         if isinstance(reply, Picked):
             x0, chosen_prob, conf = reply.tokens, reply.probs, reply.confidence
             assert conf is not None

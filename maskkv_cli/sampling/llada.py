@@ -136,7 +136,8 @@ def llada_loop(run: Denoising, gen: GenerationConfig) -> Loop:
                 break
             t0 = now(device)
             masked = x[:, m + lo : m + hi] == mask_id
-            rows = lo + torch.nonzero(masked.any(0)).flatten()  # response positions whose logits are needed
+            open_rows = torch.nonzero(masked.any(0)).flatten()  # the block's positions whose logits are needed
+            rows = lo + open_rows  # as response positions
             if len(rows) == 0:  # the block is done (read with the rows: one device sync, not two)
                 break
             xin = x
@@ -159,7 +160,7 @@ def llada_loop(run: Denoising, gen: GenerationConfig) -> Loop:
                 conf = chosen_prob
             else:
                 conf = torch.rand(x0.shape, dtype=torch.float64, device=device, generator=rng)
-            still = run.still_masked(rows)  # (B, n)
+            still = masked[:, open_rows]  # (B, n): which of them are still masks (x is as it was when asked)
             conf = torch.where(still, conf, float("-inf"))
             if gen.threshold is None:
                 counts = [schedules[b][j] for b in range(bsz)]
