@@ -75,7 +75,8 @@ def test_a_stored_document_prefix_is_not_counted_as_prefill_work(tmp_path, tiny_
     from maskkv_cli.models.config import named_config
     from maskkv_cli.models.loading import build_model, save_model
 
-    cfg = named_config("llada2-tiny").with_(vocab_size=len(tiny_tokenizer))
+    # a window wider than the rows joined, so that the document's prompt alone would be too long to join
+    cfg = named_config("llada2-tiny").with_(vocab_size=len(tiny_tokenizer), max_sequence_length=2048)
     folder = save_model(build_model(cfg).init_weights(seed=3, std=0.25).eval(), tmp_path / "llada2", tiny_tokenizer)
     session = Session(str(folder))
     gen = GenerationConfig(gen_length=16, steps=16, block_length=8)

@@ -376,7 +376,7 @@ def test_prefills_join_up_to_the_row_cap_and_long_ones_run_alone(models: dict, l
     longer = torch.tensor([chat_prompt_ids(tok, document_question("".join(TEXTS) * 2, "Who?"))])
     jobs = [_job(model, p, gen, "maskkv", 8) for p in [*short, longer]]
     shared_prefills.clear()
-    assert join_rows(model) == JOIN_ROWS  # a tiny model's layer weighs less than 512 rows' activations
+    assert join_rows(model) == JOIN_ROWS  # a tiny model's layer weighs less than JOIN_ROWS rows' activations
     assert sum(j.prompt.shape[-1] + 16 for j in jobs[:3]) <= JOIN_ROWS < longer.shape[-1] + 16
     results = sample_many(model, jobs, 4)
     assert shared_prefills == [3, 1]  # the three short prompts together, the long one on its own

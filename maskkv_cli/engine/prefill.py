@@ -153,10 +153,12 @@ def join_rows(model: DiffusionLM) -> int:
     as many rows as make one layer's activations (each row's hidden state and MLP width) weigh what the layer's
     weights weigh, and at least ``JOIN_ROWS``. Joined rows share each weight's read, which pays while the weights
     outweigh the rows; past that a joined pass only holds more activations, which costs where the weights are small.
-    Measured (``scripts/bench_join.py``, 8 prompts joined against one at a time, docs/performance.md): llada-small
-    (54 MB a layer, 3,328 rows by this rule) 0.60-0.83x the time alone for prompts of 32-512 tokens at 2 threads,
-    1.00x at 1k; the embedded model (0.85 MB a layer, 416 rows, so 512) 0.80x at 100 tokens, 1.04-1.15x at 300-1,400
-    tokens at 2 threads."""
+    Where a layer is small, a joined pass also makes fewer, larger calls, which the floor is for. Measured
+    (``scripts/bench_join.py``, 8 prompts joined against one at a time, docs/performance.md): llada-small (54 MB a
+    layer, 3,328 rows by this rule) 0.60-0.83x the time alone for prompts of 32-512 tokens at 2 threads, 1.00x at 1k;
+    the embedded model (0.85 MB a layer, 416 rows by the rule, so the floor): 8 prompts of 60-500 tokens in runs of
+    up to 1,024 rows took 0.83-1.01x the time of runs of up to 512 (1 and 2 threads), while all 8 of 300 tokens
+    (2,464 rows) in one run took 1.06x the time alone at 1 thread."""
     cfg = model.config
     per_row = (cfg.d_model + cfg.mlp_hidden_size) * (torch.finfo(model.dtype).bits // 8)
     return max(JOIN_ROWS, held_bytes(model, 0) // per_row)
