@@ -18,8 +18,9 @@ start-up is reported on its own.
 
 For the ``batch N`` configurations the report adds the limit line of the model's work
 (``bench.limit.measure_batch_limit``: the bare forward passes of N sequences of the jobs' mean prompt length
-with the run's generation settings and budget, no sampler, no bookkeeping), as jobs per minute (median of
-``--rounds`` timings, in the same run), and measured / limit.
+with the run's generation settings and budget, no sampler, no bookkeeping), timed right after each run of the
+configuration: as jobs per minute (the median of the rounds) and measured / limit (the median of each round's
+limit over that round's rate).
 """
 
 from __future__ import annotations
@@ -57,41 +58,46 @@ def make_jobs(folder: Path, documents: int, questions: int, seed: int) -> list[J
     return specs
 
 
-def batch_limits(names: list[str], specs: list[JobSpec], model_path: str, settings: AnswerSettings,
-                 rounds: int) -> dict[str, float]:
-    """Jobs per minute of the limit line for each ``batch N``: N bare sequences of the jobs' mean prompt length
-    (the median over ``rounds`` timings after one warm-up). The mean, not the median: jobs per minute is all the
-    jobs' work over all their time, and each job's work grows with its own length (here the median, 77 tokens, lay
-    under the mean, 81, which made the limit about 4% too fast)."""
-    if not names:
-        return {}
-    import torch
+class BatchLimits:
+    """The limit line of each ``batch N``: N bare sequences of the jobs' mean prompt length (``time(name)``: jobs per
+    minute by the median of three timings, after one warm-up per size at construction). The mean, not the median:
+    jobs per minute is all the jobs' work over all their time, and each job's work grows with its own length (here
+    the median, 77 tokens, lay under the mean, 81, which made the limit about 4% too fast). Timed in the rounds,
+    right after each run of its configuration, so that each measured / limit pairs timings taken seconds apart (this
+    host's speed drifts by up to 30% within minutes)."""
 
-    from maskkv_cli.app.pipeline import prepare
-    from maskkv_cli.app.run_settings import RunSettings
-    from maskkv_cli.app.session import Session
-    from maskkv_cli.bench.limit import measure_batch_limit
-    from maskkv_cli.engine.plan import plan_cache
+    def __init__(self, names: list[str], specs: list[JobSpec], model_path: str, settings: AnswerSettings) -> None:
+        import torch
 
-    session = Session(model_path)
-    run = RunSettings(policy=settings.policy, budget=settings.budget, gen_length=settings.gen_length,
-                      steps=settings.steps, block_length=settings.block_length)
-    gen, cache = run.generation(session.generation_defaults), run.cache()
-    texts = {spec.document: Path(spec.document).read_text() for spec in specs}
-    lengths = sorted(len(prepare(session, texts[s.document], s.question, gen.gen_length).ids) for s in specs)
-    m = round(sum(lengths) / len(lengths))
-    plan = plan_cache(session.model, cache, m, model_path, block_length=gen.block_length)
-    budget = plan.budget if plan.policy.evicts and plan.budget is not None else m
-    out: dict[str, float] = {}
-    with torch.no_grad():
+        from maskkv_cli.app.pipeline import prepare
+        from maskkv_cli.app.run_settings import RunSettings
+        from maskkv_cli.app.session import Session
+        from maskkv_cli.engine.plan import plan_cache
+
+        self.session = session = Session(model_path)
+        run = RunSettings(policy=settings.policy, budget=settings.budget, gen_length=settings.gen_length,
+                          steps=settings.steps, block_length=settings.block_length)
+        self.gen, cache = run.generation(session.generation_defaults), run.cache()
+        texts = {spec.document: Path(spec.document).read_text() for spec in specs}
+        lengths = [len(prepare(session, texts[s.document], s.question, self.gen.gen_length).ids) for s in specs]
+        m = round(sum(lengths) / len(lengths))
+        plan = plan_cache(session.model, cache, m, model_path, block_length=self.gen.block_length)
+        self.budget = plan.budget if plan.policy.evicts and plan.budget is not None else m
+        self.prompts = {name: torch.randint(0, session.model.config.vocab_size, (int(name.split()[1]), m),
+                                            generator=torch.Generator().manual_seed(0)) for name in names}
         for name in names:
-            n = int(name.split()[1])
-            prompts = torch.randint(0, session.model.config.vocab_size, (n, m),
-                                    generator=torch.Generator().manual_seed(0))
-            measure_batch_limit(session.model, prompts, gen, budget)  # warm-up
-            times = sorted(measure_batch_limit(session.model, prompts, gen, budget).total_s for _ in range(rounds))
-            out[name] = round(60 * n / times[len(times) // 2], 1)
-    return out
+            self.time(name)  # warm-up
+
+    def time(self, name: str) -> float:
+        import torch
+
+        from maskkv_cli.bench.limit import measure_batch_limit
+
+        prompts = self.prompts[name]
+        with torch.no_grad():
+            seconds = statistics.median(measure_batch_limit(self.session.model, prompts, self.gen, self.budget).total_s
+                                        for _ in range(3))
+        return 60 * prompts.shape[0] / seconds
 
 
 def main() -> None:
@@ -135,6 +141,8 @@ def main() -> None:
                     for name in order if name.startswith("batch ")})
     configs.update({name: Runner(devices=("cpu",) * int(name.split()[1]), batch_size=int(name.split()[3]))
                     for name in order if name.startswith("local ") and " batch " in name})
+    sized = [n for n in order if n.startswith("batch ") and n != "batch auto"]
+    limits = BatchLimits(sized, specs, model, settings) if sized else None
     runs: list[dict[str, object]] = []
     answers: dict[str, dict[str, str]] = {}
     for r in range(args.rounds):
@@ -151,11 +159,11 @@ def main() -> None:
             runs[-1]["load_average"] = round(os.getloadavg()[0], 1)
             if result.batch_note:  # how ``auto`` chose its size
                 runs[-1]["batch_note"] = result.batch_note
+            if limits is not None and name in sized:
+                runs[-1]["limit_jobs_per_minute"] = round(limits.time(name), 1)
             print(json.dumps(runs[-1]), flush=True)
     if uses_ray:
         ray.shutdown()
-    sized = [n for n in order if n.startswith("batch ") and n != "batch auto"]
-    limits = batch_limits(sized, specs, model, settings, args.rounds)
     reference = answers[order[0]]
     same = {name: got == reference for name, got in answers.items()}
     summary: dict[str, dict[str, float]] = {}
@@ -173,9 +181,12 @@ def main() -> None:
         if f"ray {n}" in summary and f"local {n}" in summary:
             summary[f"ray {n}"]["rate_vs_local_same_n"] = round(
                 summary[f"ray {n}"]["jobs_per_minute"] / summary[f"local {n}"]["jobs_per_minute"], 3)
-    for name, limit in limits.items():
-        summary[name]["limit_jobs_per_minute"] = limit
-        summary[name]["measured_over_limit"] = round(limit / summary[name]["jobs_per_minute"], 3)
+    for name in sized:  # each round's limit against that round's run; the median of the rounds
+        mine = [run for run in runs if run["config"] == name]
+        limit = [float(run["limit_jobs_per_minute"]) for run in mine]  # type: ignore[arg-type]
+        summary[name]["limit_jobs_per_minute"] = round(statistics.median(limit), 1)
+        summary[name]["measured_over_limit"] = round(statistics.median(
+            lim / float(run["jobs_per_minute"]) for lim, run in zip(limit, mine, strict=True)), 3)  # type: ignore
     report = {"jobs_per_run": len(specs), "rounds": args.rounds, "load_average_after": os.getloadavg(),
               "ray_cluster_start_s": round(ray_start, 2),
               "answers_equal_local_1": same, "summary": summary, "runs": runs, "model": model}
