@@ -308,6 +308,24 @@ def test_accelerate_two_processes_split_and_match(runs: dict[str, Any], offline:
     assert "maskkv local_hotpotqa: 4 requests" in done.stderr
 
 
+def test_a_finished_distributed_run_destroys_its_process_group(tmp_path: Path) -> None:
+    """After the last collective each rank destroys the process group ``accelerate launch`` started (left to the
+    interpreter's exit, gloo's threads can abort the rank); with none started, nothing happens."""
+    import torch.distributed as dist
+
+    from maskkv_cli.evaluation.harness_model import finish_distributed
+
+    finish_distributed()  # no process group: a no-op
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        assert dist.is_initialized()
+        finish_distributed()
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def test_dream_family(tiny_tokenizer: Any, tmp_path: Path) -> None:
     """A Dream checkpoint through the harness model: its own sampler's answer under the policy, the stop string
     applied, fewer bytes kept than the full cache, and a log-likelihood estimate."""

@@ -18,7 +18,10 @@ def main() -> None:
     register()
     from lm_eval.__main__ import cli_evaluate
 
+    from maskkv_cli.evaluation.harness_model import finish_distributed
+
     cli_evaluate()
+    finish_distributed()
 
 
 if __name__ == "__main__":

@@ -48,6 +48,15 @@ UNSUPPORTED_ROLLING = ("maskkv supports generate_until and loglikelihood request
                        "tasks), not loglikelihood_rolling (perplexity tasks)")
 
 
+def finish_distributed() -> None:
+    """Destroy the process group that ``accelerate launch`` started, once a run has ended normally (every rank past
+    its last collective). Left to the interpreter's exit, gloo's worker threads can be torn down still joinable and
+    the rank aborts ("terminate called without an active exception", SIGABRT; pytorch/pytorch#190489); after an
+    error it is left alone, since another rank may still be waiting in a collective."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 def _optional_int(value: Any) -> int | None:
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
         return None

@@ -37,7 +37,7 @@ def run_eval(tasks: list[str], model_args: dict[str, Any], *, include_path: str 
     from lm_eval.utils import handle_non_serializable, make_table, sanitize_model_name
 
     from maskkv_cli.errors import UsageError
-    from maskkv_cli.evaluation.harness_model import MaskKVLM
+    from maskkv_cli.evaluation.harness_model import MaskKVLM, finish_distributed
     from maskkv_cli.models.catalog import resolve_default_model
 
     if include_path is not None and not Path(include_path).expanduser().is_dir():
@@ -57,6 +57,7 @@ def run_eval(tasks: list[str], model_args: dict[str, Any], *, include_path: str 
     results = simple_evaluate(model=lm, model_args=args, tasks=tasks, task_manager=manager,
                               apply_chat_template=chat_template, log_samples=output is not None, limit=limit,
                               evaluation_tracker=tracker, gen_kwargs=gen_kwargs)
+    finish_distributed()  # under accelerate launch: every rank is past the last gather
     if results is None:  # not rank 0 under accelerate launch
         return EvalRun(None, {}, folder)
     if tracker is not None:
