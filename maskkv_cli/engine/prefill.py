@@ -58,35 +58,32 @@ def attention_shift(x: Tensor, attn: Tensor, rows: int = SHIFT_ROWS) -> Tensor:
     return total
 
 
-def chunked_rows(fn: Callable[[int, int], Tensor], t: int, chunk: int) -> Tensor:
-    """``fn(start, stop)`` -> (B, heads, stop - start, D) over row chunks of [0, t), written into one preallocated
-    (B, heads, t, D) buffer, so the temporaries behind each chunk exist one chunk at a time."""
+def chunked_parts(fn: Callable[[int, int], tuple[Tensor, ...]], t: int, chunk: int) -> tuple[Tensor, ...]:
+    """``fn(start, stop)`` -> tensors (B, heads, stop - start, D) over row chunks of [0, t), each written into one
+    preallocated (B, heads, t, D) buffer, so the temporaries behind each chunk exist one chunk at a time."""
     if t <= chunk:
         return fn(0, t)
     first = fn(0, chunk)
-    out = first.new_empty(first.shape[0], first.shape[1], t, first.shape[3])
-    out[:, :, :chunk] = first
-    del first
-    for start in range(chunk, t, chunk):
-        out[:, :, start : start + chunk] = fn(start, min(t, start + chunk))
-    return out
-
-
-def chunked_qkv(block: Block, x: Tensor, rope: Rope, t: int, chunk: int) -> tuple[Tensor, Tensor, Tensor]:
-    """``block.qkv`` of x's rows [0, t) (queries, keys and values from one normalisation of each row), ``chunk`` rows
-    at a time, each written into one preallocated buffer as ``chunked_rows`` writes its one."""
-    if t <= chunk:
-        return block.qkv(x[:, :t], rope.rows(0, t))
-    first = block.qkv(x[:, :chunk], rope.rows(0, chunk))
     outs = tuple(f.new_empty(f.shape[0], f.shape[1], t, f.shape[3]) for f in first)
     for out, part in zip(outs, first, strict=True):
         out[:, :, :chunk] = part
     del first
     for start in range(chunk, t, chunk):
-        stop = min(t, start + chunk)
-        for out, part in zip(outs, block.qkv(x[:, start:stop], rope.rows(start, stop)), strict=True):
-            out[:, :, start:stop] = part
-    q, k, v = outs
+        for out, part in zip(outs, fn(start, min(t, start + chunk)), strict=True):
+            out[:, :, start : start + chunk] = part
+    return outs
+
+
+def chunked_rows(fn: Callable[[int, int], Tensor], t: int, chunk: int) -> Tensor:
+    """``chunked_parts`` of one tensor: ``fn(start, stop)`` -> (B, heads, stop - start, D)."""
+    (out,) = chunked_parts(lambda start, stop: (fn(start, stop),), t, chunk)
+    return out
+
+
+def chunked_qkv(block: Block, x: Tensor, rope: Rope, t: int, chunk: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``block.qkv`` of x's rows [0, t) (queries, keys and values from one normalisation of each row) in row chunks
+    (``chunked_parts``)."""
+    q, k, v = chunked_parts(lambda start, stop: block.qkv(x[:, start:stop], rope.rows(start, stop)), t, chunk)
     return q, k, v
 
 
