@@ -32,10 +32,6 @@ def test_rows_of_long_and_short_prompts() -> None:
     assert batch_work([100], steps=8, step_rows=8, cached=False, join_rows=512).share == 1.0
     assert batch_work([], steps=8, step_rows=8, cached=True, join_rows=512).pays
     assert 0 < MIN_SHARED < 1
-    # within the cap but too long for two to join (600 + 8 rows each, 1,024 joined): each prefill runs alone
-    alone = batch_work([600, 600], steps=8, step_rows=8, cached=True, join_rows=1024)
-    assert alone.unjoined == 2 and not alone.pays and "too long for two" in alone.reason()
-    assert batch_work([500, 500], steps=8, step_rows=8, cached=True, join_rows=1024).share == 1.0
 
 
 def test_auto_runs_long_prompts_with_short_answers_one_at_a_time(session) -> None:

@@ -1,12 +1,11 @@
 """Whether running prompts together can pay (``--batch-size auto``): the share of their work a batch shares.
 
-A batch gains by reading each weight once for the rows of all its sequences, so it gains on passes whose time is the
-weights' read: the denoising steps over a cache (a few rows each) and prefills short enough to be joined
-(``engine.prefill.join_rows``: counted where two such prompts fit one joined pass). A longer prompt's prefill runs on
-its own in a batch as alone (its rows already keep the cores busy), and so does a step of the ``none`` policy (the whole
-prompt again): a batch cannot speed them up, and holding the other sequences' caches and states beside them cost 8-17%
-per job in the one shape measured (``docs/scale.md``: prompts of 1,380-1,700 tokens, 8 steps of 8 rows, the embedded
-model, one thread).
+A batch gains by reading each weight once for the rows of all its sequences, so it gains on passes whose time is
+the weights' read: the denoising steps over a cache (a few rows each) and prefills short enough to be joined
+(``engine.prefill.join_rows``). A longer prompt's prefill runs on its own in a batch as alone (its rows already
+keep the cores busy), and so does a step of the ``none`` policy (the whole prompt again): a batch cannot speed them
+up, and holding the other sequences' caches and states beside them cost 8-17% per job in the one shape measured
+(``docs/scale.md``: prompts of 1,380-1,700 tokens, 8 steps of 8 rows, the embedded model, one thread).
 
 The share is counted in rows through the model (a prompt's prefill: its tokens; a step: the rows it runs), per
 prompt, summed over the run's prompts. It cannot say by itself how much a batch gains: a step of many rows already
@@ -32,7 +31,7 @@ class BatchWork:
 
     rows: int
     shared_rows: int
-    unjoined: int  # prompts whose prefill is too long for two of them to be joined
+    unjoined: int  # prompts whose prefill is longer than the joined rows
     join_rows: int
     cached: bool  # the steps run over a cache (else each runs the prompt again)
 
@@ -46,9 +45,9 @@ class BatchWork:
 
     def reason(self) -> str:
         """Why a batch does not pay, in words."""
-        why = (f"{self.unjoined} of their prefills are too long for two to share a joined pass of {self.join_rows} "
-               "rows and run alone" if self.cached else f"without a cache every step runs the prompt again, alone "
-               f"where two do not fit in {self.join_rows} rows")
+        why = (f"{self.unjoined} of their prefills are longer than the {self.join_rows} rows joined and run alone"
+               if self.cached else f"without a cache every step runs the prompt again, alone past "
+                                   f"{self.join_rows} rows")
         return f"a batch shares {self.share:.0%} of these prompts' work, under {MIN_SHARED:.0%}: {why}"
 
 
@@ -57,12 +56,10 @@ def batch_work(prompt_lens: Sequence[int], steps: int, step_rows: int, cached: b
     rows over its cache (``cached``; else every step runs the prompt again with them)."""
     rows = shared = unjoined = 0
     for length in prompt_lens:
-        # the driver joins consecutive prefills while their rows (prompt and response) stay within the cap: a prompt
-        # counts as joined where two like it fit (a longer one may still pair with a short one, not counted)
-        joined = 2 * (length + step_rows) <= join_rows
+        joined = length <= join_rows
         unjoined += not joined
         step = step_rows if cached else length + step_rows
-        step_shared = cached or joined
+        step_shared = cached or length + step_rows <= join_rows
         rows += length + steps * step
         shared += length * joined + steps * step * step_shared
     return BatchWork(rows, shared, unjoined, join_rows, cached)
