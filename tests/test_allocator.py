@@ -54,12 +54,18 @@ FIXED = (f"mmap threshold fixed at {allocator.MMAP_THRESHOLD} bytes; "
          f"trim threshold fixed at {allocator.TRIM_THRESHOLD} bytes")
 
 
-def _probe(freed: int, asked: int, **env: str) -> dict[str, object]:
+def _run(script: str, *args: str, **env: str) -> dict[str, object]:
+    """``script`` in a fresh interpreter with ``args``, with none of the allocator variables set but ``env``; the JSON
+    object it prints last."""
     full_env = {k: v for k, v in os.environ.items() if k != allocator.ENV and not k.startswith("MALLOC_")}
     full_env.update(env)
-    out = subprocess.run([sys.executable, "-c", PROBE, str(freed), str(asked)], env=full_env, capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", script, *args], env=full_env, capture_output=True, text=True,
+                         check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _probe(freed: int, asked: int, **env: str) -> dict[str, object]:
+    return _run(PROBE, str(freed), str(asked), **env)
 
 
 @pytest.mark.skipif(not GLIBC, reason="the setting exists only with glibc on Linux")
@@ -97,9 +103,7 @@ print(json.dumps({"inside": inside, "after": mapped(512 << 10)}))
 
 @pytest.mark.skipif(not GLIBC, reason="the setting exists only with glibc on Linux")
 def test_small_blocks_are_mapped_inside_the_block_only() -> None:
-    env = {k: v for k, v in os.environ.items() if k != allocator.ENV and not k.startswith("MALLOC_")}
-    out = subprocess.run([sys.executable, "-c", MAPPED_INSIDE], env=env, capture_output=True, text=True, check=True)
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = _run(MAPPED_INSIDE)
     assert result["inside"] >= 512 << 10 and result["after"] == 0
 
 

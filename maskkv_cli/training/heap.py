@@ -4,8 +4,8 @@ PyTorch's CPU tensors come from ``malloc``. glibc serves requests above its mmap
 maskkv is imported, ``runtime/allocator.py``) with ``mmap`` and unmaps them when they are freed, so every training
 step gets its large activations as fresh pages and the kernel zero-fills each one again on first touch. On the
 2-core machines this project trains on, that kernel work was a third of a step (docs/tiny-model.md, "Training
-speed"). Serving every request from the heap and never trimming it keeps those
-pages mapped from one step to the next; the process then holds its peak footprint until it exits.
+speed"). Serving every request from the heap and never trimming it keeps those pages mapped from one step to the
+next; the process then holds its peak footprint until it exits.
 """
 
 from __future__ import annotations
