@@ -19,7 +19,9 @@ from maskkv_cli.engine.batch_memory import (
     model_geometry,
     parse_batch_size,
 )
+from maskkv_cli.engine.lanes import RopeMemo, StepLane
 from maskkv_cli.engine.plan import CachePlan
+from maskkv_cli.engine.step import step_logits
 from maskkv_cli.errors import UsageError
 from maskkv_cli.policies.base import get_policy, policy_names
 from maskkv_cli.prompting import chat_prompt_ids, document_question
@@ -382,3 +384,22 @@ def test_prefills_join_up_to_the_row_cap_and_long_ones_run_alone(models: dict, l
     assert shared_prefills == [3, 1]  # the three short prompts together, the long one on its own
     for together, job in zip(results, jobs, strict=True):
         assert together.tokens.tolist() == denoise_llada(model, job.prompt, job.gen, job.plan).tokens.tolist()
+
+
+def test_a_generations_rope_tables_are_kept_and_equal_fresh_ones(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    """``RopeMemo``: a generation's later steps take the tables of its positions from the memo: the same numbers as
+    tables computed for the step, computed once per kind of layer, positions and factor."""
+    cpu = torch.device("cpu")
+    memo = RopeMemo()
+    kept = memo.get(tiny_model, 0, 24, 40, 1.0, cpu)
+    fresh = tiny_model.layer_rope(0, torch.arange(24, 40))
+    assert torch.equal(kept.cos, fresh.cos) and torch.equal(kept.sin, fresh.sin)
+    assert memo.get(tiny_model, 3, 24, 40, 1.0, cpu) is kept  # every layer of this model rotates alike
+    assert memo.get(tiny_model, 0, 24, 40, 2.0, cpu) is not kept  # another RoPE scaling
+    assert memo.get(tiny_model, 0, 24, 41, 1.0, cpu) is not kept  # other positions
+    ids = torch.randint(6, tiny_model.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0))
+    rows = torch.arange(30, 40)
+    (alone,) = step_logits(tiny_model, [StepLane(ids, rows, 0)])
+    for _ in range(2):  # the first step fills the memo, the second reads it
+        (with_memo,) = step_logits(tiny_model, [StepLane(ids, rows, 0, tables=memo)])
+        assert torch.equal(with_memo, alone)

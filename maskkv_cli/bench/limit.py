@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from maskkv_cli.engine.chunks import MLP_CHUNK
-from maskkv_cli.engine.lanes import StepLane, block_causal_visible
+from maskkv_cli.engine.lanes import RopeMemo, StepLane, block_causal_visible
 from maskkv_cli.engine.step import step_logits
 from maskkv_cli.kv.cache import DenseLayer, PromptCache
 from maskkv_cli.models.base import dense_hidden
@@ -106,6 +106,7 @@ class BareSteps:
         self.batch, self._cache = batch, cache
         self._whole: PromptCache | None = None  # one lane of every sequence, built at its first step
         self._apart: list[PromptCache] | None = None  # one lane per sequence
+        self._tables = [RopeMemo() for _ in range(batch)]  # each sequence's RoPE tables, kept as generations keep them
 
     @property
     def attention_keys(self) -> int:
@@ -123,11 +124,12 @@ class BareSteps:
         if per_sequence and self.batch > 1:
             if self._apart is None:
                 self._apart = [self._cache(1) for _ in range(self.batch)]
-            lanes = [StepLane(response[b : b + 1], rows, start, cache, offset) for b, cache in enumerate(self._apart)]
+            lanes = [StepLane(response[b : b + 1], rows, start, cache, offset, tables=self._tables[b])
+                     for b, cache in enumerate(self._apart)]
         else:
             if self._whole is None:
                 self._whole = self._cache(self.batch)
-            lanes = [StepLane(response, rows, start, self._whole, offset)]
+            lanes = [StepLane(response, rows, start, self._whole, offset, tables=self._tables[0])]
         return torch.cat(step_logits(self.model, lanes))
 
 

@@ -93,6 +93,7 @@ class StepLane:
     visible: Tensor | None = None
     rope_factor: float = 1.0
     reach: int = 0
+    tables: RopeMemo | None = None  # the generation's RoPE tables kept across its steps
 
     @property
     def rows_run(self) -> int:
@@ -124,23 +125,51 @@ def spans(sizes: Sequence[int]) -> list[tuple[int, int]]:
     return out
 
 
-class RowTables:
-    """The RoPE tables of every lane's rows, layer by layer: lane ``j`` has positions ``positions[j]`` (its whole
-    sequence), of which rows from ``first[j]`` on run, ``repeat[j]`` times (its batch rows); ``lane(i, j)`` are lane
-    j's tables of layer i, ``rows(i)`` the tables of every running row back to back. Each lane's tables are computed
-    as that lane alone computes them (same positions, same call), once per kind of layer (``rope_kind``)."""
+class RopeMemo:
+    """A generation's RoPE tables kept from step to step. Its later steps rotate the same positions each time (the
+    whole response, or the current block until the next one), so each (layer kind, positions, factor) is computed
+    once, by the call that would compute it afresh (the same numbers). Holds at most ``KEPT`` sets (a block-causal
+    generation moves on block by block)."""
 
-    def __init__(self, model: DiffusionLM, positions: Sequence[Tensor], first: Sequence[int], repeat: Sequence[int],
-                 factors: Sequence[float]) -> None:
-        self.model, self.positions, self.first, self.repeat, self.factors = model, positions, first, repeat, factors
+    KEPT = 4
+
+    def __init__(self) -> None:
+        self._tables: dict[tuple[object, int, int, float, torch.device], Rope] = {}
+
+    def get(self, model: DiffusionLM, layer: int, start: int, stop: int, factor: float, device: torch.device) -> Rope:
+        """Layer ``layer``'s tables of positions [start, stop) computed on ``device``."""
+        key = (model.rope_kind(layer), start, stop, factor, device)
+        rope = self._tables.get(key)
+        if rope is None:
+            if len(self._tables) >= self.KEPT:
+                self._tables.clear()
+            rope = self._tables[key] = model.layer_rope(layer, torch.arange(start, stop, device=device), factor)
+        return rope
+
+
+class RowTables:
+    """The RoPE tables of every lane's rows, layer by layer: lane ``j`` has positions ``bounds[j]`` = [start, stop)
+    (its whole sequence), of which rows from ``first[j]`` on run, ``repeat[j]`` times (its batch rows); ``lane(i,
+    j)`` are lane j's tables of layer i, ``rows(i)`` the tables of every running row back to back. Each lane's
+    tables are computed as that lane alone computes them (same positions, same call), once per kind of layer
+    (``rope_kind``), or taken from the lane's ``memos[j]`` (``RopeMemo``) where it has one."""
+
+    def __init__(self, model: DiffusionLM, bounds: Sequence[tuple[int, int]], first: Sequence[int],
+                 repeat: Sequence[int], factors: Sequence[float], device: torch.device,
+                 memos: Sequence[RopeMemo | None] | None = None) -> None:
+        self.model, self.bounds, self.first, self.repeat, self.factors = model, bounds, first, repeat, factors
+        self.device = device
+        self.memos = memos if memos is not None else [None] * len(bounds)
         self._lanes: dict[object, list[Rope]] = {}
         self._rows: dict[object, Rope] = {}
 
     def _tables(self, layer: int) -> tuple[object, list[Rope]]:
         kind = self.model.rope_kind(layer)
         if kind not in self._lanes:
-            self._lanes[kind] = [self.model.layer_rope(layer, pos, f) for pos, f in zip(self.positions, self.factors,
-                                                                                        strict=True)]
+            self._lanes[kind] = [
+                self.model.layer_rope(layer, torch.arange(start, stop, device=self.device), f) if memo is None
+                else memo.get(self.model, layer, start, stop, f, self.device)
+                for (start, stop), f, memo in zip(self.bounds, self.factors, self.memos, strict=True)]
         return kind, self._lanes[kind]
 
     def lane(self, layer: int, j: int, device: torch.device) -> Rope:

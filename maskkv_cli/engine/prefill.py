@@ -173,8 +173,8 @@ def prefill_lanes(model: DiffusionLM, lanes: Sequence[PrefillLane], mlp_chunk: i
     whole = len(lanes) == 1
     ids = torch.cat([lane.ids[:, lane.first :].reshape(1, -1) for lane in lanes], 1)
     x = model.embed(ids)  # (1, N, d): every lane's rows back to back
-    tables = RowTables(model, [torch.arange(lane.ids.shape[1], device=ids.device) for lane in lanes],
-                       [lane.first for lane in lanes], heights, [lane.rope_factor for lane in lanes])
+    tables = RowTables(model, [(0, lane.ids.shape[1]) for lane in lanes], [lane.first for lane in lanes], heights,
+                       [lane.rope_factor for lane in lanes], ids.device)
     n_layers = len(model.blocks)
     shifts: list[list[Tensor]] = [[] for _ in lanes]
     joined = joins_queries(lanes, query_chunk)

@@ -37,9 +37,9 @@ def step_hidden(model: DiffusionLM, lanes: Sequence[StepLane]) -> list[Tensor]:
     bounds = spans([lane.rows_run for lane in lanes])
     ids = torch.cat([lane.ids.reshape(1, -1) for lane in lanes], 1) if len(lanes) > 1 else lanes[0].ids.reshape(1, -1)
     x = model.embed(ids)  # (1, N, d): every lane's rows back to back
-    tables = RowTables(model, [torch.arange(lane.start, lane.start + n, device=ids.device)
-                               for lane, n in zip(lanes, lengths, strict=True)],
-                       [0] * len(lanes), heights, [lane.rope_factor for lane in lanes])
+    tables = RowTables(model, [(lane.start, lane.start + n) for lane, n in zip(lanes, lengths, strict=True)],
+                       [0] * len(lanes), heights, [lane.rope_factor for lane in lanes], ids.device,
+                       [lane.tables for lane in lanes])
     rows = [lane.rows.to(ids.device) for lane in lanes]
     last = len(model.blocks) - 1
     for i, block in enumerate(model.blocks):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from maskkv_cli.engine.lanes import Layout, PrefillLane, StepLane, block_causal_visible
+from maskkv_cli.engine.lanes import Layout, PrefillLane, RopeMemo, StepLane, block_causal_visible
 from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.engine.prefill import selection_sink
 from maskkv_cli.engine.selection import LayerRecord
@@ -59,6 +59,7 @@ class Forward:
         # the per-layer budgets: the plan's, replaced by those actually used after an online prefill
         self.layer_budgets: list[int] | None = None if plan.layer_budgets is None else list(plan.layer_budgets)
         self.batch = 1
+        self.tables = RopeMemo()  # the RoPE tables of the later steps' positions, computed once
 
     def lane(self, request: StepRequest) -> Lane | None:
         """The engine lane of this request; None when it runs alone (``alone``)."""
@@ -110,13 +111,13 @@ class CachedForward(Forward):
         self.batch = x.shape[0]
         hidden = self.plain_rows(rows)  # sequence index of the hidden state feeding each row
         if not self.policy.uses_cache:
-            return StepLane(x, hidden, 0, rope_factor=self.plan.rope_factor)
+            return StepLane(x, hidden, 0, rope_factor=self.plan.rope_factor, tables=self.tables)
         if self.cache is None:
             return self._prefill_lane(x, hidden, x.shape[1] - self.split)
         if self.runner is not None:
             return None
         return StepLane(x[:, self.split :], hidden - self.split, self.split, self.cache,
-                        rope_factor=self.plan.rope_factor)
+                        rope_factor=self.plan.rope_factor, tables=self.tables)
 
     def after_prefill(self, lane: PrefillLane) -> None:
         if not self.step_options.eager:
@@ -173,12 +174,14 @@ class BlockForward(Forward):
         factor = self.plan.rope_factor
         if not self.policy.uses_cache:
             visible = block_causal_visible(0, end, end, self.block, x.device)
-            return StepLane(x[:, :end], start + rows.to(x.device), 0, visible=visible, rope_factor=factor)
+            return StepLane(x[:, :end], start + rows.to(x.device), 0, visible=visible, rope_factor=factor,
+                            tables=self.tables)
         if self.cache is None:
             layout = Layout(block=self.block, mask_start=self.prompt_len, response_slots=self.total - self.split)
             return self._prefill_lane(x[:, :end], start + rows, self.total - self.split, layout)
         reach = self.total - end if request.finish else 0  # a finished block spans the rest of the canvas
-        return StepLane(x[:, start:end], rows, start, self.cache, start - self.split, rope_factor=factor, reach=reach)
+        return StepLane(x[:, start:end], rows, start, self.cache, start - self.split, rope_factor=factor, reach=reach,
+                        tables=self.tables)
 
     def alone(self, request: StepRequest) -> Tensor:
         raise AssertionError("a block-causal model's steps always share the engine")
