@@ -228,3 +228,18 @@ def test_dream_logits_match_a_bidirectional_transformers_qwen2(dtype):
     assert got.dtype == want.dtype == dtype
     assert torch.equal(got, want)
     assert not torch.allclose(got.float(), causal.float(), atol=0.1)  # the mask really is bidirectional
+
+
+@pytest.mark.parametrize("alg", ["origin", "maskgit_plus", "entropy"])
+def test_dream_one_row_equals_each_row_of_two_copies(dream, alg):
+    """Dream's loop of one row skips the still-masked bookkeeping a batch of rows needs; a prompt of two identical
+    rows runs the general path, and each of its rows must commit what the one row commits."""
+    gen = DreamGenerationConfig(gen_length=8, steps=4, alg=alg, temperature=0.0 if alg != "origin" else 0.5)
+    prompt = random_ids(dream)
+    one = generate_dream(dream, prompt, gen, get_policy("maskkv"), 8)
+    two = generate_dream(dream, prompt.expand(2, -1).clone(), gen, get_policy("maskkv"), 8)
+    if alg == "origin":  # its random draws cover every row: the two rows draw other numbers than the one row
+        assert not bool((two.tokens == dream.config.mask_token_id).any())
+        return
+    assert torch.equal(two.tokens, one.tokens.expand(2, -1))
+    assert torch.equal(two.token_probs, one.token_probs.expand(2, -1))

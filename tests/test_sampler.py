@@ -173,3 +173,24 @@ def test_scratch_gives_the_reference_probabilities(threads):
             assert torch.equal(scratch.chosen_probabilities(logits, chosen), ref), shape
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("remasking,threshold", [("low_confidence", None), ("low_confidence", 0.5)])
+def test_one_row_equals_each_row_of_two_copies(tiny_model, remasking, threshold):
+    """A loop of one row skips the still-masked bookkeeping a batch of rows needs (every open position of one row is
+    still a mask); a prompt of two identical rows runs the general path, and each of its rows must commit what the
+    one row commits, step by step (random remasking draws for every row: not comparable)."""
+    gen = GenerationConfig(gen_length=16, steps=8, block_length=8, remasking=remasking, threshold=threshold)
+    prompt = random_ids(tiny_model, 24)
+    for policy in ("none", "maskkv"):
+        events: dict[int, list[torch.Tensor]] = {1: [], 2: []}
+        outs = {}
+        for rows in (1, 2):
+            seen = events[rows]
+            outs[rows] = generate(tiny_model, prompt.expand(rows, -1).clone(), gen, get_policy(policy), 8,
+                                  on_event=lambda e, seen=seen: seen.append(None if e.tokens is None
+                                                                            else e.tokens.clone()))
+        assert torch.equal(outs[2].tokens, outs[1].tokens.expand(2, -1)), policy
+        assert torch.equal(outs[2].token_probs, outs[1].token_probs.expand(2, -1)), policy
+        for one, two in zip(events[1], events[2], strict=True):
+            assert (one is None) == (two is None) and (one is None or torch.equal(two, one.expand(2, -1)))

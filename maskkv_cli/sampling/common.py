@@ -64,10 +64,15 @@ def masked_sequence(model: DiffusionLM, prompt: Tensor, gen_length: int) -> tupl
     return torch.cat([prompt, masks], 1), m
 
 
-def top_k_commit(conf: Tensor, still: Tensor, counts: list[int]) -> Tensor:
-    """Bool (B, n): the ``counts[b]`` most confident still-masked positions of each row."""
-    commit = torch.zeros_like(still)
-    left = still.sum(1).tolist()  # every row's still-masked count in one read from the device
+def top_k_commit(conf: Tensor, still: Tensor | None, counts: list[int]) -> Tensor:
+    """Bool (B, n): the ``counts[b]`` most confident still-masked positions of each row (``still`` None: every
+    position of ``conf`` is still a mask, as in a loop of one row, whose positions are those still masked)."""
+    if still is None:
+        commit = torch.zeros(conf.shape, dtype=torch.bool, device=conf.device)
+        left = [conf.shape[1]] * conf.shape[0]
+    else:
+        commit = torch.zeros_like(still)
+        left = still.sum(1).tolist()  # every row's still-masked count in one read from the device
     for b, k in enumerate(counts):
         k = min(k, int(left[b]))
         if k:

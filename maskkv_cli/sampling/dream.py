@@ -165,13 +165,14 @@ def dream_loop(run: Denoising, gen: DreamGenerationConfig) -> Loop:
     for i in range(gen.steps):
         t0 = now(device)
         masked = x[:, m:] == run.mask_id
-        rows = torch.nonzero(masked.any(0)).flatten()
+        rows = torch.nonzero(masked.any(0) if x.shape[0] > 1 else masked[0]).flatten()  # still masked in some row
         if len(rows) == 0:  # every position committed (read with the rows: one device sync, not two)
             break
         reply = yield StepRequest(x, rows, pick=pick)  # (B, n, V) logits, or the greedy picks
         t, s = float(timesteps[i]), float(timesteps[i + 1])
         last = i == gen.steps - 1
-        still = masked[:, rows]  # (B, n): which of them are still masks (x is as it was when asked)
+        # (B, n): which of them are still masks in each row (x is as it was when asked); one row: all of them
+        still = masked[:, rows] if x.shape[0] > 1 else None
         if isinstance(reply, Picked):
             x0, chosen_prob, conf = reply.tokens, reply.probs, reply.confidence
             assert conf is not None
@@ -179,9 +180,13 @@ def dream_loop(run: Denoising, gen: DreamGenerationConfig) -> Loop:
             conf, x0, chosen_prob = sample_tokens(suppress_mask(reply, run.mask_id), gen, rng)
         if gen.alg == "origin":
             p = 1.0 if last else 1 - s / t
-            commit = still & (torch.rand(still.shape, generator=rng, device=device, dtype=torch.float64) < p)
+            commit = torch.rand(x0.shape, generator=rng, device=device, dtype=torch.float64) < p
+            if still is not None:
+                commit &= still
         else:
-            conf = torch.where(still, conf, float("-inf"))
-            counts = [int(n) if last else int(int(n) * (1 - s / t)) for n in still.sum(1)]
+            left = [len(rows)] if still is None else still.sum(1).tolist()
+            if still is not None:
+                conf = torch.where(still, conf, float("-inf"))
+            counts = [int(n) if last else int(int(n) * (1 - s / t)) for n in left]
             commit = top_k_commit(conf, still, counts)
         run.commit(rows, commit, x0, chosen_prob, t0, 0, 1)

@@ -136,7 +136,8 @@ def llada_loop(run: Denoising, gen: GenerationConfig) -> Loop:
                 break
             t0 = now(device)
             masked = x[:, m + lo : m + hi] == mask_id
-            open_rows = torch.nonzero(masked.any(0)).flatten()  # the block's positions whose logits are needed
+            # the block's positions whose logits are needed: those still masked in some row
+            open_rows = torch.nonzero(masked.any(0) if bsz > 1 else masked[0]).flatten()
             rows = lo + open_rows  # as response positions
             if len(rows) == 0:  # the block is done (read with the rows: one device sync, not two)
                 break
@@ -160,8 +161,10 @@ def llada_loop(run: Denoising, gen: GenerationConfig) -> Loop:
                 conf = chosen_prob
             else:
                 conf = torch.rand(x0.shape, dtype=torch.float64, device=device, generator=rng)
-            still = masked[:, open_rows]  # (B, n): which of them are still masks (x is as it was when asked)
-            conf = torch.where(still, conf, float("-inf"))
+            # (B, n): which of them are still masks in each row (x is as it was when asked); one row: all of them
+            still = masked[:, open_rows] if bsz > 1 else None
+            if still is not None:
+                conf = torch.where(still, conf, float("-inf"))
             if gen.threshold is None:
                 counts = [schedules[b][j] for b in range(bsz)]
             else:  # parallel decoding: everything above the threshold, at least one per row
