@@ -10,7 +10,7 @@ from maskkv_cli.engine.prefill import prefill
 from maskkv_cli.engine.step import plain_logits
 from maskkv_cli.errors import UsageError
 from maskkv_cli.policies import get_policy
-from maskkv_cli.sampling.common import Event
+from maskkv_cli.sampling.common import Event, GenerationResult
 from maskkv_cli.sampling.forward import CachedForward
 from maskkv_cli.sampling.llada import GenerationConfig, generate, transfer_schedule
 
@@ -183,8 +183,8 @@ def test_one_row_equals_each_row_of_two_copies(tiny_model, remasking, threshold)
     gen = GenerationConfig(gen_length=16, steps=8, block_length=8, remasking=remasking, threshold=threshold)
     prompt = random_ids(tiny_model, 24)
     for policy in ("none", "maskkv"):
-        events: dict[int, list[torch.Tensor]] = {1: [], 2: []}
-        outs = {}
+        events: dict[int, list[torch.Tensor | None]] = {1: [], 2: []}
+        outs: dict[int, GenerationResult] = {}
         for rows in (1, 2):
             seen = events[rows]
             outs[rows] = generate(tiny_model, prompt.expand(rows, -1).clone(), gen, get_policy(policy), 8,
