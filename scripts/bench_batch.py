@@ -18,9 +18,9 @@ start-up is reported on its own.
 
 For the ``batch N`` configurations the report adds the limit line of the model's work
 (``bench.limit.measure_batch_limit``: the bare forward passes of N sequences of the jobs' mean prompt length
-with the run's generation settings and budget, no sampler, no bookkeeping), timed right after each run of the
-configuration: as jobs per minute (the median of the rounds) and measured / limit (the median of each round's
-limit over that round's rate).
+with the run's generation settings and budget, no sampler, no bookkeeping), timed three times right before and
+three times right after each run of the configuration (their median): as jobs per minute (the median of the
+rounds) and measured / limit (the median of each round's limit over that round's rate).
 """
 
 from __future__ import annotations
@@ -59,12 +59,13 @@ def make_jobs(folder: Path, documents: int, questions: int, seed: int) -> list[J
 
 
 class BatchLimits:
-    """The limit line of each ``batch N``: N bare sequences of the jobs' mean prompt length (``time(name)``: jobs per
-    minute by the median of three timings, after one warm-up per size at construction). The mean, not the median:
-    jobs per minute is all the jobs' work over all their time, and each job's work grows with its own length (here
-    the median, 77 tokens, lay under the mean, 81, which made the limit about 4% too fast). Timed in the rounds,
-    right after each run of its configuration, so that each measured / limit pairs timings taken seconds apart (this
-    host's speed drifts by up to 30% within minutes)."""
+    """The limit line of each ``batch N``: N bare sequences of the jobs' mean prompt length (``time(name, ...)``:
+    jobs per minute by the median of the given timings, after one warm-up per size at construction). The mean, not
+    the median: jobs per minute is all the jobs' work over all their time, and each job's work grows with its own
+    length (here the median, 77 tokens, lay under the mean, 81, which made the limit about 4% too fast). Timed in
+    the rounds, three times right before and three times right after each run of its configuration, so that each
+    measured / limit pairs timings taken seconds apart and centred on the run (this host's speed drifts by up to 30%
+    within minutes)."""
 
     def __init__(self, names: list[str], specs: list[JobSpec], model_path: str, settings: AnswerSettings) -> None:
         import torch
@@ -88,16 +89,20 @@ class BatchLimits:
         for name in names:
             self.time(name)  # warm-up
 
-    def time(self, name: str) -> float:
+    def seconds(self, name: str) -> list[float]:
+        """Three timings of ``name``'s limit line, in seconds per batch."""
         import torch
 
         from maskkv_cli.bench.limit import measure_batch_limit
 
-        prompts = self.prompts[name]
         with torch.no_grad():
-            seconds = statistics.median(measure_batch_limit(self.session.model, prompts, self.gen, self.budget).total_s
-                                        for _ in range(3))
-        return 60 * prompts.shape[0] / seconds
+            return [measure_batch_limit(self.session.model, self.prompts[name], self.gen, self.budget).total_s
+                    for _ in range(3)]
+
+    def time(self, name: str, *seconds: list[float]) -> float:
+        """Jobs per minute at the median of the given timings (``seconds``), or of three taken now."""
+        timings = [t for part in seconds for t in part] or self.seconds(name)
+        return 60 * self.prompts[name].shape[0] / statistics.median(timings)
 
 
 def main() -> None:
@@ -148,6 +153,7 @@ def main() -> None:
     for r in range(args.rounds):
         for name in order if r % 2 == 0 else order[::-1]:
             out = work / f"{name.replace(' ', '-')}-{r}"
+            before = limits.seconds(name) if limits is not None and name in sized else []
             t0 = time.perf_counter()
             result = run_batch(specs, settings, model, out, runner=configs[name])
             wall = time.perf_counter() - t0
@@ -160,7 +166,7 @@ def main() -> None:
             if result.batch_note:  # how ``auto`` chose its size
                 runs[-1]["batch_note"] = result.batch_note
             if limits is not None and name in sized:
-                runs[-1]["limit_jobs_per_minute"] = round(limits.time(name), 1)
+                runs[-1]["limit_jobs_per_minute"] = round(limits.time(name, before, limits.seconds(name)), 1)
             print(json.dumps(runs[-1]), flush=True)
     if uses_ray:
         ray.shutdown()
