@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from prompts import EVICTING, random_ids
 
 import maskkv_cli.models.base as model_base
-from maskkv_cli.kv.cache import select_layer
+from maskkv_cli.kv.cache import dense_layer, select_layer
 from maskkv_cli.policies import LayerView, PolicyOptions, get_policy
 from maskkv_cli.sampling.llada import GenerationConfig, generate
 
@@ -254,3 +254,25 @@ def test_selection_of_tied_scores_does_not_depend_on_the_batch():
         for head in range(2):
             n = int(budgets[row, head])
             assert torch.equal(both.positions[row, head, :n], alone.positions[0, head, :n])
+
+
+def test_a_dense_layer_keeps_the_prefills_own_keys_and_values():
+    """``dense_layer(own=True)``: a ``[prompt ; masks]`` prefill's own keys and values become the layer's buffers
+    (no copy); after a step writes the response slot the layer shows what a copied layer shows. Tensors of another
+    length, or not contiguous, are copied as before."""
+    g = torch.Generator().manual_seed(0)
+    m, n = 12, 4
+    k, v = (torch.randn(1, 2, m + n, 8, generator=g) for _ in range(2))
+    owned, copied = dense_layer(k, v, m, n, own=True), dense_layer(k, v, m, n)
+    assert owned.k is k and owned.v is v
+    assert torch.equal(copied.k[:, :, m:], torch.zeros(1, 2, n, 8))  # a copied layer's slot starts as zeros
+    assert torch.equal(owned.lengths, copied.lengths)
+    step_k, step_v = (torch.randn(1, 2, n, 8, generator=g) for _ in range(2))
+    for layer in (owned, copied):
+        layer.write_response(step_k, step_v)
+    for a, b in zip(owned.visible(0, n), copied.visible(0, n), strict=True):
+        assert (a is None and b is None) or torch.equal(a, b)
+    window = dense_layer(k[:, :, : m + 2], v[:, :, : m + 2], m, n, own=True)  # a shorter window: copied
+    assert window.k.shape[2] == m + n and window.k.data_ptr() != k.data_ptr()
+    strided = dense_layer(k.transpose(2, 3).contiguous().transpose(2, 3), v, m, n, own=True)  # not contiguous
+    assert strided.k.data_ptr() != k.data_ptr() and torch.equal(strided.k[:, :, :m], k[:, :, :m])

@@ -43,7 +43,8 @@ class LayerSink(Protocol):
     def needs_mask_queries(self, scores: Tensor | None) -> bool: ...  # whether __call__ needs the mask queries
 
     def __call__(self, view: LayerView, q_mask: Tensor | None, scores: Tensor | None, k: Tensor,
-                 v: Tensor) -> None: ...  # the layer's whole keys and values, before its attention runs
+                 v: Tensor) -> None: ...  # the layer's whole keys and values (the lane's own: the sink may keep
+    # them; the prefill only reads them after), before its attention runs
 
     def finish(self, importance: list[float]) -> tuple[PromptCache, list[LayerRecord]]: ...  # after the last layer
 
@@ -117,7 +118,7 @@ class OfflineSelection:
     def __call__(self, view: LayerView, q_mask: Tensor | None, scores: Tensor | None, k: Tensor, v: Tensor) -> None:
         response_len = self.cache.response_len
         if self.layer_budgets is None or scores is None:
-            layer = dense_layer(k, v, self.prompt_len, response_len)
+            layer = dense_layer(k, v, self.prompt_len, response_len, own=True)  # the prefill's copies, kept
             self.records.append(LayerRecord(view.layer, self.prompt_len, layer.lengths.cpu(), None, None))
         else:
             lb = self.layer_budgets[view.layer]

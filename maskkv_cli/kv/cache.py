@@ -13,10 +13,12 @@ step's rows write (``write_response``), which entries they see (``visible``), an
 
 A step's rows at response positions ``[offset, offset + n)`` see every prompt slot and the response slot before
 ``offset + n``: the whole slot for a bidirectional model (``offset`` 0, ``n`` = L), the blocks so far for a
-block-causal one. The response slot starts as zeros, so a block-causal step may also span the next response
-positions, masked (``visible``'s ``reach``): a finished block's final pass attends as the windows after it do,
-whose attention runs over the later blocks' keys masked (SDPA's rounding depends on how many keys it runs over,
-masked ones included; docs/models.md). The stored prefix of a block-causal document is ``kv/prefix.py``.
+block-causal one. The response slot starts as zeros (a dense layer built from a ``[prompt ; masks]`` prefill's own
+keys and values holds the masks' entries there instead, which the first step, writing the whole slot, replaces),
+so a block-causal step may also span the next response positions, masked (``visible``'s ``reach``): a finished
+block's final pass attends as the windows after it do, whose attention runs over the later blocks' keys masked
+(SDPA's rounding depends on how many keys it runs over, masked ones included; docs/models.md). The stored prefix
+of a block-causal document is ``kv/prefix.py``.
 """
 
 from __future__ import annotations
@@ -134,12 +136,17 @@ def _buffers(k: Tensor, v: Tensor, slots: int, response_len: int) -> tuple[Tenso
     return kb, vb
 
 
-def dense_layer(k: Tensor, v: Tensor, prompt_len: int, response_len: int) -> LayerCache:
-    """Keep every prompt entry of every head (the full prefix cache)."""
+def dense_layer(k: Tensor, v: Tensor, prompt_len: int, response_len: int, own: bool = False) -> LayerCache:
+    """Keep every prompt entry of every head (the full prefix cache). ``own``: k and v are the caller's to give
+    (nothing else writes them); where they already have the buffers' shape (the prompt, then as many positions as
+    the response slot: a ``[prompt ; masks]`` sequence's keys and values) they become the buffers, without a copy,
+    and the response slot holds the masks' entries (finite) until the first step writes the whole slot."""
+    lengths = torch.full(k.shape[:2], prompt_len, dtype=torch.int64, device=k.device)
+    if own and k.shape[2] == v.shape[2] == prompt_len + response_len and k.is_contiguous() and v.is_contiguous():
+        return DenseLayer(k, v, prompt_len, lengths)
     kb, vb = _buffers(k, v, prompt_len, response_len)
     kb[:, :, :prompt_len].copy_(k[:, :, :prompt_len])
     vb[:, :, :prompt_len].copy_(v[:, :, :prompt_len])
-    lengths = torch.full(k.shape[:2], prompt_len, dtype=torch.int64, device=k.device)
     return DenseLayer(kb, vb, prompt_len, lengths)
 
 
