@@ -59,8 +59,8 @@ def make_jobs(folder: Path, documents: int, questions: int, seed: int) -> list[J
 
 
 class BatchLimits:
-    """The limit line of each ``batch N``: N bare sequences of the jobs' mean prompt length (``time(name, ...)``:
-    jobs per minute by the median of the given timings, after one warm-up per size at construction). The mean, not
+    """The limit line of each ``batch N``: N bare sequences of the jobs' mean prompt length (``rate(name, timings)``:
+    jobs per minute at the median of ``seconds``' timings, after one warm-up per size at construction). The mean, not
     the median: jobs per minute is all the jobs' work over all their time, and each job's work grows with its own
     length (here the median, 77 tokens, lay under the mean, 81, which made the limit about 4% too fast). Timed in
     the rounds, three times right before and three times right after each run of its configuration, so that each
@@ -87,7 +87,7 @@ class BatchLimits:
         self.prompts = {name: torch.randint(0, session.model.config.vocab_size, (int(name.split()[1]), m),
                                             generator=torch.Generator().manual_seed(0)) for name in names}
         for name in names:
-            self.time(name)  # warm-up
+            self.seconds(name)  # warm-up
 
     def seconds(self, name: str) -> list[float]:
         """Three timings of ``name``'s limit line, in seconds per batch."""
@@ -99,9 +99,8 @@ class BatchLimits:
             return [measure_batch_limit(self.session.model, self.prompts[name], self.gen, self.budget).total_s
                     for _ in range(3)]
 
-    def time(self, name: str, *seconds: list[float]) -> float:
-        """Jobs per minute at the median of the given timings (``seconds``), or of three taken now."""
-        timings = [t for part in seconds for t in part] or self.seconds(name)
+    def rate(self, name: str, timings: list[float]) -> float:
+        """Jobs per minute of ``name``'s limit line at the median of ``timings`` (seconds per batch)."""
         return 60 * self.prompts[name].shape[0] / statistics.median(timings)
 
 
@@ -166,7 +165,7 @@ def main() -> None:
             if result.batch_note:  # how ``auto`` chose its size
                 runs[-1]["batch_note"] = result.batch_note
             if limits is not None and name in sized:
-                runs[-1]["limit_jobs_per_minute"] = round(limits.time(name, before, limits.seconds(name)), 1)
+                runs[-1]["limit_jobs_per_minute"] = round(limits.rate(name, before + limits.seconds(name)), 1)
             print(json.dumps(runs[-1]), flush=True)
     if uses_ray:
         ray.shutdown()
