@@ -64,15 +64,30 @@ def masked_sequence(model: DiffusionLM, prompt: Tensor, gen_length: int) -> tupl
     return torch.cat([prompt, masks], 1), m
 
 
+def open_positions(masked: Tensor) -> tuple[Tensor, Tensor | None]:
+    """Of ``masked`` (B, n) (which positions of each row are masks): the positions still masked in some row (those
+    whose logits a step needs), and which of them are still masks in each row, None for one row (all of them)."""
+    if masked.shape[0] == 1:
+        return torch.nonzero(masked[0]).flatten(), None
+    rows = torch.nonzero(masked.any(0)).flatten()
+    return rows, masked[:, rows]
+
+
+def still_only(conf: Tensor, still: Tensor | None) -> Tensor:
+    """``conf`` (B, n) with ``-inf`` where a position is no longer a mask (``open_positions``' still)."""
+    return conf if still is None else torch.where(still, conf, float("-inf"))
+
+
+def still_counts(still: Tensor | None, n: int) -> list[int]:
+    """Each row's still-masked count among ``n`` open positions (one read from the device)."""
+    return [n] if still is None else still.sum(1).tolist()
+
+
 def top_k_commit(conf: Tensor, still: Tensor | None, counts: list[int]) -> Tensor:
-    """Bool (B, n): the ``counts[b]`` most confident still-masked positions of each row (``still`` None: every
-    position of ``conf`` is still a mask, as in a loop of one row, whose positions are those still masked)."""
-    if still is None:
-        commit = torch.zeros(conf.shape, dtype=torch.bool, device=conf.device)
-        left = [conf.shape[1]] * conf.shape[0]
-    else:
-        commit = torch.zeros_like(still)
-        left = still.sum(1).tolist()  # every row's still-masked count in one read from the device
+    """Bool (B, n): the ``counts[b]`` most confident still-masked positions of each row (``still`` as
+    ``open_positions`` gives it)."""
+    commit = torch.zeros(conf.shape, dtype=torch.bool, device=conf.device)
+    left = still_counts(still, conf.shape[1])
     for b, k in enumerate(counts):
         k = min(k, int(left[b]))
         if k:

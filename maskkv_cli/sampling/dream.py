@@ -22,7 +22,15 @@ from maskkv_cli.errors import UsageError
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import Policy
 from maskkv_cli.runtime.stats import now
-from maskkv_cli.sampling.common import Denoising, Event, GenerationResult, top_k_commit
+from maskkv_cli.sampling.common import (
+    Denoising,
+    Event,
+    GenerationResult,
+    open_positions,
+    still_counts,
+    still_only,
+    top_k_commit,
+)
 from maskkv_cli.sampling.driver import Loop, drive
 from maskkv_cli.sampling.forward import StepRequest
 from maskkv_cli.sampling.llada import GenerationConfig
@@ -164,15 +172,12 @@ def dream_loop(run: Denoising, gen: DreamGenerationConfig) -> Loop:
     pick = DreamGreedy(run.mask_id, gen.alg, gen.top_p, gen.top_k) if gen.temperature == 0 else None
     for i in range(gen.steps):
         t0 = now(device)
-        masked = x[:, m:] == run.mask_id
-        rows = torch.nonzero(masked.any(0) if x.shape[0] > 1 else masked[0]).flatten()  # still masked in some row
+        rows, still = open_positions(x[:, m:] == run.mask_id)  # still masked in some row; and in each row
         if len(rows) == 0:  # every position committed (read with the rows: one device sync, not two)
             break
         reply = yield StepRequest(x, rows, pick=pick)  # (B, n, V) logits, or the greedy picks
         t, s = float(timesteps[i]), float(timesteps[i + 1])
         last = i == gen.steps - 1
-        # (B, n): which of them are still masks in each row (x is as it was when asked); one row: all of them
-        still = masked[:, rows] if x.shape[0] > 1 else None
         if isinstance(reply, Picked):
             x0, chosen_prob, conf = reply.tokens, reply.probs, reply.confidence
             assert conf is not None
@@ -184,9 +189,7 @@ def dream_loop(run: Denoising, gen: DreamGenerationConfig) -> Loop:
             if still is not None:
                 commit &= still
         else:
-            left = [len(rows)] if still is None else still.sum(1).tolist()
-            if still is not None:
-                conf = torch.where(still, conf, float("-inf"))
-            counts = [int(n) if last else int(int(n) * (1 - s / t)) for n in left]
+            conf = still_only(conf, still)
+            counts = [n if last else int(n * (1 - s / t)) for n in still_counts(still, len(rows))]
             commit = top_k_commit(conf, still, counts)
         run.commit(rows, commit, x0, chosen_prob, t0, 0, 1)

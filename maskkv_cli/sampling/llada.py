@@ -25,7 +25,14 @@ from maskkv_cli.errors import UsageError
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import Policy
 from maskkv_cli.runtime.stats import now
-from maskkv_cli.sampling.common import Denoising, Event, GenerationResult, top_k_commit
+from maskkv_cli.sampling.common import (
+    Denoising,
+    Event,
+    GenerationResult,
+    open_positions,
+    still_only,
+    top_k_commit,
+)
 from maskkv_cli.sampling.driver import Loop, drive
 from maskkv_cli.sampling.forward import StepRequest
 from maskkv_cli.sampling.picks import MaskedArgmax, Picked, suppress_mask
@@ -135,9 +142,8 @@ def llada_loop(run: Denoising, gen: GenerationConfig) -> Loop:
             if gen.threshold is None and j >= gen.steps_per_block:
                 break
             t0 = now(device)
-            masked = x[:, m + lo : m + hi] == mask_id
-            # the block's positions whose logits are needed: those still masked in some row
-            open_rows = torch.nonzero(masked.any(0) if bsz > 1 else masked[0]).flatten()
+            # the block's positions whose logits are needed, and which of them are still masks in each row
+            open_rows, still = open_positions(x[:, m + lo : m + hi] == mask_id)
             rows = lo + open_rows  # as response positions
             if len(rows) == 0:  # the block is done (read with the rows: one device sync, not two)
                 break
@@ -161,10 +167,7 @@ def llada_loop(run: Denoising, gen: GenerationConfig) -> Loop:
                 conf = chosen_prob
             else:
                 conf = torch.rand(x0.shape, dtype=torch.float64, device=device, generator=rng)
-            # (B, n): which of them are still masks in each row (x is as it was when asked); one row: all of them
-            still = masked[:, open_rows] if bsz > 1 else None
-            if still is not None:
-                conf = torch.where(still, conf, float("-inf"))
+            conf = still_only(conf, still)
             if gen.threshold is None:
                 counts = [schedules[b][j] for b in range(bsz)]
             else:  # parallel decoding: everything above the threshold, at least one per row
