@@ -443,6 +443,26 @@ def test_batch_limit_shares_the_prefill_and_attends_per_sequence(model, monkeypa
     assert one.attention_keys == budget + 16 and len(one.step_s) == gen.steps - 1
 
 
+@pytest.mark.parametrize("per_sequence", [False, True])
+def test_bare_steps_build_their_caches_before_any_step(model, monkeypatch, per_sequence):
+    """The limit's timed steps run only the steps: the random caches they attend over are built at construction
+    (the engine's caches come from its prefill), so a step draws nothing and allocates no cache."""
+    bare = lim.BareSteps(model, 40, 6, 16, batch=2, per_sequence=per_sequence)
+    drawn: list[tuple[int, ...]] = []
+    real = torch.randn
+
+    def spy(*a, **kw):
+        drawn.append(tuple(a[0]) if a and isinstance(a[0], tuple) else ())
+        return real(*a, **kw)
+
+    monkeypatch.setattr(torch, "randn", spy)
+    mask = torch.full((2, 16), model.config.mask_token_id)
+    with torch.no_grad():
+        for _ in range(2):
+            logits = bare.step(mask, torch.arange(4))
+    assert drawn == [] and logits.shape == (2, 4, model.config.vocab_size)
+
+
 def test_batch_limit_of_block_causal_models_steps_each_sequence_over_its_own_entries(monkeypatch):
     """Two LLaDA2 sequences: every bare step attends per sequence over its own kept entries and blocks so far, as
     the engine's batched steps do; the prefill windows are one bare forward of both."""

@@ -86,7 +86,7 @@ class BareSteps:
     own step (``engine.step``) over dense caches of random entries, with no policy and no sampler."""
 
     def __init__(self, model: DiffusionLM, prompt_len: int, keys: int, response_len: int, batch: int = 1,
-                 seed: int = 0) -> None:
+                 seed: int = 0, per_sequence: bool = False) -> None:
         self.model = model
         self.keys = keys
         self.response_len = response_len
@@ -103,10 +103,11 @@ class BareSteps:
         def cache(rows: int) -> PromptCache:
             return PromptCache(prompt_len, response_len, [layer(block, rows) for block in model.blocks])
 
-        self.batch, self._cache = batch, cache
-        self._whole: PromptCache | None = None  # one lane of every sequence, built at its first step
-        self._apart: list[PromptCache] | None = None  # one lane per sequence
-        self._tables = [RopeMemo() for _ in range(batch)]  # each sequence's RoPE tables, kept as generations keep them
+        self.batch = batch
+        self.per_sequence = per_sequence and batch > 1
+        # Built here, before any step is timed: the engine's caches come from the prefill, not from the steps.
+        self._caches = [cache(1) for _ in range(batch)] if self.per_sequence else [cache(batch)]
+        self._tables = [RopeMemo() for _ in self._caches]  # each lane's RoPE tables, kept as generations keep them
 
     @property
     def attention_keys(self) -> int:
@@ -114,22 +115,18 @@ class BareSteps:
         return self.keys + self.response_len
 
     @torch.no_grad()
-    def step(self, response: Tensor, rows: Tensor, offset: int = 0, per_sequence: bool = False) -> Tensor:
+    def step(self, response: Tensor, rows: Tensor, offset: int = 0) -> Tensor:
         """One response-only forward of ``response`` (B, n): response positions [offset, offset + n) (all L when
         ``offset`` is 0 and n is L), over the keys before ``offset + n``; logits at its rows ``rows``.
 
-        ``per_sequence``: each sequence is its own lane (attention over its own entries, as a batch of generations
-        runs); the layers with weights take every sequence's rows at once either way."""
+        ``per_sequence`` (at construction): each sequence is its own lane (attention over its own entries, as a
+        batch of generations runs); the layers with weights take every sequence's rows at once either way."""
         start = self.prompt_len + offset
-        if per_sequence and self.batch > 1:
-            if self._apart is None:
-                self._apart = [self._cache(1) for _ in range(self.batch)]
-            lanes = [StepLane(response[b : b + 1], rows, start, cache, offset, tables=self._tables[b])
-                     for b, cache in enumerate(self._apart)]
+        if self.per_sequence:
+            lanes = [StepLane(response[b : b + 1], rows, start, cache, offset, tables=tables)
+                     for b, (cache, tables) in enumerate(zip(self._caches, self._tables, strict=True))]
         else:
-            if self._whole is None:
-                self._whole = self._cache(self.batch)
-            lanes = [StepLane(response, rows, start, self._whole, offset, tables=self._tables[0])]
+            lanes = [StepLane(response, rows, start, self._caches[0], offset, tables=self._tables[0])]
         return torch.cat(step_logits(self.model, lanes))
 
 
@@ -198,13 +195,13 @@ def measure_batch_limit(model: DiffusionLM, prompts: Tensor, gen: GenerationConf
     bare_full_forward(model, ids, first_rows)  # the prefills, shared (the batch's prompts have one length here)
     prefill_s = now(dev) - t0
     kept = min(keys, m)
-    bare = BareSteps(model, m, kept, gen.gen_length, bsz, seed)
+    bare = BareSteps(model, m, kept, gen.gen_length, bsz, seed, per_sequence=True)
     steps: list[float] = []
     for blk, n in sched[1:]:
         lo = blk * gen.block_length
         rows = torch.arange(lo, lo + n, device=dev)
         t0 = now(dev)
-        bare.step(mask, rows, per_sequence=True)
+        bare.step(mask, rows)
         steps.append(now(dev) - t0)
     del bare
     return LimitTiming(prefill_s, steps, prefill_s + sum(steps), kept, kept + gen.gen_length)
@@ -237,19 +234,18 @@ def _block_limit(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, keys
         total_s = sum(per_block[blk] for blk, _ in sched)
         return LimitTiming(prefill_s, [], total_s, None, None, extrapolated=len(sched) > 1)
     kept = min(keys, split)
-    bare = BareSteps(model, split, kept, total - split, bsz, seed)
+    bare = BareSteps(model, split, kept, total - split, bsz, seed, per_sequence)
     steps: list[float] = []
     for i, (blk, n) in enumerate(sched):
         offset = blk * bl
         block = ids[:, split + offset : split + offset + bl]
         if i and blk != sched[i - 1][0]:  # the block before is finished: its final tokens pass once
             t0 = now(dev)
-            bare.step(ids[:, split + offset - bl : split + offset], torch.arange(0, device=dev), offset - bl,
-                      per_sequence)
+            bare.step(ids[:, split + offset - bl : split + offset], torch.arange(0, device=dev), offset - bl)
             steps.append(now(dev) - t0)
         if i:
             t0 = now(dev)
-            bare.step(block, torch.arange(bl - n, bl, device=dev), offset, per_sequence)
+            bare.step(block, torch.arange(bl - n, bl, device=dev), offset)
             steps.append(now(dev) - t0)
     del bare
     return LimitTiming(prefill_s, steps, prefill_s + sum(steps), kept, kept + total - split)
