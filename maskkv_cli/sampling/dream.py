@@ -29,7 +29,6 @@ from maskkv_cli.sampling.common import (
     open_positions,
     still_counts,
     still_only,
-    top_k_commit,
 )
 from maskkv_cli.sampling.driver import Loop, drive
 from maskkv_cli.sampling.forward import StepRequest
@@ -188,8 +187,8 @@ def dream_loop(run: Denoising, gen: DreamGenerationConfig) -> Loop:
             commit = torch.rand(x0.shape, generator=rng, device=device, dtype=torch.float64) < p
             if still is not None:
                 commit &= still
+            run.commit(rows, commit, x0, chosen_prob, t0, 0, 1)
         else:
             conf = still_only(conf, still)
             counts = [n if last else int(n * (1 - s / t)) for n in still_counts(still, len(rows))]
-            commit = top_k_commit(conf, still, counts)
-        run.commit(rows, commit, x0, chosen_prob, t0, 0, 1)
+            run.commit_top(rows, conf, still, counts, x0, chosen_prob, t0, 0, 1)

@@ -31,7 +31,6 @@ from maskkv_cli.sampling.common import (
     GenerationResult,
     open_positions,
     still_only,
-    top_k_commit,
 )
 from maskkv_cli.sampling.driver import Loop, drive
 from maskkv_cli.sampling.forward import StepRequest
@@ -172,5 +171,5 @@ def llada_loop(run: Denoising, gen: GenerationConfig) -> Loop:
                 counts = [schedules[b][j] for b in range(bsz)]
             else:  # parallel decoding: everything above the threshold, at least one per row
                 counts = [max(1, int((conf[b] > gen.threshold).sum())) for b in range(bsz)]
-            run.commit(rows, top_k_commit(conf, still, counts), x0, chosen_prob, t0, blk, gen.n_blocks)
+            run.commit_top(rows, conf, still, counts, x0, chosen_prob, t0, blk, gen.n_blocks)
             j += 1
