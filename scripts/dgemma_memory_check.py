@@ -35,6 +35,7 @@ from maskkv_cli.cli.parsing import parse_counts
 from maskkv_cli.engine.batch_memory import batch_memory, config_geometry
 from maskkv_cli.models.diffusion_gemma import DiffusionGemma
 from maskkv_cli.models.diffusion_gemma_config import FULL, SLIDING, DiffusionGemmaConfig, named_config
+from maskkv_cli.models.meta import meta_device
 from maskkv_cli.models.quantize import weights_bytes
 from maskkv_cli.policies import get_policy
 from maskkv_cli.runtime.stats import read_current, read_peak, reset_peak
@@ -54,7 +55,7 @@ def shape(layers: int, tiny: bool) -> DiffusionGemmaConfig:
 
 
 def random_weights(cfg: DiffusionGemmaConfig, device: torch.device, dtype: torch.dtype) -> DiffusionGemma:
-    with torch.device("meta"):
+    with meta_device():
         model = DiffusionGemma(cfg)
     model = model.to_empty(device=device).to(dtype)
     gen = torch.Generator(device=device).manual_seed(0)

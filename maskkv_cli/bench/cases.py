@@ -19,6 +19,7 @@ import torch
 from maskkv_cli.errors import MaskKVError
 from maskkv_cli.models.config import ModelConfig, named_config
 from maskkv_cli.models.families import build_model
+from maskkv_cli.models.meta import meta_device
 from maskkv_cli.models.protocol import DiffusionLM
 
 __all__ = ["BenchError", "case_main", "failure_cause", "load_bench_model", "random_model", "random_prompt",
@@ -44,7 +45,7 @@ def random_model(cfg: ModelConfig, device: str | torch.device = "cpu", dtype: to
     (the point for an 8B shape on a GPU, and for clean memory readings). Weights do not change speed.
     """
     dev = torch.device(device)
-    with torch.device("meta"):
+    with meta_device():
         model = build_model(cfg)
     model = model.to(dtype=dtype).to_empty(device=dev)
     gen = torch.Generator(device=dev).manual_seed(seed)

@@ -35,6 +35,7 @@ import torch
 from maskkv_cli.bench.cases import case_main, random_model, run_in_fresh_process
 from maskkv_cli.bench.results import JsonCase, ResultsFolder, mib, settings_key
 from maskkv_cli.errors import UsageError
+from maskkv_cli.models.meta import meta_device
 
 MIB = 1 << 20
 # What a load may hold above the weights and one shard and still meet the target: Python's objects for the modules
@@ -85,7 +86,7 @@ def _warm(folder: Path, mode: str, device: torch.device, dtype: str) -> None:
 
     cfg = read_config(folder)
     parameter_shapes(cfg)
-    with torch.device("meta"):
+    with meta_device():
         build_model(cfg)
     dt = parse_dtype(None if dtype == "auto" else dtype, device, mode)
     small_rows(device, dt)

@@ -38,6 +38,7 @@ import torch
 from maskkv_cli.bench.cases import load_bench_model, random_prompt
 from maskkv_cli.bench.live_bytes import LiveBytes
 from maskkv_cli.errors import UsageError
+from maskkv_cli.models.meta import meta_device
 from maskkv_cli.models.rows import small_rows
 
 
@@ -126,7 +127,7 @@ def _gemma_model(case: ReuseCase) -> Any:
     from maskkv_cli.models.diffusion_gemma_config import named_config as gemma_config
     from maskkv_cli.models.loading import parse_dtype
 
-    with torch.device("meta"):
+    with meta_device():
         model = DiffusionGemma(gemma_config(case.config))
     model = model.to(dtype=parse_dtype(case.dtype)).to_empty(device="cpu").init_weights(case.seed)
     return model.requires_grad_(False).eval()

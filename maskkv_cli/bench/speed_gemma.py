@@ -47,6 +47,7 @@ from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.diffusion_gemma import DiffusionGemma, LayerKV, PromptCache
 from maskkv_cli.models.diffusion_gemma_config import named_config
+from maskkv_cli.models.meta import meta_device
 from maskkv_cli.runtime.stats import now, read_current, read_peak, reset_peak
 from maskkv_cli.sampling.diffusion_gemma import DiffusionGemmaOptions, full_cache_bytes
 
@@ -69,7 +70,7 @@ def gemma_bench_model(name: str, device: torch.device, dtype: str, seed: int, qu
     check_gemma_fits(name, str(device), dtype)
     cfg = named_config(name)
     dt = parse_dtype(dtype, device, quantize)
-    with torch.device("meta"):
+    with meta_device():
         model = DiffusionGemma(cfg)
     model = model.to(dtype=dt).to_empty(device=device)
     gen = torch.Generator(device=device).manual_seed(seed)

@@ -51,6 +51,7 @@ from maskkv_cli.models.config import ModelConfig, diffusion_gemma_config
 from maskkv_cli.models.diffusion_gemma_attention import attend, attend_causal, entry_mask
 from maskkv_cli.models.diffusion_gemma_cache import KVStore, LayerKV, PromptCache, canvas_room, with_room
 from maskkv_cli.models.diffusion_gemma_config import ENCODER_CHUNK, DiffusionGemmaConfig, LayerSpec, RopeSpec
+from maskkv_cli.models.meta import meta_device
 from maskkv_cli.models.rows import Linear, at_least_rows, linear
 
 DECODER = "model.decoder."
@@ -591,7 +592,7 @@ class DiffusionGemma(nn.Module):
 
 def checkpoint_shapes(cfg: ModelConfig | DiffusionGemmaConfig) -> dict[str, tuple[int, ...]]:
     """Checkpoint key -> shape of every tensor the model reads (parameters and layer scalars), from the config."""
-    with torch.device("meta"):
+    with meta_device():
         model = DiffusionGemma(cfg)
     tensors = [*model.named_parameters(), *model.named_buffers()]
     return {DiffusionGemma.checkpoint_key(name): tuple(t.shape) for name, t in tensors}
@@ -599,7 +600,7 @@ def checkpoint_shapes(cfg: ModelConfig | DiffusionGemmaConfig) -> dict[str, tupl
 
 def parameter_count(cfg: ModelConfig | DiffusionGemmaConfig) -> int:
     """Parameters of the text model (the tied embedding once, no vision tower), counted on the meta device."""
-    with torch.device("meta"):
+    with meta_device():
         model = DiffusionGemma(cfg)
     return sum(p.numel() for p in model.parameters())
 

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import nn
 
 from maskkv_cli.errors import ModelLoadError, UsageError
@@ -36,6 +35,7 @@ from maskkv_cli.models.dream import Dream
 from maskkv_cli.models.llada import LLaDA
 from maskkv_cli.models.llada2 import LLaDA2
 from maskkv_cli.models.llada_moe import LLaDAMoE
+from maskkv_cli.models.meta import meta_device
 from maskkv_cli.models.protocol import DiffusionLM
 
 __all__ = ["FAMILY_TABLE", "DiffusionLM", "Family", "build_model", "config_from_hf", "config_to_hf", "family",
@@ -122,6 +122,6 @@ def build_model(cfg: ModelConfig) -> DiffusionLM:
 
 def parameter_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Checkpoint key -> shape, computed from the config alone (no tensors are allocated)."""
-    with torch.device("meta"):
+    with meta_device():
         model = build_model(cfg)
     return {model.checkpoint_key(name): tuple(p.shape) for name, p in model.named_parameters()}  # type: ignore[attr-defined]

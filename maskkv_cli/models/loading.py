@@ -27,6 +27,7 @@ from maskkv_cli.models.config import ModelConfig
 from maskkv_cli.models.diffusion_gemma import DiffusionGemma
 from maskkv_cli.models.diffusion_gemma import checkpoint_shapes as diffusion_gemma_shapes
 from maskkv_cli.models.families import build_model, config_from_hf, config_to_hf, family, parameter_shapes
+from maskkv_cli.models.meta import meta_device
 from maskkv_cli.models.prequantized import PreQuantized, TorchaoShard, check_request, read_prequantized
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.models.quantize import loading_quantizer, mark_prequantized
@@ -213,7 +214,7 @@ def _load_checkpoint(folder: Path, cfg: ModelConfig, device: str | torch.device,
     optional = getattr(family(cfg.family).model_class, "optional_keys", ())
     left_out = [k for k in expected if k not in found and k.endswith(optional)] if optional else []
     check_keys({k: v for k, v in expected.items() if k not in left_out}, found, str(folder))
-    with torch.device("meta"):
+    with meta_device():
         model = build_model(cfg)
     modules = dict(model.named_modules())
     quantized = None if pre is not None else loading_quantizer(model, quantize, device, dt)
@@ -406,7 +407,7 @@ def read_diffusion_gemma(folder: Path, cfg: ModelConfig, device: str | torch.dev
     dt = parse_dtype(dtype, device, quantize)
     files = weight_files(folder)
     chosen = diffusion_gemma_keys(cfg, header_shapes(files), str(folder))
-    with torch.device("meta"):
+    with meta_device():
         model = DiffusionGemma(cfg)
     modules = dict(model.named_modules())
     for key in diffusion_gemma_shapes(cfg):

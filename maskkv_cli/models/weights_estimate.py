@@ -24,10 +24,10 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import torch
 from torch import nn
 
 from maskkv_cli.errors import UsageError
+from maskkv_cli.models.meta import meta_device
 from maskkv_cli.models.quantize import INT4_GROUPS, MODES, targets
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ def _split(model: nn.Module, matrices: list[tuple[str, int, int, int]]) -> tuple
 def _linear_family(cfg: ModelConfig) -> tuple[Matrices, int]:
     from maskkv_cli.models.families import build_model
 
-    with torch.device("meta"):
+    with meta_device():
         model = build_model(cfg)
     matrices = []
     for name in targets(model):  # type: ignore[arg-type]
@@ -114,7 +114,7 @@ def _diffusion_gemma(cfg: DiffusionGemmaConfig) -> tuple[Matrices, int]:
     from maskkv_cli.models.diffusion_gemma import DiffusionGemma
     from maskkv_cli.models.rows import Linear
 
-    with torch.device("meta"):
+    with meta_device():
         model = DiffusionGemma(cfg)
     matrices = []
     for name in model.quantization_targets():
