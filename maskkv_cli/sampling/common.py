@@ -173,7 +173,7 @@ class Denoising:
         """``commit`` of the ``counts[b]`` most confident still-masked positions of each row (``top_k_commit``). One
         row writes its chosen positions directly: the same positions and values, without a mask over every open one
         (a few calls fewer each step, which a batch of one-row generations pays once per generation)."""
-        if still is not None:
+        if still is not None or conf.shape[0] != 1:
             self.commit(rows, top_k_commit(conf, still, counts), x0, chosen_prob, t0, block, n_blocks)
             return
         k = min(counts[0], conf.shape[1])
