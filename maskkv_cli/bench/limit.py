@@ -103,7 +103,6 @@ class BareSteps:
         def cache(rows: int) -> PromptCache:
             return PromptCache(prompt_len, response_len, [layer(block, rows) for block in model.blocks])
 
-        self.batch = batch
         self.per_sequence = per_sequence and batch > 1
         # Built here, before any step is timed: the engine's caches come from the prefill, not from the steps.
         self._caches = [cache(1) for _ in range(batch)] if self.per_sequence else [cache(batch)]

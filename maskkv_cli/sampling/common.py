@@ -83,18 +83,6 @@ def still_counts(still: Tensor | None, n: int) -> list[int]:
     return [n] if still is None else still.sum(1).tolist()
 
 
-def top_k_commit(conf: Tensor, still: Tensor | None, counts: list[int]) -> Tensor:
-    """Bool (B, n): the ``counts[b]`` most confident still-masked positions of each row (``still`` as
-    ``open_positions`` gives it)."""
-    commit = torch.zeros(conf.shape, dtype=torch.bool, device=conf.device)
-    left = still_counts(still, conf.shape[1])
-    for b, k in enumerate(counts):
-        k = min(k, int(left[b]))
-        if k:
-            commit[b, conf[b].topk(k).indices] = True
-    return commit
-
-
 class StepMeter:
     """Times the steps (device-synchronised), emits events, and fills the run statistics at the end."""
 
@@ -170,19 +158,19 @@ class Denoising:
 
     def commit_top(self, rows: Tensor, conf: Tensor, still: Tensor | None, counts: list[int], x0: Tensor,
                    chosen_prob: Tensor, t0: float, block: int, n_blocks: int) -> None:
-        """``commit`` of the ``counts[b]`` most confident still-masked positions of each row (``top_k_commit``). One
-        row writes its chosen positions directly: the same positions and values, without a mask over every open one
-        (a few calls fewer each step, which a batch of one-row generations pays once per generation)."""
-        if still is not None or conf.shape[0] != 1:
-            self.commit(rows, top_k_commit(conf, still, counts), x0, chosen_prob, t0, block, n_blocks)
-            return
-        k = min(counts[0], conf.shape[1])
-        if k:
-            chosen = conf[0].topk(k).indices
-            at = rows[chosen]
-            self.x[0, self.m + at] = x0[0, chosen]
-            self.token_probs[0, at] = chosen_prob[0, chosen]
-        self.meter.step(t0, self.x, k, block, n_blocks)
+        """``commit`` of the ``counts[b]`` most confident still-masked positions of each row (``conf`` -inf where a
+        position is no longer a mask, ``still`` as ``open_positions`` gives it), written at topk's indices directly
+        instead of through a mask over every open position."""
+        committed = 0
+        for b, (k, left) in enumerate(zip(counts, still_counts(still, conf.shape[1]), strict=True)):
+            k = min(k, left)
+            if k:
+                chosen = conf[b].topk(k).indices
+                at = rows[chosen]
+                self.x[b, self.m + at] = x0[b, chosen]
+                self.token_probs[b, at] = chosen_prob[b, chosen]
+                committed += k
+        self.meter.step(t0, self.x, committed, block, n_blocks)
 
     def result(self) -> GenerationResult:
         self.meter.done()
