@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from maskkv_cli import __version__
@@ -75,6 +76,13 @@ def test_bad_options(tiny_dir):
     assert result.exit_code == 2 and "--budget must be a positive integer" in result.stderr
     result = runner.invoke(app, ["generate", "--model", str(tiny_dir), "   "])
     assert result.exit_code == 2 and "empty" in result.stderr
+
+
+@pytest.mark.parametrize("flag", ["--steps", "--gen-length", "--block-length"])
+def test_a_zero_length_or_step_count_is_refused_not_read_as_the_default(tiny_dir, flag):
+    result = runner.invoke(app, ["generate", "--model", str(tiny_dir), flag, "0", "hi"])
+    assert result.exit_code == 2 and f"{flag} must be a positive integer, got 0" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_debug_shows_traceback(tmp_path):

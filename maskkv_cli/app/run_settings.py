@@ -30,13 +30,15 @@ def resolve_generation(defaults: dict[str, int], gen_length: int | None, steps: 
                        block_length: int | None) -> tuple[int, int, int]:
     """(gen_length, steps, block_length) from the options, filling gaps from the model's defaults
     (``ModelDefaults.generation``), else 128 / gen length / 32; a default block that does not divide the length
-    becomes one block (a block the user gave must divide it: ``GenerationConfig`` says so)."""
-    gen = gen_length or defaults.get("gen_length", DEFAULT_GEN_LENGTH)
-    block = block_length or defaults.get("block_length", min(DEFAULT_BLOCK_LENGTH, gen))
-    if block_length is None and gen % block:
+    becomes one block (a block the user gave must divide it: ``GenerationConfig`` says so). Only None is a gap: a
+    length or count of 0 stays, so that ``GenerationConfig`` refuses it instead of a default replacing it."""
+    gen = defaults.get("gen_length", DEFAULT_GEN_LENGTH) if gen_length is None else gen_length
+    block = defaults.get("block_length", min(DEFAULT_BLOCK_LENGTH, gen)) if block_length is None else block_length
+    if block_length is None and (block <= 0 or gen % block):
         block = gen
-    n_steps = steps or (defaults.get("steps", gen) if gen_length is None else gen)
-    return gen, n_steps, block
+    if steps is None:
+        steps = defaults.get("steps", gen) if gen_length is None else gen
+    return gen, steps, block
 
 
 def fitted_block(length: int, *blocks: int | None) -> int:
@@ -65,6 +67,12 @@ class RunSettings:
     top_k: int | None = None  # Dream and LLaDA2
     editing_threshold: float | None = None  # LLaDA2.1's token editing (None: the model's default, else off)
     max_post_steps: int | None = None  # LLaDA2.1 (None: the model's default, else 16)
+
+    def __post_init__(self) -> None:
+        for name in ("gen_length", "steps", "block_length"):  # None is the default; 0 must not read as one
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
 
     @classmethod
     def from_values(cls, values: dict[str, Any], what: str = "setting") -> RunSettings:
@@ -112,7 +120,8 @@ class RunSettings:
         """``length`` tokens, one per step unless ``steps`` is set, in blocks of the run's block length when it
         divides the length, else of ``block`` when that does, else one block: answers whose length a task or a
         request sets (the harness, ``bench quality``'s task groups)."""
-        return self._sampler(length, self.steps or length, fitted_block(length, self.block_length, block))
+        return self._sampler(length, length if self.steps is None else self.steps,
+                             fitted_block(length, self.block_length, block))
 
     def _sampler(self, gen_length: int, steps: int, block_length: int) -> GenerationConfig:
         return GenerationConfig(gen_length=gen_length, steps=steps, block_length=block_length,
