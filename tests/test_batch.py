@@ -229,6 +229,9 @@ def test_cli_errors_are_one_line(tmp_path: Path, corpus: dict[str, Path]) -> Non
     result = runner.invoke(app, ["batch", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "o"), "--workers",
                                  "2", "--devices", "cuda:0"])
     assert result.exit_code == 2 and "not both" in result.stderr
+    result = runner.invoke(app, ["batch", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "o"), "--devices",
+                                 "cpu,gpu0"])
+    assert result.exit_code == 2 and "unknown device 'gpu0'" in result.stderr
 
 
 def test_ray_missing_names_the_extra(tmp_path: Path, corpus: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:

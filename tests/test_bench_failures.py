@@ -17,6 +17,7 @@ from maskkv_cli.bench.results import read_jsonl
 from maskkv_cli.bench.speed import run_sweep
 from maskkv_cli.bench.speed_report import table_rows
 from maskkv_cli.bench.speed_settings import SpeedCase, SpeedSettings
+from maskkv_cli.runtime import devices
 
 TINY = dict(gen_length=16, steps=8, block_length=8, config="tiny", none_steps=2, limit=False)
 
@@ -215,6 +216,7 @@ def test_cli_case_timeout_defaults_and_checks(monkeypatch):
         return type("Folder", (), {"path": Path("x")})(), []
 
     monkeypatch.setattr(speed, "run_sweep", fake_sweep)
+    monkeypatch.setattr(devices, "check_device", lambda name: name)  # no GPU here: --device cuda is taken as given
     base = ARGS[:-1]  # fresh processes
     for extra, want in (([], None), (["--device", "cuda"], 300.0), (["--device", "cuda", "--case-timeout", "0"], None),
                         (["--case-timeout", "12.5"], 12.5)):

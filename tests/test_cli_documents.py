@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -272,6 +273,7 @@ def test_live_panel_and_session_resolve_auto_to_the_same_device(pdf, tiny_dir, m
         raise MaskKVError("stop here")
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(render.LiveRun, "__init__", panel)
     monkeypatch.setattr(Session, "__init__", session)
     result = run(*[a.format(pdf=pdf) for a in command], "--model", tiny_dir)
@@ -282,7 +284,32 @@ def test_live_panel_and_session_resolve_auto_to_the_same_device(pdf, tiny_dir, m
 def test_resolve_device(monkeypatch):
     from maskkv_cli.runtime.devices import resolve_device
 
-    assert resolve_device("cpu") == "cpu" and resolve_device("cuda:1") == "cuda:1"
+    assert resolve_device("cpu") == "cpu"
     for available, want in ((True, "cuda"), (False, "cpu")):
         monkeypatch.setattr(torch.cuda, "is_available", lambda available=available: available)
         assert resolve_device("auto") == want
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("cuda:1") == "cuda:1"
+
+
+@pytest.mark.parametrize(("name", "gpus", "message"), [
+    ("gpu", 0, "unknown device 'gpu'; use auto, cpu, cuda, cuda:N or mps"),
+    ("cuda", 0, "finds no CUDA GPU on this machine; use cpu or auto"),
+    ("cuda:2", 2, "device cuda:2: this machine has 2 CUDA GPUs (cuda:0 to cuda:1)"),
+    ("meta", 0, "device meta: maskkv runs on cpu, cuda or mps"),
+])
+def test_a_device_this_machine_lacks_is_a_one_line_error_before_loading(monkeypatch, tmp_path, tiny_dir, name, gpus,
+                                                                        message):
+    # Before, --device cuda on a machine without CUDA failed inside loading with PyTorch's pin_memory message.
+    from maskkv_cli.errors import UsageError
+    from maskkv_cli.runtime.devices import check_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    with pytest.raises(UsageError, match=re.escape(message)):
+        check_device(name)
+    doc = tmp_path / "doc.txt"
+    doc.write_text("The special magic number for apple is 4366.\n")
+    result = run("ask", str(doc), "What?", "--model", tiny_dir, "--device", name)
+    one_line_error(result, 2, message)

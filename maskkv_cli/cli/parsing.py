@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from maskkv_cli.defaults import DEFAULT_BUDGET
 from maskkv_cli.errors import UsageError
+from maskkv_cli.runtime.devices import check_device
 
 if TYPE_CHECKING:  # parse_runs builds them; importing the report module loads torch
     from maskkv_cli.reports.profile_report import RunSpec
@@ -135,5 +136,7 @@ def parse_devices(devices: str | None, workers: int | None, ray: str | None) -> 
         names = tuple(d.strip() for d in devices.split(",") if d.strip())
         if not names:
             raise UsageError("--devices is empty; give e.g. cuda:0,cuda:1")
+        for name in names:
+            check_device(name)
         return names
     return ("cpu",) * workers if workers else ()

@@ -7,18 +7,45 @@ import os
 import platform
 from typing import Any
 
-__all__ = ["machine_info", "resolve_device"]
+from maskkv_cli.errors import UsageError
+
+__all__ = ["check_device", "machine_info", "resolve_device"]
 
 
 def resolve_device(device: str) -> str:
-    """``auto``: ``cuda`` when a GPU is available, else ``cpu``; any other name as given. Every part of a run (the
-    session, the live panel's memory reading, the harness adapter, batch workers) takes its device from here, so
-    they agree."""
-    if device != "auto":
-        return device
+    """``auto``: ``cuda`` when a GPU is available, else ``cpu``; any other name as given, once ``check_device``
+    has found it on this machine. Every part of a run (the session, the live panel's memory reading, the harness
+    adapter, batch workers) takes its device from here, so they agree."""
     import torch
 
+    if device != "auto":
+        return check_device(device)
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_device(device: str) -> str:
+    """``device`` as given when this PyTorch can run on it; else a ``UsageError`` saying why in one line (a name
+    torch does not know, CUDA or MPS absent, a GPU index past the last), before anything is loaded onto it."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"unknown device {device!r}; use auto, cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+            raise UsageError(f"device {device}: PyTorch {torch.__version__} ({build}) finds no CUDA GPU on this "
+                             "machine; use cpu or auto")
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise UsageError(f"device {device}: this machine has {count} CUDA GPU{'s' if count != 1 else ''} "
+                             f"(cuda:0 to cuda:{count - 1})")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise UsageError(f"device {device}: MPS (Apple's GPU) is not available here; use cpu or auto")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise UsageError(f"device {device}: maskkv runs on cpu, cuda or mps")
+    return device
 
 
 def machine_info() -> dict[str, Any]:
