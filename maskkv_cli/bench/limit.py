@@ -162,15 +162,7 @@ def measure_limit(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, key
     prefill_s = now(dev) - t0
     if keys is None:
         return LimitTiming(prefill_s, [], prefill_s * len(sched), None, None, extrapolated=len(sched) > 1)
-    bare = BareSteps(model, m, min(keys, m), gen.gen_length, bsz, seed)
-    steps: list[float] = []
-    for blk, n in sched[1:]:
-        lo = blk * gen.block_length
-        rows = torch.arange(lo, lo + n, device=dev)
-        t0 = now(dev)
-        bare.step(mask, rows)
-        steps.append(now(dev) - t0)
-    del bare
+    steps = _timed_steps(BareSteps(model, m, min(keys, m), gen.gen_length, bsz, seed), mask, gen, sched[1:])
     return LimitTiming(prefill_s, steps, prefill_s + sum(steps), min(keys, m), min(keys, m) + gen.gen_length)
 
 
@@ -194,16 +186,23 @@ def measure_batch_limit(model: DiffusionLM, prompts: Tensor, gen: GenerationConf
     bare_full_forward(model, ids, first_rows)  # the prefills, shared (the batch's prompts have one length here)
     prefill_s = now(dev) - t0
     kept = min(keys, m)
-    bare = BareSteps(model, m, kept, gen.gen_length, bsz, seed, per_sequence=True)
+    steps = _timed_steps(BareSteps(model, m, kept, gen.gen_length, bsz, seed, per_sequence=True), mask, gen,
+                         sched[1:])
+    return LimitTiming(prefill_s, steps, prefill_s + sum(steps), kept, kept + gen.gen_length)
+
+
+def _timed_steps(bare: BareSteps, mask: Tensor, gen: GenerationConfig, sched: list[tuple[int, int]]) -> list[float]:
+    """The time of each of a bidirectional generation's later steps (``sched``: block and rows of each) as bare
+    response-only forwards of ``mask`` (B, L)."""
+    dev = bare.model.device
     steps: list[float] = []
-    for blk, n in sched[1:]:
+    for blk, n in sched:
         lo = blk * gen.block_length
         rows = torch.arange(lo, lo + n, device=dev)
         t0 = now(dev)
         bare.step(mask, rows)
         steps.append(now(dev) - t0)
-    del bare
-    return LimitTiming(prefill_s, steps, prefill_s + sum(steps), kept, kept + gen.gen_length)
+    return steps
 
 
 @torch.no_grad()
