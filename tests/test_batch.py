@@ -188,8 +188,11 @@ def test_rerun_skips_finished_repairs_a_torn_line_and_retries_failures(tmp_path:
     assert not broken
     assert sorted(r["id"] for r in final) == ["j0", "j1", "j2", "j3"]
     assert {r["answer"] for r in final if r["id"] == "j2"} == {rows[2]["answer"]}
+    assert "- this run: 2 jobs answered in" in (tmp_path / "out" / "summary.md").read_text()
     again = run_batch(specs, settings, str(tiny_dir), tmp_path / "out")
     assert (again.reused, again.ran) == (4, 0)
+    summary = (tmp_path / "out" / "summary.md").read_text()  # not "0 jobs answered in 0.0 s (0.0 jobs per minute)"
+    assert "- this run: no job was left to run\n" in summary and "jobs per minute" not in summary
 
 
 def test_one_driver_per_folder(tmp_path: Path) -> None:

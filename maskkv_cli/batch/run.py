@@ -321,7 +321,7 @@ def summary_markdown(result: BatchResult, config: dict[str, Any], rows: list[dic
              f"- jobs: {result.total}; answered: {result.ok} ({result.reused} from earlier runs); failed: "
              f"{result.failed}; not run yet: {result.total - result.ok - result.failed}",
              f"- this run: {result.answered} jobs answered in {result.seconds:.1f} s from the first one sent "
-             f"({result.jobs_per_minute:.1f} jobs per minute)",
+             f"({result.jobs_per_minute:.1f} jobs per minute)" if result.ran else "- this run: no job was left to run",
              ""]
     if result.duplicates:
         lines += [f"- {result.duplicates} duplicate job(s) in the input were run once", ""]
