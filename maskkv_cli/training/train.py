@@ -29,7 +29,7 @@ from maskkv_cli.models.llada import LLaDA
 from maskkv_cli.models.loading import load_model, save_model
 from maskkv_cli.models.tokenizer_build import build_bpe_tokenizer
 from maskkv_cli.prompting import chat_prompt_ids, document_question, load_tokenizer
-from maskkv_cli.runtime.fileio import atomic_file
+from maskkv_cli.runtime.fileio import atomic_file, atomic_write_text
 from maskkv_cli.tasks.sources import load_source
 from maskkv_cli.tasks.synthetic import UNANSWERABLE_KINDS, generate_tasks
 from maskkv_cli.tasks.taskio import Task
@@ -288,5 +288,5 @@ def install_model(folder: Path, gen_length: int | None = None, window: int | Non
         gen_cfg["maskkv"]["summary_length"] = summary_length
         if summary_block:
             gen_cfg["maskkv"]["summary_block_length"] = summary_block
-    (target / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2))
+    atomic_write_text(target / "generation_config.json", json.dumps(gen_cfg, indent=2))
     return target
