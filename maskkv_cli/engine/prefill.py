@@ -124,8 +124,8 @@ def attend_in_chunks(block: Block, x: Tensor, k: Tensor, v: Tensor, rope: Rope, 
 def _lane_heads(t: Tensor, a: int, b: int, batch: int, whole: bool) -> Tensor:
     """A lane's rows [a, b) of keys or values (1, H, N, D) of every lane's rows, as (batch, H, n, D) contiguous (the
     tensor itself when it is the lane's alone)."""
-    if whole and batch == 1:
-        return t
+    if batch == 1:
+        return t if whole else t[:, :, a:b].contiguous()
     part = t[0, :, a:b]  # (H, batch * n, D)
     return part.reshape(part.shape[0], batch, -1, part.shape[-1]).transpose(0, 1).contiguous()
 
@@ -178,37 +178,48 @@ def prefill_lanes(model: DiffusionLM, lanes: Sequence[PrefillLane], mlp_chunk: i
     n_layers = len(model.blocks)
     shifts: list[list[Tensor]] = [[] for _ in lanes]
     joined = joins_queries(lanes, query_chunk)
+    shapes: dict[tuple[int, ...], Tensor] = {}  # the layer views' queries' shapes (meta tensors), one per shape
     for i, block in enumerate(model.blocks):
         x = on_layer(model, i, x)
         dev = x.device
         rows_rope = tables.rows(i, dev)
-        views = [x[:, a:b].view(h, n, x.shape[-1]) for (a, b), h, n in zip(bounds, heights, own, strict=True)]
-        inputs = [xv.clone() if lane.capture is not None else None for xv, lane in zip(views, lanes, strict=True)]
+
+        def rows_of(j: int, x: Tensor = x) -> Tensor:
+            """Lane j's rows of this layer's input as (b, n, d): a view, made only where it is used."""
+            return x[:, bounds[j][0] : bounds[j][1]].view(heights[j], own[j], x.shape[-1])
+
+        inputs = [rows_of(j).clone() if lane.capture is not None else None for j, lane in enumerate(lanes)]
         values: Tensor | None = None
         if joined:  # short lanes: every row's queries, keys and values from one normalisation
             queries, keys, values = chunked_qkv(block, x, rows_rope, total, mlp_chunk)  # (1, H or H_kv, N, D)
         else:  # long ones: the values only once the scores are taken (one whole-length tensor less meanwhile)
             keys, queries = chunked_rows(row_fn(block.keys, x, rows_rope), total, mlp_chunk), None
         pending = []
-        for j, (lane, (a, b), xv) in enumerate(zip(lanes, bounds, views, strict=True)):
+        for j, (lane, (a, b)) in enumerate(zip(lanes, bounds, strict=True)):
             t, p = lane.ids.shape[1], lane.first
-            rope = tables.lane(i, j, dev)
-            lane_rope = rope if p == 0 else rope.rows(p, t)  # the tables of the lane's running rows
             prefix = None if lane.prefix is None else lane.prefix.layers[i]
-            if queries is not None:
-                rows_q = _row_slices(_lane_heads(queries, a, b, heights[j], whole))
-            elif prefix is None:
-                rows_q = row_fn(block.queries, xv, lane_rope)
+            lane_rope: Rope | None = None  # the tables of the lane's running rows, where its queries run lane by lane
+            if queries is not None:  # the lane's rows of every row's queries: a view where the lane is one row
+                one = heights[j] == 1
+                rows_q = _row_slices(queries[:, :, a:b] if one else _lane_heads(queries, a, b, heights[j], whole))
             else:
-                rows_q = prefix.queries(lambda h, first, stop, r=rope, blk=block: blk.queries(h, r.rows(first, stop)),
-                                        xv)
+                rope, xv = tables.lane(i, j, dev), rows_of(j)
+                lane_rope = rope if p == 0 else rope.rows(p, t)
+                if prefix is None:
+                    rows_q = row_fn(block.queries, xv, lane_rope)
+                else:
+                    rows_q = prefix.queries(
+                        lambda h, first, stop, r=rope, blk=block: blk.queries(h, r.rows(first, stop)), xv)
             k = _lane_heads(keys, a, b, heights[j], whole)
             if prefix is not None:
                 k = prefix.whole_keys(k)
             visible = None if lane.layout is None else lane.layout.visible(t, dev)
             shape = (heights[j], block.n_heads, t, block.head_dim)
-            view = LayerView(i, n_layers, torch.empty(shape, device="meta"), k, lane.prompt_len, block.attention_scale,
-                             compute_q=rows_q, mask_start=lane.mask_start, visible=visible)
+            meta = shapes.get(shape)
+            if meta is None:
+                meta = shapes[shape] = torch.empty(shape, device="meta")
+            view = LayerView(i, n_layers, meta, k, lane.prompt_len, block.attention_scale, compute_q=rows_q,
+                             mask_start=lane.mask_start, visible=visible)
             scores = None if lane.sink is None else lane.sink.scores(view)
             pending.append((view, rows_q, k, scores, lane_rope, visible, prefix))
         del keys, queries
@@ -216,7 +227,7 @@ def prefill_lanes(model: DiffusionLM, lanes: Sequence[PrefillLane], mlp_chunk: i
             values = chunked_rows(row_fn(block.values, x), total, mlp_chunk)
         pending.reverse()  # popped in lane order: each lane's view and keys are freed after its attention
         outputs: list[Tensor] = []  # joined: each lane's attention, projected once for every lane's rows
-        for j, (lane, (a, b), xv) in enumerate(zip(lanes, bounds, views, strict=True)):
+        for j, (lane, (a, b)) in enumerate(zip(lanes, bounds, strict=True)):
             view, rows_q, k, scores, lane_rope, visible, prefix = pending.pop()
             v = _lane_heads(values, a, b, heights[j], whole)
             if prefix is not None:
@@ -233,7 +244,8 @@ def prefill_lanes(model: DiffusionLM, lanes: Sequence[PrefillLane], mlp_chunk: i
                 outputs.append(flat_heads(attention(rows_q(0, lane.ids.shape[1]), k, v, mask)))
                 del k, v, rows_q
                 continue
-            shift = attend_in_chunks(block, xv, k, v, lane_rope, query_chunk, lane.measure, visible,
+            assert lane_rope is not None  # a lane not joined computes its queries itself
+            shift = attend_in_chunks(block, rows_of(j), k, v, lane_rope, query_chunk, lane.measure, visible,
                                      offset=lane.first)
             if lane.capture is not None:
                 assert shift is not None and inputs[j] is not None
@@ -247,8 +259,9 @@ def prefill_lanes(model: DiffusionLM, lanes: Sequence[PrefillLane], mlp_chunk: i
         if outputs:
             attn = block.attn_proj(torch.cat(outputs, 2))  # (1, N, d): every lane's rows in one product
             del outputs
-            for j, (lane, (a, b), xv) in enumerate(zip(lanes, bounds, views, strict=True)):
+            for j, (lane, (a, b)) in enumerate(zip(lanes, bounds, strict=True)):
                 if lane.measure:
+                    xv = rows_of(j)
                     shifts[j].append(attention_shift(xv, attn[:, a:b].view(xv.shape)))
             x += attn
             del attn
