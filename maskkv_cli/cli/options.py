@@ -220,7 +220,7 @@ CellBatchOpt = Annotated[str, batch_size_option(
 ServeBatchOpt = Annotated[str, batch_size_option(
     "Requests whose generations run together in one forward (each answer the one it gets alone): a number, or "
     "auto (as many window-long prompts as fit free memory by the memory model, at most 1 + --queue); 1: one "
-    "request at a time. Block-causal models (LLaDA2) always run one at a time.")]
+    "request at a time. DiffusionGemma runs each request's passes alone.")]
 AskBatchOpt = Annotated[str, batch_size_option(
     "Questions (and parts of a long document) denoised together in one forward: a number, or auto (the most that "
     "fit free memory by the memory model; 1 where a batch would share too little of their work: long prompts, "
