@@ -133,7 +133,7 @@ def ask_in_parts(
     on_part: Callable[[int, int], None] | None = None,
 ) -> PartsAnswer:
     """Ask ``question`` of every window of ``room`` tokens of ``context`` (token ``ids``), each sharing ``overlap``
-    tokens with the next, and answer from the part(s) ``choose_part`` picks."""
+    tokens (at most a quarter of the room) with the next, and answer from the part(s) ``choose_part`` picks."""
     prompts = part_prompts(session, context, ids, room, question, overlap)
     answers: list[Answer] = []
     for i, prompt in enumerate(prompts, 1):
@@ -148,7 +148,7 @@ def ask_in_parts(
 def part_prompts(session: Session, context: str, ids: Sequence[int], room: int, question: str,
                  overlap: int = PART_OVERLAP) -> list[Prompt]:
     """The prompts of ``question`` about each window of ``room`` tokens of ``context`` (token ``ids``), each window
-    sharing ``overlap`` tokens with the next, in text order."""
+    sharing ``overlap`` tokens (at most a quarter of the room) with the next, in text order."""
     windows = part_windows(len(ids), room, min(overlap, room // 4))
     chars = len(context)
     prompts = []

@@ -29,9 +29,10 @@ DEFAULT_BLOCK_LENGTH = 32
 def resolve_generation(defaults: dict[str, int], gen_length: int | None, steps: int | None,
                        block_length: int | None) -> tuple[int, int, int]:
     """(gen_length, steps, block_length) from the options, filling gaps from the model's defaults
-    (``ModelDefaults.generation``), else 128 / gen length / 32; a default block that does not divide the length
-    becomes one block (a block the user gave must divide it: ``GenerationConfig`` says so). Only None is a gap: a
-    length or count of 0 stays, so that ``GenerationConfig`` refuses it instead of a default replacing it."""
+    (``ModelDefaults.generation``), else 128 / gen length / 32 (a length given without steps: one step per token);
+    a default block that does not divide the length becomes one block (a block the user gave must divide it:
+    ``GenerationConfig`` says so). Only None is a gap: a length or count of 0 stays, so that ``GenerationConfig``
+    refuses it instead of a default replacing it."""
     gen = defaults.get("gen_length", DEFAULT_GEN_LENGTH) if gen_length is None else gen_length
     block = defaults.get("block_length", min(DEFAULT_BLOCK_LENGTH, gen)) if block_length is None else block_length
     if block_length is None and (block <= 0 or gen % block):

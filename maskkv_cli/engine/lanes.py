@@ -149,10 +149,10 @@ class RopeMemo:
 
 class RowTables:
     """The RoPE tables of every lane's rows, layer by layer: lane ``j`` has positions ``bounds[j]`` = [start, stop)
-    (its whole sequence), of which rows from ``first[j]`` on run, ``repeat[j]`` times (its batch rows); ``lane(i,
-    j)`` are lane j's tables of layer i, ``rows(i)`` the tables of every running row back to back. Each lane's
-    tables are computed as that lane alone computes them (same positions, same call), once per kind of layer
-    (``rope_kind``), or taken from the lane's ``memos[j]`` (``RopeMemo``) where it has one."""
+    (its whole sequence), of which rows from ``first[j]`` on run, ``repeat[j]`` times (its batch rows); ``lane(i, j,
+    device)`` are lane j's tables of layer i, ``rows(i, device)`` the tables of every running row back to back.
+    Each lane's tables are computed as that lane alone computes them (same positions, same call), once per kind of
+    layer (``rope_kind``), or taken from the lane's ``memos[j]`` (``RopeMemo``) where it has one."""
 
     def __init__(self, model: DiffusionLM, bounds: Sequence[tuple[int, int]], first: Sequence[int],
                  repeat: Sequence[int], factors: Sequence[float], device: torch.device,

@@ -99,7 +99,8 @@ class PlanRow:
     budget: int | None  # entries kept per KV head per evicted layer; None: the full cache
     weights: int
     cache_kept: int  # the prompt cache the denoising steps hold
-    cache_peak: int  # the prompt cache at the peak (DiffusionGemma: the whole prompt's, before the first step cuts it)
+    cache_peak: int  # the prompt cache at the peak (DiffusionGemma: before the first step cuts it, every full layer
+    # whole, or one beside the others' kept entries where it is encoded layer by layer)
     activations: int  # the rest of the peak above the weights
     total: int  # weights + cache at the peak + activations
     fits: dict[str, bool]  # GPU size in GiB -> total + RESERVE fits

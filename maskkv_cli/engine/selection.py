@@ -102,7 +102,8 @@ def select(policy: Policy, view: LayerView, q_mask: Tensor | None, k: Tensor, v:
 
 class OfflineSelection:
     """Each layer selected right after it is scored, before its attention (the kept K/V are copied out), with the
-    plan's ``layer_budgets`` (None keeps every prompt entry: the full prefix cache)."""
+    plan's ``layer_budgets`` (None keeps every prompt entry: the full prefix cache, the prefill's own keys and values
+    where they already have the cache's shape, ``kv.cache.dense_layer``)."""
 
     def __init__(self, policy: Policy, layer_budgets: list[int] | None, prompt_len: int, response_slots: int) -> None:
         self.policy, self.layer_budgets, self.prompt_len = policy, layer_budgets, prompt_len

@@ -1,10 +1,11 @@
 """Denoising: the loops that turn ``[prompt ; masks]`` into a response, one per sampler family.
 
-``common.py`` holds what both loops share (the forward passes over the compressed cache, the step meter,
-events and results), ``llada.py`` the LLaDA reference loop (blocks, transfer schedule, Gumbel noise,
-threshold decoding), ``dream.py`` Dream's (one block, timestep schedule, confidence rules), ``llada2.py``
-LLaDA2's block diffusion, ``diffusion_gemma.py`` DiffusionGemma's canvases over its encoder's cache. ``sample``
-picks the loop a model's family names in ``models.families``.
+``forward.py`` turns a loop's steps into engine lanes (the forward passes over the compressed cache), ``driver.py``
+runs them and ``stream.py`` many generations at once; ``common.py`` holds what the bidirectional loops share (their
+sequence, the step meter, events and results), ``llada.py`` the LLaDA reference loop (blocks, transfer schedule,
+Gumbel noise, threshold decoding), ``dream.py`` Dream's (one block, timestep schedule, confidence rules),
+``llada2.py`` LLaDA2's block diffusion, ``diffusion_gemma.py`` DiffusionGemma's canvases over its encoder's cache.
+``sample`` picks the loop a model's family names in ``models.families``.
 """
 
 from __future__ import annotations

@@ -36,14 +36,15 @@ class Event:
     committed: int = 0  # tokens committed by this step
     masked_left: int = 0
     elapsed_s: float = 0.0
-    # (B, gen_length) the response after this step, the mask id where nothing is committed yet (prefill and step
-    # events; a view of the sampler's sequence: copy what you keep). ``maskkv serve`` streams committed text from it.
+    # (B, n) the response after this step, the mask id where nothing is committed yet (prefill and step events; a
+    # view of the sampler's sequence: copy what you keep): n = gen_length, a block-causal model's whole blocks after
+    # the prompt, DiffusionGemma's canvases. ``maskkv serve`` streams committed text from it.
     tokens: Tensor | None = None
 
 
 @dataclass
 class GenerationResult:
-    tokens: Tensor  # (B, gen_length) response ids (cond batch only)
+    tokens: Tensor  # (B, n) response ids (cond batch only): n = gen_length (DiffusionGemma: its committed canvases)
     stats: RunStats
     records: list[LayerRecord] = field(default_factory=list)
     layer_budgets: list[int] | None = None
@@ -145,7 +146,7 @@ class Denoising:
         self.meter = StepMeter(model, stats, on_event, self.m, self.forward)
         self.token_probs = torch.full((self.x.shape[0], gen_length), float("nan"), dtype=torch.float64,
                                       device=self.device)
-        self.scratch = Scratch()  # loops stepping together are given one to share (``batched.py``)
+        self.scratch = Scratch()  # loops stepping together are given one to share (``stream.py``)
 
     def commit(self, rows: Tensor, commit: Tensor, x0: Tensor, chosen_prob: Tensor, t0: float, block: int,
                n_blocks: int) -> None:

@@ -1,4 +1,4 @@
-"""MaskKV (and the baselines) on DiffusionGemma's prompt cache, and a generation loop over the compressed cache.
+"""MaskKV (and the baselines) on DiffusionGemma's prompt cache (the loop over it: ``diffusion_gemma_forward.py``).
 
 DiffusionGemma (``models/diffusion_gemma.py``) has no mask token: its canvas starts as uniform-random ids and the
 first denoising step has no self-conditioning signal. **Our reading** of mask-query voting for such a model: the

@@ -246,8 +246,9 @@ Forward = Callable[[DecodeRequest | CommitRequest], Tensor | None]
 def denoising_loop(prompt_ids: Tensor, vocab_size: int, canvas_length: int, dtype: torch.dtype,
                    settings: DiffusionGemmaSampling, generator: torch.Generator | None = None) -> GemmaLoop:
     """The whole sampler, canvas after canvas, as a generator: it yields the decoder passes and commits it needs
-    (answered by a forward: ``generate_reference``'s over the full cache, ``diffusion_gemma_kv``'s over a compressed
-    one) and returns the output. The random draws come in transformers' order."""
+    (answered by a forward: ``generate_reference``'s over the full cache, ``CompressingForward``, in
+    ``diffusion_gemma_forward.py``, over a compressed one) and returns the output. The random draws come in
+    transformers' order."""
     b, c, device = prompt_ids.shape[0], canvas_length, prompt_ids.device
     sequences = prompt_ids
     finished_rows = torch.zeros(b, dtype=torch.bool, device=device)

@@ -164,7 +164,7 @@ def step_round(model: DiffusionLM, generations: Sequence[Generation]) -> None:
         except Exception as exc:  # noqa: BLE001
             gen.fail(exc)
             continue
-        if lane is None:  # a compiled or captured step: its own fixed shapes
+        if lane is None:  # a compiled or captured step (its own fixed shapes), or a family without lanes: alone
             try:
                 logits = gen.run.forward.alone(gen.request)
             except Exception as exc:  # noqa: BLE001

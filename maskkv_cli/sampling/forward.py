@@ -3,9 +3,10 @@
 A denoising loop asks for the logits of some response positions of its sequence (``StepRequest``). Its forward
 turns that into an engine lane (``engine/lanes.py``): the plain forward for policy ``none`` (the whole sequence
 again), the prefill at the first request (step 0: exact attention, votes, per-layer selection), and a response-only
-step over the compressed cache after it. The driver (``sampling/stream.py``) runs every active generation's lanes
-together and hands each forward its output back (``take``). The only steps that run alone are those of a compiled
-or captured step runner (``engine/step_runner.py``), which has its fixed shapes.
+step over the compressed cache after it. The driver (``sampling/driver.py``) runs every active generation's lanes
+together and hands each forward its output back (``take``). A forward that gives no lane runs its step alone: a
+compiled or captured step runner (``engine/step_runner.py``, with its fixed shapes), and DiffusionGemma's forwards,
+whose family has no engine lanes.
 
 ``CachedForward`` is the bidirectional models' ``[prompt ; masks]`` (LLaDA, Dream, LLaDA-MoE); ``BlockForward``
 the block-causal one's window of blocks (LLaDA2).

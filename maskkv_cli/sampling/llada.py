@@ -6,9 +6,9 @@ steps one more), chosen by confidence (``low_confidence``: probability of the ch
 uniform noise). Temperature uses Gumbel noise in float64; classifier-free guidance runs a second sequence with
 the prompt masked. With ``threshold`` set, every masked token of the block whose confidence exceeds it is
 committed at once (always at least one). Progress goes to ``on_event`` as plain ``Event`` objects; the
-forward passes, the sequence and the step meter are shared with Dream's loop (``common.py``). Each committed
-token's probability under the model (after guidance, before noise) at the step it was unmasked goes to
-``GenerationResult.token_probs``; it takes no part in choosing tokens.
+sequence and the step meter are shared with Dream's loop (``common.py``), the forward passes with every cached
+family (``forward.py``). Each committed token's probability under the model (after guidance, before noise) at the
+step it was unmasked goes to ``GenerationResult.token_probs``; it takes no part in choosing tokens.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A ``GenerationService`` owns the model's forward passes: ``generate`` (called from any thread, e.g. a server's
 request threads) queues one generation and blocks until it is done; the service's thread keeps up to
-``batch_size`` generations running together (``batched.sample_stream``), taking new ones in as others finish. A
+``batch_size`` generations running together (``stream.sample_stream``), taking new ones in as others finish. A
 generation's tokens are those it gets alone. An error inside one generation (its progress callback stopping it,
 say) is raised in its caller's thread only.
 """

@@ -2,13 +2,14 @@
 
 A ``BatchJob`` is one prompt with its generation settings and cache plan. ``sample_stream`` keeps up to
 ``batch_size`` of them running: every running loop's request goes into the same round of the engine (the prefills
-of the jobs that join in one shared prefill of prompts of any lengths, every later step of every family in one
-shared step), each loop then commits its own tokens by its own schedule (its own block, its own count per step, its
-own random generator); a finished job leaves and the next waiting one takes its place. One job alone is the same
-driver with one generation (``sampling.sample``).
+of the jobs that join, of any lengths, in joined runs of up to ``engine.prefill.join_rows`` rows, a longer prompt's
+alone; every later step of the families with engine lanes in one shared step), each loop then commits its own
+tokens by its own schedule (its own block, its own count per step, its own random generator); a finished job
+leaves and the next waiting one takes its place. One job alone is the same driver with one generation
+(``sampling.sample``).
 
-Every job's tokens are those it gets alone (tests/test_batched.py). Only steps compiled or captured as CUDA graphs
-run alone, in their turn.
+Every job's tokens are those it gets alone (tests/test_batched.py). Steps compiled or captured as CUDA graphs, and
+every pass of DiffusionGemma (whose family has no engine lanes), run alone, in their turn.
 """
 
 from __future__ import annotations
