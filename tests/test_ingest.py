@@ -107,8 +107,8 @@ def test_folder_with_a_subfolder_and_an_unsupported_file(tmp_path: Path) -> None
     result = run("ingest", folder)
     assert result.exit_code == 0, result.output
     assert stored_sources() == ["log.txt", "notes.md", "top.pdf"]
-    assert "skipped 1 file in the folders that are not .pdf, .txt or .md" in result.stderr
-    assert result.stdout.splitlines()[-1] == "3 stored, 1 skipped (not .pdf, .txt or .md)"
+    assert "skipped 1 file in the folders that are not .pdf, .txt, .text, .md or .markdown" in result.stderr
+    assert result.stdout.splitlines()[-1] == "3 stored, 1 skipped (not .pdf, .txt, .text, .md or .markdown)"
     quiet = run("ingest", folder, "--quiet")
     assert quiet.exit_code == 0 and "note:" not in quiet.stderr
 

@@ -25,7 +25,7 @@ from maskkv_cli.errors import MaskKVError
 
 STATUSES = ("stored", "already", "failed", "skipped")
 FOLDER_SUFFIXES = frozenset(EXTENSIONS)  # what a folder walk picks up: .pdf, .txt, .text, .md, .markdown
-FOLDER_HINT = ".pdf, .txt or .md"
+FOLDER_HINT = ".pdf, .txt, .text, .md or .markdown"
 
 
 @dataclass(frozen=True)

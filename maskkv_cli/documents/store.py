@@ -1,9 +1,9 @@
 """A small on-disk cache of loaded documents, keyed by the SHA-256 of the file's bytes.
 
-Layout: ``<root>/documents/<sha256>.json``, one JSON object per document (``Document.to_dict``
-plus ``format`` and ``ingested_at``).  Writes are atomic: the JSON goes to a hidden temp file in
-the same folder, is fsynced, then renamed over the final name, so a crash mid-write never leaves
-a partial entry.  Unreadable entries are skipped, never fatal.
+Layout: ``<root>/documents/<sha256>.json``, one JSON object per document (``Document.to_dict`` plus ``format``,
+``ingested_at``, ``n_pages`` and ``n_chars``).  Writes are atomic: the JSON goes to a hidden temp file in the same
+folder, is fsynced, then renamed over the final name, so a crash mid-write never leaves a partial entry.  Unreadable
+entries are skipped, never fatal.
 
 The stored text of a password-protected PDF is kept decrypted (files are created 0600).
 """

@@ -1,5 +1,5 @@
-"""Text and Markdown files: decoding (UTF-8, UTF-16, legacy code pages), and pages cut at blank lines, never
-inside a Markdown code fence."""
+"""Text and Markdown files: decoding (UTF-8, UTF-16, legacy code pages), and pages cut at blank lines, not inside
+a Markdown code fence unless the fenced block alone is longer than a page."""
 
 from __future__ import annotations
 

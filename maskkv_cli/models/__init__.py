@@ -1,1 +1,2 @@
-"""Model families (LLaDA), their configs, and loading/saving in the upstream checkpoint layout."""
+"""Model families (LLaDA, Dream, LLaDA-MoE, LLaDA2, DiffusionGemma), their configs, and loading/saving in the upstream
+checkpoint layout."""

@@ -513,8 +513,9 @@ def _positive(value: object) -> int | None:
 
 
 def read_model_defaults(folder: Path) -> ModelDefaults:
-    """The ``maskkv`` section of ``folder/generation_config.json``, read once; empty defaults when there is none
-    or it is unreadable."""
+    """The defaults in ``folder/generation_config.json``, read once: lengths and summary settings from its ``maskkv``
+    section, sampler settings from that section or else the file's top level, the denoising settings from the top
+    level; empty defaults when the file is missing or unreadable."""
     try:
         data = json.loads((folder / "generation_config.json").read_text())
     except (OSError, json.JSONDecodeError):

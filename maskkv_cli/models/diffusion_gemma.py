@@ -32,8 +32,8 @@ KV compression (a policy's kept entries per full layer and head, ``LayerKV.kept`
 ``sampling/diffusion_gemma_kv.py``; ``encode`` and ``decode`` honour it and can show each layer's queries and keys
 to an observer (its votes). The encoder runs in chunks of ``ENCODER_CHUNK`` rows and writes the full layers' entries
 in place (``models/diffusion_gemma_cache.py``), and attention is masked in bounded blocks
-(``models/diffusion_gemma_attention.py``), so encoding and decoding take memory linear in the prompt. Not here:
-padded batches, device maps, quantized weights.
+(``models/diffusion_gemma_attention.py``), so encoding and decoding take memory linear in the prompt. Quantized
+weights: ``quantization_targets`` and the experts' own ``quantize_experts``. Not here: padded batches, device maps.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ def _is_model_note(name: str) -> bool:
 def model_fingerprint(path: str | Path) -> str:
     """A short hash that changes when the checkpoint changes: every file's name, size, first and last MiB.
 
-    Cheap for an 8B checkpoint and exact for the few-MB tiny model (read whole), and independent of where the
+    Cheap for an 8B checkpoint (a file of at most 2 MiB is read whole), and independent of where the
     folder lives, so a copy of the same checkpoint reuses rows. Files that cannot change an answer (the training
     record, read-me and licence files) are left out, so editing a model's notes keeps its finished rows.
     """

@@ -1,9 +1,9 @@
-"""Local checkpoints in the upstream LLaDA layout: resolve, validate, load without a second copy, save.
+"""Local checkpoints in their upstream layouts: resolve, validate, load without a second copy, save.
 
-A folder holds ``config.json`` (model_type "llada"), weights as ``model.safetensors`` or shards listed in
-``model.safetensors.index.json``, and tokenizer files. Nothing here reaches the network: a Hugging Face id is
-looked up in the local HF cache only (``paths.resolve_model_path``; ``maskkv pull``, ``models/hub.py``, puts it
-there).
+A folder holds ``config.json`` (a ``model_type`` of the family table, ``models/families.py``), weights as
+``model.safetensors`` or shards listed in ``model.safetensors.index.json``, and tokenizer files. Nothing here reaches
+the network: a Hugging Face id is looked up in the local HF cache only (``paths.resolve_model_path``; ``maskkv pull``,
+``models/hub.py``, puts it there).
 """
 
 from __future__ import annotations
@@ -42,9 +42,10 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 
 def parse_dtype(dtype: str | torch.dtype | None, device: torch.device | str = "cpu",
                 quantize: str | None = None) -> torch.dtype:
-    """``auto``/None: bf16 on CUDA, fp32 on the CPU; bf16 on the CPU too for int4 weights (``quantize``), whose
-    CPU kernel (``aten._weight_int4pack_mm_for_cpu``) takes fp32 activations on a slow path (50-80x the time of the
-    unquantized fp32 product on this project's AMD EPYC CPU, against 1.7-2.4x in bf16; docs/models.md)."""
+    """``auto``/None: fp32 on the CPU, bf16 on any other device; bf16 on the CPU too for int4 weights
+    (``quantize``), whose CPU kernel (``aten._weight_int4pack_mm_for_cpu``) takes fp32 activations on a slow path
+    (50-80x the time of the unquantized fp32 product on this project's AMD EPYC CPU, against 1.7-2.4x in bf16;
+    docs/models.md)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype in (None, "auto"):
@@ -165,9 +166,9 @@ def load_model(
     dtype: str | torch.dtype | None = None,
     quantize: str | None = None,
 ) -> DiffusionLM:
-    """Build the model (LLaDA or Dream, from ``config.json``) on the meta device and load each tensor straight
-    into place (no random init, no second copy). ``quantize`` ("int8", "int4"): each linear layer is quantized as
-    soon as it is read (``models/quantize.py``), so the full-precision model is never resident."""
+    """Build the model (its family from ``config.json``, ``models/families.py``) on the meta device and load each tensor
+    straight into place (no random init, no second copy). ``quantize`` ("int8", "int4"): each linear layer is quantized
+    as soon as it is read (``models/quantize.py``), so the full-precision model is never resident."""
     folder = resolve_model_path(path)
     cfg, pre = read_folder_config(folder)
     return load_checkpoint(folder, cfg, device, dtype, quantize, pre)

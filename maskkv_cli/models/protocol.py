@@ -55,7 +55,7 @@ class Block(Protocol):
 
 @runtime_checkable
 class DiffusionLM(Protocol):
-    """A masked-diffusion language model the engine can drive (``LLaDA``, ``Dream``)."""
+    """A diffusion language model the engine can drive (every family of ``models/families.py``)."""
 
     config: ModelConfig
     layer_devices: list[torch.device] | None  # each layer's device under a device map, else None

@@ -9,8 +9,10 @@ LM head, all outside the blocks or not linear layers.
 The formats (torchao's tensor subclasses; each product still goes through ``rows.linear``, so the row floor holds):
 
 - ``int8``: ``Int8WeightOnlyConfig`` (per output row, symmetric): ``Int8Tensor``; its product casts the int8 weight
-  to the activation dtype and runs the dtype's own matrix product, so it rounds by rows as the unquantized one.
-- ``int4`` on the CPU: ``PrototypeInt4WeightOnlyConfig`` (groups of ``INT4_GROUPS[0]`` input columns, asymmetric,
+  to the activation dtype and runs the dtype's own matrix product, so it rounds by rows as the unquantized one (bf16
+  activations on the CPU go to PyTorch's own int8 kernel instead, ``models/int8_matmul.py``).
+- ``int4`` on the CPU: ``PrototypeInt4WeightOnlyConfig`` (groups of the first of ``INT4_GROUPS`` input columns that
+  divides a layer's input width, asymmetric,
   tinygemm's parameters): ``Int4OpaqueTensor``, whose product is PyTorch's own CPU kernel
   ``aten._weight_int4pack_mm_for_cpu``. torchao's non-prototype ``Int4WeightOnlyConfig`` packs only for CUDA kernels
   (its formats plain, preshuffled, plain_int32 and tile_packed_to_4d all need mslk / tinygemm on a GPU), and

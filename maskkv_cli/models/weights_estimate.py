@@ -65,7 +65,7 @@ class WeightsEstimate:
     quantized_params: int  # their weights' values
     other_bytes: int  # everything else: embedding, head, norms, routers, biases, buffers
     other_params: int
-    implemented: bool  # False: maskkv cannot load this model in this format yet (the figure is the rules' estimate)
+    implemented: bool  # False would mark a format maskkv cannot load the model in (the rules' estimate); none now
 
     @property
     def total_bytes(self) -> int:

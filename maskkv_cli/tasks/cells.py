@@ -2,7 +2,7 @@
 ``bench quality``), and what answering them gives back.
 
 The driver (``bench/quality.py``) plans the cells and scores their answers; whoever answers them (the driver
-itself, worker processes or Ray actors, ``batch/``) only needs ``answer_prompt``. Sessions, generation and cache
+itself, worker processes or Ray actors, ``batch/``) only needs ``answer_prompts``. Sessions, generation and cache
 settings are duck-typed here (``Any``), so this module imports no model code.
 """
 

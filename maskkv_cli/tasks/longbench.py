@@ -1,6 +1,6 @@
 """LongBench v1 prompts for ``bench quality --tasks FILE.jsonl``: per-task templates, answer lengths, truncation.
 
-The official harness (see ``shared/spec/evaluation.md``) fills a per-task template with ``{context}`` and
+The official harness (see ``/work/shared/spec/evaluation.md``) fills a per-task template with ``{context}`` and
 ``{input}``, tokenizes it, keeps the first and the last half of the tokens when it is longer than the limit,
 and only then wraps it in the chat template, except for the few-shot and code tasks (trec, triviaqa, samsum,
 lsht, lcc, repobench-p), which stay raw text. Each task has its own number of new tokens (32 to 512).

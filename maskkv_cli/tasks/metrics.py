@@ -1,4 +1,4 @@
-"""Scoring: the LongBench v1 per-task metrics, and exact match for the synthetic tasks.
+"""Scoring: the LongBench v1 per-task metrics, and exact match for the synthetic retrieval tasks.
 
 Every metric takes ``(prediction, ground_truth, **kwargs)`` and returns a float in [0, 1];
 ``score`` takes the maximum over the gold answers and ``aggregate`` reports ``round(100 * mean, 2)``.
@@ -19,11 +19,11 @@ Faithfulness to the published LongBench harness:
   one token (``qa_f1_zh``, ``rouge_l_zh``), and punctuation is every Unicode punctuation character plus the
   ASCII punctuation and full-width ASCII symbols, in place of LongBench's fixed list.
 
-``exact_match`` (the synthetic tasks) compares after normalising both sides (strip, casefold, collapse
-whitespace) and accepts either of two things: the gold equals the prediction's first line, or the gold's
-token sequence occurs contiguously in the prediction's tokens. Tokens are runs of letters/digits/underscore
-and single punctuation marks, so a needle number counts only as a whole word: gold "4321" matches
-"The number is 4321." but not "43210".
+``exact_match`` (the synthetic retrieval tasks; ``lead_summary`` is scored with ``rouge_l``) compares after normalising
+both sides (strip, casefold, collapse whitespace) and accepts either of two things: the gold equals the prediction's
+first line, or the gold's token sequence occurs contiguously in the prediction's tokens. Tokens are runs of
+letters/digits/underscore and single punctuation marks, so a needle number counts only as a whole word: gold "4321"
+matches "The number is 4321." but not "43210".
 """
 
 from __future__ import annotations
@@ -341,9 +341,10 @@ def length_bin(length: int) -> str:
 
 
 def distractor_values(task: Task) -> set[str]:
-    """The numbers of a task's distractor needles (generated niah_multikey tasks; empty for other tasks and for
-    records written before needles carried their value), so a wrong answer can be told apart: another needle's
-    whole number (the wrong key matched) or something else (digits mixed from several needles, cut short)."""
+    """The numbers of a task's distractor needles (generated niah_multikey, niah_none and open_question tasks; empty for
+    other tasks and for records written before needles carried their value), so a wrong answer can be told apart:
+    another needle's whole number (the wrong key matched) or something else (digits mixed from several needles, cut
+    short)."""
     needles = task.meta.get("needles")
     if not isinstance(needles, list):
         return set()

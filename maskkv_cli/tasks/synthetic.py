@@ -1,4 +1,4 @@
-"""Synthetic long-context retrieval tasks (RULER style) and LongBench JSONL input/output.
+"""Synthetic long-context retrieval tasks (RULER style); their JSONL input and output is ``tasks/taskio.py``.
 
 Task families (``KINDS``):
 
@@ -23,7 +23,7 @@ of the packaged corpus: that is the "find the fact in a real document" setting. 
 their ``dataset`` and record ``meta["haystack"] == "user"``.
 
 Generation is deterministic: task ``i`` depends only on ``(kind, seed, i, length, haystack,
-count_tokens)``, so asking for more tasks keeps the first ones unchanged. Numbers and variable names that
+count_tokens, distractors)``, so asking for more tasks keeps the first ones unchanged. Numbers and variable names that
 already occur in the haystack are never used, so every needle sentence occurs exactly once.
 
 Lengths: ``length`` is a target for the whole context measured with ``count_tokens`` (whitespace words by
@@ -418,7 +418,8 @@ def generate_tasks(
 
     ``haystack``: paragraphs of a user's document to hide the needles in (default: the packaged corpus).
     ``count_tokens``: the length measure (default: whitespace words).
-    ``distractors``: niah_multikey's needles for other keys (RULER's multikey task: 3).
+    ``distractors``: needles for other keys (niah_multikey and niah_none: that many; open_question: up to that
+    many; RULER's multikey task: 3).
     """
     if kind not in KINDS:
         raise ValueError(f"unknown task kind {kind!r}; expected one of {', '.join(KINDS)}")

@@ -39,7 +39,7 @@ class TrainConfig:
     full_mask: float = 0.0  # probability of masking the whole answer region of an example
     position_window: int | None = None  # PoSE-style skips: positions spread over this many (None = contiguous)
     mix: dict[str, float] = field(default_factory=lambda: {"niah_single": 0.5, "niah_multikey": 0.5})
-    # niah_multikey training examples draw their number of distractor needles from this range (the evaluation
+    # training examples of the kinds with distractors draw their number of them from this range (the evaluation
     # keeps the benchmark's NUM_DISTRACTORS)
     distractors: tuple[int, int] = (NUM_DISTRACTORS, NUM_DISTRACTORS)
     # haystack sources (``tasks/sources.py``) and their weights; the default, the package corpus alone, draws no

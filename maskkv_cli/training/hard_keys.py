@@ -2,7 +2,7 @@
 
 The tiny model's wrong answers to absent keys are, as a rule, the number of one particular other key ("drum" read
 as "flag", "planet" as "letter"): a confusion between two key words, the same whichever text and length they come
-in. A twin with a uniformly drawn absent key meets a given pair of the 100 key words about once in a few hundred
+in. A twin with a uniformly drawn absent key meets a given pair of the 102 key words about once in a few hundred
 steps, so those pairs are seldom trained. ``absent_confusion`` measures every ordered pair on short texts, and
 ``pick_absent_key`` draws the twin's key in proportion to how strongly the model confuses it with the keys that are
 present (with a floor, so every key keeps being drawn).

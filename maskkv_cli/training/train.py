@@ -263,7 +263,8 @@ def install_model(folder: Path, gen_length: int | None = None, window: int | Non
                   target: Path | None = None) -> Path:
     """Copy a trained model into the package as the embedded default, with its generation defaults
     (``gen_length`` defaults to the answer region the model was trained with) and its window
-    (``max_sequence_length``; default twice the longest training context). ``summary_length``: the answer region
+    (``max_sequence_length``; default twice the longest training context where ``training.json`` says it, else the
+    model's own). ``summary_length``: the answer region
     of its lead summaries, which ``summarize`` then generates (recorded as ``summary_length``), decoded in blocks
     of ``summary_block`` tokens when it was trained so (``summary_block_length``). ``target``: another folder
     to lay the model out in, exactly as it would be embedded (to evaluate a candidate before installing it)."""
