@@ -2,7 +2,7 @@
 
 The tasks come from one of two places:
 
-- generated (``tasks.generate_tasks``) once per (kind, target length) with the model's tokenizer as the length
+- generated (``tasks.synthetic.generate_tasks``) once per (kind, target length) with the model's tokenizer as the length
   measure, hidden in the packaged corpus or in the paragraphs of a user's document (``haystack``);
 - read from a JSONL file (LongBench's published format, or our own export, ``maskkv bench tasks``): records are
   grouped by their ``dataset`` (and by target length for exported synthetic tasks) and the first ``samples``

@@ -47,7 +47,7 @@ class TaskGroup:
 class TaskSource:
     """Where the tasks come from, for the settings and the row keys."""
 
-    kind: str  # "corpus", "haystack" or "file"
+    kind: str  # "corpus", "haystack", "source" or "file"
     name: str  # file name, or "" for the corpus
     digest: str  # sha256 of the file's bytes (or "")
 

@@ -13,7 +13,8 @@ from maskkv_cli.runtime.allocator import configure_once
 
 app = typer.Typer(
     name="maskkv",
-    help="Ask, summarize and profile long documents with diffusion LLMs (LLaDA) whose prompt KV cache is "
+    help="Ask, summarize and profile long documents with diffusion LLMs (LLaDA, Dream, LLaDA2, DiffusionGemma) "
+    "whose prompt KV cache is "
     "compressed with MaskKV.",
     no_args_is_help=True,
     add_completion=False,
@@ -65,8 +66,8 @@ def _register() -> None:
 
     bench_app = typer.Typer(
         help="Benchmarks: speed (no cache vs full cache vs MaskKV over prompt lengths), prefill peak memory, the peak "
-        "memory of loading (quantized or not), and answer quality under eviction (with its tasks exported as "
-        "LongBench JSONL).",
+        "memory of loading (quantized or not), a document's stored cache reused across questions, and answer "
+        "quality under eviction (with its tasks exported as LongBench JSONL).",
         no_args_is_help=True,
     )
     bench_app.command()(speed)

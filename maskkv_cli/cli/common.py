@@ -1,5 +1,5 @@
-"""What every command shares: the one place errors become messages (``guarded``), notes, the generation and cache
-settings built from the options, the one-line run statistics."""
+"""What every command shares: the one place errors become messages (``guarded``), notes, the one-line run
+statistics (the generation and cache settings built from the options are ``cli/run_options.py``)."""
 
 from __future__ import annotations
 

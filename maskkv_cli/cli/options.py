@@ -91,9 +91,11 @@ RatioOpt = Annotated[float | None, ratio_option(
 GenLengthOpt = Annotated[int | None, gen_length_option(
     "Response tokens to generate [default: the model's, else 128].", "-n", show_default=False)]
 StepsOpt = Annotated[int | None, steps_option(
-    "Denoising steps in all, split evenly over blocks [default: gen length].", show_default=False)]
+    "Denoising steps in all, split evenly over blocks [default: the model's; with --gen-length, one per token].",
+    show_default=False)]
 BlockOpt = Annotated[int | None, block_length_option(
-    "Tokens per semi-autoregressive block [default: 32].", show_default=False)]
+    "Tokens per semi-autoregressive block [default: the model's, else 32, or one block where 32 does not divide "
+    "the length].", show_default=False)]
 TemperatureOpt = Annotated[float, typer.Option("--temperature", "-t", help="0 = greedy (argmax).")]
 ThresholdOpt = Annotated[float | None, typer.Option(
     "--threshold", help="Parallel decoding: commit every masked token of the block with confidence above this "
@@ -101,7 +103,8 @@ ThresholdOpt = Annotated[float | None, typer.Option(
 CfgOpt = Annotated[float, typer.Option("--cfg", help="Classifier-free guidance scale (0 = off).")]
 RemaskOpt = Annotated[str, typer.Option("--remasking", help="low_confidence or random.")]
 DeviceOpt = Annotated[str, device_option("cpu, cuda, cuda:1, ... (auto: cuda if available).")]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto (bf16 on GPU, fp32 on CPU), bf16, fp16, fp32.")]
+DtypeOpt = Annotated[str, typer.Option(
+    "--dtype", help="auto (bf16 on a GPU, and on the CPU with int4 weights; else fp32), bf16, fp16, fp32.")]
 SeedOpt = Annotated[int, seed_option("Random seed (sampling noise, random policy).")]
 JsonOpt = Annotated[bool, json_option("Print machine-readable JSON only.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", help="No progress display and no notes.")]
@@ -222,7 +225,8 @@ ServeBatchOpt = Annotated[str, batch_size_option(
     "auto (as many window-long prompts as fit free memory by the memory model, at most 1 + --queue); 1: one "
     "request at a time. DiffusionGemma runs each request's passes alone.")]
 AskBatchOpt = Annotated[str, batch_size_option(
-    "Questions (and parts of a long document) denoised together in one forward: a number, or auto (the most that "
+    "Questions (two or more, with the parts of a long document) denoised together in one forward: a number, or "
+    "auto (the most that "
     "fit free memory by the memory model; 1 where a batch would share too little of their work: long prompts, "
     "short answers). Each answer is the one it gets alone.")]
 

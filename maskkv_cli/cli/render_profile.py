@@ -1,4 +1,5 @@
-"""Pictures of a ``ProfileReport``: Rich renderables for the terminal, a matplotlib PNG, a self-contained HTML.
+"""Pictures of a ``ProfileReport``: Rich renderables for the terminal and a matplotlib PNG (the HTML page is
+``render_html.py``).
 
 The numbers come from ``maskkv_cli.reports.profile_report``; this module only draws them. Colours come from one
 fixed ramp (viridis, 9 steps) everywhere; a terminal without colours gets the same levels as characters (``.:-=+*#%@``).

@@ -1,6 +1,7 @@
 """``MaskKVLM``: maskkv as an lm-evaluation-harness model (``--model maskkv``).
 
-Model args (``--model_args key=value,...``): ``model`` (checkpoint folder; default the embedded tiny model), every
+Model args (``--model_args key=value,...``): ``model`` (checkpoint folder; default as the commands choose it:
+MASKKV_MODEL, the config file, else the embedded tiny model), every
 shared run setting by its name (``run_settings.RunSettings``: ``policy``, ``budget`` or ``ratio``,
 ``layer_budgets``, ``steps`` (per answer; default one token per step), ``block_length`` (default 32),
 ``remasking``, ``threshold``, ``cfg``, ``alg``, ``top_p``, ``top_k``, LLaDA2's ``editing_threshold`` and
@@ -87,7 +88,7 @@ def cut_at_stops(text: str, until: Any) -> str:
 
 @register_model("maskkv")
 class MaskKVLM(LM):
-    """A diffusion LM (LLaDA or Dream) whose prompt K/V cache is kept by a maskkv policy."""
+    """A diffusion LM (any family maskkv loads) whose prompt K/V cache is kept by a maskkv policy."""
 
     def __init__(self, model: str | None = None, device: str | None = None, dtype: str | None = None,
                  quantize: str | None = None, max_gen_toks: Any = DEFAULT_MAX_GEN_TOKS, mc_samples: Any = 32,

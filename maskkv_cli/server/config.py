@@ -17,12 +17,12 @@ MIB = 1 << 20
 @dataclass(frozen=True)
 class ServerConfig:
     api_key: str | None = None  # when set, every /v1 request must carry it as a Bearer token
-    queue: int = 8  # requests that may wait behind the running one; more get 429
+    queue: int = 8  # requests that may wait behind the running ones; more get 429
     timeout_s: float = 300.0  # a request's time limit, waiting in the queue included
     max_body_bytes: int = 1 * MIB  # a JSON request body
     max_upload_bytes: int = 32 * MIB  # a document upload (the multipart body)
     settings: RunSettings = field(default_factory=RunSettings)  # what a request does not say
-    long: str = "truncate"  # a document longer than the window: truncate or rope-scale
+    long: str = "truncate"  # a document longer than the window: truncate, parts or rope-scale
     store_root: Path | None = None  # the document store (default: the one `maskkv ingest` fills)
     batch_size: int | None = 1  # requests whose generations run together; None: as many as fit (auto)
 

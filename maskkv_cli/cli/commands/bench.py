@@ -1,5 +1,5 @@
-"""``maskkv bench speed`` and ``maskkv bench memory``: timings and peak memory, each case in a fresh process
-(registered on ``maskkv bench`` in ``cli/app.py``, with ``bench quality`` and ``bench tasks``).
+"""``maskkv bench speed``, ``memory``, ``loading`` and ``reuse``: timings and peak memory, each case in a fresh
+process (registered on ``maskkv bench`` in ``cli/app.py``, with ``bench quality`` and ``bench tasks``).
 
 Heavy modules (torch, Rich) load inside the commands, so ``maskkv --help`` stays light.
 """
@@ -124,7 +124,7 @@ def speed(
         "--batch-sizes", help="Comma-separated batch sizes, each a case per method: B sequences of the prompt "
         "length (distinct random prompts) generated together, their prefill and later steps each sharing one "
         "forward; reported per batch (tok/s = B x gen length / total) with the ratio to batch 1. Above 1: eager "
-        "steps only, and not for block-causal LLaDA2 shapes (they run one sequence at a time).")] = "1",
+        "steps only, and not for DiffusionGemma shapes (its passes run one sequence at a time).")] = "1",
     repeats: Annotated[int, repeats_option(
         "Run every case this many times, round by round (each round runs every case once), and "
         "report each case's median run; ratios between cases then compare runs spread over the same time.")] = 1,

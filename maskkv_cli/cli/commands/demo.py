@@ -11,13 +11,13 @@ import typer
 from maskkv_cli.cli.common import guarded, one_line_stats
 from maskkv_cli.cli.model_choice import load_session
 from maskkv_cli.cli.options import (
-    BudgetOpt,
     DeviceOpt,
     JsonOpt,
     ModelOpt,
     QuantizeOpt,
     QuietOpt,
     SeedOpt,
+    budget_option,
     length_option,
 )
 from maskkv_cli.defaults import DEFAULT_POLICY
@@ -27,7 +27,8 @@ from maskkv_cli.runtime.fileio import atomic_write_text
 @guarded
 def demo(
     model: ModelOpt = None,
-    budget: BudgetOpt = 16,
+    budget: Annotated[int, budget_option(
+        "Prompt K/V pairs kept per head per layer in the MaskKV run [default: 16].", "-b", show_default=False)] = 16,
     length: Annotated[int, length_option("Document length in tokens.")] = 250,
     seed: SeedOpt = 0,
     device: DeviceOpt = "auto",

@@ -8,7 +8,7 @@ from maskkv_cli.defaults import DEFAULT_POLICY
 
 
 def policies() -> None:
-    """List the KV-cache policies with a two-line description each."""
+    """List the KV-cache policies with a one-line description each."""
     from maskkv_cli.policies.base import REGISTRY, policy_names
 
     for name in policy_names():

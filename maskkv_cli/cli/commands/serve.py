@@ -36,8 +36,8 @@ def serve(
     api_key: Annotated[str | None, typer.Option(
         "--api-key", envvar="MASKKV_API_KEY", help="Require this key on every /v1 request, as `Authorization: "
         "Bearer KEY` (the openai client's api_key).", show_default=False)] = None,
-    queue: Annotated[int, typer.Option("--queue", min=0, help="Requests that may wait while one runs; more are "
-                                       "refused with 429 and Retry-After.")] = 8,
+    queue: Annotated[int, typer.Option("--queue", min=0, help="Requests that may wait while the running ones "
+                                       "run; more are refused with 429 and Retry-After.")] = 8,
     timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="A request's time limit in seconds, waiting "
                                            "in the queue included (then 504).")] = 300.0,
     max_body_mb: Annotated[float, typer.Option("--max-body-mb", min=0.001, help="Largest JSON request body, MiB "
@@ -51,7 +51,8 @@ def serve(
 ) -> None:
     """Serve the model over HTTP with OpenAI's chat completions API, for the documents in the store: the openai
     client, editors and agents can ask them, and the page at / asks them in a browser. The options below set
-    what a request does not (a request's `maskkv` object may give policy, budget, threshold and documents).
+    what a request does not (a request's `maskkv` object may give policy, budget or ratio, layer budgets,
+    threshold, long and documents).
 
     Examples:
 
