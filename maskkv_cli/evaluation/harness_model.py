@@ -1,16 +1,15 @@
 """``MaskKVLM``: maskkv as an lm-evaluation-harness model (``--model maskkv``).
 
 Model args (``--model_args key=value,...``): ``model`` (checkpoint folder; default as the commands choose it:
-MASKKV_MODEL, the config file, else the embedded tiny model), every
-shared run setting by its name (``run_settings.RunSettings``: ``policy``, ``budget`` or ``ratio``,
-``layer_budgets``, ``steps`` (per answer; default one token per step), ``block_length`` (default 32),
-``remasking``, ``threshold``, ``cfg``, ``alg``, ``top_p``, ``top_k``, LLaDA2's ``editing_threshold`` and
-``max_post_steps``, ``seed``), ``device``, ``dtype``, ``quantize`` (none, int8, int4: the weights'
-quantization; default ``MASKKV_QUANTIZE`` or the config file's, else none), ``max_gen_toks``
-(for requests that name none), ``mc_samples`` and ``mc_batch`` (log-likelihood estimate), ``stats_dir`` (where
-the per-request statistics go), ``batch_size`` (``generate_until`` requests denoised together: a number, or
-``auto``, the default: the most that fit free memory by the memory model, at most ``max_batch_size``; the
-harness's own ``--batch_size`` arrives here too).
+MASKKV_MODEL, the config file, else the embedded tiny model), every shared run setting by its name
+(``run_settings.RunSettings``: ``policy``, ``budget`` or ``ratio``, ``layer_budgets``, ``steps`` (per answer; default
+one token per step), ``block_length`` (default 32), ``remasking``, ``threshold``, ``cfg``, ``alg``, ``top_p``,
+``top_k``, LLaDA2's ``editing_threshold`` and ``max_post_steps``, ``seed``), ``device``, ``dtype``, ``quantize`` (none,
+int8, int4: the weights' quantization; default ``MASKKV_QUANTIZE`` or the config file's, else none), ``max_gen_toks``
+(for requests that name none), ``mc_samples`` and ``mc_batch`` (log-likelihood estimate), ``stats_dir`` (where the
+per-request statistics go), ``batch_size`` (``generate_until`` requests denoised together: a number, or ``auto``, the
+default: the most that fit free memory by the memory model, at most ``max_batch_size``; the harness's own
+``--batch_size`` arrives here too).
 
 Requests: ``generate_until`` runs the sampler under the cache policy with the request's ``max_gen_toks`` as the
 answer length and cuts the answer at the first of its ``until`` strings; greedy unless the request asks for
