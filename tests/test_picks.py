@@ -12,14 +12,17 @@ from maskkv_cli.sampling.picks import MaskedArgmax, Pick, Scratch, SoftmaxMax, j
 @pytest.mark.parametrize("rule", [MaskedArgmax(5), SoftmaxMax()], ids=["llada", "llada2"])
 @pytest.mark.parametrize(("vocab", "dtype"), [(2048, torch.float32), (126_464, torch.float32),
                                               (126_464, torch.bfloat16)])
-def test_a_joined_pick_equals_each_lanes_own(rule: Pick, vocab: int, dtype: torch.dtype, threads: int) -> None:
-    """Lanes of 1-3 sequences and 1-7 rows, joined as the engine joins them (one tensor split per lane); at 126k
-    tokens the float64 scratch works 4 rows at a time, so joined and alone cut the rows at other places."""
+@pytest.mark.parametrize("shapes", [[(1, 3), (2, 5), (1, 1), (3, 7), (1, 6)], [(1, 3), (1, 1), (1, 7), (1, 6)]],
+                         ids=["mixed", "one-row"])
+def test_a_joined_pick_equals_each_lanes_own(rule: Pick, vocab: int, dtype: torch.dtype,
+                                             shapes: list[tuple[int, int]], threads: int) -> None:
+    """Lanes of 1-3 sequences and 1-7 rows, joined as the engine joins them (one tensor split per lane; lanes of one
+    sequence each are cut in one split); at 126k tokens the float64 scratch works 4 rows at a time, so joined and
+    alone cut the rows at other places."""
     g = torch.Generator().manual_seed(vocab)
-    shapes = [(1, 3), (2, 5), (1, 1), (3, 7), (1, 6)]
     sizes = [b * n for b, n in shapes]
     joined = (torch.randn(1, sum(sizes), vocab, generator=g) * 4).to(dtype)
-    joined[0, 3, 5] = 1e4  # the mask token's logit would win: LLaDA's rule never picks it
+    joined[0, 3, 5] = 1e4  # (lane 1's first row) the mask token's logit would win: LLaDA's rule never picks it
     parts = [p.reshape(*shape, vocab) for p, shape in zip(joined.split(sizes, 1), shapes, strict=True)]
     alone = [pick_one(rule, p.clone(), Scratch()) for p in parts]
     together = pick_lanes(rule, joined_span(parts), sizes, shapes, Scratch())  # type: ignore[arg-type]

@@ -82,6 +82,8 @@ class Picked(NamedTuple):
         return Picked(self.tokens[start:stop].view(shape), self.probs[start:stop].view(shape), conf)
 
     def to(self, device: torch.device) -> Picked:
+        if self.tokens.device == device:
+            return self
         return Picked(*(None if t is None else t.to(device) for t in self))
 
 
@@ -126,6 +128,9 @@ def pick_lanes(pick: Pick, joined: Tensor, sizes: list[int], shapes: list[tuple[
     """``pick`` over the rows of several lanes at once: ``joined`` (..., V) holds their logits back to back,
     ``sizes`` rows each (in order), each lane's picks shaped ``shapes[i]``."""
     flat = pick(joined.reshape(-1, joined.shape[-1]), scratch)
+    if all(len(shape) == 2 and shape[0] == 1 for shape in shapes):  # one-row lanes: each part a (1, n) split
+        parts = [None if t is None else t.view(1, -1).split(sizes, 1) for t in flat]
+        return [Picked(*(None if p is None else p[i] for p in parts)) for i in range(len(sizes))]
     out, start = [], 0
     for size, shape in zip(sizes, shapes, strict=True):
         out.append(flat.rows(start, start + size, shape))
