@@ -110,15 +110,15 @@ class CachedForward(Forward):
     def lane(self, request: StepRequest) -> Lane | None:
         x, rows = request.x, request.rows
         self.batch = x.shape[0]
+        if self.cache is not None:  # a later step: the response rows over the cache
+            if self.runner is not None:
+                return None
+            return StepLane(x[:, self.split :], self.response_rows(rows), self.split, self.cache,
+                            rope_factor=self.plan.rope_factor, tables=self.tables)
         hidden = self.plain_rows(rows)  # sequence index of the hidden state feeding each row
         if not self.policy.uses_cache:
             return StepLane(x, hidden, 0, rope_factor=self.plan.rope_factor, tables=self.tables)
-        if self.cache is None:
-            return self._prefill_lane(x, hidden, x.shape[1] - self.split)
-        if self.runner is not None:
-            return None
-        return StepLane(x[:, self.split :], hidden - self.split, self.split, self.cache,
-                        rope_factor=self.plan.rope_factor, tables=self.tables)
+        return self._prefill_lane(x, hidden, x.shape[1] - self.split)
 
     def after_prefill(self, lane: PrefillLane) -> None:
         if not self.step_options.eager:
@@ -129,16 +129,15 @@ class CachedForward(Forward):
 
     def alone(self, request: StepRequest) -> Tensor:
         assert self.runner is not None
-        hidden = self.plain_rows(request.rows)
-        return self.runner(request.x[:, self.split :], hidden - self.split, request.block_start)
+        return self.runner(request.x[:, self.split :], self.response_rows(request.rows), request.block_start)
 
     def response_rows(self, rows: Tensor) -> Tensor:
         """The rows of the response-only pass (``x[:, split:]``) that feed response positions ``rows``."""
-        return rows + self.prompt_len - self.shift - self.split
+        return rows + (self.prompt_len - self.shift - self.split)
 
     def plain_rows(self, rows: Tensor) -> Tensor:
         """The sequence positions whose hidden states feed response positions ``rows`` (the plain forward)."""
-        return rows + self.prompt_len - self.shift
+        return rows + (self.prompt_len - self.shift)
 
 
 class BlockForward(Forward):
