@@ -47,7 +47,17 @@ def test_cuda_peak_is_reset_and_summed_over_devices(monkeypatch):
     stats.reset_cuda_peaks(devices + [torch.device("cpu")])
     assert reset == ["cuda:0", "cuda:1"]
     assert stats.memory_now(devices) == (15, 37, "cuda")
-    assert stats.memory_now("cpu")[2] == "rss"
+    assert stats.peak_memory(devices) == (37, "cuda")  # the peak alone, as memory_now gives it
+    assert stats.memory_now("cpu")[2] == "rss" and stats.peak_memory("cpu")[1] == "rss"
+
+
+def test_run_stats_as_dict_is_asdicts_with_the_derived_figures():
+    from dataclasses import asdict
+
+    run = stats.RunStats("maskkv", 12, 8, steps_run=3, prefill_s=0.5, step_s=[0.1, 0.3, 0.2], total_s=1.1)
+    d = run.as_dict()
+    assert d == {**asdict(run), "median_step_s": 0.2, "tokens_per_s": 8 / 1.1, "compression": 1.0}
+    assert d["step_s"] is not run.step_s  # a copy: the row does not change with the stats
 
 
 def test_generation_resets_the_cuda_peak(tiny_model, monkeypatch):

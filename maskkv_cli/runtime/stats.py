@@ -6,7 +6,7 @@ import os
 import resource
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -50,15 +50,27 @@ def peak_rss_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
+def _cuda_devices(device: torch.device | str | list[torch.device]) -> list[torch.device]:
+    devices = [torch.device(d) for d in (device if isinstance(device, list) else [device])]
+    return list(dict.fromkeys(d for d in devices if d.type == "cuda"))
+
+
 def memory_now(device: torch.device | str | list[torch.device]) -> tuple[int, int, str]:
     """(current, peak, what) bytes: CUDA allocator figures on a GPU (summed over the CUDA devices of a list, e.g.
     a model's ``layer_devices``), process RSS otherwise."""
-    devices = [torch.device(d) for d in (device if isinstance(device, list) else [device])]
-    cuda = list(dict.fromkeys(d for d in devices if d.type == "cuda"))
+    cuda = _cuda_devices(device)
     if cuda:
         return (sum(torch.cuda.memory_allocated(d) for d in cuda),
                 sum(torch.cuda.max_memory_allocated(d) for d in cuda), "cuda")
     return rss_bytes(), peak_rss_bytes(), "rss"
+
+
+def peak_memory(device: torch.device | str | list[torch.device]) -> tuple[int, str]:
+    """(peak, what): ``memory_now``'s peak alone, without reading the current figure."""
+    cuda = _cuda_devices(device)
+    if cuda:
+        return sum(torch.cuda.max_memory_allocated(d) for d in cuda), "cuda"
+    return peak_rss_bytes(), "rss"
 
 
 def reset_peak(device: torch.device | str) -> bool:
@@ -85,7 +97,7 @@ def read_current(device: torch.device | str) -> int:
 
 def read_peak(device: torch.device | str) -> int:
     """Peak bytes since the last ``reset_peak`` (``memory_now``'s second figure)."""
-    return int(memory_now(device)[1])
+    return int(peak_memory(device)[0])
 
 
 def reset_cuda_peaks(devices: list[torch.device]) -> None:
@@ -137,8 +149,14 @@ class RunStats:
         return self.kv_full_bytes / self.kv_bytes if self.kv_bytes else 1.0
 
     def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        """Every field (``dataclasses.asdict``'s dict: plain values, the step times a copy) and the figures derived
+        from them, built field by field (asdict walks every step time through its recursive copy)."""
+        d = {name: getattr(self, name) for name in _RUN_STATS_FIELDS}
+        d["step_s"] = list(self.step_s)
         d["median_step_s"] = self.median_step_s
         d["tokens_per_s"] = self.tokens_per_s
         d["compression"] = self.compression
         return d
+
+
+_RUN_STATS_FIELDS = tuple(f.name for f in fields(RunStats))

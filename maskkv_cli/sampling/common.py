@@ -20,7 +20,7 @@ from maskkv_cli.errors import UsageError
 from maskkv_cli.models.base import kv_bytes_per_token
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.models.quantize import held_bytes, quantization_of
-from maskkv_cli.runtime.stats import RunStats, memory_now, model_devices, now, reset_cuda_peaks
+from maskkv_cli.runtime.stats import RunStats, model_devices, now, peak_memory, reset_cuda_peaks
 from maskkv_cli.sampling.forward import CachedForward, Forward
 from maskkv_cli.sampling.picks import Scratch
 
@@ -65,13 +65,14 @@ def masked_sequence(model: DiffusionLM, prompt: Tensor, gen_length: int) -> tupl
     return torch.cat([prompt, masks], 1), m
 
 
-def open_positions(masked: Tensor) -> tuple[Tensor, Tensor | None]:
-    """Of ``masked`` (B, n) (which positions of each row are masks): the positions still masked in some row (those
-    whose logits a step needs), and which of them are still masks in each row, None for one row (all of them)."""
+def open_positions(masked: Tensor, positions: Tensor) -> tuple[Tensor, Tensor | None]:
+    """Of ``masked`` (B, n) (which positions of each row are masks; ``positions`` (n,): the response position of
+    each column, ascending): the positions still masked in some row (those whose logits a step needs), and which of
+    them are still masks in each row, None for one row (all of them)."""
     if masked.shape[0] == 1:
-        return torch.nonzero(masked[0]).flatten(), None
-    rows = torch.nonzero(masked.any(0)).flatten()
-    return rows, masked[:, rows]
+        return positions[masked[0]], None
+    some = masked.any(0)
+    return positions[some], masked[:, some]
 
 
 def still_only(conf: Tensor, still: Tensor | None) -> Tensor:
@@ -118,7 +119,7 @@ class StepMeter:
         stats.setup_s = forward.setup_s
         stats.total_s = now(self.device) - self.start - forward.setup_s
         stats.steps_run = self.steps
-        _, stats.peak_mem_bytes, stats.mem_kind = memory_now(model_devices(self.model))
+        stats.peak_mem_bytes, stats.mem_kind = peak_memory(model_devices(self.model))
         if forward.cache is not None:
             stats.kv_entries = forward.cache.logical_entries()
             stats.kv_bytes = forward.cache.prompt_nbytes()
@@ -147,6 +148,8 @@ class Denoising:
         self.token_probs = torch.full((self.x.shape[0], gen_length), float("nan"), dtype=torch.float64,
                                       device=self.device)
         self.scratch = Scratch()  # loops stepping together are given one to share (``stream.py``)
+        # each row's response and token probabilities as 1-D views: a commit writes them with one index_put each
+        self._row_views = [(self.x[b, self.m :], self.token_probs[b]) for b in range(self.x.shape[0])]
 
     def commit(self, rows: Tensor, commit: Tensor, x0: Tensor, chosen_prob: Tensor, t0: float, block: int,
                n_blocks: int) -> None:
@@ -163,13 +166,14 @@ class Denoising:
         position is no longer a mask, ``still`` as ``open_positions`` gives it), written at topk's indices directly
         instead of through a mask over every open position."""
         committed = 0
-        for b, (k, left) in enumerate(zip(counts, still_counts(still, conf.shape[1]), strict=True)):
+        lefts = still_counts(still, conf.shape[1])
+        for b, (k, left, (response, probs)) in enumerate(zip(counts, lefts, self._row_views, strict=True)):
             k = min(k, left)
             if k:
                 chosen = conf[b].topk(k).indices
-                at = rows[chosen]
-                self.x[b, self.m + at] = x0[b, chosen]
-                self.token_probs[b, at] = chosen_prob[b, chosen]
+                at = rows.index_select(0, chosen)
+                response.index_put_((at,), x0[b].index_select(0, chosen))
+                probs.index_put_((at,), chosen_prob[b].index_select(0, chosen))
                 committed += k
         self.meter.step(t0, self.x, committed, block, n_blocks)
 

@@ -41,7 +41,7 @@ from maskkv_cli.errors import UsageError
 from maskkv_cli.models.diffusion_gemma import DiffusionGemma, PromptCache
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.models.quantize import held_bytes, quantization_of
-from maskkv_cli.runtime.stats import RunStats, memory_now, model_devices, now, reset_cuda_peaks
+from maskkv_cli.runtime.stats import RunStats, model_devices, now, peak_memory, reset_cuda_peaks
 from maskkv_cli.sampling.common import Event, GenerationResult
 from maskkv_cli.sampling.diffusion_gemma_forward import CompressingForward
 from maskkv_cli.sampling.diffusion_gemma_kv import Compression, EncodedPrompt, encode_prompt
@@ -328,7 +328,7 @@ class GemmaRun:
         stats.total_s = now(self.model.device) - self.start
         stats.steps_run = self.steps
         stats.gen_length = n
-        _, stats.peak_mem_bytes, stats.mem_kind = memory_now(model_devices(self.model))
+        stats.peak_mem_bytes, stats.mem_kind = peak_memory(model_devices(self.model))
         stats.kv_entries, stats.kv_bytes = forward.kv_entries, forward.kv_bytes
         stats.kv_full_bytes = full_cache_bytes(self.model, self.prompt.shape[1])  # type: ignore[arg-type]
         stats.weights_bytes, stats.quantization = held_bytes(self.model), quantization_of(self.model)

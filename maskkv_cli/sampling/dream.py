@@ -169,9 +169,10 @@ def dream_loop(run: Denoising, gen: DreamGenerationConfig) -> Loop:
     timesteps = torch.linspace(1, gen.eps, gen.steps + 1, dtype=torch.float64)
     # greedy: the driver picks each row's token with the batch's other rows (``sample_tokens`` at temperature 0)
     pick = DreamGreedy(run.mask_id, gen.alg, gen.top_p, gen.top_k) if gen.temperature == 0 else None
+    response, positions = x[:, m:], torch.arange(gen.gen_length, device=device)
     for i in range(gen.steps):
         t0 = now(device)
-        rows, still = open_positions(x[:, m:] == run.mask_id)  # still masked in some row; and in each row
+        rows, still = open_positions(response == run.mask_id, positions)  # still masked in some row; in each row
         if len(rows) == 0:  # every position committed (read with the rows: one device sync, not two)
             break
         reply = yield StepRequest(x, rows, pick=pick)  # (B, n, V) logits, or the greedy picks

@@ -134,7 +134,8 @@ def llada_loop(run: Denoising, gen: GenerationConfig) -> Loop:
     pick = MaskedArgmax(mask_id) if gen.temperature == 0 and gen.cfg_scale == 0 else None
     for blk in range(gen.n_blocks):
         lo, hi = blk * gen.block_length, (blk + 1) * gen.block_length
-        block_masked = x[:, m + lo : m + hi] == mask_id  # (B, block)
+        block, positions = x[:, m + lo : m + hi], torch.arange(lo, hi, device=device)  # (B, block), its positions
+        block_masked = block == mask_id
         schedules = [transfer_schedule(int(c), gen.steps_per_block) for c in block_masked.sum(1)]
         j = 0
         while True:
@@ -142,8 +143,7 @@ def llada_loop(run: Denoising, gen: GenerationConfig) -> Loop:
                 break
             t0 = now(device)
             # the block's positions whose logits are needed, and which of them are still masks in each row
-            open_rows, still = open_positions(x[:, m + lo : m + hi] == mask_id)
-            rows = lo + open_rows  # as response positions
+            rows, still = open_positions(block == mask_id, positions)  # as response positions
             if len(rows) == 0:  # the block is done (read with the rows: one device sync, not two)
                 break
             xin = x
