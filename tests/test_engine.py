@@ -267,6 +267,8 @@ def test_a_dense_layer_keeps_the_prefills_own_keys_and_values():
     assert owned.k is k and owned.v is v
     assert torch.equal(copied.k[:, :, m:], torch.zeros(1, 2, n, 8))  # a copied layer's slot starts as zeros
     assert torch.equal(owned.lengths, copied.lengths)
+    for layer in (owned, copied):  # counted from the shapes, as the kept lengths count them
+        assert layer.logical_entries() == int(layer.lengths.sum()) == 2 * m
     step_k, step_v = (torch.randn(1, 2, n, 8, generator=g) for _ in range(2))
     for layer in (owned, copied):
         layer.write_response(step_k, step_v)

@@ -102,6 +102,10 @@ class DenseLayer(LayerCache):
 
     kind = "dense"
 
+    def logical_entries(self) -> int:
+        """Every head keeps every prompt slot (``lengths`` holds the slot count), with no residual entry."""
+        return self.lengths.numel() * self.prompt_slots
+
 
 class EvictedLayer(LayerCache):
     """Each head's own kept entries (``positions``), padded to the longest head under ``bias``."""
