@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -17,6 +18,7 @@ from maskkv_cli.engine.prefill import join_rows
 from maskkv_cli.engine.prefix import compute_prefix
 from maskkv_cli.errors import UsageError
 from maskkv_cli.kv.prefix import PrefixStore
+from maskkv_cli.models.catalog import is_embedded_model
 from maskkv_cli.models.checkpoint import ModelFolder
 from maskkv_cli.models.config import read_model_defaults
 from maskkv_cli.models.families import family
@@ -106,6 +108,12 @@ class Session:
         # Where generations run: None, here; a ``GenerationService``, in its thread with the other threads' ones
         # (``maskkv serve`` with a batch size above 1).
         self.engine: GenerationService | None = None
+
+    @functools.cached_property
+    def embedded(self) -> bool:
+        """Whether the model is the tiny one shipped in the package (``models.catalog.is_embedded_model``), resolved
+        once: what the empty-answer note says depends on it."""
+        return is_embedded_model(self.model_path)
 
     @property
     def window(self) -> int:

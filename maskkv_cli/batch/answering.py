@@ -46,14 +46,13 @@ def answer_job(session: Any, text: str, question: str, settings: AnswerSettings)
     run statistics and notes.
     """
     from maskkv_cli.app.pipeline import answer_row, ask
-    from maskkv_cli.models.catalog import is_embedded_model
 
     run = run_settings(settings)
     gen, cache = run.generation(session.generation_defaults), run.cache()
     use_settings(session, run)
     answer = ask(session, text, question, gen, cache, long=settings.long)
     notes = [m for m in (answer.fitted.rule, *answer.notes) if m]
-    return {**answer_row(answer, is_embedded_model(session.model_path), question), "notes": notes}
+    return {**answer_row(answer, session.embedded, question), "notes": notes}
 
 
 def answer_jobs(session: Any, texts: dict[str, str], messages: list[dict[str, Any]],
@@ -62,7 +61,6 @@ def answer_jobs(session: Any, texts: dict[str, str], messages: list[dict[str, An
     included, denoised up to the batch size at a time; None: the most that fit by the memory model); each job's
     fields are those ``answer_job`` gives it alone, plus the batch size used."""
     from maskkv_cli.app.pipeline import answer_row, ask_many, batch_size_for
-    from maskkv_cli.models.catalog import is_embedded_model
 
     settings = AnswerSettings(**messages[0]["settings"])
     run = run_settings(settings)
@@ -71,7 +69,7 @@ def answer_jobs(session: Any, texts: dict[str, str], messages: list[dict[str, An
     items = [(texts[m["document_sha"]], m["question"]) for m in messages]
     size, why = batch_size_for(session, items, gen, cache, settings.long, batch_size)
     answers = ask_many(session, items, gen, cache, long=settings.long, batch_size=size)
-    embedded = is_embedded_model(session.model_path)
+    embedded = session.embedded
     rows = []
     for (_, question), answer in zip(items, answers, strict=True):
         notes = [m for m in (answer.fitted.rule, *answer.notes) if m]

@@ -167,7 +167,6 @@ class Server:
     """The routes' shared state: the session, the store, the runner, the settings."""
 
     def __init__(self, session: Session, config: ServerConfig) -> None:
-        from maskkv_cli.models.catalog import is_embedded_model
 
         self.session = session
         self.config = config
@@ -177,7 +176,7 @@ class Server:
             session.engine = GenerationService(session.model, self.batch_size)
         self.runner = Runner(config.queue, config.timeout_s, workers=self.batch_size)
         self.model = model_id(session.model_path, quantization_of(session.model))
-        self.embedded = is_embedded_model(session.model_path)
+        self.embedded = session.embedded
         self.page = page_html()
         self.ingesting = anyio.CapacityLimiter(2)  # PDF parsing at once: the rest of the uploads wait
 

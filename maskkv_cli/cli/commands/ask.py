@@ -84,9 +84,8 @@ def ask(
                     note_once(message, quiet, as_json)
         results = list(zip(qs, answers, strict=True))
     from maskkv_cli.app.pipeline import answer_row
-    from maskkv_cli.models.catalog import is_embedded_model
 
-    embedded = is_embedded_model(session.model_path)
+    embedded = session.embedded
     spans = doc.page_spans()
     rows = [{"question": q, **answer_row(a, embedded, q, spans), "policy": cache.policy} for q, a in results]
     if as_json:

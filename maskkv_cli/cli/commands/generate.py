@@ -52,9 +52,8 @@ def generate(
     for message in answer.notes:
         note_once(message, quiet, as_json)
     stats = answer.result.stats
-    from maskkv_cli.models.catalog import is_embedded_model
 
-    embedded = is_embedded_model(session.model_path)
+    embedded = session.embedded
     if as_json:
         from maskkv_cli.app.pipeline import confidence_fields
 

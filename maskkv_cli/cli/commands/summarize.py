@@ -98,9 +98,8 @@ def summarize(
             final = ask_live(session, source, part_instruction(length), final_gen, cache, "truncate", live)
         final = replace(final, text=trim_summary(final.text, length, source, used_every_token(session, final)))
     from maskkv_cli.app.pipeline import confidence_fields
-    from maskkv_cli.models.catalog import is_embedded_model
 
-    embedded = is_embedded_model(session.model_path)
+    embedded = session.embedded
     show_parts = len(summaries) > 1 and adds_nothing(final.text, written)
     notes = _notes(length, lead, show_parts, final_tokens < summary_tokens(length, 8), embedded)
     if as_json:
