@@ -21,6 +21,10 @@ For the ``batch N`` configurations the report adds the limit line of the model's
 with the run's generation settings and budget, no sampler, no bookkeeping), timed three times right before and
 three times right after each run of the configuration (their median): as jobs per minute (the median of the
 rounds) and measured / limit (the median of each round's limit over that round's rate).
+
+``--paired N`` adds, for each ``batch N``, the engine's part of a run against the limit line in N pairs of timings
+a fraction of a second apart (``BatchLimits.paired``): on a host whose speed drifts by tens of percent within
+minutes, the rounds' measured / limit spreads widely, and pairs that close move together.
 """
 
 from __future__ import annotations
@@ -89,19 +93,49 @@ class BatchLimits:
         for name in names:
             self.seconds(name)  # warm-up
 
-    def seconds(self, name: str) -> list[float]:
-        """Three timings of ``name``'s limit line, in seconds per batch."""
+    def seconds(self, name: str, repeats: int = 3) -> list[float]:
+        """``repeats`` timings of ``name``'s limit line, in seconds per batch."""
         import torch
 
         from maskkv_cli.bench.limit import measure_batch_limit
 
         with torch.no_grad():
             return [measure_batch_limit(self.session.model, self.prompts[name], self.gen, self.budget).total_s
-                    for _ in range(3)]
+                    for _ in range(repeats)]
 
     def rate(self, name: str, timings: list[float]) -> float:
         """Jobs per minute of ``name``'s limit line at the median of ``timings`` (seconds per batch)."""
         return 60 * self.prompts[name].shape[0] / statistics.median(timings)
+
+    def paired(self, name: str, specs: list[JobSpec], settings: AnswerSettings, pairs: int) -> dict[str, object]:
+        """``name``'s groups of jobs answered as a worker answers them (``batch.answering.answer_jobs``, the call
+        the batch runner makes per group, on this session's model), each timed right next to one timing of the
+        limit line: ``pairs`` such pairs (after two warm-up pairs), cycling through the jobs in groups of the batch
+        size. Each pair's two timings lie a fraction of a second apart, so the host's drift moves both; the median
+        of the pairs' ratios is measured / limit for the engine's part of a run (row writing and dispatch left
+        out)."""
+        import hashlib
+        import time
+
+        from maskkv_cli.batch.answering import answer_jobs
+
+        size = self.prompts[name].shape[0]
+        texts = {spec.document: Path(spec.document).read_text() for spec in specs}
+        shas = {doc: hashlib.sha256(text.encode()).hexdigest() for doc, text in texts.items()}
+        by_sha = {shas[doc]: text for doc, text in texts.items()}
+        groups = [[{"question": spec.question, "settings": settings.as_dict(), "document_sha": shas[spec.document]}
+                   for spec in specs[i : i + size]] for i in range(0, len(specs) - size + 1, size)]
+        ratios: list[float] = []
+        for i in range(pairs + 2):
+            started = time.perf_counter()
+            answer_jobs(self.session, by_sha, groups[i % len(groups)], size)
+            engine = time.perf_counter() - started
+            (limit,) = self.seconds(name, repeats=1)
+            if i >= 2:
+                ratios.append(engine / limit)
+        quartiles = statistics.quantiles(ratios, n=4)
+        return {"pairs": pairs, "median": round(statistics.median(ratios), 3),
+                "quartiles": [round(quartiles[0], 3), round(quartiles[2], 3)]}
 
 
 def main() -> None:
@@ -115,6 +149,9 @@ def main() -> None:
                         "maskkv batch runs; runs before 2026-12-06 used maskkv-plus)")
     parser.add_argument("--gen-length", type=int, help="answer tokens of every job, in as many steps, one block "
                         "(default: the model's)")
+    parser.add_argument("--paired", type=int, default=0, metavar="N",
+                        help="after the rounds, time each batch N's groups of jobs (as a worker answers them) against "
+                             "its limit line in N alternating pairs (BatchLimits.paired; default 0: not run)")
     parser.add_argument("--configs", default="local 1,local 2,ray 1,ray 2",
                         help="comma-separated, from: local 1, local 2, ray 1, ray 2, batch N (this process, "
                              "--batch-size N), batch auto (--batch-size auto), local W batch N (W worker processes, "
@@ -192,6 +229,8 @@ def main() -> None:
         summary[name]["limit_jobs_per_minute"] = round(statistics.median(limit), 1)
         summary[name]["measured_over_limit"] = round(statistics.median(
             lim / float(run["jobs_per_minute"]) for lim, run in zip(limit, mine, strict=True)), 3)  # type: ignore
+    for name in sized if args.paired and limits is not None else []:
+        summary[name]["paired_over_limit"] = limits.paired(name, specs, settings, args.paired)  # type: ignore
     report = {"jobs_per_run": len(specs), "rounds": args.rounds, "load_average_after": os.getloadavg(),
               "ray_cluster_start_s": round(ray_start, 2),
               "answers_equal_local_1": same, "summary": summary, "runs": runs, "model": model}
