@@ -58,11 +58,13 @@ def _cuda_devices(device: torch.device | str | list[torch.device]) -> list[torch
 def memory_now(device: torch.device | str | list[torch.device]) -> tuple[int, int, str]:
     """(current, peak, what) bytes: CUDA allocator figures on a GPU (summed over the CUDA devices of a list, e.g.
     a model's ``layer_devices``), process RSS otherwise."""
+    return (current_memory(device), *peak_memory(device))
+
+
+def current_memory(device: torch.device | str | list[torch.device]) -> int:
+    """``memory_now``'s current figure alone."""
     cuda = _cuda_devices(device)
-    if cuda:
-        return (sum(torch.cuda.memory_allocated(d) for d in cuda),
-                sum(torch.cuda.max_memory_allocated(d) for d in cuda), "cuda")
-    return rss_bytes(), peak_rss_bytes(), "rss"
+    return sum(torch.cuda.memory_allocated(d) for d in cuda) if cuda else rss_bytes()
 
 
 def peak_memory(device: torch.device | str | list[torch.device]) -> tuple[int, str]:
@@ -92,7 +94,7 @@ def reset_peak(device: torch.device | str) -> bool:
 
 def read_current(device: torch.device | str) -> int:
     """Bytes in use now (``memory_now``'s first figure)."""
-    return int(memory_now(device)[0])
+    return int(current_memory(device))
 
 
 def read_peak(device: torch.device | str) -> int:
