@@ -109,9 +109,20 @@ class OfflineSelection:
         self.policy, self.layer_budgets, self.prompt_len = policy, layer_budgets, prompt_len
         self.cache = PromptCache(prompt_len, response_slots)
         self.records: list[LayerRecord] = []
+        self._counts: dict[tuple[torch.Size, torch.device], tuple[Tensor, Tensor]] = {}  # dense layers' lengths
 
     def scores(self, view: LayerView) -> Tensor | None:
         return None if self.layer_budgets is None else self.policy.scores(view, self.layer_budgets[view.layer])
+
+    def _dense_counts(self, k: Tensor) -> tuple[Tensor, Tensor]:
+        """The kept-entry counts of a dense layer whose keys are ``k`` (every head keeps the whole prompt), on k's
+        device and on the CPU for its record: made once per shape and device, shared by the layers (read only)."""
+        key = (k.shape[:2], k.device)
+        counts = self._counts.get(key)
+        if counts is None:
+            lengths = torch.full(k.shape[:2], self.prompt_len, dtype=torch.int64, device=k.device)
+            counts = self._counts[key] = (lengths, lengths.cpu())
+        return counts
 
     def needs_mask_queries(self, scores: Tensor | None) -> bool:
         return scores is not None and self.policy.residual_spread > 0
@@ -119,8 +130,9 @@ class OfflineSelection:
     def __call__(self, view: LayerView, q_mask: Tensor | None, scores: Tensor | None, k: Tensor, v: Tensor) -> None:
         response_len = self.cache.response_len
         if self.layer_budgets is None or scores is None:
-            layer = dense_layer(k, v, self.prompt_len, response_len, own=True)  # the prefill's copies, kept
-            self.records.append(LayerRecord(view.layer, self.prompt_len, layer.lengths.cpu(), None, None))
+            lengths, on_cpu = self._dense_counts(k)
+            layer = dense_layer(k, v, self.prompt_len, response_len, own=True, lengths=lengths)  # the prefill's own
+            self.records.append(LayerRecord(view.layer, self.prompt_len, on_cpu, None, None))
         else:
             lb = self.layer_budgets[view.layer]
             layer = select(self.policy, view, q_mask, k, v, scores, lb, response_len)

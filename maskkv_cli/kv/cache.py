@@ -140,12 +140,15 @@ def _buffers(k: Tensor, v: Tensor, slots: int, response_len: int) -> tuple[Tenso
     return kb, vb
 
 
-def dense_layer(k: Tensor, v: Tensor, prompt_len: int, response_len: int, own: bool = False) -> LayerCache:
+def dense_layer(k: Tensor, v: Tensor, prompt_len: int, response_len: int, own: bool = False,
+                lengths: Tensor | None = None) -> LayerCache:
     """Keep every prompt entry of every head (the full prefix cache). ``own``: k and v are the caller's to give
     (nothing else writes them); where they already have the buffers' shape (the prompt, then as many positions as
     the response slot: a ``[prompt ; masks]`` sequence's keys and values) they become the buffers, without a copy,
-    and the response slot holds the masks' entries (finite) until the first step writes the whole slot."""
-    lengths = torch.full(k.shape[:2], prompt_len, dtype=torch.int64, device=k.device)
+    and the response slot holds the masks' entries (finite) until the first step writes the whole slot.
+    ``lengths``: the (B, H_kv) counts, all ``prompt_len``, where the caller has them (read only: layers share it)."""
+    if lengths is None:
+        lengths = torch.full(k.shape[:2], prompt_len, dtype=torch.int64, device=k.device)
     if own and k.shape[2] == v.shape[2] == prompt_len + response_len and k.is_contiguous() and v.is_contiguous():
         return DenseLayer(k, v, prompt_len, lengths)
     kb, vb = _buffers(k, v, prompt_len, response_len)
