@@ -19,7 +19,7 @@ from maskkv_cli.engine.batch_memory import (
     model_geometry,
     parse_batch_size,
 )
-from maskkv_cli.engine.lanes import RopeMemo, StepLane
+from maskkv_cli.engine.lanes import RopeMemo, StepLane, prefill_memo
 from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.engine.step import step_logits
 from maskkv_cli.errors import UsageError
@@ -384,6 +384,23 @@ def test_prefills_join_up_to_the_row_cap_and_long_ones_run_alone(models: dict, l
     assert shared_prefills == [3, 1]  # the three short prompts together, the long one on its own
     for together, job in zip(results, jobs, strict=True):
         assert together.tokens.tolist() == denoise_llada(model, job.prompt, job.gen, job.plan).tokens.tolist()
+
+
+def test_the_prefills_rope_memo_is_bounded_by_bytes_and_shared_per_model(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    """``prefill_memo``: one memo per model; a table larger than its bytes is computed but not kept, and the memo
+    starts afresh when the next table would take it past its bytes."""
+    cpu = torch.device("cpu")
+    assert prefill_memo(tiny_model) is prefill_memo(tiny_model)
+    per_position = 2 * tiny_model.layer_rope(0, torch.arange(1)).cos.numel() * 4  # cos and sin, fp32
+    memo = RopeMemo(kept=8, max_bytes=10 * per_position)
+    big = memo.get(tiny_model, 0, 0, 11, 1.0, cpu)
+    assert memo.get(tiny_model, 0, 0, 11, 1.0, cpu) is not big  # over the bytes: never kept
+    six = memo.get(tiny_model, 0, 0, 6, 1.0, cpu)
+    assert memo.get(tiny_model, 0, 0, 6, 1.0, cpu) is six
+    five = memo.get(tiny_model, 0, 0, 5, 1.0, cpu)  # 11 positions' bytes: the memo starts afresh with it
+    assert memo.get(tiny_model, 0, 0, 5, 1.0, cpu) is five and memo.get(tiny_model, 0, 0, 6, 1.0, cpu) is not six
+    fresh = tiny_model.layer_rope(0, torch.arange(0, 5))
+    assert torch.equal(five.cos, fresh.cos) and torch.equal(five.sin, fresh.sin)
 
 
 def test_a_generations_rope_tables_are_kept_and_equal_fresh_ones(tiny_model) -> None:  # type: ignore[no-untyped-def]

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+from weakref import WeakKeyDictionary
 
 import torch
 from torch import Tensor
@@ -126,25 +127,49 @@ def spans(sizes: Sequence[int]) -> list[tuple[int, int]]:
 
 
 class RopeMemo:
-    """A generation's RoPE tables kept from step to step. Its later steps rotate the same positions each time (the
-    whole response, or the current block until the next one), so each (layer kind, positions, factor) is computed
-    once, by the call that would compute it afresh (the same numbers). Holds at most ``KEPT`` sets (a block-causal
-    generation moves on block by block)."""
+    """RoPE tables kept from call to call: each (layer kind, positions, factor, device) is computed once, by the call
+    that would compute it afresh (the same numbers), then taken from here. A generation keeps one for its later steps,
+    which rotate the same positions each time (the whole response, or the current block until the next one): at most
+    ``kept`` sets (a block-causal generation moves on block by block). The prefills of a model share one
+    (``prefill_memo``), bounded by bytes: prompts of the lengths seen before take their tables from it."""
 
     KEPT = 4
 
-    def __init__(self) -> None:
+    def __init__(self, kept: int = KEPT, max_bytes: int | None = None) -> None:
         self._tables: dict[tuple[object, int, int, float, torch.device], Rope] = {}
+        self.kept, self.max_bytes = kept, max_bytes
+        self._bytes = 0
 
     def get(self, model: DiffusionLM, layer: int, start: int, stop: int, factor: float, device: torch.device) -> Rope:
         """Layer ``layer``'s tables of positions [start, stop) computed on ``device``."""
         key = (model.rope_kind(layer), start, stop, factor, device)
         rope = self._tables.get(key)
         if rope is None:
-            if len(self._tables) >= self.KEPT:
+            rope = model.layer_rope(layer, torch.arange(start, stop, device=device), factor)
+            size = 2 * rope.cos.numel() * rope.cos.element_size()
+            if self.max_bytes is not None and size > self.max_bytes:
+                return rope  # larger than the whole memo: not kept
+            if len(self._tables) >= self.kept or (self.max_bytes is not None and self._bytes + size > self.max_bytes):
                 self._tables.clear()
-            rope = self._tables[key] = model.layer_rope(layer, torch.arange(start, stop, device=device), factor)
+                self._bytes = 0
+            self._tables[key] = rope
+            self._bytes += size
         return rope
+
+
+PREFILL_TABLES = 256  # sets of RoPE tables a model's prefills keep (``prefill_memo``)
+PREFILL_TABLE_BYTES = 4 << 20  # and their bytes at most
+
+_prefill_memos: WeakKeyDictionary[DiffusionLM, RopeMemo] = WeakKeyDictionary()
+
+
+def prefill_memo(model: DiffusionLM) -> RopeMemo:
+    """The RoPE tables a model's prefills share (``RopeMemo``): a lane's tables of its whole sequence, taken by every
+    later prompt of its length (a batch's prompts are many, of few distinct lengths)."""
+    memo = _prefill_memos.get(model)
+    if memo is None:
+        memo = _prefill_memos[model] = RopeMemo(PREFILL_TABLES, PREFILL_TABLE_BYTES)
+    return memo
 
 
 class RowTables:

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from maskkv_cli.engine.chunks import JOIN_ROWS, MLP_CHUNK, QUERY_CHUNK
-from maskkv_cli.engine.lanes import Layout, PrefillLane, RowTables, flat_heads, on_layer, spans
+from maskkv_cli.engine.lanes import Layout, PrefillLane, RowTables, flat_heads, on_layer, prefill_memo, spans
 from maskkv_cli.engine.selection import LayerRecord, LayerSink, OfflineSelection, OnlineSelection, online_budget
 from maskkv_cli.kv.cache import PromptCache
 from maskkv_cli.kv.prefix import PrefixLayer, PrefixStore
@@ -173,8 +173,9 @@ def prefill_lanes(model: DiffusionLM, lanes: Sequence[PrefillLane], mlp_chunk: i
     whole = len(lanes) == 1
     ids = torch.cat([lane.ids[:, lane.first :].reshape(1, -1) for lane in lanes], 1)
     x = model.embed(ids)  # (1, N, d): every lane's rows back to back
+    memo = prefill_memo(model)
     tables = RowTables(model, [(0, lane.ids.shape[1]) for lane in lanes], [lane.first for lane in lanes], heights,
-                       [lane.rope_factor for lane in lanes], ids.device)
+                       [lane.rope_factor for lane in lanes], ids.device, [memo] * len(lanes))
     n_layers = len(model.blocks)
     shifts: list[list[Tensor]] = [[] for _ in lanes]
     joined = joins_queries(lanes, query_chunk)
