@@ -11,6 +11,7 @@ import torch
 from golden_cases import BUDGETS, GOLDEN_DIR, build_models, dream_modes, llada_modes, prompt_ids
 from prompts import TEXTS
 
+import maskkv_cli.sampling.commits as commits
 import maskkv_cli.sampling.driver as driver
 from maskkv_cli.engine.batch_memory import (
     auto_batch_size,
@@ -29,6 +30,7 @@ from maskkv_cli.sampling import DreamOptions, GenerationConfig, SamplerOptions
 from maskkv_cli.sampling.stream import BatchJob, sample_many
 
 shared_prefills: list[int] = []  # lanes per shared prefill, filled by the ``lanes_per_step`` fixture
+joined_commits: list[int] = []  # generations per joined commit (``sampling/commits.py``), filled by it too
 OTHERS = [(0, 1, "Where?"), (1, 2, "What is the special magic number for pear?"), (2, 3, "Who?"), (0, 2, "x"),
           (3, 1, "How many?"), (1, 3, "Why is it so?"), (2, 2, "When")]
 
@@ -52,8 +54,15 @@ def lanes_per_step(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
         shared_prefills.append(len(lanes))
         return prefills(model, lanes)
 
+    def count_commits(group, k):  # type: ignore[no-untyped-def]
+        joined_commits.append(len(group))
+        return commit_joined(group, k)
+
+    commit_joined = commits._commit_joined
+    joined_commits.clear()
     monkeypatch.setattr(driver, "prefill_lanes", count_prefill)
     monkeypatch.setattr(driver, "step_logits", count_steps)
+    monkeypatch.setattr(commits, "_commit_joined", count_commits)
     yield seen
 
 
@@ -105,6 +114,7 @@ def test_golden_cases_alone_in_a_batch_of_eight_and_repeated(models: dict, famil
     assert checked == len(modes) * len(policy_names()) * len(BUDGETS)
     assert max(lanes_per_step) == 8  # steps were shared by eight sequences
     assert max(shared_prefills) >= 4  # and prefills (those of the no-cache policy are plain shared steps)
+    assert max(joined_commits) == 8  # and commits: the repeated job's eight generations in one write
 
 
 def test_sequences_leave_and_join(models: dict, lanes_per_step: list[int]) -> None:

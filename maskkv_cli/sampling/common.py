@@ -129,6 +129,15 @@ class StepMeter:
             self.emit(Event("done", 0, 0, self.steps, 0, 0, stats.total_s))
 
 
+@dataclass(frozen=True)
+class Slab:
+    """Storage that generations stepping together keep their sequences (``tokens``, back to back) and token
+    probabilities (``probs``) in, 1-D each, so that one write reaches all of them (``sampling/commits.py``)."""
+
+    tokens: Tensor
+    probs: Tensor
+
+
 class Denoising:
     """One generation: the sequence ``x`` = ``[prompt ; gen_length masks]`` (prompt length ``m``), the random
     generator, the forward passes and the step meter. The loops read ``x`` and call ``commit`` each step."""
@@ -148,8 +157,22 @@ class Denoising:
         self.token_probs = torch.full((self.x.shape[0], gen_length), float("nan"), dtype=torch.float64,
                                       device=self.device)
         self.scratch = Scratch()  # loops stepping together are given one to share (``stream.py``)
-        # each row's response and token probabilities as 1-D views: a commit writes them with one index_put each
-        self._row_views = [(self.x[b, self.m :], self.token_probs[b]) for b in range(self.x.shape[0])]
+        self.slab: Slab | None = None  # the storage shared with the generations beside it, where it has one
+        self._row_views = self._views()
+
+    def _views(self) -> list[tuple[Tensor, Tensor]]:
+        """Each row's response and token probabilities as 1-D views: a commit writes them with one index_put each."""
+        return [(self.x[b, self.m :], self.token_probs[b]) for b in range(self.x.shape[0])]
+
+    def adopt(self, slab: Slab, start: int, probs_start: int) -> None:
+        """Keep the sequence and the token probabilities in ``slab`` from these offsets on (before the loop starts:
+        it reads ``x`` once)."""
+        x = slab.tokens[start : start + self.x.numel()].view(self.x.shape)
+        x.copy_(self.x)
+        probs = slab.probs[probs_start : probs_start + self.token_probs.numel()].view(self.token_probs.shape)
+        probs.copy_(self.token_probs)
+        self.x, self.token_probs, self.slab = x, probs, slab
+        self._row_views = self._views()
 
     def commit(self, rows: Tensor, commit: Tensor, x0: Tensor, chosen_prob: Tensor, t0: float, block: int,
                n_blocks: int) -> None:

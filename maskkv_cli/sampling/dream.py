@@ -22,6 +22,7 @@ from maskkv_cli.errors import UsageError
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import Policy
 from maskkv_cli.runtime.stats import now
+from maskkv_cli.sampling.commits import TopCommit
 from maskkv_cli.sampling.common import (
     Denoising,
     Event,
@@ -192,4 +193,4 @@ def dream_loop(run: Denoising, gen: DreamGenerationConfig) -> Loop:
         else:
             conf = still_only(conf, still)
             counts = [n if last else int(n * (1 - s / t)) for n in still_counts(still, len(rows))]
-            run.commit_top(rows, conf, still, counts, x0, chosen_prob, t0, 0, 1)
+            yield TopCommit(rows, conf, still, counts, x0, chosen_prob, t0, 0, 1)  # run with the round's others

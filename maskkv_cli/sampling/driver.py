@@ -7,8 +7,10 @@ forward for its engine lane (``sampling/forward.py``), runs the prefill lanes in
 ``engine.prefill.join_rows`` rows (``prefill_groups``; a longer prompt alone) and all step lanes in one step
 (``engine/prefill.py``, ``engine/step.py``), and sends each loop its logits, or, where its request names a greedy
 rule (``StepRequest.pick``), that rule's picks, computed once over the rows of every lane of the run that names the
-same rule (``sampling/picks.py``). ``drive`` runs one generation this way; ``sampling/stream.py`` runs many,
-joining and leaving. A generation's own failure (a progress callback that stops it, say) ends it alone; a failed
+same rule (``sampling/picks.py``). A loop that then commits its most confident positions yields that commit
+(``TopCommit``); ``commit_round`` runs the round's commits together (``sampling/commits.py``) and resumes each loop
+to its next request. ``drive`` runs one generation this way; ``sampling/stream.py`` runs many, joining and
+leaving. A generation's own failure (a progress callback that stops it, say) ends it alone; a failed
 shared forward (out of memory, ...) ends the generations in it.
 """
 
@@ -23,6 +25,7 @@ from maskkv_cli.engine.lanes import PrefillLane, StepLane
 from maskkv_cli.engine.prefill import join_rows, prefill_lanes
 from maskkv_cli.engine.step import step_logits
 from maskkv_cli.models.protocol import DiffusionLM
+from maskkv_cli.sampling.commits import TopCommit, commit_together
 from maskkv_cli.sampling.forward import Forward, Lane, StepRequest
 from maskkv_cli.sampling.picks import Pick, Picked, Scratch, joined_span, pick_lanes, pick_one
 
@@ -30,9 +33,10 @@ if TYPE_CHECKING:
     from maskkv_cli.sampling.common import GenerationResult
 
 # A denoising loop as a generator: it yields what it needs the forward to compute and is sent the logits back (its
-# picks instead when its request names a greedy rule).
+# picks instead when its request names a greedy rule); a loop that commits its most confident positions yields that
+# commit too (``TopCommit``), which the driver runs with the round's others (``sampling/commits.py``), sent nothing.
 Reply = Tensor | Picked
-Loop = Generator[StepRequest, Reply, None]
+Loop = Generator[StepRequest | TopCommit, Reply | None, None]
 
 
 class Run(Protocol):
@@ -51,7 +55,7 @@ class Generation:
         self.index, self.run, self.loop = index, run, loop
         scratch = getattr(run, "scratch", None)  # the loops' shared float64 work (``Scratch``), where they have one
         self.scratch: Scratch = scratch if isinstance(scratch, Scratch) else Scratch()
-        self.request: StepRequest | None = None
+        self.request: StepRequest | TopCommit | None = None
         self.result: GenerationResult | None = None
         self.error: BaseException | None = None
         self.advance(None)
@@ -69,7 +73,7 @@ class Generation:
     def answer(self, logits: Tensor, picked: Picked | None = None) -> None:
         """Send the loop its step's logits, or the picks its request asks for (``picked`` when the driver computed
         them with other lanes' rows), on the device of its sequence (a model spread over devices ends on its last)."""
-        assert self.request is not None
+        assert isinstance(self.request, StepRequest)
         device, pick = self.request.x.device, self.request.pick
         if pick is None:
             self.advance(logits.to(device))
@@ -96,7 +100,7 @@ def _shared_picks(gens: Sequence[Generation], logits: Sequence[Tensor]) -> dict[
     lane do), by position in ``gens``."""
     by_rule: dict[Pick, list[int]] = {}
     for i, gen in enumerate(gens):
-        pick = None if gen.request is None else gen.request.pick
+        pick = gen.request.pick if isinstance(gen.request, StepRequest) else None
         if pick is not None:
             by_rule.setdefault(pick, []).append(i)
     out: dict[int, Picked] = {}
@@ -157,7 +161,7 @@ def step_round(model: DiffusionLM, generations: Sequence[Generation]) -> None:
     prefills: list[tuple[Generation, PrefillLane]] = []
     steps: list[tuple[Generation, Lane]] = []
     for gen in generations:
-        if gen.request is None:
+        if not isinstance(gen.request, StepRequest):
             continue
         try:
             lane = gen.run.forward.lane(gen.request)
@@ -181,6 +185,22 @@ def step_round(model: DiffusionLM, generations: Sequence[Generation]) -> None:
             _together(model, prefill_lanes, group)
     if steps:
         _together(model, step_logits, steps)
+    commit_round(generations)
+
+
+def commit_round(generations: Sequence[Generation]) -> None:
+    """Run the commits the loops yielded after their picks, together (``commit_together``), and resume each loop to
+    its next request."""
+    while True:
+        pending = [gen for gen in generations if isinstance(gen.request, TopCommit)]
+        if not pending:
+            return
+        errors = commit_together([(gen.run, gen.request) for gen in pending])  # type: ignore[misc]
+        for gen, error in zip(pending, errors, strict=True):
+            if error is not None:
+                gen.fail(error)
+            else:
+                gen.advance(None)
 
 
 def drive(model: DiffusionLM, run: Run, loop: Loop) -> GenerationResult:

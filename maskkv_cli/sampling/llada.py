@@ -25,6 +25,7 @@ from maskkv_cli.errors import UsageError
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import Policy
 from maskkv_cli.runtime.stats import now
+from maskkv_cli.sampling.commits import TopCommit
 from maskkv_cli.sampling.common import (
     Denoising,
     Event,
@@ -171,5 +172,5 @@ def llada_loop(run: Denoising, gen: GenerationConfig) -> Loop:
                 counts = [schedules[b][j] for b in range(bsz)]
             else:  # parallel decoding: everything above the threshold, at least one per row
                 counts = [max(1, int((conf[b] > gen.threshold).sum())) for b in range(bsz)]
-            run.commit_top(rows, conf, still, counts, x0, chosen_prob, t0, blk, gen.n_blocks)
+            yield TopCommit(rows, conf, still, counts, x0, chosen_prob, t0, blk, gen.n_blocks)  # run with the round's
             j += 1

@@ -4,7 +4,8 @@ A ``BatchJob`` is one prompt with its generation settings and cache plan. ``samp
 ``batch_size`` of them running: every running loop's request goes into the same round of the engine (the prefills
 of the jobs that join, of any lengths, in joined runs of up to ``engine.prefill.join_rows`` rows, a longer prompt's
 alone; every later step of the families with engine lanes in one shared step), each loop then commits its own
-tokens by its own schedule (its own block, its own count per step, its own random generator); a finished job
+tokens by its own schedule (its own block, its own count per step, its own random generator; the jobs that joined
+together write their commits in one pass, ``sampling/commits.py``); a finished job
 leaves and the next waiting one takes its place. One job alone is the same driver with one generation
 (``sampling.sample``).
 
@@ -24,6 +25,7 @@ from torch import Tensor
 from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.sampling import SamplerOptions, open_generation
+from maskkv_cli.sampling.commits import share_slab
 from maskkv_cli.sampling.common import Event, GenerationResult
 from maskkv_cli.sampling.driver import Generation, step_round
 from maskkv_cli.sampling.llada import GenerationConfig
@@ -90,15 +92,16 @@ def sample_stream(model: DiffusionLM, take: Take, batch_size: int,
         new = take(batch_size - len(active), not active)
         if not new and not active:
             return
+        opened = []
         for index, job in new:
             prompt = job.prompt if job.prompt.dim() == 2 else job.prompt[None]
             try:
-                run, loop = open_generation(model, prompt, job.gen, job.plan, job.on_event,
-                                            job.options if job.options is not None else opts, scratch)
+                opened.append((index, *open_generation(model, prompt, job.gen, job.plan, job.on_event,
+                                                        job.options if job.options is not None else opts, scratch)))
             except Exception as exc:  # noqa: BLE001
                 finish(index, None, exc)
-                continue
-            active.append(Generation(index, run, loop))
+        share_slab([run for _, run, _ in opened])  # before the loops start: their commits can then run together
+        active.extend(Generation(index, run, loop) for index, run, loop in opened)
         step_round(model, active)
         still: list[Generation] = []
         for gen in active:

@@ -1,0 +1,133 @@
+"""The commit step shared by a batch: each generation's most confident still-masked positions written, one pass for
+the generations whose sequences share one storage.
+
+A bidirectional loop (``llada.py``, ``dream.py``) that commits the ``counts`` most confident of its open positions
+yields a ``TopCommit`` once it has its step's picks, instead of writing them itself, and the driver
+(``sampling/driver.py``) runs every commit of the round together (``commit_together``). Generations that join a
+stream together keep their sequences and token probabilities in one ``Slab`` (``share_slab``). Their commits of
+one row each that choose as many of as many open positions run as one: a top-k over their stacked confidences (on
+the CPU a top-k over rows ranks each row exactly as the row alone, ties included; elsewhere each row's own top-k),
+then one ``index_put_`` for every chosen token and one for every probability. Any other commit runs on its own
+(``Denoising.commit_top``). Either way each position gets the token and probability it gets alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from maskkv_cli.sampling.common import Denoising, Slab
+
+
+@dataclass(frozen=True)
+class TopCommit:
+    """A loop's step, picked and ranked, to commit: ``Denoising.commit_top``'s arguments (the ``counts[b]`` most
+    confident still-masked of the open positions ``rows`` of each row, ``conf`` -inf where no longer a mask)."""
+
+    rows: Tensor
+    conf: Tensor
+    still: Tensor | None
+    counts: list[int]
+    x0: Tensor
+    chosen_prob: Tensor
+    t0: float
+    block: int
+    n_blocks: int
+
+    def run_alone(self, run: Denoising) -> None:
+        run.commit_top(self.rows, self.conf, self.still, self.counts, self.x0, self.chosen_prob, self.t0,
+                       self.block, self.n_blocks)
+
+
+def share_slab(runs: Sequence[object]) -> None:
+    """Move the sequences of the one-row ``Denoising`` runs among ``runs`` (generations joining a stream together,
+    not started yet) into one ``Slab`` per device, so that their commits can run together."""
+    by_device: dict[torch.device, list[Denoising]] = {}
+    for run in runs:
+        if isinstance(run, Denoising) and run.x.shape[0] == 1 and run.slab is None:
+            by_device.setdefault(run.x.device, []).append(run)
+    for device, group in by_device.items():
+        if len(group) < 2:
+            continue
+        tokens = torch.empty(sum(r.x.numel() for r in group), dtype=group[0].x.dtype, device=device)
+        probs = torch.empty(sum(r.token_probs.numel() for r in group), dtype=group[0].token_probs.dtype,
+                            device=device)
+        slab = Slab(tokens, probs)
+        start = probs_start = 0
+        for run in group:
+            if run.x.dtype == tokens.dtype and run.token_probs.dtype == probs.dtype:
+                run.adopt(slab, start, probs_start)
+                start += run.x.numel()
+                probs_start += run.token_probs.numel()
+
+
+def _joined_key(run: object, commit: TopCommit) -> tuple[int, int, int] | None:
+    """What commits must share to run as one (slab, open positions, count), None for a commit that runs alone."""
+    if not isinstance(run, Denoising) or run.slab is None or commit.still is not None or commit.x0.shape[0] != 1:
+        return None
+    n = commit.conf.shape[1]
+    k = min(commit.counts[0], n)
+    if k == 0 or commit.x0.dtype != run.slab.tokens.dtype or commit.chosen_prob.dtype != run.slab.probs.dtype:
+        return None
+    return id(run.slab), n, k
+
+
+def commit_together(commits: Sequence[tuple[object, TopCommit]]) -> list[BaseException | None]:
+    """Run every ``(run, commit)`` (see the module doc); per commit the error that ended it, or None."""
+    errors: list[BaseException | None] = [None] * len(commits)
+    groups: dict[tuple[int, int, int], list[int]] = {}
+    alone: list[int] = []
+    for i, (run, commit) in enumerate(commits):
+        key = _joined_key(run, commit)
+        (alone if key is None else groups.setdefault(key, [])).append(i)
+    for key, members in groups.items():
+        if len(members) == 1:
+            alone.extend(members)
+            continue
+        try:
+            _commit_joined([commits[i] for i in members], key[2])  # type: ignore[misc]
+        except Exception as exc:  # noqa: BLE001 - a failed joined write ends the generations in it
+            for i in members:
+                errors[i] = exc
+            continue
+        for i in members:  # each step's end: its timing and its listener's event (which may end it alone)
+            run, commit = commits[i]
+            try:
+                assert isinstance(run, Denoising)
+                run.meter.step(commit.t0, run.x, key[2], commit.block, commit.n_blocks)
+            except Exception as exc:  # noqa: BLE001
+                errors[i] = exc
+    for i in sorted(alone):
+        run, commit = commits[i]
+        try:
+            assert isinstance(run, Denoising)
+            commit.run_alone(run)
+        except Exception as exc:  # noqa: BLE001 - the generation's own failure
+            errors[i] = exc
+    return errors
+
+
+def _commit_joined(commits: list[tuple[Denoising, TopCommit]], k: int) -> None:
+    """The ``k`` most confident of each one-row commit's open positions (as many for each), written in one pass (the
+    steps' ends are the caller's)."""
+    runs = [run for run, _ in commits]
+    slab = runs[0].slab
+    assert slab is not None
+    conf = torch.cat([c.conf for _, c in commits])  # (G, n)
+    if conf.device.type == "cpu":
+        chosen = conf.topk(k, dim=1).indices
+    else:
+        chosen = torch.stack([c.conf[0].topk(k).indices for _, c in commits])
+    at = torch.stack([c.rows for _, c in commits]).gather(1, chosen)  # (G, k) response positions
+    device = conf.device
+    first = slab.tokens.storage_offset()
+    tokens_at = torch.tensor([r.x.storage_offset() - first + r.m for r in runs], device=device)[:, None]
+    first = slab.probs.storage_offset()
+    probs_at = torch.tensor([r.token_probs.storage_offset() - first for r in runs], device=device)[:, None]
+    tokens = torch.cat([c.x0 for _, c in commits]).gather(1, chosen)
+    slab.tokens.index_put_(((at + tokens_at).view(-1),), tokens.view(-1))
+    probs = torch.cat([c.chosen_prob for _, c in commits]).gather(1, chosen)
+    slab.probs.index_put_(((at + probs_at).view(-1),), probs.view(-1))
