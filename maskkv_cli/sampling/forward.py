@@ -132,8 +132,10 @@ class CachedForward(Forward):
         return self.runner(request.x[:, self.split :], self.response_rows(request.rows), request.block_start)
 
     def response_rows(self, rows: Tensor) -> Tensor:
-        """The rows of the response-only pass (``x[:, split:]``) that feed response positions ``rows``."""
-        return rows + (self.prompt_len - self.shift - self.split)
+        """The rows of the response-only pass (``x[:, split:]``) that feed response positions ``rows`` (``rows``
+        itself where they coincide: the cached segment is the whole prompt and there is no logit shift)."""
+        offset = self.prompt_len - self.shift - self.split
+        return rows if offset == 0 else rows + offset
 
     def plain_rows(self, rows: Tensor) -> Tensor:
         """The sequence positions whose hidden states feed response positions ``rows`` (the plain forward)."""
