@@ -40,7 +40,8 @@ def _runs(model, lengths: list[int], gen_length: int) -> list[Denoising]:  # typ
 
 def _commit(run: Denoising, n: int, k: int, seed: int) -> TopCommit:
     gen = torch.Generator().manual_seed(seed)
-    rows = torch.randperm(run.x.shape[1] - run.m, generator=gen)[:n].sort().values
+    masked = (run.x[0, run.m :] == run.mask_id).nonzero().flatten()  # open positions are still-masked ones
+    rows = masked[torch.randperm(len(masked), generator=gen)[:n]].sort().values
     conf = torch.randint(0, 4, (1, n), generator=gen).double() / 3  # ties
     x0 = torch.randint(6, 60, (1, n), generator=gen)
     return TopCommit(rows, conf, None, [k], x0, conf.clone(), 0.0, 0, 1)
@@ -64,10 +65,16 @@ def test_joined_commits_write_what_each_commits_alone(tiny_model, monkeypatch: p
     assert all(torch.equal(a.x, b.x) for a, b in zip(shared, alone, strict=True))  # moved, not changed
     for step in range(3):
         picks = [_commit(run, 10 - 2 * step, 3 if i != 2 else 2, 10 * step + i) for i, run in enumerate(shared)]
-        errors = commit_together(list(zip(shared, picks, strict=True)))
-        assert errors == [None] * len(shared)
-        for run, pick in zip(alone, picks, strict=True):
+        done = commit_together(list(zip(shared, picks, strict=True)))
+        assert [error for error, _ in done] == [None] * len(shared)
+        for i, (run, pick) in enumerate(zip(alone, picks, strict=True)):
             pick.run_alone(run)
+            left = done[i][1]
+            if i in (2, 4):  # run alone: their loops find their open positions themselves
+                assert left is None
+            else:  # sent: the open positions the loop would find in its sequence
+                assert left is not None
+                assert torch.equal(left, pick.rows[run.x[0, run.m + pick.rows] == run.mask_id])
     assert joined == [3, 3, 3]  # the slab's runs of count 3; the count-2 one and the one outside alone
     for a, b in zip(shared, alone, strict=True):
         assert torch.equal(a.x, b.x)

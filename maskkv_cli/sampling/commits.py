@@ -7,8 +7,10 @@ yields a ``TopCommit`` once it has its step's picks, instead of writing them its
 stream together keep their sequences and token probabilities in one ``Slab`` (``share_slab``). Their commits of
 one row each that choose as many of as many open positions run as one: a top-k over their stacked confidences (on
 the CPU a top-k over rows ranks each row exactly as the row alone, ties included; elsewhere each row's own top-k),
-then one ``index_put_`` for every chosen token and one for every probability. Any other commit runs on its own
-(``Denoising.commit_top``). Either way each position gets the token and probability it gets alone.
+then one ``index_put_`` for every chosen token and one for every probability, and each loop is sent the positions
+still masked after it (those it would find in its sequence, found for all of them at once). Any other commit runs
+on its own (``Denoising.commit_top``) and its loop finds them itself. Either way each position gets the token and
+probability it gets alone.
 """
 
 from __future__ import annotations
@@ -75,9 +77,11 @@ def _joined_key(run: object, commit: TopCommit) -> tuple[int, int, int] | None:
     return id(run.slab), n, k
 
 
-def commit_together(commits: Sequence[tuple[object, TopCommit]]) -> list[BaseException | None]:
-    """Run every ``(run, commit)`` (see the module doc); per commit the error that ended it, or None."""
+def commit_together(commits: Sequence[tuple[object, TopCommit]]) -> list[tuple[BaseException | None, Tensor | None]]:
+    """Run every ``(run, commit)`` (see the module doc); per commit the error that ended it (or None) and, for a
+    commit run with others, the open positions still masked after it (None: the loop finds them in its sequence)."""
     errors: list[BaseException | None] = [None] * len(commits)
+    left: list[Tensor | None] = [None] * len(commits)
     groups: dict[tuple[int, int, int], list[int]] = {}
     alone: list[int] = []
     for i, (run, commit) in enumerate(commits):
@@ -88,11 +92,13 @@ def commit_together(commits: Sequence[tuple[object, TopCommit]]) -> list[BaseExc
             alone.extend(members)
             continue
         try:
-            _commit_joined([commits[i] for i in members], key[2])  # type: ignore[misc]
+            still = _commit_joined([commits[i] for i in members], key[2])  # type: ignore[misc]
         except Exception as exc:  # noqa: BLE001 - a failed joined write ends the generations in it
             for i in members:
                 errors[i] = exc
             continue
+        for i, rows in zip(members, still, strict=True):
+            left[i] = rows
         for i in members:  # each step's end: its timing and its listener's event (which may end it alone)
             run, commit = commits[i]
             try:
@@ -107,12 +113,13 @@ def commit_together(commits: Sequence[tuple[object, TopCommit]]) -> list[BaseExc
             commit.run_alone(run)
         except Exception as exc:  # noqa: BLE001 - the generation's own failure
             errors[i] = exc
-    return errors
+    return list(zip(errors, left, strict=True))
 
 
-def _commit_joined(commits: list[tuple[Denoising, TopCommit]], k: int) -> None:
+def _commit_joined(commits: list[tuple[Denoising, TopCommit]], k: int) -> list[Tensor | None]:
     """The ``k`` most confident of each one-row commit's open positions (as many for each), written in one pass (the
-    steps' ends are the caller's)."""
+    steps' ends are the caller's); each one's open positions still masks after it (all None where a chosen token is
+    the mask token itself, which a greedy rule never picks: the loops then look for themselves)."""
     runs = [run for run, _ in commits]
     slab = runs[0].slab
     assert slab is not None
@@ -121,7 +128,8 @@ def _commit_joined(commits: list[tuple[Denoising, TopCommit]], k: int) -> None:
         chosen = conf.topk(k, dim=1).indices
     else:
         chosen = torch.stack([c.conf[0].topk(k).indices for _, c in commits])
-    at = torch.stack([c.rows for _, c in commits]).gather(1, chosen)  # (G, k) response positions
+    rows = torch.stack([c.rows for _, c in commits])  # (G, n) open response positions, ascending
+    at = rows.gather(1, chosen)  # (G, k)
     device = conf.device
     first = slab.tokens.storage_offset()
     tokens_at = torch.tensor([r.x.storage_offset() - first + r.m for r in runs], device=device)[:, None]
@@ -131,3 +139,11 @@ def _commit_joined(commits: list[tuple[Denoising, TopCommit]], k: int) -> None:
     slab.tokens.index_put_(((at + tokens_at).view(-1),), tokens.view(-1))
     probs = torch.cat([c.chosen_prob for _, c in commits]).gather(1, chosen)
     slab.probs.index_put_(((at + probs_at).view(-1),), probs.view(-1))
+    mask_id = runs[0].mask_id
+    if any(r.mask_id != mask_id for r in runs):
+        return [None] * len(runs)
+    still = torch.ones_like(rows, dtype=torch.bool).scatter_(1, chosen, tokens == mask_id)
+    left = rows[still]
+    if left.numel() != rows.shape[0] * (rows.shape[1] - k):
+        return [None] * len(runs)
+    return list(left.view(rows.shape[0], -1).unbind(0))

@@ -171,9 +171,12 @@ def dream_loop(run: Denoising, gen: DreamGenerationConfig) -> Loop:
     # greedy: the driver picks each row's token with the batch's other rows (``sample_tokens`` at temperature 0)
     pick = DreamGreedy(run.mask_id, gen.alg, gen.top_p, gen.top_k) if gen.temperature == 0 else None
     response, positions = x[:, m:], torch.arange(gen.gen_length, device=device)
+    left: Tensor | None = None  # the positions still masked after the last top-k commit, where it sent them
     for i in range(gen.steps):
         t0 = now(device)
-        rows, still = open_positions(response == run.mask_id, positions)  # still masked in some row; in each row
+        # still masked in some row; in each row
+        rows, still = open_positions(response == run.mask_id, positions) if left is None else (left, None)
+        left = None
         if len(rows) == 0:  # every position committed (read with the rows: one device sync, not two)
             break
         reply = yield StepRequest(x, rows, pick=pick)  # (B, n, V) logits, or the greedy picks
@@ -193,4 +196,4 @@ def dream_loop(run: Denoising, gen: DreamGenerationConfig) -> Loop:
         else:
             conf = still_only(conf, still)
             counts = [n if last else int(n * (1 - s / t)) for n in still_counts(still, len(rows))]
-            yield TopCommit(rows, conf, still, counts, x0, chosen_prob, t0, 0, 1)  # run with the round's others
+            left = yield TopCommit(rows, conf, still, counts, x0, chosen_prob, t0, 0, 1)  # (commits.py)

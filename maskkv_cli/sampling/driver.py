@@ -34,8 +34,8 @@ if TYPE_CHECKING:
 
 # A denoising loop as a generator: it yields what it needs the forward to compute and is sent the logits back (its
 # picks instead when its request names a greedy rule); a loop that commits its most confident positions yields that
-# commit too (``TopCommit``), which the driver runs with the round's others (``sampling/commits.py``), sent nothing.
-Reply = Tensor | Picked
+# commit too (``TopCommit``), which the driver runs with the round's others (``sampling/commits.py``).
+Reply = Tensor | Picked  # (the reply to a ``TopCommit``: the open positions still masked after it, or None)
 Loop = Generator[StepRequest | TopCommit, Reply | None, None]
 
 
@@ -190,17 +190,17 @@ def step_round(model: DiffusionLM, generations: Sequence[Generation]) -> None:
 
 def commit_round(generations: Sequence[Generation]) -> None:
     """Run the commits the loops yielded after their picks, together (``commit_together``), and resume each loop to
-    its next request."""
+    its next request (sent its open positions still masked where the commit found them, else nothing)."""
     while True:
         pending = [gen for gen in generations if isinstance(gen.request, TopCommit)]
         if not pending:
             return
-        errors = commit_together([(gen.run, gen.request) for gen in pending])  # type: ignore[misc]
-        for gen, error in zip(pending, errors, strict=True):
+        done = commit_together([(gen.run, gen.request) for gen in pending])  # type: ignore[misc]
+        for gen, (error, left) in zip(pending, done, strict=True):
             if error is not None:
                 gen.fail(error)
             else:
-                gen.advance(None)
+                gen.advance(left)  # its open positions still masked, where the commit found them
 
 
 def drive(model: DiffusionLM, run: Run, loop: Loop) -> GenerationResult:

@@ -139,12 +139,13 @@ def llada_loop(run: Denoising, gen: GenerationConfig) -> Loop:
         block_masked = block == mask_id
         schedules = [transfer_schedule(int(c), gen.steps_per_block) for c in block_masked.sum(1)]
         j = 0
+        left: Tensor | None = None  # the positions still masked after the last commit, where it sent them
         while True:
             if gen.threshold is None and j >= gen.steps_per_block:
                 break
             t0 = now(device)
             # the block's positions whose logits are needed, and which of them are still masks in each row
-            rows, still = open_positions(block == mask_id, positions)  # as response positions
+            rows, still = open_positions(block == mask_id, positions) if left is None else (left, None)
             if len(rows) == 0:  # the block is done (read with the rows: one device sync, not two)
                 break
             xin = x
@@ -172,5 +173,5 @@ def llada_loop(run: Denoising, gen: GenerationConfig) -> Loop:
                 counts = [schedules[b][j] for b in range(bsz)]
             else:  # parallel decoding: everything above the threshold, at least one per row
                 counts = [max(1, int((conf[b] > gen.threshold).sum())) for b in range(bsz)]
-            yield TopCommit(rows, conf, still, counts, x0, chosen_prob, t0, blk, gen.n_blocks)  # run with the round's
+            left = yield TopCommit(rows, conf, still, counts, x0, chosen_prob, t0, blk, gen.n_blocks)  # (commits.py)
             j += 1
