@@ -156,6 +156,37 @@ def test_resolve_importance_notes(tiny_dir):
         resolve_importance(tiny_dir, base, "maskkv", "sometimes")
 
 
+def test_prompts_answered_together_look_the_profile_up_once(tiny_dir, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Session.answer_many`` makes every prompt's plan with one lookup of the calibration profile
+    (``importance_choice``), and each plan is the one ``plan_cache`` makes for that prompt alone: the same
+    importance, source and note."""
+    import maskkv_cli.engine.plan as plan_mod
+    from maskkv_cli.app.session import Session
+    from maskkv_cli.engine.plan import CacheConfig, plan_cache
+
+    path = save_profile(make_profile(tiny_dir, ImportanceResult([0.8, 0.2], 1, 10)))
+    session = Session(str(tiny_dir))
+    cache = CacheConfig(policy="maskkv", budget=6)
+    prompts = [random_ids(session.model, n, seed=n)[0].tolist() for n in (12, 17, 9)]
+    lookups: list[object] = []
+    real = plan_mod.resolve_importance
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        lookups.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(plan_mod, "resolve_importance", counted)
+    answers = session.answer_many(prompts, GenerationConfig(gen_length=4, steps=4, block_length=4), cache, 2)
+    assert len(lookups) == 1
+    for ids, answer in zip(prompts, answers, strict=True):
+        alone = plan_cache(session.model, cache, len(ids), session.folder, block_length=4)
+        got = answer.result.plan
+        assert got is not None
+        assert (got.importance, got.importance_source, got.note) == (alone.importance, alone.importance_source,
+                                                                     alone.note)
+        assert got.importance == (0.8, 0.2) and got.note == f"using calibration profile {path} for layer budgets"
+
+
 @pytest.mark.parametrize(("importance", "boundary_gets_more"), [
     ((0.5, 0.1, 0.1, 0.1, 0.1, 0.6), True),
     ((0.01, 0.3, 0.25, 0.4, 0.2, 0.02), False),

@@ -13,7 +13,7 @@ import torch
 
 from maskkv_cli.engine.batch_memory import auto_batch_size, batch_memory, free_bytes, model_geometry
 from maskkv_cli.engine.batch_work import batch_work
-from maskkv_cli.engine.plan import CacheConfig, CachePlan, plan_cache
+from maskkv_cli.engine.plan import CacheConfig, CachePlan, ImportanceChoice, importance_choice, plan_cache
 from maskkv_cli.engine.prefill import join_rows
 from maskkv_cli.engine.prefix import compute_prefix
 from maskkv_cli.errors import UsageError
@@ -208,8 +208,9 @@ class Session:
         n = len(prompts)
         doc_lens = list(document_lens) if document_lens is not None else [0] * n
         factors = list(rope_factors) if rope_factors is not None else [1.0] * n
-        plans = [self._plan(list(ids), gen, cache, doc, f) for ids, doc, f in zip(prompts, doc_lens, factors,
-                                                                                   strict=True)]
+        choice = importance_choice(self.folder, cache)  # the calibration profile looked up once for them all
+        plans = [self._plan(list(ids), gen, cache, doc, f, choice) for ids, doc, f in zip(prompts, doc_lens, factors,
+                                                                                           strict=True)]
         jobs = [BatchJob(torch.tensor([ids], dtype=torch.long, device=self.device), gen, plan)
                 for ids, plan in zip(prompts, plans, strict=True)]
         done: dict[int, Answer] = {}
@@ -263,14 +264,14 @@ class Session:
         return min(document_len, prompt_len) // gen.block_length * gen.block_length
 
     def _plan(self, ids: list[int], gen: GenerationConfig, cache: CacheConfig, document_len: int = 0,
-              rope_factor: float = 1.0) -> CachePlan:
+              rope_factor: float = 1.0, importance: ImportanceChoice | None = None) -> CachePlan:
         block = gen.block_length
         prefix = None
         whole = self.prefix_rows(document_len, len(ids), gen, cache)
         if whole:
             prefix = self.prefix_store(ids[:whole], block, rope_factor)
         return plan_cache(self.model, cache, len(ids), self.folder, block_length=block, prefix=prefix,
-                          rope_factor=rope_factor, document_len=document_len)
+                          rope_factor=rope_factor, document_len=document_len, importance=importance)
 
     def _answer(self, ids: list[int], plan: CachePlan, result: GenerationResult) -> Answer:
         """The answer to ``ids`` from its generation: text, confidence, the plan's note."""

@@ -173,11 +173,16 @@ def resolve_importance(
     return options, f"no calibration profile for this model: uniform layer budgets ({hint} to create one)"
 
 
-def _importance_choice(model_path: str | os.PathLike[str] | ModelFolder | None, cache: CacheConfig,
-                       policy_uses_importance: bool) -> tuple[PolicyOptions, str | None, str | None]:
-    """(policy options, importance source, note) for the cache's ``layer_budgets`` mode; the source None lets
-    ``CachePlan.build`` name it from the options."""
-    if not policy_uses_importance:
+ImportanceChoice = tuple[PolicyOptions, str | None, str | None]  # (policy options, importance source, note)
+
+
+def importance_choice(model_path: str | os.PathLike[str] | ModelFolder | None,
+                      cache: CacheConfig) -> ImportanceChoice:
+    """(policy options, importance source, note) for the cache's ``layer_budgets`` mode (the calibration profile
+    looked up where ``auto`` asks for it); the source None lets ``CachePlan.build`` name it from the options. The
+    same for every prompt of one model and cache: plans made together take it once (``plan_cache``'s
+    ``importance``)."""
+    if not uses_importance(cache.policy):
         return cache.options, None, None
     if model_path is None:  # no folder to look a profile up in: the options' own importance, else uniform
         online = cache.layer_budgets == "online"
@@ -195,13 +200,15 @@ def _importance_choice(model_path: str | os.PathLike[str] | ModelFolder | None, 
 def plan_cache(model: DiffusionLM, cache: CacheConfig, prompt_len: int,
                model_path: str | os.PathLike[str] | ModelFolder | None = None,
                step_options: StepOptions | None = None, block_length: int | None = None,
-               prefix: PrefixStore | None = None, rope_factor: float = 1.0, document_len: int = 0) -> CachePlan:
+               prefix: PrefixStore | None = None, rope_factor: float = 1.0, document_len: int = 0,
+               importance: ImportanceChoice | None = None) -> CachePlan:
     """The plan for ``cache`` over a prompt of ``prompt_len`` tokens of ``model`` (loaded from ``model_path``, a
     path or the ``ModelFolder`` it was loaded from, where its calibration profile is looked up for
     ``layer_budgets="auto"``); ``rope_factor``: the prompt's RoPE
-    base scaling (``--long rope-scale``); ``document_len``: its leading ids that are a document's."""
+    base scaling (``--long rope-scale``); ``document_len``: its leading ids that are a document's; ``importance``:
+    ``importance_choice(model_path, cache)`` where the caller made it for several prompts."""
     budget = cache.resolved_budget(prompt_len)
-    options, source, note = _importance_choice(model_path, cache, uses_importance(cache.policy))
+    options, source, note = importance if importance is not None else importance_choice(model_path, cache)
     policy = get_policy(cache.policy, options)
     if budget is None and policy.evicts:
         budget = DEFAULT_BUDGET
