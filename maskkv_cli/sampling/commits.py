@@ -46,24 +46,21 @@ class TopCommit:
 
 def share_slab(runs: Sequence[object]) -> None:
     """Move the sequences of the one-row ``Denoising`` runs among ``runs`` (generations joining a stream together,
-    not started yet) into one ``Slab`` per device, so that their commits can run together."""
-    by_device: dict[torch.device, list[Denoising]] = {}
+    not started yet) into one ``Slab`` per device (and dtypes), so that their commits can run together."""
+    groups: dict[tuple[torch.device, torch.dtype, torch.dtype], list[Denoising]] = {}
     for run in runs:
         if isinstance(run, Denoising) and run.x.shape[0] == 1 and run.slab is None:
-            by_device.setdefault(run.x.device, []).append(run)
-    for device, group in by_device.items():
+            groups.setdefault((run.x.device, run.x.dtype, run.token_probs.dtype), []).append(run)
+    for (device, tokens_dtype, probs_dtype), group in groups.items():
         if len(group) < 2:
             continue
-        tokens = torch.empty(sum(r.x.numel() for r in group), dtype=group[0].x.dtype, device=device)
-        probs = torch.empty(sum(r.token_probs.numel() for r in group), dtype=group[0].token_probs.dtype,
-                            device=device)
-        slab = Slab(tokens, probs)
+        slab = Slab(torch.empty(sum(r.x.numel() for r in group), dtype=tokens_dtype, device=device),
+                    torch.empty(sum(r.token_probs.numel() for r in group), dtype=probs_dtype, device=device))
         start = probs_start = 0
         for run in group:
-            if run.x.dtype == tokens.dtype and run.token_probs.dtype == probs.dtype:
-                run.adopt(slab, start, probs_start)
-                start += run.x.numel()
-                probs_start += run.token_probs.numel()
+            run.adopt(slab, start, probs_start)
+            start += run.x.numel()
+            probs_start += run.token_probs.numel()
 
 
 def _joined_key(run: object, commit: TopCommit) -> tuple[int, int, int] | None:
@@ -118,7 +115,7 @@ def commit_together(commits: Sequence[tuple[object, TopCommit]]) -> list[tuple[B
 
 def _commit_joined(commits: list[tuple[Denoising, TopCommit]], k: int) -> list[Tensor | None]:
     """The ``k`` most confident of each one-row commit's open positions (as many for each), written in one pass (the
-    steps' ends are the caller's); each one's open positions still masks after it (all None where a chosen token is
+    steps' ends are the caller's); each one's open positions still masked after it (all None where a chosen token is
     the mask token itself, which a greedy rule never picks: the loops then look for themselves)."""
     runs = [run for run, _ in commits]
     slab = runs[0].slab
