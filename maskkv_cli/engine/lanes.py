@@ -108,13 +108,13 @@ def on_layer(model: DiffusionLM, layer: int, x: Tensor) -> Tensor:
     return x if not devices or x.device == devices[layer] else x.to(devices[layer])
 
 
-def flat_heads(o: Tensor) -> Tensor:
-    """(b, H, n, D) -> (1, H, b * n, D): a lane's attention output as one run of rows (its b sequences back to
-    back), as the lanes' rows are laid out for the products they share."""
-    if o.shape[0] == 1:
-        return o
-    b, h, n, d = o.shape
-    return o.transpose(0, 1).reshape(1, h, b * n, d)
+def joined_heads(outs: Sequence[Tensor]) -> Tensor:
+    """The lanes' attention outputs, (b, H, n, D) each, as one (1, H, N, D) of every lane's rows back to back (a
+    lane's b sequences in turn), as the lanes' rows are laid out for the products they share. Laid out row by row
+    in memory ((1, N, H, D), as SDPA returns each output), so that the output projection's ``merge_heads`` takes
+    it as it is: one copy for the lanes together (none for one lane of one sequence)."""
+    rows = [o.transpose(1, 2).reshape(1, -1, o.shape[1], o.shape[3]) for o in outs]  # (1, b n, H, D) each
+    return (rows[0] if len(rows) == 1 else torch.cat(rows, 1)).transpose(1, 2)
 
 
 def spans(sizes: Sequence[int]) -> list[tuple[int, int]]:

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from maskkv_cli.engine.chunks import JOIN_ROWS, MLP_CHUNK, QUERY_CHUNK
-from maskkv_cli.engine.lanes import Layout, PrefillLane, RowTables, flat_heads, on_layer, prefill_memo, spans
+from maskkv_cli.engine.lanes import Layout, PrefillLane, RowTables, joined_heads, on_layer, prefill_memo, spans
 from maskkv_cli.engine.selection import LayerRecord, LayerSink, OfflineSelection, OnlineSelection, online_budget
 from maskkv_cli.kv.cache import PromptCache
 from maskkv_cli.kv.prefix import PrefixLayer, PrefixStore
@@ -242,7 +242,7 @@ def prefill_lanes(model: DiffusionLM, lanes: Sequence[PrefillLane], mlp_chunk: i
             del view, scores
             if joined:
                 mask = None if visible is None else visible(0, lane.ids.shape[1])[None, None]
-                outputs.append(flat_heads(attention(rows_q(0, lane.ids.shape[1]), k, v, mask)))
+                outputs.append(attention(rows_q(0, lane.ids.shape[1]), k, v, mask))
                 del k, v, rows_q
                 continue
             assert lane_rope is not None  # a lane not joined computes its queries itself
@@ -258,7 +258,7 @@ def prefill_lanes(model: DiffusionLM, lanes: Sequence[PrefillLane], mlp_chunk: i
             del k, v, rows_q
         del values, pending, inputs
         if outputs:
-            attn = block.attn_proj(torch.cat(outputs, 2))  # (1, N, d): every lane's rows in one product
+            attn = block.attn_proj(joined_heads(outputs))  # (1, N, d): every lane's rows in one product
             del outputs
             for j, (lane, (a, b)) in enumerate(zip(lanes, bounds, strict=True)):
                 if lane.measure:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from maskkv_cli.engine.lanes import RowTables, StepLane, flat_heads, on_layer, spans
+from maskkv_cli.engine.lanes import RowTables, StepLane, joined_heads, on_layer, spans
 from maskkv_cli.kv.cache import PromptCache
 from maskkv_cli.models.base import attention
 from maskkv_cli.models.protocol import DiffusionLM
@@ -71,7 +71,7 @@ def step_hidden(model: DiffusionLM, lanes: Sequence[StepLane]) -> list[Tensor]:
             return [x.new_empty(h, 0, x.shape[-1]) for h in heights]
         if i == last:
             x = torch.cat(kept, 1) if len(kept) != 1 else kept[0]
-        o = torch.cat([flat_heads(out) for out in outs], 2) if len(outs) != 1 else flat_heads(outs[0])
+        o = joined_heads(outs)
         del outs, kept
         x = x + block.attn_proj(o)
         del o
