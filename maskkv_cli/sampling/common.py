@@ -140,7 +140,8 @@ class Slab:
 
 class Denoising:
     """One generation: the sequence ``x`` = ``[prompt ; gen_length masks]`` (prompt length ``m``), the random
-    generator, the forward passes and the step meter. The loops read ``x`` and call ``commit`` each step."""
+    generator, the forward passes and the step meter. The loops read ``x`` and commit each step (``commit``,
+    ``commit_top``, or through the driver with the generations beside it: ``sampling/commits.py``)."""
 
     def __init__(self, model: DiffusionLM, prompt: Tensor, gen_length: int, seed: int, plan: CachePlan,
                  on_event: Callable[[Event], None] | None, row_window: int | None = None) -> None:

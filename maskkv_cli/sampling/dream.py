@@ -174,7 +174,7 @@ def dream_loop(run: Denoising, gen: DreamGenerationConfig) -> Loop:
     left: Tensor | None = None  # the positions still masked after the last top-k commit, where it sent them
     for i in range(gen.steps):
         t0 = now(device)
-        # still masked in some row; in each row
+        # the positions still masked in some row, and in each row (as the last joined commit sent them, else searched)
         rows, still = open_positions(response == run.mask_id, positions) if left is None else (left, None)
         left = None
         if len(rows) == 0:  # every position committed (read with the rows: one device sync, not two)
