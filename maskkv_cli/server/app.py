@@ -167,7 +167,6 @@ class Server:
     """The routes' shared state: the session, the store, the runner, the settings."""
 
     def __init__(self, session: Session, config: ServerConfig) -> None:
-
         self.session = session
         self.config = config
         self.store = DocumentStore(config.store_root)

@@ -52,7 +52,6 @@ def generate(
     for message in answer.notes:
         note_once(message, quiet, as_json)
     stats = answer.result.stats
-
     embedded = session.embedded
     if as_json:
         from maskkv_cli.app.pipeline import confidence_fields
