@@ -20,16 +20,15 @@ over the limit line; and whether both gave the same answers to every job (they s
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from io import BytesIO
 from pathlib import Path
 
@@ -50,7 +49,7 @@ def export_revision(revision: str, folder: Path) -> None:
 
 
 def answerer(package: str, model_path: str, groups: list[list[dict[str, object]]], texts: dict[str, str],
-             size: int):  # type: ignore[no-untyped-def]
+             size: int) -> Callable[[int], list[str]]:
     """``answer(i)``: group ``i``'s answers by ``package``'s code on its own session of the model."""
     answering = importlib.import_module(f"{package}.batch.answering")
     session = answering.open_session(model_path, "cpu", None)
@@ -74,7 +73,7 @@ def main() -> None:
     import torch
 
     sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_batch import BatchLimits, make_jobs
+    from bench_batch import BatchLimits, job_groups, make_jobs, median_and_quartiles
 
     from maskkv_cli.batch.jobs import AnswerSettings
     from maskkv_cli.bench.limit import measure_batch_limit
@@ -86,16 +85,7 @@ def main() -> None:
     specs = make_jobs(work, 10, max(1, args.jobs // 10), seed=0)
     model_path, _ = resolve_default_model(None)
     settings = AnswerSettings(policy="maskkv", gen_length=None, steps=None, block_length=None)
-    texts: dict[str, str] = {}
-    groups: list[list[dict[str, object]]] = []
-    for start in range(0, len(specs) - args.size + 1, args.size):
-        group = []
-        for spec in specs[start : start + args.size]:
-            text = Path(spec.document).read_text()
-            sha = hashlib.sha256(text.encode()).hexdigest()
-            texts[sha] = text
-            group.append({"question": spec.question, "settings": settings.as_dict(), "document_sha": sha})
-        groups.append(group)
+    texts, groups = job_groups(specs, settings, args.size)
     name = f"batch {args.size}"
     limits = BatchLimits([name], specs, model_path, settings)
     answers = {"revision": answerer(REVISION_PACKAGE, model_path, groups, texts, args.size),
@@ -119,9 +109,8 @@ def main() -> None:
                                  "threads": torch.get_num_threads(), "same_answers": same,
                                  "load_average_after": os.getloadavg()}
     for key, values in ratios.items():
-        quartiles = statistics.quantiles(values, n=4)
-        report[key] = {"median": round(statistics.median(values), 3),
-                       "middle_half": [round(quartiles[0], 3), round(quartiles[2], 3)]}
+        median, middle = median_and_quartiles(values)
+        report[key] = {"median": median, "middle_half": middle}
     text = json.dumps(report, indent=2)
     print(text)
     if args.out is not None:

@@ -114,17 +114,12 @@ class BatchLimits:
         size. Each pair's two timings lie a fraction of a second apart, so the host's drift moves both; the median
         of the pairs' ratios is measured / limit for the engine's part of a run (row writing and dispatch left
         out)."""
-        import hashlib
         import time
 
         from maskkv_cli.batch.answering import answer_jobs
 
         size = self.prompts[name].shape[0]
-        texts = {spec.document: Path(spec.document).read_text() for spec in specs}
-        shas = {doc: hashlib.sha256(text.encode()).hexdigest() for doc, text in texts.items()}
-        by_sha = {shas[doc]: text for doc, text in texts.items()}
-        groups = [[{"question": spec.question, "settings": settings.as_dict(), "document_sha": shas[spec.document]}
-                   for spec in specs[i : i + size]] for i in range(0, len(specs) - size + 1, size)]
+        by_sha, groups = job_groups(specs, settings, size)
         ratios: list[float] = []
         for i in range(pairs + 2):
             started = time.perf_counter()
@@ -133,9 +128,30 @@ class BatchLimits:
             (limit,) = self.seconds(name, repeats=1)
             if i >= 2:
                 ratios.append(engine / limit)
-        quartiles = statistics.quantiles(ratios, n=4)
-        return {"pairs": pairs, "median": round(statistics.median(ratios), 3),
-                "quartiles": [round(quartiles[0], 3), round(quartiles[2], 3)]}
+        median, quartiles = median_and_quartiles(ratios)
+        return {"pairs": pairs, "median": median, "quartiles": quartiles}
+
+
+def job_groups(specs: list[JobSpec], settings: AnswerSettings,
+               size: int) -> tuple[dict[str, str], list[list[dict[str, object]]]]:
+    """The jobs as a batch worker receives them: the documents' texts by their sha256, and the jobs in groups of
+    ``size`` (consecutive, a last short group left out), each job a message of its question, settings and
+    document."""
+    import hashlib
+
+    texts = {spec.document: Path(spec.document).read_text() for spec in specs}
+    shas = {doc: hashlib.sha256(text.encode()).hexdigest() for doc, text in texts.items()}
+    by_sha = {shas[doc]: text for doc, text in texts.items()}
+    groups: list[list[dict[str, object]]] = [
+        [{"question": spec.question, "settings": settings.as_dict(), "document_sha": shas[spec.document]}
+         for spec in specs[i : i + size]] for i in range(0, len(specs) - size + 1, size)]
+    return by_sha, groups
+
+
+def median_and_quartiles(values: list[float]) -> tuple[float, list[float]]:
+    """The median of ``values`` and their first and third quartiles (the middle half), rounded to 3 places."""
+    quartiles = statistics.quantiles(values, n=4)
+    return round(statistics.median(values), 3), [round(quartiles[0], 3), round(quartiles[2], 3)]
 
 
 def main() -> None:
