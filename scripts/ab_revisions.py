@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import subprocess
 import sys
@@ -73,7 +72,7 @@ def main() -> None:
     import torch
 
     sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_batch import BatchLimits, job_groups, make_jobs, median_and_quartiles
+    from bench_batch import BatchLimits, job_groups, make_jobs, median_and_quartiles, print_report
 
     from maskkv_cli.batch.jobs import AnswerSettings
     from maskkv_cli.bench.limit import measure_batch_limit
@@ -111,11 +110,7 @@ def main() -> None:
     for key, values in ratios.items():
         median, middle = median_and_quartiles(values)
         report[key] = {"median": median, "middle_half": middle}
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    print_report(report, args.out)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ Run one at a time: anything else on the two cores changes both timings (docs/sca
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -66,7 +65,7 @@ def main() -> None:
     import torch
 
     sys.path.insert(0, str(SCRIPTS))
-    from bench_batch import BatchLimits, job_groups, make_jobs
+    from bench_batch import BatchLimits, job_groups, make_jobs, print_report
 
     from maskkv_cli.batch.answering import answer_jobs
     from maskkv_cli.batch.jobs import AnswerSettings
@@ -106,11 +105,7 @@ def main() -> None:
             report[key] = round(median, 3)
         else:
             report[f"{key} ms"] = round(median * 1e3, 2)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    print_report(report, args.out)
 
 
 if __name__ == "__main__":

@@ -154,6 +154,15 @@ def median_and_quartiles(values: list[float]) -> tuple[float, list[float]]:
     return round(statistics.median(values), 3), [round(quartiles[0], 3), round(quartiles[2], 3)]
 
 
+def print_report(report: dict[str, object], out: Path | None) -> None:
+    """Print ``report`` as JSON, and write it to ``out`` too where one is given (its folder made)."""
+    text = json.dumps(report, indent=2)
+    print(text)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/bench-batch"))
