@@ -27,6 +27,9 @@ REAL_MODEL = "GSAI-ML/LLaDA-8B-Instruct"
 PULL_HINT = f"maskkv pull {REAL_MODEL}"
 
 
+# What --dtype takes besides auto (``models.loading.DTYPES`` maps each to its torch dtype).
+DTYPE_NAMES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+
 # Weight quantization (--quantize, ``quantize = "..."`` in the config file): none, or torchao's weight-only int8 / int4
 # of the linear layers and experts (models/quantize.py).
 QUANTIZE_CHOICES = ("none", "int8", "int4")
@@ -56,6 +59,13 @@ def check_quantize(value: str, where: str = "--quantize") -> str:
     """``value`` when it is one of ``QUANTIZE_CHOICES`` (``where``: how the message names its origin)."""
     if value not in QUANTIZE_CHOICES:
         raise UsageError(f"{where}: unknown quantization {value!r}; choose one of {', '.join(QUANTIZE_CHOICES)}")
+    return value
+
+
+def check_dtype(value: str) -> str:
+    """``value`` when --dtype takes it (auto or one of ``DTYPE_NAMES``)."""
+    if value != "auto" and value not in DTYPE_NAMES:
+        raise UsageError(f"--dtype: unknown dtype {value!r}; choose one of auto, {', '.join(DTYPE_NAMES)}")
     return value
 
 

@@ -78,6 +78,27 @@ def test_bad_options(tiny_dir):
     assert result.exit_code == 2 and "empty" in result.stderr
 
 
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--policy", "bogus", "unknown policy 'bogus'; choose one of: none, full,"),
+    ("--dtype", "float8", "--dtype: unknown dtype 'float8'; choose one of auto, float32, fp32, bfloat16, bf16,"),
+])
+def test_a_bad_policy_or_dtype_stops_before_the_model_is_chosen(tmp_path, flag, value, message):
+    """Without --model the embedded model would be chosen, with a note saying so: a bad value is refused first, in
+    one line, as a usage error."""
+    doc = tmp_path / "doc.txt"
+    doc.write_text("The special magic number for apple is 12345.\n")
+    result = runner.invoke(app, ["ask", str(doc), "What is the number?", flag, value])
+    assert result.exit_code == 2 and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "note:" not in result.output
+
+
+def test_every_dtype_name_is_one_the_loader_maps():
+    from maskkv_cli.defaults import DTYPE_NAMES
+    from maskkv_cli.models.loading import DTYPES
+
+    assert set(DTYPE_NAMES) == set(DTYPES)
+
+
 @pytest.mark.parametrize("flag", ["--steps", "--gen-length", "--block-length"])
 def test_a_zero_length_or_step_count_is_refused_not_read_as_the_default(tiny_dir, flag):
     result = runner.invoke(app, ["generate", "--model", str(tiny_dir), flag, "0", "hi"])

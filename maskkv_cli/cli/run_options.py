@@ -73,10 +73,16 @@ class RunOptions:
     quiet: bool = False
 
     def __post_init__(self) -> None:
-        if self.quantize is not None:  # a bad --quantize stops the command before anything is read or loaded
-            from maskkv_cli.defaults import check_quantize
+        """A bad --quantize, --dtype or --policy stops the command before anything is read, resolved or loaded."""
+        from maskkv_cli.defaults import check_dtype, check_quantize
 
+        if self.quantize is not None:
             check_quantize(self.quantize)
+        check_dtype(self.dtype)
+        if self.policy != DEFAULT_POLICY:
+            from maskkv_cli.policies.base import get_policy
+
+            get_policy(self.policy)  # an unknown name is a usage error listing the policies
 
     @property
     def quantization(self) -> str:
