@@ -279,6 +279,23 @@ def test_cli_bench_errors():
     assert result.exit_code == 2 and "multiple" in result.output
 
 
+@pytest.mark.parametrize("args", [
+    ["speed", "--config", "bogus", "--prompt-lengths", "32"],
+    ["speed", "--config", "tiny", "--prompt-lengths", "32", "--dtype", "float8"],
+    ["memory", "--config", "bogus", "--prompt-length", "1k"], ["memory", "--prompt-length", "1k", "--dtype", "float8"],
+    ["loading", "--config", "tiny", "--dtype", "float8"], ["quality", "--dtype", "float8"],
+])
+def test_a_bad_shape_or_dtype_is_refused_before_any_case_runs(tmp_path, monkeypatch, args):
+    """Not a results folder of failed cases: one line, exit 2, and nothing written."""
+    from maskkv_cli.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["bench", *args])
+    assert result.exit_code == 2, result.output
+    assert "unknown model" in result.stderr or "unknown dtype" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not any(tmp_path.iterdir())
+
+
 def test_gpu_script_is_valid_bash():
     import subprocess
     from pathlib import Path

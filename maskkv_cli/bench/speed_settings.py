@@ -60,6 +60,18 @@ def is_gemma_shape(config: str | None) -> bool:
     return config in NAMED_CONFIGS
 
 
+def check_shape(config: str | None) -> str | None:
+    """``config`` when it names a shape ``bench speed`` builds with random weights (a family's named config or a
+    DiffusionGemma shape), or None; an unknown name is a usage error, before any case runs."""
+    from maskkv_cli.models.config import NAMED_CONFIGS
+    from maskkv_cli.models.diffusion_gemma_config import NAMED_CONFIGS as GEMMA_CONFIGS
+
+    if config is not None and config not in NAMED_CONFIGS and config not in GEMMA_CONFIGS:
+        raise UsageError(f"--config: unknown model shape {config!r}; choose one of: "
+                         f"{', '.join([*NAMED_CONFIGS, *GEMMA_CONFIGS])}")
+    return config
+
+
 def runs_gemma(config: str | None, model: str | None) -> bool:
     """Whether a sweep runs DiffusionGemma: the checkpoint ``model``'s family (its config.json), else the shape."""
     if model:

@@ -39,6 +39,7 @@ from maskkv_cli.cli.options import (
     repeats_option,
 )
 from maskkv_cli.cli.parsing import parse_count, parse_counts, parse_policies
+from maskkv_cli.defaults import check_dtype
 from maskkv_cli.errors import UsageError
 from maskkv_cli.runtime.devices import resolve_device
 
@@ -184,17 +185,18 @@ def speed(
     """
     from maskkv_cli.bench.speed import SpeedSettings, run_sweep
     from maskkv_cli.bench.speed_report import table_rows
-    from maskkv_cli.bench.speed_settings import GEMMA_STEPS, runs_gemma
+    from maskkv_cli.bench.speed_settings import GEMMA_STEPS, check_shape, runs_gemma
 
     dev = resolve_device(device)
     gpu = dev.startswith("cuda")
-    shape = None if model else (config or ("llada-8b" if gpu else "llada-small"))
+    shape = None if model else check_shape(config or ("llada-8b" if gpu else "llada-small"))
     settings = SpeedSettings(
         prompt_lengths=parse_counts(prompt_lengths or (GPU_LENGTHS if gpu else CPU_LENGTHS), "--prompt-lengths"),
         policies=parse_policies(policies), budgets=parse_counts(budgets, "--budgets"), gen_length=gen_length,
         steps=steps if steps is not None else GEMMA_STEPS if runs_gemma(shape, model) else 128,
         block_length=block_length, config=shape,
-        model=model, device=dev, dtype=dtype, none_steps=none_steps, seed=seed, threads=threads, limit=limit,
+        model=model, device=dev, dtype=check_dtype(dtype), none_steps=none_steps, seed=seed, threads=threads,
+        limit=limit,
         step_modes=("eager", "compile") if compile_ else tuple(m.strip() for m in step_modes.split(",") if m.strip()),
         batch_sizes=parse_counts(batch_sizes, "--batch-sizes", unique=True), repeats=repeats,
         quantize=tuple(m.strip() for m in quantize.split(",") if m.strip()))
@@ -258,12 +260,15 @@ def memory(
         maskkv bench memory --prompt-length 4k --budget 64 --json
     """
     from maskkv_cli.bench.memory import TARGET_SHARE, MemorySettings, memory_table, run_memory
+    from maskkv_cli.models.config import named_config
 
+    if not model:
+        named_config(config)  # an unknown shape is a usage error before any case runs
     settings = MemorySettings(prompt_len=parse_count(prompt_length, "--prompt-length"), budget=budget,
                               gen_length=gen_length,
                               block_length=block_length, policies=parse_policies(policies),
                               config=None if model else config, model=model, device=resolve_device(device),
-                              dtype=dtype, seed=seed, threads=threads, profile=profile, quantize=quantize)
+                              dtype=check_dtype(dtype), seed=seed, threads=threads, profile=profile, quantize=quantize)
     folder, rows = run_memory(settings, out, fresh, on_case=_progress(quiet, as_json))
     if as_json:
         typer.echo(json.dumps({"results": rows}))
@@ -311,7 +316,7 @@ def loading(
 
     settings = LoadSettings(quantize=tuple(m.strip() for m in quantize.split(",") if m.strip()),
                             config=None if model else config, model=model, shard_mb=shard_mb,
-                            dtype=dtype, device=resolve_device(device), seed=seed, threads=threads)
+                            dtype=check_dtype(dtype), device=resolve_device(device), seed=seed, threads=threads)
 
     def on_case(i: int, n: int, case: Any, row: dict[str, Any] | None) -> None:
         if not quiet and not as_json:
@@ -363,7 +368,7 @@ def reuse(
 
     case = ReuseCase(config=config, doc_tokens=parse_count(doc_tokens, "--doc-tokens"), questions=questions,
                      gen_length=gen_length, block_length=block_length, policy=policy, budget=budget, repeats=repeats,
-                     threads=threads, dtype=dtype, seed=seed)
+                     threads=threads, dtype=check_dtype(dtype), seed=seed)
     row = run_reuse(case)
     if as_json:
         typer.echo(json.dumps(row))

@@ -217,13 +217,14 @@ def quality(
     from maskkv_cli.bench.quality_plan import is_tasks_file, parse_kinds, plan_cases
     from maskkv_cli.bench.quality_sources import TaskSource, build_groups, read_haystack, read_tasks_file
     from maskkv_cli.cli.parsing import parse_policies
-    from maskkv_cli.defaults import resolve_quantize
+    from maskkv_cli.defaults import check_dtype, resolve_quantize
     from maskkv_cli.engine.batch_memory import parse_batch_size
     from maskkv_cli.engine.plan import check_layer_budgets
     from maskkv_cli.tasks.longbench import load_templates
 
     if samples <= 0:
         raise UsageError(f"--samples must be a positive integer, got {samples}")
+    check_dtype(dtype)
     weights = resolve_quantize(quantize)
     check_layer_budgets(layer_budgets)
     names = parse_policies(policies)
