@@ -81,8 +81,10 @@ def test_bad_options(tiny_dir):
 @pytest.mark.parametrize(("flag", "value", "message"), [
     ("--policy", "bogus", "unknown policy 'bogus'; choose one of: none, full,"),
     ("--dtype", "float8", "--dtype: unknown dtype 'float8'; choose one of auto, float32, fp32, bfloat16, bf16,"),
+    ("--temperature", "-1", "--temperature must be >= 0, got -1.0"),
+    ("--threshold", "2", "--threshold must be in [0, 1), got 2.0"),
 ])
-def test_a_bad_policy_or_dtype_stops_before_the_model_is_chosen(tmp_path, flag, value, message):
+def test_a_bad_setting_stops_before_the_model_is_chosen(tmp_path, flag, value, message):
     """Without --model the embedded model would be chosen, with a note saying so: a bad value is refused first, in
     one line, as a usage error."""
     doc = tmp_path / "doc.txt"

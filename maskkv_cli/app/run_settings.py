@@ -74,6 +74,7 @@ class RunSettings:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+        self._sampler(1, 1, 1)  # the sampler's own checks (temperature, guidance, remasking, threshold), up front
 
     @classmethod
     def from_values(cls, values: dict[str, Any], what: str = "setting") -> RunSettings:

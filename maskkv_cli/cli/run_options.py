@@ -73,7 +73,8 @@ class RunOptions:
     quiet: bool = False
 
     def __post_init__(self) -> None:
-        """A bad --quantize, --dtype or --policy stops the command before anything is read, resolved or loaded."""
+        """A bad --quantize, --dtype, --policy or sampler setting stops the command before anything is read,
+        resolved or loaded."""
         from maskkv_cli.defaults import check_dtype, check_quantize
 
         if self.quantize is not None:
@@ -83,6 +84,7 @@ class RunOptions:
             from maskkv_cli.policies.base import get_policy
 
             get_policy(self.policy)  # an unknown name is a usage error listing the policies
+        self.settings()  # its own checks: lengths and counts, temperature, threshold
 
     @property
     def quantization(self) -> str:
