@@ -302,7 +302,11 @@ def test_cli_passes_training_options_and_refuses_bad_ones(tmp_path, monkeypatch)
                          (["--summary-full-mask", "2"], "--summary-full-mask"),
                          (["--summary-block", "5"], "divisor of --summary-len"),
                          (["--summary-lengths", "0-9"], "--summary-lengths"),
-                         (["--distractors", "x"], "--distractors")):
+                         (["--distractors", "x"], "--distractors"),
+                         (["--steps", "0"], "positive integers: --steps 0"),
+                         (["--stop-after", "0"], "--stop-after 0"), (["--lr", "0"], "--lr must be positive"),
+                         (["--min-len", "600"], "--min-len <= --max-len"),
+                         (["--d-model", "136"], "multiple of twice --heads")):
         result = CliRunner().invoke(app, [*base, *bad])
         assert result.exit_code != 0 and message in result.output and "Traceback" not in result.output
     assert len(seen) == 1

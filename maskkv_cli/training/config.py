@@ -189,6 +189,20 @@ class TrainOptions:
 
     def to_config(self) -> TrainConfig:
         """The run's config; a bad option raises ``UsageError`` naming it, before any training starts."""
+        positive = {"--steps": self.steps, "--batch-size": self.batch_size, "--min-len": self.min_len,
+                    "--max-len": self.max_len, "--answer-len": self.answer_len, "--d-model": self.d_model,
+                    "--layers": self.n_layers, "--heads": self.n_heads, "--threads": self.threads,
+                    "--stop-after": 1 if self.stop_after is None else self.stop_after}
+        bad = [f"{flag} {value}" for flag, value in positive.items() if value < 1]
+        if bad:
+            raise UsageError(f"these must be positive integers: {', '.join(bad)}")
+        if not self.lr > 0:
+            raise UsageError(f"--lr must be positive, got {self.lr}")
+        if self.min_len > self.max_len or self.curriculum_steps < 0:
+            raise UsageError(f"need --min-len <= --max-len and --curriculum-steps >= 0, got {self.min_len}, "
+                             f"{self.max_len} and {self.curriculum_steps}")
+        if self.d_model % (2 * self.n_heads):  # an even head size, as RoPE's half-split rotation takes
+            raise UsageError(f"--d-model {self.d_model} must be a multiple of twice --heads ({2 * self.n_heads})")
         mix = parse_mix(self.kinds)
         source_mix = parse_sources(self.sources)
         if self.eval_source not in SOURCES:
