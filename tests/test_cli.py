@@ -158,3 +158,24 @@ def test_decode_drops_control_characters(tiny_tokenizer):
 
     ids = tiny_tokenizer.encode("a\x1bb\x07c", add_special_tokens=False)
     assert decode_answer(tiny_tokenizer, ids, set(), -1) == "abc"
+
+
+@pytest.mark.parametrize("args", [
+    ["batch", "--docs", "doc.txt", "--questions", "q.txt"], ["bench", "speed", "--config", "tiny"],
+    ["bench", "memory", "--config", "tiny"], ["bench", "loading", "--config", "tiny"],
+    ["bench", "quality", "--samples", "1"], ["train-tiny", "--steps", "1"],
+])
+@pytest.mark.parametrize("below", [False, True])
+def test_a_results_folder_where_a_file_is_is_refused_first(tmp_path, monkeypatch, args, below):
+    """--out naming a file (or a folder inside one) is one usage-error line before anything runs, not an OS error
+    when the first result is written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "doc.txt").write_text("The special magic number for apple is 12345.\n")
+    (tmp_path / "q.txt").write_text("What is the number?\n")
+    (tmp_path / "afile").write_text("kept\n")
+    out = "afile/sub" if below else "afile"
+    result = runner.invoke(app, [*args, "--out", out])
+    assert result.exit_code == 2, result.output
+    assert f"--out {out}: afile is a file, not a folder" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "note:" not in result.output
+    assert (tmp_path / "afile").read_text() == "kept\n"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from maskkv_cli.defaults import DEFAULT_BUDGET
@@ -71,6 +72,19 @@ def parse_policies(text: str, option: str = "--policies") -> tuple[str, ...]:
         if name not in known:
             raise UsageError(f"unknown policy {name!r} in {option}; choose from: {', '.join(known)}")
     return names
+
+
+def out_folder(path: Path | None, option: str = "--out") -> Path | None:
+    """``path``, where a results folder can be made or reused: a file in its place, or in the place of a folder
+    above it, is a usage error (before anything runs, not when the first result is written)."""
+    if path is None:
+        return None
+    for place in (path, *path.parents):
+        if place.exists():
+            if not place.is_dir():
+                raise UsageError(f"{option} {path}: {place} is a file, not a folder; give another path")
+            break
+    return path
 
 
 def parse_runs(policies: str, budgets: str | None, ratios: str | None) -> list[RunSpec]:

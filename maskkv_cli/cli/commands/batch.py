@@ -20,7 +20,7 @@ from maskkv_cli.cli.options import (
     RayOpt,
     WorkersOpt,
 )
-from maskkv_cli.cli.parsing import parse_devices
+from maskkv_cli.cli.parsing import out_folder, parse_devices
 from maskkv_cli.cli.run_options import CACHE, OUTPUT, SAMPLER, RunOptions, run_options
 from maskkv_cli.prompting.fit import DEFAULT_LONG, LONG_MODES
 
@@ -120,6 +120,7 @@ def batch(
     quiet, as_json = opts.quiet, opts.as_json
     if out is None:
         raise fail("give a results folder with --out DIR (a rerun into it skips finished jobs)", 2)
+    out_folder(out)
     if (jobs is None) == (docs is None):
         raise fail("give a jobs file (.jsonl or .csv) or --docs PATTERN with --questions FILE, not both", 2)
     if docs is not None and questions is None:

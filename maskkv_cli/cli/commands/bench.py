@@ -38,7 +38,7 @@ from maskkv_cli.cli.options import (
     quantize_option,
     repeats_option,
 )
-from maskkv_cli.cli.parsing import parse_count, parse_counts, parse_policies
+from maskkv_cli.cli.parsing import out_folder, parse_count, parse_counts, parse_policies
 from maskkv_cli.defaults import check_dtype
 from maskkv_cli.errors import UsageError
 from maskkv_cli.runtime.devices import resolve_device
@@ -205,8 +205,8 @@ def speed(
     if in_process and case_timeout:
         raise UsageError("--case-timeout needs fresh processes; leave out --in-process")
     timeout = (GPU_CASE_TIMEOUT if gpu else None) if case_timeout is None else case_timeout or None
-    folder, rows = run_sweep(settings, out, fresh, isolate=not in_process, on_case=_progress(quiet, as_json),
-                             case_timeout=timeout, longest_first=longest_first)
+    folder, rows = run_sweep(settings, out_folder(out), fresh, isolate=not in_process,
+                             on_case=_progress(quiet, as_json), case_timeout=timeout, longest_first=longest_first)
     if as_json:
         typer.echo(json.dumps({"results": rows}))
     else:
@@ -269,7 +269,7 @@ def memory(
                               block_length=block_length, policies=parse_policies(policies),
                               config=None if model else config, model=model, device=resolve_device(device),
                               dtype=check_dtype(dtype), seed=seed, threads=threads, profile=profile, quantize=quantize)
-    folder, rows = run_memory(settings, out, fresh, on_case=_progress(quiet, as_json))
+    folder, rows = run_memory(settings, out_folder(out), fresh, on_case=_progress(quiet, as_json))
     if as_json:
         typer.echo(json.dumps({"results": rows}))
         return
@@ -324,7 +324,7 @@ def loading(
             sys.stderr.write(f"{what}: running...\n" if row is None else f"{what}: "
                              + ("reused\n" if row.get("reused") else f"{row['load_s']:.1f} s\n"))
 
-    folder, rows = run_loading(settings, out, fresh, on_case=on_case)
+    folder, rows = run_loading(settings, out_folder(out), fresh, on_case=on_case)
     if as_json:
         typer.echo(json.dumps({"results": rows}))
         return

@@ -54,7 +54,7 @@ from maskkv_cli.cli.options import (
     model_option,
     samples_option,
 )
-from maskkv_cli.cli.parsing import parse_counts, parse_devices
+from maskkv_cli.cli.parsing import out_folder, parse_counts, parse_devices
 from maskkv_cli.errors import UsageError
 
 _FALLBACK = "/".join(str(FALLBACK_GENERATION[k]) for k in ("gen_length", "steps", "block_length"))
@@ -225,6 +225,7 @@ def quality(
     if samples <= 0:
         raise UsageError(f"--samples must be a positive integer, got {samples}")
     check_dtype(dtype)
+    out_folder(out)
     weights = resolve_quantize(quantize)
     check_layer_budgets(layer_budgets)
     names = parse_policies(policies)

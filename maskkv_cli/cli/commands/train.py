@@ -24,6 +24,7 @@ from maskkv_cli.cli.options import (
     steps_option,
     threads_option,
 )
+from maskkv_cli.cli.parsing import out_folder
 from maskkv_cli.training.config import TrainOptions
 
 # Each TrainOptions field's option, in the order of the fields.
@@ -118,6 +119,7 @@ def _train_tiny(options: TrainOptions, as_json: bool = False) -> None:
     from maskkv_cli.training.config import TrainEvent
     from maskkv_cli.training.train import install_model, train
 
+    out_folder(options.out)
     cfg = options.to_config()  # every option checked here, before any training starts
 
     def show(e: TrainEvent) -> None:
