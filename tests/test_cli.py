@@ -179,3 +179,38 @@ def test_a_results_folder_where_a_file_is_is_refused_first(tmp_path, monkeypatch
     assert f"--out {out}: afile is a file, not a folder" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "note:" not in result.output
     assert (tmp_path / "afile").read_text() == "kept\n"
+
+
+@pytest.mark.parametrize("args", [
+    ["ask", "doc.txt", "What is the number?"], ["profile", "doc.txt", "What is the number?"], ["serve"],
+    ["batch", "--docs", "doc.txt", "--questions", "q.txt", "--out", "results"],
+])
+def test_an_unknown_long_mode_is_refused_first(tmp_path, monkeypatch, args):
+    import maskkv_cli.server
+
+    def serving(*args: object, **kwargs: object) -> None:
+        pytest.fail("the server started")  # (it would serve until stopped)
+
+    monkeypatch.setattr(maskkv_cli.server, "serve", serving)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "doc.txt").write_text("The special magic number for apple is 12345.\n")
+    (tmp_path / "q.txt").write_text("What is the number?\n")
+    result = runner.invoke(app, [*args, "--long", "bogus"])
+    assert result.exit_code == 2 and "--long must be one of parts, truncate, rope-scale, got 'bogus'" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "note:" not in result.output
+    assert not (tmp_path / "results").exists()
+
+
+def test_ask_reads_a_questions_file_as_batch_does(tmp_path):
+    """An empty file is refused (not silently nothing added), and a byte-order mark is not part of a question."""
+    doc = tmp_path / "doc.txt"
+    doc.write_text("The special magic number for apple is 12345.\n")
+    empty = tmp_path / "none.txt"
+    empty.write_text("# only a comment\n\n")
+    result = runner.invoke(app, ["ask", str(doc), "What is the number?", "--questions", str(empty)])
+    assert result.exit_code == 2 and "holds no questions" in result.stderr
+    marked = tmp_path / "q.txt"
+    marked.write_bytes("\ufeffWhat is the special magic number for apple?\n".encode())
+    result = runner.invoke(app, ["ask", str(doc), "--questions", str(marked), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["answers"][0]["question"] == "What is the special magic number for apple?"

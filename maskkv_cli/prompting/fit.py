@@ -97,13 +97,19 @@ def char_offset(tokenizer: Any, ids: Sequence[int], at: int, text: str) -> int:
     return min(len(text), len(tokenizer.decode(list(ids[:at])))) if at > 0 else 0
 
 
+def check_long(mode: str) -> str:
+    """``mode`` when it is one of ``LONG_MODES`` (what ``--long`` takes)."""
+    if mode not in LONG_MODES:
+        raise UsageError(f"--long must be one of {', '.join(LONG_MODES)}, got {mode!r}")
+    return mode
+
+
 def fit_context(tokenizer: Any, context: str, budget: int, mode: str, head_dim: int, theta: float,
                 train_len: int, total_len: int | None = None, ids: list[int] | None = None) -> FittedContext:
     """Make ``context`` fit ``budget`` tokens: cut its middle (``truncate``) or keep it and scale RoPE.
 
     ``ids``: the context's token ids when the caller has them already (they are not encoded again)."""
-    if mode not in LONG_MODES:
-        raise UsageError(f"--long must be one of {', '.join(LONG_MODES)}, got {mode!r}")
+    check_long(mode)
     if ids is None:
         ids = tokenizer.encode(context, add_special_tokens=False)
     n, chars = len(ids), len(context)

@@ -12,17 +12,15 @@ from maskkv_cli.cli.asking import ask_live, ask_together, document_run
 from maskkv_cli.cli.common import fail, guarded, note_once, one_line_stats
 from maskkv_cli.cli.options import AskBatchOpt, LongOpt, PasswordOpt, QuestionsFileOpt
 from maskkv_cli.cli.run_options import CACHE, MODEL, OUTPUT, SAMPLER, RunOptions, run_options
-from maskkv_cli.prompting.fit import DEFAULT_LONG
+from maskkv_cli.prompting.fit import DEFAULT_LONG, check_long
 
 
 def _questions(question: str | None, extra: list[str] | None, questions_file: Path | None) -> list[str]:
+    from maskkv_cli.batch.jobs import read_questions
+
     qs = ([question] if question is not None else []) + list(extra or [])
     if questions_file is not None:
-        try:
-            text = questions_file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise fail(f"cannot read --questions file {questions_file}: {exc}", 2) from None
-        qs += [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+        qs += read_questions(questions_file)  # as batch reads it: an empty file is refused
     if not qs:
         raise fail("no question given: pass QUESTION, -q QUESTION or --questions FILE", 2)
     for q in qs:
@@ -63,6 +61,7 @@ def ask(
 
     check_source(document)  # a wrong path fails at once, before anything heavy is imported or loaded
     requested = parse_batch_size(batch_size)
+    check_long(long)
     qs = _questions(question, more, questions_file)
     cache = opts.cache()
     quiet, as_json = opts.quiet, opts.as_json

@@ -22,7 +22,7 @@ from maskkv_cli.cli.options import (
 )
 from maskkv_cli.cli.parsing import out_folder, parse_devices
 from maskkv_cli.cli.run_options import CACHE, OUTPUT, SAMPLER, RunOptions, run_options
-from maskkv_cli.prompting.fit import DEFAULT_LONG, LONG_MODES
+from maskkv_cli.prompting.fit import DEFAULT_LONG, check_long
 
 # the shared options batch takes: the cache and the sampler's, all of them (LLaDA2's included), and the model's
 # but --device-map (each worker holds its model on one device)
@@ -125,8 +125,7 @@ def batch(
         raise fail("give a jobs file (.jsonl or .csv) or --docs PATTERN with --questions FILE, not both", 2)
     if docs is not None and questions is None:
         raise fail("--docs needs --questions FILE (one question per line)", 2)
-    if long not in LONG_MODES:
-        raise fail(f"--long must be one of {', '.join(LONG_MODES)}, got {long!r}", 2)
+    check_long(long)
     opts.cache()  # as ask: a bad budget, ratio or mode stops here
     size = parse_batch_size(batch_size)
     names = parse_devices(devices, workers, ray)

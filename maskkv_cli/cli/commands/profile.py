@@ -22,6 +22,7 @@ from maskkv_cli.cli.options import (
 )
 from maskkv_cli.cli.run_options import OUTPUT, RunOptions, run_options
 from maskkv_cli.defaults import DEFAULT_POLICY
+from maskkv_cli.prompting.fit import check_long
 from maskkv_cli.runtime.devices import resolve_device
 
 DEFAULT_QUESTION = "Summarize the document."
@@ -84,6 +85,7 @@ def profile(
     if not question.strip():
         raise fail("the question is empty; write the question after the document", 2)
     check_layer_budgets(opts.layer_budgets)
+    check_long(long)
     quiet, as_json = opts.quiet, opts.as_json
     specs = parse_runs(policies, budgets, ratio)
     focus = choose_focus(specs, heatmap) if heatmap is not None else None

@@ -11,6 +11,7 @@ import typer
 from maskkv_cli.cli.common import fail, guarded, note
 from maskkv_cli.cli.options import LongOpt, ServeBatchOpt
 from maskkv_cli.cli.run_options import CACHE, MODEL, SAMPLER, RunOptions, run_options
+from maskkv_cli.prompting.fit import check_long
 from maskkv_cli.runtime.devices import resolve_device
 
 MIB = 1 << 20
@@ -80,6 +81,7 @@ def serve(
 
     settings = opts.settings()
     settings.cache()  # a bad --budget or --ratio stops here, before the model loads
+    check_long(long)
     config = ServerConfig(api_key=api_key or None, queue=queue, timeout_s=timeout,
                           max_body_bytes=int(max_body_mb * MIB), max_upload_bytes=int(max_upload_mb * MIB),
                           settings=settings, long=long, batch_size=parse_batch_size(batch_size))
