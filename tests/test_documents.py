@@ -188,6 +188,13 @@ def test_missing_file(tmp_path: Path) -> None:
     assert_error(tmp_path / "nope.pdf", "File not found", "nope.pdf", "Check the path")
 
 
+def test_a_web_address_is_named_as_one(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    for given in ("https://example.com/report.pdf", Path("http://example.com/a.txt")):  # a Path folds the "//"
+        address = str(given).replace(":/", "://", 1) if isinstance(given, Path) else given
+        assert_error(given, f"{address} is a web address", "reads local files", f"curl -LO {address}")
+
+
 def test_directory(tmp_path: Path) -> None:
     assert_error(tmp_path, "is a directory", ".pdf")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 
 from maskkv_cli.documents.model import Document
@@ -49,6 +50,11 @@ def check_source(path: str | Path) -> Path:
     wrong path fails at once, before the model is loaded."""
     p = Path(path).expanduser()
     if not p.exists():
+        scheme = re.match(r"(https?|ftp):/+", str(path))  # (a Path has folded the scheme's "//" into "/")
+        if scheme:
+            address = f"{scheme.group(1)}://{str(path)[scheme.end():]}"
+            raise DocumentError(f"{address} is a web address: maskkv reads local files; download it first (curl -LO "
+                                f"{address}) and pass the file.")
         raise DocumentError(f"File not found: {p}. Check the path and try again.")
     if p.is_dir():
         raise DocumentError(f"{p} is a directory; pass a single document file ({SUPPORTED_HINT}).")
