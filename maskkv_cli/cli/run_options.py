@@ -73,18 +73,14 @@ class RunOptions:
     quiet: bool = False
 
     def __post_init__(self) -> None:
-        """A bad --quantize, --dtype, --policy or sampler setting stops the command before anything is read,
-        resolved or loaded."""
+        """A bad --quantize or --dtype stops the command before anything is read or loaded (light checks: a wrong
+        document path still fails first, before torch is imported; the cache and sampler settings are checked by
+        ``cache()``, which the commands call before they load the model)."""
         from maskkv_cli.defaults import check_dtype, check_quantize
 
         if self.quantize is not None:
             check_quantize(self.quantize)
         check_dtype(self.dtype)
-        if self.policy != DEFAULT_POLICY:
-            from maskkv_cli.policies.base import get_policy
-
-            get_policy(self.policy)  # an unknown name is a usage error listing the policies
-        self.settings()  # its own checks: lengths and counts, temperature, threshold
 
     @property
     def quantization(self) -> str:
