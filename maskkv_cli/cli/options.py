@@ -210,7 +210,8 @@ HaystackOpt = Annotated[Path | None, typer.Option(
     show_default=False)]
 
 # ask
-QuestionsFileOpt = Annotated[Path | None, questions_option("A file with one question per line.", show_default=False)]
+QuestionsFileOpt = Annotated[Path | None, questions_option(
+    "A file with one question per line (blank lines and lines starting with # skipped).", show_default=False)]
 BatchJobsOpt = Annotated[str, batch_size_option(
     "Jobs of equal settings a worker denoises together in one forward (consecutive jobs, one document after "
     "another): a number, or auto (up to 16 jobs sent at once, as many prompts at a time as fit free memory by the "
@@ -234,8 +235,9 @@ AskBatchOpt = Annotated[str, batch_size_option(
 BatchOutOpt = Annotated[Path | None, out_option(
     "Results folder (answers.jsonl, config.json, summary.md); a rerun into it skips finished jobs.", "-o",
     show_default=False)]
-BatchQuestionsOpt = Annotated[Path | None, questions_option("With --docs: a file with one question per line.",
-                                                            show_default=False)]
+BatchQuestionsOpt = Annotated[Path | None, questions_option(
+    "With --docs: a file with one question per line (blank lines and lines starting with # skipped).",
+    show_default=False)]
 
 # eval
 HarnessTasksOpt = Annotated[str, tasks_option(
