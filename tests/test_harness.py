@@ -272,6 +272,20 @@ def test_eval_command_writes_results_and_stats(offline: Path, tasks_dir: Path, t
     assert len(next(folder.glob("maskkv_requests_*.jsonl")).read_text().splitlines()) == len(GSM)
 
 
+def test_an_unknown_task_is_refused_before_the_model_loads(offline: Path, tasks_dir: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import maskkv_cli.evaluation.harness_model as harness_model
+
+    def loading(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(harness_model, "MaskKVLM", loading)
+    result = CliRunner().invoke(app, ["eval", "--model", str(shipped_model()), "--tasks", "local_gsm,nope",
+                                      "--include-path", str(tasks_dir), "--no-builtin-tasks"])
+    assert result.exit_code == 2, result.output
+    assert "unknown task(s) nope: not among the harness's tasks or in" in result.stderr
+
+
 def test_eval_without_the_harness_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     import maskkv_cli.evaluation as evaluation
 

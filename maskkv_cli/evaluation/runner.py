@@ -42,17 +42,17 @@ def run_eval(tasks: list[str], model_args: dict[str, Any], *, include_path: str 
 
     if include_path is not None and not Path(include_path).expanduser().is_dir():
         raise UsageError(f"--include-path {include_path} is not a folder of task YAML files")
+    manager = TaskManager(include_path=None if include_path is None else str(Path(include_path).expanduser()),
+                          include_defaults=builtin_tasks)
+    unknown = [t for t in tasks if not manager.match_tasks([t])]
+    if unknown:  # before the model loads (minutes for a real checkpoint)
+        where = "" if include_path is None else f" or in {include_path}"
+        raise UsageError(f"unknown task(s) {', '.join(unknown)}: not among the harness's tasks{where} "
+                         "(`python -m maskkv_cli.evaluation ls tasks` lists them)")
     path, _ = resolve_default_model(model_args.get("model"))
     args = {**model_args, "model": path}
     folder = None if output is None else Path(output).expanduser() / sanitize_model_name(str(path))
     lm = MaskKVLM(**args, stats_dir=None if folder is None else str(folder))
-    manager = TaskManager(include_path=None if include_path is None else str(Path(include_path).expanduser()),
-                          include_defaults=builtin_tasks)
-    unknown = [t for t in tasks if not manager.match_tasks([t])]
-    if unknown:
-        where = "" if include_path is None else f" or in {include_path}"
-        raise UsageError(f"unknown task(s) {', '.join(unknown)}: not among the harness's tasks{where} "
-                         "(`python -m maskkv_cli.evaluation ls tasks` lists them)")
     tracker = EvaluationTracker(output_path=str(output)) if output is not None else None
     results = simple_evaluate(model=lm, model_args=args, tasks=tasks, task_manager=manager,
                               apply_chat_template=chat_template, log_samples=output is not None, limit=limit,
