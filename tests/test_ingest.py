@@ -378,3 +378,11 @@ def test_removing_a_document_that_is_not_stored_exits_1_as_other_not_found_error
     assert result.exit_code == 1
     assert result.stderr.strip() == ("error: No stored document matches 'nope'; `maskkv ingest --list` shows the "
                                      "stored documents' hashes and names.")
+
+
+@pytest.mark.parametrize("args", [["--list", "--remove", "x"], ["doc.txt", "--list"], ["doc.txt", "--remove", "x"]])
+def test_files_list_and_remove_are_one_at_a_time(tmp_path: Path, args: list[str]) -> None:
+    """Not one of them silently ignored: a usage error, and nothing listed, removed or stored."""
+    (tmp_path / "doc.txt").write_text("The special magic number for apple is 12345.\n")
+    result = run("ingest", *[str(tmp_path / a) if a == "doc.txt" else a for a in args])
+    assert result.exit_code == 2 and "one of them" in result.stderr and not result.stdout

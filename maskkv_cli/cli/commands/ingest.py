@@ -171,6 +171,8 @@ def ingest(
     from maskkv_cli.documents.ingest import FOLDER_HINT, Tally, discover, ingest_all, skipped_outcomes
     from maskkv_cli.documents.store import DocumentStore
 
+    if sum((list_, remove is not None, bool(paths))) > 1:
+        raise fail("give files or folders to ingest, --list or --remove: one of them", 2)
     store = DocumentStore()
     if list_:
         _list(store, as_json)
