@@ -59,6 +59,13 @@ def test_jobs_from_jsonl_csv_and_cross_product(tmp_path: Path, corpus: dict[str,
     (tmp_path / "bad.csv").write_text("document,question,budget\na.txt,Q,-3\n")
     with pytest.raises(UsageError, match="budget must be positive"):
         read_jobs_file(tmp_path / "bad.csv")
+    (tmp_path / "policy.jsonl").write_text('{"document": "a.txt", "question": "Q"}\n'
+                                           '{"document": "a.txt", "question": "Q", "policy": "bogus"}\n')
+    with pytest.raises(UsageError, match="policy.jsonl:2: unknown policy 'bogus'; choose from: none, full"):
+        read_jobs_file(tmp_path / "policy.jsonl")  # named with its line when read, before any model is chosen
+    (tmp_path / "notes.rst").write_text("Notes\n")
+    with pytest.raises(UsageError, match="a jobs file is .jsonl or .csv; to ask about documents: --docs"):
+        read_jobs_file(tmp_path / "notes.rst")  # a document given where the jobs file goes
     specs = cross_product([str(tmp_path / "*.pdf"), str(corpus["notes"])], ["Q1", "Q2"])
     assert [(Path(s.document).name, s.question) for s in specs] == [
         ("broken.pdf", "Q1"), ("broken.pdf", "Q2"), ("story.pdf", "Q1"), ("story.pdf", "Q2"), ("notes.txt", "Q1"),

@@ -160,6 +160,11 @@ def _spec(row: dict[str, Any], where: str, default_id: str, base: Path) -> JobSp
     if not path.is_absolute():
         path = base / path  # relative to the jobs file, like paths in a playlist
     policy = str(row.get("policy") or "").strip() or None
+    if policy is not None:
+        from maskkv_cli.policies.base import policy_names
+
+        if policy not in policy_names():
+            raise UsageError(f"{where}: unknown policy {policy!r}; choose from: {', '.join(policy_names())}")
     return JobSpec(id=str(row.get("id") or "").strip() or default_id, document=str(path), question=question,
                    policy=policy, budget=_positive_int(row.get("budget"), "budget", where),
                    gen_length=_positive_int(row.get("gen_length"), "gen_length", where))
@@ -187,7 +192,9 @@ def read_jobs_file(path: Path) -> list[JobSpec]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise UsageError(f"{path}:{n}: not a JSON object ({exc.msg}); one job per line") from None
+                hint = "" if path.suffix.lower() in (".jsonl", ".json", ".ndjson") else (
+                    f" (a jobs file is .jsonl or .csv; to ask about documents: --docs {path} --questions FILE)")
+                raise UsageError(f"{path}:{n}: not a JSON object ({exc.msg}); one job per line{hint}") from None
             if not isinstance(row, dict):
                 raise UsageError(f"{path}:{n}: not a JSON object; one job per line")
             specs.append(_spec(row, f"{path}:{n}", str(n), base))
