@@ -32,8 +32,11 @@ def test_parse_device_map():
     assert parse_device_map("cpu,cpu", 4) == [CPU] * 4
     if torch.cuda.device_count() < 2:
         assert parse_device_map("auto", 4) is None
-    with pytest.raises(UsageError):
-        parse_device_map("nonsense-device", 4)
+    with pytest.raises(UsageError, match="--device-map cpu,nonsense-device: unknown device 'nonsense-device'; use"):
+        parse_device_map("cpu,nonsense-device", 4)
+    if not torch.cuda.is_available():  # a device this machine lacks is named as such
+        with pytest.raises(UsageError, match="--device-map cuda:0,cuda:1: device cuda:0: .* finds no CUDA GPU"):
+            parse_device_map("cuda:0,cuda:1", 4)
 
 
 def test_cpu_map_runs_the_same_path_and_answers_the_same(tiny_dir, monkeypatch):

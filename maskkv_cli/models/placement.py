@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from maskkv_cli.errors import UsageError
+from maskkv_cli.runtime.devices import check_device
 
 
 def split_layers(n_layers: int, devices: list[torch.device]) -> list[torch.device]:
@@ -35,9 +36,9 @@ def parse_device_map(spec: str | None, n_layers: int) -> list[torch.device] | No
         count = torch.cuda.device_count()
         return split_layers(n_layers, [torch.device(f"cuda:{i}") for i in range(count)]) if count > 1 else None
     try:
-        devices = [torch.device(d.strip()) for d in spec.split(",") if d.strip()]
-    except RuntimeError as exc:
-        raise UsageError(f"--device-map: {exc}") from None
+        devices = [torch.device(check_device(d.strip())) for d in spec.split(",") if d.strip()]
+    except UsageError as exc:
+        raise UsageError(f"--device-map {spec}: {exc}") from None
     return split_layers(n_layers, devices)
 
 
