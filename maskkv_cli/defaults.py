@@ -35,6 +35,9 @@ DTYPE_NAMES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 QUANTIZE_CHOICES = ("none", "int8", "int4")
 
 
+CONFIG_KEYS = ("model", "quantize")  # what the config file may set
+
+
 def _config_value(name: str) -> str | None:
     """``name = ...`` in the config file, as text (None when the file or the line is not there)."""
     path = config_file()
@@ -44,6 +47,10 @@ def _config_value(name: str) -> str | None:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise UsageError(f"cannot read config file {path}: {exc}") from None
+    unknown = sorted(set(data) - set(CONFIG_KEYS))
+    if unknown:  # a setting the user expects to apply, silently not read, would be worse than stopping
+        raise UsageError(f"config file {path}: {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not "
+                         f"read by maskkv; it reads {' and '.join(CONFIG_KEYS)} (the rest are command options)")
     value = data.get(name)
     return str(value) if value else None
 

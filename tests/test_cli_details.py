@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from prompts import NEEDLE_DOC
 from typer.testing import CliRunner
 
@@ -33,6 +34,18 @@ def test_a_bad_default_model_names_the_variable_or_the_config_line(tmp_path: Pat
     result = runner.invoke(app, ["summarize", str(doc)])
     assert result.exit_code == 1
     assert result.stderr.startswith(f'error: `model = "{tmp_path / "gone"}"` in {config} names no usable model')
+
+
+def test_a_config_file_setting_maskkv_does_not_read_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not silently ignored (a user who wrote ``budget = 64`` there expects it to apply)."""
+    doc = tmp_path / "doc.txt"
+    doc.write_text(NEEDLE_DOC)
+    config = tmp_path / "config.toml"
+    config.write_text('quantize = "none"\nbudget = 64\n')
+    monkeypatch.setenv("MASKKV_CONFIG", str(config))
+    result = runner.invoke(app, ["ask", str(doc), QUESTION])
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert f"config file {config}: budget is not read by maskkv; it reads model and quantize" in result.stderr
 
 
 def test_ingest_counts_tokens_as_ask_does(tmp_path: Path) -> None:
