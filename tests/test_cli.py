@@ -125,6 +125,10 @@ def test_policies_lists_all():
                  "mask-vote-uniform", "prompt-vote", "all-vote"):
         assert name in rows
     assert [name for name, line in rows.items() if line.rstrip().endswith("[default]")] == ["maskkv"]
+    listed = json.loads(runner.invoke(app, ["policies", "--json"]).stdout)["policies"]
+    assert [p["name"] for p in listed] == policy_names()
+    assert [p["name"] for p in listed if p["default"]] == ["maskkv"]
+    assert {p["name"] for p in listed if not p["evicts"]} == {"none", "full"}
 
 
 def test_the_papers_maskkv_is_the_default_and_maskkv_plus_is_labelled_experimental():
