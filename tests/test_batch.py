@@ -61,7 +61,7 @@ def test_jobs_from_jsonl_csv_and_cross_product(tmp_path: Path, corpus: dict[str,
         read_jobs_file(tmp_path / "bad.csv")
     (tmp_path / "policy.jsonl").write_text('{"document": "a.txt", "question": "Q"}\n'
                                            '{"document": "a.txt", "question": "Q", "policy": "bogus"}\n')
-    with pytest.raises(UsageError, match="policy.jsonl:2: unknown policy 'bogus'; choose from: none, full"):
+    with pytest.raises(UsageError, match="policy.jsonl:2: unknown policy 'bogus'; choose one of: none, full"):
         read_jobs_file(tmp_path / "policy.jsonl")  # named with its line when read, before any model is chosen
     (tmp_path / "notes.rst").write_text("Notes\n")
     with pytest.raises(UsageError, match="a jobs file is .jsonl or .csv; to ask about documents: --docs"):

@@ -161,10 +161,9 @@ def _spec(row: dict[str, Any], where: str, default_id: str, base: Path) -> JobSp
         path = base / path  # relative to the jobs file, like paths in a playlist
     policy = str(row.get("policy") or "").strip() or None
     if policy is not None:
-        from maskkv_cli.policies.base import policy_names
+        from maskkv_cli.policies.base import check_policy
 
-        if policy not in policy_names():
-            raise UsageError(f"{where}: unknown policy {policy!r}; choose from: {', '.join(policy_names())}")
+        check_policy(policy, f"{where}: ")
     return JobSpec(id=str(row.get("id") or "").strip() or default_id, document=str(path), question=question,
                    policy=policy, budget=_positive_int(row.get("budget"), "budget", where),
                    gen_length=_positive_int(row.get("gen_length"), "gen_length", where))

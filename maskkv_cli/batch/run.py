@@ -167,13 +167,11 @@ def run_batch(
     from maskkv_cli.batch.answering import run_settings
     from maskkv_cli.models.checkpoint import ModelFolder
     from maskkv_cli.models.config import read_model_defaults
-    from maskkv_cli.policies.base import policy_names
+    from maskkv_cli.policies.base import check_policy
     from maskkv_cli.sampling.llada import GenerationConfig
 
-    known = policy_names()
     for policy in {s.policy or settings.policy for s in specs}:
-        if policy not in known:
-            raise UsageError(f"unknown policy {policy!r}; choose from: {', '.join(known)}")
+        check_policy(policy)
     model = ModelFolder.of(model_path)  # a path is resolved here, once; the workers get its name
     run_settings(settings).check_family(model.config.family)  # options the model's sampler does not take
     model_path = model.name

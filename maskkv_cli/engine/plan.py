@@ -24,7 +24,7 @@ from maskkv_cli.errors import UsageError
 from maskkv_cli.kv.budgets import resolve_budget
 from maskkv_cli.kv.prefix import PrefixStore
 from maskkv_cli.models.protocol import DiffusionLM
-from maskkv_cli.policies.base import Policy, PolicyOptions, get_policy, policy_names, uses_importance
+from maskkv_cli.policies.base import Policy, PolicyOptions, check_policy, get_policy, uses_importance
 
 if TYPE_CHECKING:
     from maskkv_cli.models.checkpoint import ModelFolder
@@ -60,8 +60,7 @@ class CacheConfig:
         if self.ratio is not None and not 0 < self.ratio <= 1:
             raise UsageError(f"--ratio must be in (0, 1], got {self.ratio}")
         check_layer_budgets(self.layer_budgets)
-        if self.policy not in policy_names():
-            get_policy(self.policy)  # an unknown name: a usage error listing the policies
+        check_policy(self.policy)
 
     def resolved_budget(self, prompt_len: int) -> int | None:
         """Budget in entries per head per layer; None keeps the whole prompt."""

@@ -118,12 +118,6 @@ def batch_size_arg(value: Any) -> int | None:
         raise UsageError(f"batch_size must be a positive number or auto, got {value!r}") from None
 
 
-def policy_names() -> list[str]:
-    from maskkv_cli.policies.base import policy_names as names
-
-    return names()
-
-
 def fit_prompt(engine: Engine, ids: list[int], gen_length: int) -> tuple[list[int], bool]:
     """The prompt ``ids`` fitted to the window with room for ``gen_length`` answer tokens (LongBench's middle cut
     when it is too long), and whether it was cut."""

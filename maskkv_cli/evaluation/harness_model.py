@@ -99,10 +99,7 @@ class MaskKVLM(LM):
         from maskkv_cli.errors import UsageError
 
         self.settings = engine_adapter.harness_settings(run_args)
-        names = engine_adapter.policy_names()
-        if self.settings.policy not in names:
-            raise UsageError(f"unknown policy {self.settings.policy!r}; choose one of: {', '.join(names)}")
-        self.settings.cache()  # budget and ratio both, a bad mode: one line before the model loads
+        self.settings.cache()  # an unknown policy, budget and ratio both, a bad mode: one line before the model loads
         from maskkv_cli.defaults import resolve_quantize
 
         weights = resolve_quantize(None if quantize in (None, "") else str(quantize))

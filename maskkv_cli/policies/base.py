@@ -151,12 +151,16 @@ def register(cls: type[Policy]) -> type[Policy]:
 
 
 def get_policy(name: str, options: PolicyOptions | None = None) -> Policy:
-    import maskkv_cli.policies  # noqa: F401  (registers the built-in policies)
+    return REGISTRY[check_policy(name)](options)
 
-    try:
-        return REGISTRY[name](options)
-    except KeyError:
-        raise UsageError(f"unknown policy {name!r}; choose one of: {', '.join(REGISTRY)}") from None
+
+def check_policy(name: str, where: str = "") -> str:
+    """``name`` when a policy is registered under it; else a ``UsageError`` listing them (``where``: a prefix naming
+    where the name was given, e.g. a jobs file's line)."""
+    names = policy_names()
+    if name not in names:
+        raise UsageError(f"{where}unknown policy {name!r}; choose one of: {', '.join(names)}")
+    return name
 
 
 def uses_importance(name: str) -> bool:
