@@ -73,3 +73,23 @@ def test_generation_resets_the_cuda_peak(tiny_model, monkeypatch):
     generate(tiny_model, random_ids(tiny_model, 16), GenerationConfig(gen_length=8, steps=4, block_length=8),
              get_policy("full"))
     assert seen == [[tiny_model.device], [tiny_model.device]]  # once at the start of every generation
+
+
+def test_one_peak_reading_reads_the_peak_once_per_block_and_thread(monkeypatch):
+    import threading
+
+    reads = []
+    monkeypatch.setattr(stats, "peak_rss_bytes", lambda: reads.append(1) or 100 * len(reads))
+    assert stats.peak_memory("cpu") == (100, "rss") and stats.peak_memory("cpu") == (200, "rss")  # each call reads
+    with stats.one_peak_reading():
+        first = stats.peak_memory([torch.device("cpu")])
+        with stats.one_peak_reading():  # nested: the outer block's reading
+            assert stats.peak_memory([torch.device("cpu")]) == first == (300, "rss")
+        other: list[tuple[int, str]] = []
+        thread = threading.Thread(target=lambda: other.append(stats.peak_memory([torch.device("cpu")])))
+        thread.start()
+        thread.join()
+        assert other == [(400, "rss")]  # another thread reads for itself
+        assert stats.peak_memory("cpu") == (500, "rss")  # another device key: its own reading, kept too
+        assert stats.peak_memory("cpu") == (500, "rss")
+    assert stats.peak_memory([torch.device("cpu")]) == (600, "rss")  # after the block: read again

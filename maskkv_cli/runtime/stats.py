@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 import resource
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -67,12 +70,35 @@ def current_memory(device: torch.device | str | list[torch.device]) -> int:
     return sum(torch.cuda.memory_allocated(d) for d in cuda) if cuda else rss_bytes()
 
 
+_readings = threading.local()  # this thread's shared peak readings (``one_peak_reading``), where it holds some
+
+
+@contextmanager
+def one_peak_reading() -> Iterator[None]:
+    """Within this block this thread's ``peak_memory`` of the same devices reads the peak once and gives that reading
+    again: the generations that end in one round of a batch report the peak of that moment, read once instead of
+    once each (reading Linux's VmHWM takes tens of microseconds). Nested blocks share the outermost one's."""
+    outer = getattr(_readings, "held", None)
+    if outer is None:
+        _readings.held = {}
+    try:
+        yield
+    finally:
+        if outer is None:
+            _readings.held = None
+
+
 def peak_memory(device: torch.device | str | list[torch.device]) -> tuple[int, str]:
     """(peak, what): ``memory_now``'s peak alone, without reading the current figure."""
+    held: dict[object, tuple[int, str]] | None = getattr(_readings, "held", None)
+    key = tuple(device) if isinstance(device, list) else device
+    if held is not None and key in held:
+        return held[key]
     cuda = _cuda_devices(device)
-    if cuda:
-        return sum(torch.cuda.max_memory_allocated(d) for d in cuda), "cuda"
-    return peak_rss_bytes(), "rss"
+    reading = (sum(torch.cuda.max_memory_allocated(d) for d in cuda), "cuda") if cuda else (peak_rss_bytes(), "rss")
+    if held is not None:
+        held[key] = reading
+    return reading
 
 
 def reset_peak(device: torch.device | str) -> bool:

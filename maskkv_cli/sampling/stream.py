@@ -24,6 +24,7 @@ from torch import Tensor
 
 from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.models.protocol import DiffusionLM
+from maskkv_cli.runtime.stats import one_peak_reading
 from maskkv_cli.sampling import SamplerOptions, open_generation
 from maskkv_cli.sampling.commits import share_slab
 from maskkv_cli.sampling.common import Event, GenerationResult
@@ -102,7 +103,8 @@ def sample_stream(model: DiffusionLM, take: Take, batch_size: int,
                 finish(index, None, exc)
         share_slab([run for _, run, _ in opened])  # before the loops start: their commits can then run together
         active.extend(Generation(index, run, loop) for index, run, loop in opened)
-        step_round(model, active)
+        with one_peak_reading():  # the jobs that end in this round report one reading of the peak
+            step_round(model, active)
         still: list[Generation] = []
         for gen in active:
             if gen.done:
