@@ -47,3 +47,24 @@ def test_a_bad_value_is_one_line_before_anything_loads(tmp_path):
     for args in (["--budget", "0"], ["--budget", "4", "--ratio", "0.5"], ["--layer-budgets", "x"]):
         result = runner.invoke(app, ["ask", str(doc), "Q?", *args])
         assert result.exit_code == 2 and result.output.count("\n") == 1 and "error:" in result.output, args
+
+
+@pytest.mark.parametrize("command", ["generate", "ask", "profile"])
+def test_generation_settings_that_do_not_go_together_fail_before_the_weights_load(tmp_path, monkeypatch, command):
+    import maskkv_cli.app.session as session_module
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the weights were loaded before the settings were checked")
+
+    monkeypatch.setattr(session_module, "load_checkpoint", no_load)
+    doc = tmp_path / "d.txt"
+    doc.write_text("Some text.")
+    head = {"generate": ["generate", "Hello"], "ask": ["ask", str(doc), "Q?"], "profile": ["profile", str(doc)]}
+    for args, message in ((["--gen-length", "7", "--block-length", "4"], "must be a multiple of --block-length 4"),
+                          (["--gen-length", "16", "--block-length", "8", "--steps", "3"], "--steps 3 must be")):
+        result = runner.invoke(app, [*head[command], *args, "--quiet"])
+        assert result.exit_code == 2, (command, args, result.output)
+        assert message in result.output and result.output.count("\n") == 1, (command, args, result.output)
+    if command == "generate":  # its own sampler options are checked with them
+        result = runner.invoke(app, ["generate", "Hello", "--cfg", "-1", "--quiet"])
+        assert result.exit_code == 2 and "--cfg must be >= 0" in result.output

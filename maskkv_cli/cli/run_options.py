@@ -102,11 +102,13 @@ class RunOptions:
         """The cache request, checked (a bad budget, ratio or mode is a usage error before anything loads)."""
         return self.settings().cache()
 
-    def load_session(self, device: str, folder: Any = None, policies: Sequence[str] = (), **more: Any) -> Any:
+    def load_session(self, device: str, folder: Any = None, policies: Sequence[str] = (),
+                     generates: dict[str, Any] | None = None, **more: Any) -> Any:
         """Resolve, offer to pull and load the model on ``device`` (already resolved from ``auto``); ``folder``: the
         ``ModelFolder`` the command resolved ``--model`` to already (``cli.model_choice.pull_first``); ``policies``:
         the cache policies the command runs besides ``--policy`` (``profile --policies``), checked against the
-        model's family before it loads."""
+        model's family before it loads; ``generates``: the command generates with ``generation(defaults,
+        **generates)``, checked before the weights load (``check_generation``)."""
         from maskkv_cli.app.run_settings import check_policy_family
         from maskkv_cli.cli.model_choice import choose_model, load_session
 
@@ -115,6 +117,8 @@ class RunOptions:
         settings.check_family(chosen.config.family)  # options its sampler does not take: refused before loading
         for policy in policies:
             check_policy_family(policy, chosen.config.family)
+        if generates is not None:
+            self.check_generation(chosen, **generates)
         session = load_session(chosen, device, self.dtype, self.quiet, self.as_json, self.device_map,
                                self.yes, dream=settings.dream(), quantize=self.quantization, **more)
         session.llada2 = settings.llada2(session.stored_llada2)  # the options given over the model's stored defaults
@@ -123,6 +127,14 @@ class RunOptions:
     def generation(self, defaults: dict[str, int], **more: Any) -> Any:
         """The ``GenerationConfig`` of these options, gaps filled from the model's ``defaults``."""
         return self.settings(**more).generation(defaults)
+
+    def check_generation(self, folder: Any, **more: Any) -> None:
+        """Make the ``generation`` of these options over the stored defaults of ``folder`` (a ``ModelFolder``, the
+        ones its session reads), so that settings that do not go together (``--gen-length 7 --block-length 4``, a
+        negative ``--cfg``) are a usage error before the weights load, not after."""
+        from maskkv_cli.models.config import read_model_defaults
+
+        self.generation(read_model_defaults(folder.path).generation, **more)
 
     def with_(self, **changes: Any) -> RunOptions:
         return replace(self, **changes)

@@ -41,7 +41,7 @@ def generate(
         raise fail("the prompt is empty; pass some text", 2)
     cache = opts.cache()
     quiet, as_json = opts.quiet, opts.as_json
-    session = opts.load_session(resolve_device(opts.device))
+    session = opts.load_session(resolve_device(opts.device), generates={"cfg_scale": cfg, "remasking": remasking})
     gen = opts.generation(session.generation_defaults, cfg_scale=cfg, remasking=remasking)
     err = Console(stderr=True)
     if live_display_on(quiet, as_json):
