@@ -68,3 +68,17 @@ def test_generation_settings_that_do_not_go_together_fail_before_the_weights_loa
     if command == "generate":  # its own sampler options are checked with them
         result = runner.invoke(app, ["generate", "Hello", "--cfg", "-1", "--quiet"])
         assert result.exit_code == 2 and "--cfg must be >= 0" in result.output
+
+
+def test_summarize_checks_its_block_against_the_model_summary_length_before_the_weights_load(tmp_path, monkeypatch):
+    import maskkv_cli.app.session as session_module
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the weights were loaded before the settings were checked")
+
+    monkeypatch.setattr(session_module, "load_checkpoint", no_load)
+    doc = tmp_path / "d.txt"
+    doc.write_text("Some text.")
+    result = runner.invoke(app, ["summarize", str(doc), "--block-length", "5", "--quiet"])
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert "--block-length 5: this model writes its summaries in 64 tokens" in result.output  # no --gen-length named

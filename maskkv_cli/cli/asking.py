@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,18 +76,18 @@ class DocumentRun:
 
 @contextmanager
 def document_run(document: Path, password: str | None, opts: RunOptions,
-                 generates: bool = False) -> Iterator[DocumentRun]:
+                 check: Callable[[Any], None] | None = None) -> Iterator[DocumentRun]:
     """Offer to pull a model not on disk (resolving ``--model`` once, into the ``ModelFolder`` loaded below), then,
     under the live panel, read the document (its warnings become notes) and load the model on the device the panel
-    measures (resolved once from ``auto``). ``generates``: the command generates with ``opts.generation`` over the
-    model's defaults, checked first (``RunOptions.check_generation``)."""
+    measures (resolved once from ``auto``). ``check(folder)`` runs first, before the document is read or the weights
+    load: the command's settings checked against the model's stored defaults (``RunOptions.check_generation``)."""
     from maskkv_cli.cli.render import LiveRun
     from maskkv_cli.documents.store import DocumentStore
 
     err, live_on = consoles(opts.quiet, opts.as_json)
     folder, message = pull_first(opts.model, opts.yes, opts.quiet, opts.as_json)  # the run's one resolution
-    if generates:
-        opts.check_generation(folder)
+    if check is not None:
+        check(folder)
     device = resolve_device(opts.device)
     with LiveRun(err, live_on, device) as live:
         live.phase("parse", str(document))

@@ -65,7 +65,7 @@ def ask(
     qs = _questions(question, more, questions_file)
     cache = opts.cache()
     quiet, as_json = opts.quiet, opts.as_json
-    with document_run(document, password, opts, generates=True) as run:
+    with document_run(document, password, opts, opts.check_generation) as run:
         live, doc, session = run.live, run.doc, run.session
         gen = opts.generation(session.generation_defaults)
         if len(qs) > 1 and requested != 1 and long != "rope-scale":

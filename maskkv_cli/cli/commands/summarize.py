@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -54,19 +54,17 @@ def summarize(
         raise fail(f"--length must be a positive number of words, got {length}", 2)
     cache = opts.cache()
     quiet, as_json = opts.quiet, opts.as_json
-    with document_run(document, password, opts) as run:
+    def check(folder: Any) -> None:  # the summaries' lengths over the model's stored ones, before it loads
+        from maskkv_cli.models.config import read_model_defaults
+
+        stored = read_model_defaults(folder.path)
+        summary_generations(opts, length, stored.summary_length, stored.summary_block)
+
+    with document_run(document, password, opts, check) as run:
         live, doc, session = run.live, run.doc, run.session
         lead = bool(session.summary_length)
-        if lead:
-            # a model trained on lead summaries (the embedded one) writes each part's at the length it was trained on
-            gen_tokens = session.summary_length
-            block = opts.block_length or session.summary_block or gen_tokens
-            final_tokens = min(gen_tokens, summary_tokens(length, opts.block_length or session.summary_block or 8))
-            final_block = opts.block_length or session.summary_block or final_tokens
-        else:
-            block = final_block = opts.block_length or 32
-            gen_tokens = final_tokens = summary_tokens(length, block)
-        gen = opts.with_(gen_length=gen_tokens, block_length=block).generation({})
+        gen, final_gen = summary_generations(opts, length, session.summary_length, session.summary_block)
+        gen_tokens, final_tokens = gen.gen_length, final_gen.gen_length
         room = (session.window - session.prompt_overhead(part_instruction(length))
                 - session.response_positions(gen.gen_length))
         if room < 64:
@@ -84,7 +82,6 @@ def summarize(
                               "confidence": a.confidence.as_dict() if a.confidence else None})
         final, source = a, parts[-1].text
         written = [s["summary"] for s in summaries if s["summary"].strip()]
-        final_gen = opts.with_(gen_length=final_tokens, block_length=final_block).generation({})
         if len(summaries) > 1 and written:  # parts that gave no summary add nothing to the merge
             live.phase("merge", f"{len(written)} summaries")
             # a lead-summary model is asked for the lead of the joined summaries (the document's first sentences),
@@ -126,6 +123,30 @@ def summarize(
         what = "the mean" if conf["statistic"] == "mean" else "a token"
         typer.echo(f"LOW CONFIDENCE in the summaries of {pages_label(low)} ({what} below {conf['threshold']:.2f}): "
                    "the model is probably guessing, check them in the document", err=True)
+
+
+def summary_generations(opts: RunOptions, length: int, summary_length: int | None,
+                        summary_block: int | None) -> tuple[Any, Any]:
+    """The generation settings of each part's summary and of the final one, for a summary of about ``length`` words
+    by a model whose stored lead-summary length and block are ``summary_length`` and ``summary_block`` (None: it
+    writes summaries of any length). A ``--block-length`` that does not divide the lead summary's tokens is a usage
+    error that says so (the run has no --gen-length to blame)."""
+    from maskkv_cli.prompting.parts import summary_tokens
+
+    if summary_length:
+        # a model trained on lead summaries (the embedded one) writes each part's at the length it was trained on
+        if opts.block_length and summary_length % opts.block_length:
+            raise fail(f"--block-length {opts.block_length}: this model writes its summaries in {summary_length} "
+                       f"tokens, which a block length must divide (leave it out for the model's own, "
+                       f"{summary_block or summary_length})", 2)
+        block = opts.block_length or summary_block or summary_length
+        final_tokens = min(summary_length, summary_tokens(length, opts.block_length or summary_block or 8))
+        final_block = opts.block_length or summary_block or final_tokens
+        gen = opts.with_(gen_length=summary_length, block_length=block).generation({})
+        return gen, opts.with_(gen_length=final_tokens, block_length=final_block).generation({})
+    block = opts.block_length or 32
+    gen = opts.with_(gen_length=summary_tokens(length, block), block_length=block).generation({})
+    return gen, gen
 
 
 def _notes(length: int, lead: bool, show_parts: bool, capped: bool, embedded: bool) -> list[str]:
