@@ -54,15 +54,15 @@ def lanes_per_step(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
         shared_prefills.append(len(lanes))
         return prefills(model, lanes)
 
-    def count_commits(group, k):  # type: ignore[no-untyped-def]
-        joined_commits.append(len(group))
-        return commit_joined(group, k)
+    def count_commits(runs, rows, *rest):  # type: ignore[no-untyped-def]
+        joined_commits.append(len(runs))
+        return commit_rows(runs, rows, *rest)
 
-    commit_joined = commits._commit_joined
+    commit_rows = commits.commit_rows
     joined_commits.clear()
     monkeypatch.setattr(driver, "prefill_lanes", count_prefill)
     monkeypatch.setattr(driver, "step_logits", count_steps)
-    monkeypatch.setattr(commits, "_commit_joined", count_commits)
+    monkeypatch.setattr(commits, "commit_rows", count_commits)
     yield seen
 
 
@@ -288,11 +288,11 @@ def test_every_probability_is_bit_identical_for_each_family(config: str, dtype: 
              CacheConfig("maskkv", 16, layer_budgets="online")]
     jobs = [BatchJob(p, gen, plan_cache(model, kinds[i % len(kinds)], p.shape[1], block_length=gen.block_length))
             for i, p in enumerate(prompts)]
-    shared: list[int] = []  # lanes per greedy pick the driver ran over several lanes' rows at once
+    shared: list[int] = []  # sequences per greedy pick the driver ran over several sequences' rows at once
     picks = driver.pick_lanes
 
     def count(pick, joined, sizes, shapes, scratch):  # type: ignore[no-untyped-def]
-        shared.append(len(sizes))
+        shared.append(sum(shape[0] for shape in shapes))  # a cohort's pick is one (G, n) part
         return picks(pick, joined, sizes, shapes, scratch)
 
     monkeypatch.setattr(driver, "pick_lanes", count)

@@ -117,30 +117,41 @@ def _commit_joined(commits: list[tuple[Denoising, TopCommit]], k: int) -> list[T
     """The ``k`` most confident of each one-row commit's open positions (as many for each), written in one pass (the
     steps' ends are the caller's); each one's open positions still masked after it (all None where a chosen token is
     the mask token itself, which a greedy rule never picks: the loops then look for themselves)."""
-    runs = [run for run, _ in commits]
+    left = commit_rows([run for run, _ in commits], torch.stack([c.rows for _, c in commits]),
+                       torch.cat([c.conf for _, c in commits]), torch.cat([c.x0 for _, c in commits]),
+                       torch.cat([c.chosen_prob for _, c in commits]), k)
+    return [None] * len(commits) if left is None else list(left.unbind(0))
+
+
+def commit_rows(runs: Sequence[Denoising], rows: Tensor, conf: Tensor, x0: Tensor, chosen_prob: Tensor,
+                k: int) -> Tensor | None:
+    """Commit the ``k`` most confident of the open positions ``rows`` (G, n) of each of the one-row ``runs`` (one
+    slab), by ``conf`` (G, n), with their tokens ``x0`` and probabilities ``chosen_prob`` (G, n), in one write of
+    each: on the CPU one top-k over the rows (which ranks each row exactly as the row alone, ties included), elsewhere
+    each row's own. Returns each run's open positions still masked after it (G, n - k), ascending as ``rows`` are;
+    None where a chosen token is the mask token itself (a greedy rule never picks it): the loops look for
+    themselves."""
     slab = runs[0].slab
     assert slab is not None
-    conf = torch.cat([c.conf for _, c in commits])  # (G, n)
     if conf.device.type == "cpu":
         chosen = conf.topk(k, dim=1).indices
     else:
-        chosen = torch.stack([c.conf[0].topk(k).indices for _, c in commits])
-    rows = torch.stack([c.rows for _, c in commits])  # (G, n) open response positions, ascending
+        chosen = torch.stack([row.topk(k).indices for row in conf])
     at = rows.gather(1, chosen)  # (G, k)
     device = conf.device
     first = slab.tokens.storage_offset()
     tokens_at = torch.tensor([r.x.storage_offset() - first + r.m for r in runs], device=device)[:, None]
     first = slab.probs.storage_offset()
     probs_at = torch.tensor([r.token_probs.storage_offset() - first for r in runs], device=device)[:, None]
-    tokens = torch.cat([c.x0 for _, c in commits]).gather(1, chosen)
+    tokens = x0.gather(1, chosen)
     slab.tokens.index_put_(((at + tokens_at).view(-1),), tokens.view(-1))
-    probs = torch.cat([c.chosen_prob for _, c in commits]).gather(1, chosen)
+    probs = chosen_prob.gather(1, chosen)
     slab.probs.index_put_(((at + probs_at).view(-1),), probs.view(-1))
     mask_id = runs[0].mask_id
     if any(r.mask_id != mask_id for r in runs):
-        return [None] * len(runs)
+        return None
     still = torch.ones_like(rows, dtype=torch.bool).scatter_(1, chosen, tokens == mask_id)
     left = rows[still]
     if left.numel() != rows.shape[0] * (rows.shape[1] - k):
-        return [None] * len(runs)
-    return list(left.view(rows.shape[0], -1).unbind(0))
+        return None
+    return left.view(rows.shape[0], -1)

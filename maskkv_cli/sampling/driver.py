@@ -9,8 +9,10 @@ forward for its engine lane (``sampling/forward.py``), runs the prefill lanes in
 rule (``StepRequest.pick``), that rule's picks, computed once over the rows of every lane of the run that names the
 same rule (``sampling/picks.py``). A loop that then commits its most confident positions yields that commit
 (``TopCommit``); ``commit_round`` runs the round's commits together (``sampling/commits.py``) and resumes each loop
-to its next request. ``drive`` runs one generation this way; ``sampling/stream.py`` runs many, joining and
-leaving. A generation's own failure (a progress callback that stops it, say) ends it alone; a failed
+to its next request. A loop that steps several sequences as one object (``sampling/cohort.py``) yields a
+``ManyRequest``: each of its sequences' lanes goes into the round as any other lane, and once all have run it is
+sent one pick over all their rows. ``drive`` runs one generation this way; ``sampling/stream.py`` runs many,
+joining and leaving. A generation's own failure (a progress callback that stops it, say) ends it alone; a failed
 shared forward (out of memory, ...) ends the generations in it.
 """
 
@@ -19,14 +21,15 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+import torch
 from torch import Tensor
 
-from maskkv_cli.engine.lanes import PrefillLane, StepLane
+from maskkv_cli.engine.lanes import PrefillLane
 from maskkv_cli.engine.prefill import join_rows, prefill_lanes
 from maskkv_cli.engine.step import step_logits
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.sampling.commits import TopCommit, commit_together
-from maskkv_cli.sampling.forward import Forward, Lane, StepRequest
+from maskkv_cli.sampling.forward import Forward, Lane, ManyRequest, StepRequest
 from maskkv_cli.sampling.picks import Pick, Picked, Scratch, joined_span, pick_lanes, pick_one
 
 if TYPE_CHECKING:
@@ -55,7 +58,7 @@ class Generation:
         self.index, self.run, self.loop = index, run, loop
         scratch = getattr(run, "scratch", None)  # the loops' shared float64 work (``Scratch``), where they have one
         self.scratch: Scratch = scratch if isinstance(scratch, Scratch) else Scratch()
-        self.request: StepRequest | TopCommit | None = None
+        self.request: StepRequest | ManyRequest | TopCommit | None = None
         self.result: GenerationResult | None = None
         self.error: BaseException | None = None
         self.advance(None)
@@ -84,6 +87,22 @@ class Generation:
             self.fail(exc)
             return
         self.advance(mine.to(device))
+
+    def answer_many(self, parts: Sequence[Tensor]) -> None:
+        """Send a loop that steps several sequences (``ManyRequest``) its pick over all their rows at once: ``parts``
+        are each sequence's logits (1, n, V), in order (one view of them where they lie back to back)."""
+        request = self.request
+        assert isinstance(request, ManyRequest)
+        try:
+            joined = joined_span(list(parts))
+            if joined is None:
+                joined = torch.cat(list(parts), 1)
+            (picked,) = pick_lanes(request.pick, joined, [joined.numel() // joined.shape[-1]],
+                                   [(len(parts), parts[0].shape[1])], self.scratch)
+        except Exception as exc:  # noqa: BLE001
+            self.fail(exc)
+            return
+        self.advance(picked.to(request.requests[0].x.device))
 
     def fail(self, exc: BaseException) -> None:
         self.request, self.error = None, exc
@@ -120,72 +139,110 @@ def _shared_picks(gens: Sequence[Generation], logits: Sequence[Tensor]) -> dict[
     return out
 
 
+Slot = tuple[Generation, Lane, Forward, int]  # a lane of a round: its generation, the forward that made it (and takes
+# its output), and which of the generation's sequences it is (0 for a loop of one)
+
+
 def _together(model: DiffusionLM, run: Callable[[DiffusionLM, list], list],  # type: ignore[type-arg]
-              pairs: Sequence[tuple[Generation, Lane]]) -> None:
+              slots: Sequence[Slot], taken: dict[int, dict[int, Tensor]]) -> None:
+    """Run the lanes of ``slots`` through the engine in one call and put each lane's logits (its forward's share of
+    the output) into ``taken[id(generation)][sequence]``; a failed shared forward ends the generations in it."""
     try:
-        outputs = run(model, [lane for _, lane in pairs])
+        outputs = run(model, [lane for _, lane, _, _ in slots])
     except Exception as exc:  # noqa: BLE001 - a failed shared forward ends its generations
-        for gen, _ in pairs:
+        for gen, _, _, _ in slots:
             gen.fail(exc)
         return
-    taken: list[tuple[Generation, Tensor]] = []
-    for (gen, lane), output in zip(pairs, outputs, strict=True):
+    for (gen, lane, forward, member), output in zip(slots, outputs, strict=True):
+        if gen.error is not None:
+            continue
         try:
-            taken.append((gen, gen.run.forward.take(lane, output)))
+            taken.setdefault(id(gen), {})[member] = forward.take(lane, output)
         except Exception as exc:  # noqa: BLE001
             gen.fail(exc)
-    picks = _shared_picks([gen for gen, _ in taken], [logits for _, logits in taken])
-    for i, (gen, logits) in enumerate(taken):
-        gen.answer(logits, picks.get(i))
 
 
-def prefill_groups(pairs: Sequence[tuple[Generation, PrefillLane]],
-                   cap: int) -> list[list[tuple[Generation, PrefillLane]]]:
+def prefill_groups(slots: Sequence[Slot], cap: int) -> list[list[Slot]]:
     """The prefills of one round in runs that go through the engine together: consecutive lanes while their rows
     together stay within ``cap`` (``engine.prefill.join_rows``); a lane of more rows alone. Each lane's numbers are
     the same in any run (``models/rows.py``), so this decides only the speed."""
-    groups: list[list[tuple[Generation, PrefillLane]]] = []
+    groups: list[list[Slot]] = []
     rows = 0
-    for gen, lane in pairs:
+    for slot in slots:
+        lane = slot[1]
+        assert isinstance(lane, PrefillLane)
         n = lane.ids.shape[0] * (lane.ids.shape[1] - lane.first)
         if not groups or rows + n > cap:
             groups.append([])
             rows = 0
-        groups[-1].append((gen, lane))
+        groups[-1].append(slot)
         rows += n
     return groups
 
 
+def _lanes(gen: Generation) -> list[tuple[Lane | None, Forward, int]] | None:
+    """The engine lanes of a generation's request (a lane None: its step runs alone); None when making them
+    failed (the generation has failed)."""
+    request = gen.request
+    pairs: list[tuple[Forward, StepRequest]]
+    if isinstance(request, ManyRequest):
+        pairs = list(zip(request.forwards, request.requests, strict=True))
+    else:
+        assert isinstance(request, StepRequest)
+        pairs = [(gen.run.forward, request)]
+    try:
+        return [(forward.lane(req), forward, i) for i, (forward, req) in enumerate(pairs)]
+    except Exception as exc:  # noqa: BLE001
+        gen.fail(exc)
+        return None
+
+
 def step_round(model: DiffusionLM, generations: Sequence[Generation]) -> None:
     """One step of every generation that has a request (see the module doc)."""
-    prefills: list[tuple[Generation, PrefillLane]] = []
-    steps: list[tuple[Generation, Lane]] = []
+    prefills: list[Slot] = []
+    steps: list[Slot] = []
+    asking: list[Generation] = []
     for gen in generations:
-        if not isinstance(gen.request, StepRequest):
+        if not isinstance(gen.request, StepRequest | ManyRequest):
             continue
-        try:
-            lane = gen.run.forward.lane(gen.request)
-        except Exception as exc:  # noqa: BLE001
-            gen.fail(exc)
+        lanes = _lanes(gen)
+        if lanes is None:
             continue
-        if lane is None:  # a compiled or captured step (its own fixed shapes), or a family without lanes: alone
+        if lanes[0][0] is None:  # a compiled or captured step (its own fixed shapes), or a family without lanes
+            assert isinstance(gen.request, StepRequest) and len(lanes) == 1
             try:
                 logits = gen.run.forward.alone(gen.request)
             except Exception as exc:  # noqa: BLE001
                 gen.fail(exc)
                 continue
             gen.answer(logits)
-        elif isinstance(lane, PrefillLane):
-            prefills.append((gen, lane))
-        else:
-            assert isinstance(lane, StepLane)
-            steps.append((gen, lane))
-    if prefills:
-        for group in prefill_groups(prefills, join_rows(model)):
-            _together(model, prefill_lanes, group)
+            continue
+        asking.append(gen)
+        for lane, forward, member in lanes:
+            assert lane is not None  # a loop of several sequences makes lanes for all of them
+            (prefills if isinstance(lane, PrefillLane) else steps).append((gen, lane, forward, member))
+    taken: dict[int, dict[int, Tensor]] = {}
+    runs = prefill_groups(prefills, join_rows(model)) if prefills else []
     if steps:
-        _together(model, step_logits, steps)
+        runs.append(steps)
+    for run in runs:
+        _together(model, prefill_lanes if run is not steps else step_logits, run, taken)
+        _answer([gen for gen, _, _, _ in run if isinstance(gen.request, StepRequest)], taken)
+    for gen in asking:  # a loop of several sequences, once every one of its lanes has run
+        if isinstance(gen.request, ManyRequest) and gen.error is None:
+            parts = taken[id(gen)]
+            gen.answer_many([parts[member] for member in range(len(parts))])
     commit_round(generations)
+
+
+def _answer(single: Sequence[Generation], taken: dict[int, dict[int, Tensor]]) -> None:
+    """Send the loops of one sequence of an engine run their step's logits, or their picks: each rule's run once
+    over the rows of every loop that names it (``_shared_picks``)."""
+    alive = [gen for gen in single if gen.error is None]
+    logits = [taken[id(gen)][0] for gen in alive]
+    picks = _shared_picks(alive, logits)
+    for i, (gen, own) in enumerate(zip(alive, logits, strict=True)):
+        gen.answer(own, picks.get(i))
 
 
 def commit_round(generations: Sequence[Generation]) -> None:

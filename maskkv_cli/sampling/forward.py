@@ -47,6 +47,17 @@ class StepRequest:
     pick: Pick | None = None
 
 
+@dataclass(frozen=True)
+class ManyRequest:
+    """What a loop that steps several sequences together (``sampling/cohort.py``) asks at one step: ``requests[g]``
+    of sequence g, whose engine lane its forward ``forwards[g]`` makes (as it would for that sequence alone), each
+    asking for as many rows; it is sent ``pick``'s ``Picked`` over all their rows at once, shaped (G, n)."""
+
+    requests: tuple[StepRequest, ...]
+    forwards: tuple[Forward, ...]
+    pick: Pick
+
+
 class Forward:
     """What both forwards share: the plan, the cache once built, the records of its layers, the budgets used."""
 

@@ -6,8 +6,9 @@ of the jobs that join, of any lengths, in joined runs of up to ``engine.prefill.
 alone; every later step of the families with engine lanes in one shared step), each loop then commits its own
 tokens by its own schedule (its own block, its own count per step, its own random generator; the jobs that joined
 together write their commits in one pass, ``sampling/commits.py``); a finished job
-leaves and the next waiting one takes its place. One job alone is the same driver with one generation
-(``sampling.sample``).
+leaves and the next waiting one takes its place. The greedy LLaDA jobs that join together with the same settings
+step as one cohort (``sampling/cohort.py``: one loop, one request, pick and commit for all of them). One job alone is
+the same driver with one generation (``sampling.sample``).
 
 Every job's tokens are those it gets alone (tests/test_batched.py). Steps compiled or captured as CUDA graphs, and
 every pass of DiffusionGemma (whose family has no engine lanes), run alone, in their turn.
@@ -18,6 +19,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -26,9 +28,10 @@ from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.runtime.stats import one_peak_reading
 from maskkv_cli.sampling import SamplerOptions, open_generation
+from maskkv_cli.sampling.cohort import Cohort, cohort_key, cohort_loop, steps_alike
 from maskkv_cli.sampling.commits import share_slab
 from maskkv_cli.sampling.common import Event, GenerationResult
-from maskkv_cli.sampling.driver import Generation, step_round
+from maskkv_cli.sampling.driver import Generation, Loop, step_round
 from maskkv_cli.sampling.llada import GenerationConfig
 from maskkv_cli.sampling.picks import Scratch
 
@@ -90,7 +93,8 @@ def sample_stream(model: DiffusionLM, take: Take, batch_size: int,
     scratch = Scratch()  # the loops' float64 work, one step at a time: one for them all
     active: list[Generation] = []
     while True:
-        new = take(batch_size - len(active), not active)
+        running = sum(len(gen.run.runs) if isinstance(gen.run, Cohort) else 1 for gen in active)  # sequences
+        new = take(batch_size - running, not active)
         if not new and not active:
             return
         opened = []
@@ -98,17 +102,44 @@ def sample_stream(model: DiffusionLM, take: Take, batch_size: int,
             prompt = job.prompt if job.prompt.dim() == 2 else job.prompt[None]
             try:
                 opened.append((index, *open_generation(model, prompt, job.gen, job.plan, job.on_event,
-                                                        job.options if job.options is not None else opts, scratch)))
+                                                        job.options if job.options is not None else opts, scratch),
+                               job.gen))
             except Exception as exc:  # noqa: BLE001
                 finish(index, None, exc)
-        share_slab([run for _, run, _ in opened])  # before the loops start: their commits can then run together
-        active.extend(Generation(index, run, loop) for index, run, loop in opened)
+        share_slab([run for _, run, _, _ in opened])  # before the loops start: their commits can then run together
+        active.extend(_generations(model, opened))
         with one_peak_reading():  # the jobs that end in this round report one reading of the peak
             step_round(model, active)
         still: list[Generation] = []
         for gen in active:
-            if gen.done:
-                finish(gen.index, gen.result, gen.error)
-            else:
+            if not gen.done:
                 still.append(gen)
+            elif isinstance(gen.run, Cohort):
+                for index, result, error in gen.run.outcomes(gen.error):
+                    finish(index, result, error)
+            else:
+                finish(gen.index, gen.result, gen.error)
         active = still
+
+
+def _generations(model: DiffusionLM, opened: list[tuple[int, Any, Loop, GenerationConfig]]) -> list[Generation]:
+    """The generations of the jobs that join together: those that step alike with the same settings
+    (``cohort.steps_alike``) as one cohort each, where there are two or more; every other one its own loop."""
+    together: dict[GenerationConfig, list[tuple[int, Any, Loop, GenerationConfig]]] = {}
+    out: list[Generation] = []
+    for item in opened:
+        index, run, loop, gen = item
+        if steps_alike(model, gen, run) and run.slab is not None:
+            together.setdefault(cohort_key(gen), []).append(item)
+        else:
+            out.append(Generation(index, run, loop))
+    for group in together.values():
+        if len(group) == 1:
+            index, run, loop, _ = group[0]
+            out.append(Generation(index, run, loop))
+            continue
+        for _, _, loop, _ in group:
+            loop.close()  # not started: each member's own loop is the cohort's now
+        cohort = Cohort([index for index, _, _, _ in group], [run for _, run, _, _ in group])
+        out.append(Generation(-1, cohort, cohort_loop(cohort, group[0][3])))  # type: ignore[arg-type]
+    return out
