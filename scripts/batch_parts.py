@@ -2,11 +2,13 @@
 
 A group of ``scripts/bench_batch.py``'s jobs (the embedded model, short documents, a new question per job) is answered
 as a batch worker answers it (``batch.answering.answer_jobs``), with the driver's and the pipeline's calls wrapped in
-timers: the engine's prefills and steps, the shared picks, the commits (the loops' resumption after them included),
-the rest of the rounds, and what runs around the rounds (the chat prompts, the plans, each generation's start, the
-results). Right after each group the limit line of its size is timed (``bench.limit.measure_batch_limit``: its bare
-prefill and steps). Reported: the median of each part over the groups, in ms per group, and the median of engine /
-limit. The timers cost about a microsecond a call (a few hundred calls per group).
+timers: the engine's prefills and steps, the picks (every greedy rule's pass over the logits, shared or a loop's
+own), the writes of the commits made together (a cohort's, ``sampling/cohort.py``, or a round's joined commit), the
+rest of the rounds (the loops, their lanes, events and timings, the commits of loops alone), and what runs around the
+rounds (the chat prompts, the plans, each generation's start, the results). Right after each group the limit line of
+its size is timed (``bench.limit.measure_batch_limit``: its bare prefill and steps). Reported: the median of each
+part over the groups, in ms per group, and the median of engine / limit. The timers cost about a microsecond a call
+(a few hundred calls per group).
 
     OMP_NUM_THREADS=2 .venv/bin/python scripts/batch_parts.py --groups 150
     OMP_NUM_THREADS=1 .venv/bin/python scripts/batch_parts.py --groups 150 --out runs/parts-t1.json
@@ -32,8 +34,9 @@ SCRIPTS = Path(__file__).resolve().parent
 TIMED = (
     ("maskkv_cli.sampling.driver", "prefill_lanes", "prefill"),
     ("maskkv_cli.sampling.driver", "step_logits", "steps"),
-    ("maskkv_cli.sampling.driver", "_shared_picks", "picks"),
-    ("maskkv_cli.sampling.driver", "commit_round", "commits"),
+    ("maskkv_cli.sampling.driver", "pick_lanes", "picks"),
+    ("maskkv_cli.sampling.picks", "pick_lanes", "picks"),  # a loop's own picks (``pick_one``)
+    ("maskkv_cli.sampling.commits", "commit_rows", "commits"),
     ("maskkv_cli.sampling.stream", "step_round", "rounds"),
     ("maskkv_cli.app.pipeline", "prepare", "chat prompts"),
 )
@@ -92,10 +95,10 @@ def main() -> None:
             limit = measure_batch_limit(session.model, limits.prompts[name], limits.gen, limits.budget)
         if i < 3:
             continue
-        inside = spent["prefill"] + spent["steps"] + spent["picks"] + spent["commits"]
+        inside = sum(spent.get(part, 0.0) for part in ("prefill", "steps", "picks", "commits"))
         rows.append({"engine": engine, "limit": limit.total_s, "limit prefill": limit.prefill_s,
                      "limit steps": sum(limit.step_s), "prefill": spent["prefill"], "steps": spent["steps"],
-                     "picks": spent["picks"], "commits": spent["commits"],
+                     "picks": spent.get("picks", 0.0), "commits": spent.get("commits", 0.0),
                      "rest of the rounds": spent["rounds"] - inside, "around the rounds": engine - spent["rounds"],
                      "chat prompts": spent.get("chat prompts", 0.0), "engine / limit": engine / limit.total_s})
     report: dict[str, object] = {"groups": args.groups, "size": args.size, "threads": torch.get_num_threads()}

@@ -86,6 +86,7 @@ def cohort_loop(cohort: Cohort, gen: GenerationConfig) -> Generator[ManyRequest,
     live = list(range(len(runs)))  # the members still running
     device = runs[0].device
     pick = MaskedArgmax(runs[0].mask_id)
+    offsets = commits.slab_offsets(runs)  # (G, 1) each: where each member's response starts in the slab
     for blk in range(gen.n_blocks):
         lo, hi = blk * gen.block_length, (blk + 1) * gen.block_length
         # every member's block is all masks when it starts, so all follow one schedule and commit as many a step
@@ -103,17 +104,18 @@ def cohort_loop(cohort: Cohort, gen: GenerationConfig) -> Generator[ManyRequest,
             k = min(k, rows.shape[1])
             if k:
                 left = commits.commit_rows([runs[g] for g in live], rows, picked.probs, picked.tokens,
-                                           picked.probs, k)
+                                           picked.probs, k, offsets)
                 assert left is not None  # the greedy rule never picks the mask token (``steps_alike``)
                 rows = left
+            t1 = now(device)  # the step's end, for every member
             still: list[int] = []
             for i, g in enumerate(live):
                 try:
-                    runs[g].meter.step(t0, runs[g].x, k, blk, gen.n_blocks)
+                    runs[g].meter.step(t0, runs[g].x, k, blk, gen.n_blocks, t1)
                 except Exception as exc:  # noqa: BLE001 - the member's own failure: it leaves, the others go on
                     cohort.errors[g] = exc
                     continue
                 still.append(i)
             if len(still) < len(live):
                 live = [live[i] for i in still]
-                rows = rows[still]
+                rows, offsets = rows[still], (offsets[0][still], offsets[1][still])

@@ -123,14 +123,26 @@ def _commit_joined(commits: list[tuple[Denoising, TopCommit]], k: int) -> list[T
     return [None] * len(commits) if left is None else list(left.unbind(0))
 
 
+def slab_offsets(runs: Sequence[Denoising]) -> tuple[Tensor, Tensor]:
+    """Where each one-row run's response and token probabilities start in their slab: (G, 1) each."""
+    slab = runs[0].slab
+    assert slab is not None
+    device = slab.tokens.device
+    first = slab.tokens.storage_offset()
+    tokens_at = torch.tensor([r.x.storage_offset() - first + r.m for r in runs], device=device)[:, None]
+    first = slab.probs.storage_offset()
+    probs_at = torch.tensor([r.token_probs.storage_offset() - first for r in runs], device=device)[:, None]
+    return tokens_at, probs_at
+
+
 def commit_rows(runs: Sequence[Denoising], rows: Tensor, conf: Tensor, x0: Tensor, chosen_prob: Tensor,
-                k: int) -> Tensor | None:
+                k: int, offsets: tuple[Tensor, Tensor] | None = None) -> Tensor | None:
     """Commit the ``k`` most confident of the open positions ``rows`` (G, n) of each of the one-row ``runs`` (one
     slab), by ``conf`` (G, n), with their tokens ``x0`` and probabilities ``chosen_prob`` (G, n), in one write of
     each: on the CPU one top-k over the rows (which ranks each row exactly as the row alone, ties included), elsewhere
-    each row's own. Returns each run's open positions still masked after it (G, n - k), ascending as ``rows`` are;
-    None where a chosen token is the mask token itself (a greedy rule never picks it): the loops look for
-    themselves."""
+    each row's own. ``offsets``: the runs' ``slab_offsets``, where the caller keeps them. Returns each run's open
+    positions still masked after it (G, n - k), ascending as ``rows`` are; None where a chosen token is the mask
+    token itself (a greedy rule never picks it): the loops look for themselves."""
     slab = runs[0].slab
     assert slab is not None
     if conf.device.type == "cpu":
@@ -138,11 +150,7 @@ def commit_rows(runs: Sequence[Denoising], rows: Tensor, conf: Tensor, x0: Tenso
     else:
         chosen = torch.stack([row.topk(k).indices for row in conf])
     at = rows.gather(1, chosen)  # (G, k)
-    device = conf.device
-    first = slab.tokens.storage_offset()
-    tokens_at = torch.tensor([r.x.storage_offset() - first + r.m for r in runs], device=device)[:, None]
-    first = slab.probs.storage_offset()
-    probs_at = torch.tensor([r.token_probs.storage_offset() - first for r in runs], device=device)[:, None]
+    tokens_at, probs_at = slab_offsets(runs) if offsets is None else offsets
     tokens = x0.gather(1, chosen)
     slab.tokens.index_put_(((at + tokens_at).view(-1),), tokens.view(-1))
     probs = chosen_prob.gather(1, chosen)

@@ -98,9 +98,11 @@ class StepMeter:
         self.start = now(self.device)
         stats.step_mode = forward.step_options.label
 
-    def step(self, t0: float, x: Tensor, commit: Tensor | int, block: int, n_blocks: int) -> None:
-        """Time the step that began at ``t0``; ``commit``: what it committed (a mask, or a count)."""
-        t1 = now(self.device)
+    def step(self, t0: float, x: Tensor, commit: Tensor | int, block: int, n_blocks: int,
+             t1: float | None = None) -> None:
+        """Time the step that began at ``t0`` and ended at ``t1`` (None: now); ``commit``: what it committed (a
+        mask, or a count)."""
+        t1 = now(self.device) if t1 is None else t1
         setup = self.forward.setup_s  # one-time compilation / capture inside step 0: not the step's work
         if self.steps == 0:
             self.stats.prefill_s = t1 - t0 - setup
