@@ -215,13 +215,16 @@ def prefill_lanes(model: DiffusionLM, lanes: Sequence[PrefillLane], mlp_chunk: i
             if prefix is not None:
                 k = prefix.whole_keys(k)
             visible = None if lane.layout is None else lane.layout.visible(t, dev)
+            if lane.sink is None or not lane.sink.selects:  # every entry kept: no view, no scores
+                pending.append((None, rows_q, k, None, lane_rope, visible, prefix))
+                continue
             shape = (heights[j], block.n_heads, t, block.head_dim)
             meta = shapes.get(shape)
             if meta is None:
                 meta = shapes[shape] = torch.empty(shape, device="meta")
             view = LayerView(i, n_layers, meta, k, lane.prompt_len, block.attention_scale, compute_q=rows_q,
                              mask_start=lane.mask_start, visible=visible)
-            scores = None if lane.sink is None else lane.sink.scores(view)
+            scores = lane.sink.scores(view)
             pending.append((view, rows_q, k, scores, lane_rope, visible, prefix))
         del keys, queries
         if values is None:
@@ -234,7 +237,9 @@ def prefill_lanes(model: DiffusionLM, lanes: Sequence[PrefillLane], mlp_chunk: i
             if prefix is not None:
                 v = prefix.whole_values(v)
             sink: LayerSink | None = lane.sink
-            if sink is not None:
+            if sink is not None and view is None:
+                sink.keep(i, k, v)
+            elif sink is not None:
                 t = lane.ids.shape[1]
                 q_mask = rows_q(lane.mask_start, t) if sink.needs_mask_queries(scores) else None
                 sink(view, q_mask, scores, k, v)

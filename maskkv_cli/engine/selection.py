@@ -38,6 +38,11 @@ class LayerRecord:
 class LayerSink(Protocol):
     """A lane's layers as the prefill produces them (see the module doc)."""
 
+    selects: bool  # whether it scores and selects layers; False: it keeps every entry (``keep``), and the prefill
+    # makes no layer view for it
+
+    def keep(self, layer: int, k: Tensor, v: Tensor) -> None: ...  # a layer kept whole (a sink that does not select)
+
     def scores(self, view: LayerView) -> Tensor | None: ...  # the policy's scores of the layer (None: none)
 
     def needs_mask_queries(self, scores: Tensor | None) -> bool: ...  # whether __call__ needs the mask queries
@@ -124,19 +129,27 @@ class OfflineSelection:
             counts = self._counts[key] = (lengths, lengths.cpu())
         return counts
 
+    @property
+    def selects(self) -> bool:
+        return self.layer_budgets is not None
+
     def needs_mask_queries(self, scores: Tensor | None) -> bool:
         return scores is not None and self.policy.residual_spread > 0
 
+    def keep(self, layer: int, k: Tensor, v: Tensor) -> None:
+        """Layer ``layer`` whole: the prefill's own keys and values become its buffers (``kv.cache.dense_layer``)."""
+        lengths, on_cpu = self._dense_counts(k)
+        self.cache.layers.append(dense_layer(k, v, self.prompt_len, self.cache.response_len, own=True,
+                                             lengths=lengths))
+        self.records.append(LayerRecord(layer, self.prompt_len, on_cpu, None, None))
+
     def __call__(self, view: LayerView, q_mask: Tensor | None, scores: Tensor | None, k: Tensor, v: Tensor) -> None:
-        response_len = self.cache.response_len
         if self.layer_budgets is None or scores is None:
-            lengths, on_cpu = self._dense_counts(k)
-            layer = dense_layer(k, v, self.prompt_len, response_len, own=True, lengths=lengths)  # the prefill's own
-            self.records.append(LayerRecord(view.layer, self.prompt_len, on_cpu, None, None))
-        else:
-            lb = self.layer_budgets[view.layer]
-            layer = select(self.policy, view, q_mask, k, v, scores, lb, response_len)
-            self.records.append(_record(view.layer, lb, layer, self.policy.preference(view), None))
+            self.keep(view.layer, k, v)
+            return
+        lb = self.layer_budgets[view.layer]
+        layer = select(self.policy, view, q_mask, k, v, scores, lb, self.cache.response_len)
+        self.records.append(_record(view.layer, lb, layer, self.policy.preference(view), None))
         self.cache.layers.append(layer)
 
     def finish(self, importance: list[float]) -> tuple[PromptCache, list[LayerRecord]]:
@@ -156,6 +169,11 @@ class OnlineSelection:
         self.policy, self.uniform, self.budget, self.prompt_len = policy, uniform, budget, prompt_len
         self.response_slots = response_slots
         self.pending: list[tuple[StoredView, Tensor | None, Tensor, Tensor, Tensor]] = []  # view, mask q, scores, k, v
+
+    selects = True
+
+    def keep(self, layer: int, k: Tensor, v: Tensor) -> None:
+        raise AssertionError("online layer budgets score every layer")
 
     def scores(self, view: LayerView) -> Tensor | None:
         return self.policy.scores(view, self.uniform[view.layer])
