@@ -72,21 +72,16 @@ def main() -> None:
     import torch
 
     sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_batch import BatchLimits, job_groups, make_jobs, median_and_quartiles, print_report
+    from bench_batch import group_bench, median_and_quartiles, print_report
 
-    from maskkv_cli.batch.jobs import AnswerSettings
     from maskkv_cli.bench.limit import measure_batch_limit
-    from maskkv_cli.models.catalog import resolve_default_model
 
     work = Path(tempfile.mkdtemp(prefix="ab-revisions-"))
     export_revision(args.revision, work / "revision")
     sys.path.insert(0, str(work / "revision"))
-    specs = make_jobs(work, 10, max(1, args.jobs // 10), seed=0)
-    model_path, _ = resolve_default_model(None)
-    settings = AnswerSettings(policy="maskkv", gen_length=None, steps=None, block_length=None)
-    texts, groups = job_groups(specs, settings, args.size)
+    texts, groups, limits = group_bench(work, args.size, max(1, args.jobs // 10))
+    model_path = limits.model_path
     name = f"batch {args.size}"
-    limits = BatchLimits([name], specs, model_path, settings)
     answers = {"revision": answerer(REVISION_PACKAGE, model_path, groups, texts, args.size),
                "checkout": answerer("maskkv_cli", model_path, groups, texts, args.size)}
     ratios: dict[str, list[float]] = {"checkout / revision": [], "revision / limit": [], "checkout / limit": []}

@@ -79,6 +79,7 @@ class BatchLimits:
         from maskkv_cli.app.session import Session
         from maskkv_cli.engine.plan import plan_cache
 
+        self.model_path = model_path
         self.session = session = Session(model_path)
         run = RunSettings(policy=settings.policy, budget=settings.budget, gen_length=settings.gen_length,
                           steps=settings.steps, block_length=settings.block_length)
@@ -146,6 +147,28 @@ def job_groups(specs: list[JobSpec], settings: AnswerSettings,
         [{"question": spec.question, "settings": settings.as_dict(), "document_sha": shas[spec.document]}
          for spec in specs[i : i + size]] for i in range(0, len(specs) - size + 1, size)]
     return by_sha, groups
+
+
+def group_parser(doc: str) -> argparse.ArgumentParser:
+    """The options of the per-group scripts (``batch_parts.py``, ``lean_rounds.py``): how many groups, their size,
+    where to write the report; ``doc``: the script's docstring (its first line describes it)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--groups", type=int, default=100, help="groups timed (after 3 warm-up groups)")
+    parser.add_argument("--size", type=int, default=8, help="jobs per group, answered together (--batch-size)")
+    parser.add_argument("--out", type=Path, help="write the report here as JSON too")
+    return parser
+
+
+def group_bench(folder: Path, size: int, questions: int = 20) -> tuple[dict[str, str], list[list[dict[str, object]]],
+                                                                     BatchLimits]:
+    """What the per-group scripts (``ab_revisions.py``, ``batch_parts.py``, ``lean_rounds.py``) time: the bench's
+    jobs (10 documents written into ``folder``, ``questions`` each) on the embedded model with the default settings,
+    as a worker receives them in groups of ``size`` (``job_groups``), and the limit lines of ``batch {size}``."""
+    specs = make_jobs(folder, 10, questions, seed=0)
+    model_path, _ = resolve_default_model(None)
+    settings = AnswerSettings(policy="maskkv", gen_length=None, steps=None, block_length=None)
+    texts, groups = job_groups(specs, settings, size)
+    return texts, groups, BatchLimits([f"batch {size}"], specs, model_path, settings)
 
 
 def median_and_quartiles(values: list[float]) -> tuple[float, list[float]]:

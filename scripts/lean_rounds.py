@@ -26,7 +26,6 @@ are written in the lean loop. Run one at a time (docs/scale.md, Throughput).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
@@ -105,33 +104,23 @@ def lean(model: Any, jobs: list[tuple[Any, Any, Any]], prefill: Callable[..., An
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--groups", type=int, default=100, help="groups timed (after 3 warm-up groups)")
-    parser.add_argument("--size", type=int, default=8, help="jobs per group, answered together (--batch-size)")
-    parser.add_argument("--out", type=Path, help="write the report here as JSON too")
-    args = parser.parse_args()
+    sys.path.insert(0, str(SCRIPTS))
+    from bench_batch import group_bench, group_parser, print_report
+
+    args = group_parser(__doc__).parse_args()
 
     import torch
-
-    sys.path.insert(0, str(SCRIPTS))
-    from bench_batch import BatchLimits, job_groups, make_jobs, print_report
 
     import maskkv_cli.app.session as session_module
     import maskkv_cli.sampling.driver as driver
     import maskkv_cli.sampling.stream as stream
     from maskkv_cli.batch.answering import answer_jobs
-    from maskkv_cli.batch.jobs import AnswerSettings
     from maskkv_cli.bench.limit import measure_batch_limit
     from maskkv_cli.engine.prefill import prefill_lanes
     from maskkv_cli.engine.step import step_logits
-    from maskkv_cli.models.catalog import resolve_default_model
 
-    specs = make_jobs(Path(tempfile.mkdtemp(prefix="lean-rounds-")), 10, 20, seed=0)
-    model_path, _ = resolve_default_model(None)
-    settings = AnswerSettings(policy="maskkv", gen_length=None, steps=None, block_length=None)
-    texts, groups = job_groups(specs, settings, args.size)
+    texts, groups, limits = group_bench(Path(tempfile.mkdtemp(prefix="lean-rounds-")), args.size)
     name = f"batch {args.size}"
-    limits = BatchLimits([name], specs, model_path, settings)
     session, model = limits.session, limits.session.model
 
     where = ["stream"]  # whose engine calls are being timed
