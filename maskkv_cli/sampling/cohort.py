@@ -75,8 +75,11 @@ class Cohort:
                                                                     BaseException | None]]:
         """(place in the stream, result, error) of every member; ``error``: the one that ended the whole cohort (a
         failed shared forward), for the members that had not failed on their own."""
-        return [(i, None if (error or own) is not None else result, own if own is not None else error)
-                for i, result, own in zip(self.indices, self.results, self.errors, strict=True)]
+        out: list[tuple[int, GenerationResult | None, BaseException | None]] = []
+        for i, result, own in zip(self.indices, self.results, self.errors, strict=True):
+            failed = own if own is not None else error
+            out.append((i, None if failed is not None else result, failed))
+        return out
 
 
 def cohort_loop(cohort: Cohort, gen: GenerationConfig) -> Generator[ManyRequest, Picked, None]:
