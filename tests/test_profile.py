@@ -165,7 +165,7 @@ def test_nothing_evicted(pdf, tiny_dir):
 @pytest.mark.parametrize(
     "args,code,fragment",
     [
-        (["--policies", "maskkv,nosuch"], 2, "unknown policy 'nosuch'"),
+        (["--policies", "maskkv,nosuch"], 2, "--policies: unknown policy 'nosuch'; choose one of: none, full,"),
         (["--policies", " , "], 2, "--policies is empty"),
         (["--budgets", "64,0"], 2, "positive"),
         (["--budgets", "-5"], 2, "positive"),

@@ -61,16 +61,14 @@ def parse_ratios(text: str, option: str = "--ratio") -> tuple[float, ...]:
 
 
 def parse_policies(text: str, option: str = "--policies") -> tuple[str, ...]:
-    """A comma list of known policy names, repeats dropped, order kept."""
-    from maskkv_cli.policies.base import policy_names
+    """A comma list of known policy names (``policies.base.check_policy``), repeats dropped, order kept."""
+    from maskkv_cli.policies.base import check_policy
 
-    known = policy_names()
     names = tuple(dict.fromkeys(split_list(text)))
     if not names:
         raise UsageError(f"{option} is empty; give comma-separated policy names, e.g. full,maskkv")
     for name in names:
-        if name not in known:
-            raise UsageError(f"unknown policy {name!r} in {option}; choose from: {', '.join(known)}")
+        check_policy(name, f"{option}: ")
     return names
 
 
