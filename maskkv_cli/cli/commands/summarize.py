@@ -54,16 +54,18 @@ def summarize(
         raise fail(f"--length must be a positive number of words, got {length}", 2)
     cache = opts.cache()
     quiet, as_json = opts.quiet, opts.as_json
-    def check(folder: Any) -> None:  # the summaries' lengths over the model's stored ones, before it loads
+    gens: list[Any] = []  # each part's and the final summary's generation settings, made before the model loads
+
+    def check(folder: Any) -> None:  # over the model's stored summary length (what its session reads too)
         from maskkv_cli.models.config import read_model_defaults
 
         stored = read_model_defaults(folder.path)
-        summary_generations(opts, length, stored.summary_length, stored.summary_block)
+        gens.extend(summary_generations(opts, length, stored.summary_length, stored.summary_block))
 
     with document_run(document, password, opts, check) as run:
         live, doc, session = run.live, run.doc, run.session
         lead = bool(session.summary_length)
-        gen, final_gen = summary_generations(opts, length, session.summary_length, session.summary_block)
+        gen, final_gen = gens
         gen_tokens, final_tokens = gen.gen_length, final_gen.gen_length
         room = (session.window - session.prompt_overhead(part_instruction(length))
                 - session.response_positions(gen.gen_length))
