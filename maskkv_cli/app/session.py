@@ -26,7 +26,7 @@ from maskkv_cli.models.loading import load_checkpoint
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import get_policy
 from maskkv_cli.prompting import chat_prompt_ids, decode_answer, document_question, stop_ids
-from maskkv_cli.prompting.chat import tokenizer_from_folder, use_chat_format
+from maskkv_cli.prompting.chat import text_ids, tokenizer_from_folder, use_chat_format
 from maskkv_cli.prompting.fit import FittedContext
 from maskkv_cli.sampling import DreamOptions, Event, GenerationConfig, GenerationResult, SamplerOptions, sample
 from maskkv_cli.sampling.confidence import Confidence, answer_confidence
@@ -129,7 +129,7 @@ class Session:
         return -(-gen_length // gemma.canvas_length) * gemma.canvas_length
 
     def count_tokens(self, text: str) -> int:
-        return len(self.tokenizer.encode(text, add_special_tokens=False))
+        return len(text_ids(self.tokenizer, text))
 
     def document_ids(self, text: str) -> list[int]:
         """Token ids of a document (no special tokens), remembered for the last few documents: ``ask -q`` with
@@ -137,7 +137,7 @@ class Session:
         with self._lock:
             ids = self._documents.get(text)
         if ids is None:
-            ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+            ids = text_ids(self.tokenizer, text)
             with self._lock:
                 self._documents[text] = ids
                 while len(self._documents) > DOCUMENTS_REMEMBERED:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from maskkv_cli.errors import UsageError
+from maskkv_cli.prompting.chat import text_ids
 
 LONG_MODES = ("parts", "truncate", "rope-scale")
 DEFAULT_LONG = "parts"  # ``ask`` and ``batch`` read the whole document unless told to cut or scale it
@@ -111,7 +112,7 @@ def fit_context(tokenizer: Any, context: str, budget: int, mode: str, head_dim: 
     ``ids``: the context's token ids when the caller has them already (they are not encoded again)."""
     check_long(mode)
     if ids is None:
-        ids = tokenizer.encode(context, add_special_tokens=False)
+        ids = text_ids(tokenizer, context)
     n, chars = len(ids), len(context)
     whole = ((0, chars),)
     if n <= budget:
