@@ -94,6 +94,31 @@ def test_glibc_variables_are_the_users_choice() -> None:
     assert result["mmapped"] >= 512 << 10  # the user's 256 KiB threshold, not ours
 
 
+# Allocate argv[1] bytes in 1 MiB blocks (each from the heap), free them all, and report the heap's size before and
+# after the frees (arena: the bytes the heap holds from the kernel; a trim gives its free top back).
+HELD = HEADER + r"""
+total = int(sys.argv[1])
+blocks = [libc.malloc(1 << 20) for _ in range(total >> 20)]
+before = libc.mallinfo2().arena
+for block in blocks:
+    libc.free(block)
+print(json.dumps({"before": before, "after": libc.mallinfo2().arena}))
+"""
+
+
+@pytest.mark.skipif(not GLIBC, reason="the setting exists only with glibc on Linux")
+def test_the_heap_keeps_a_freed_batch_of_small_blocks() -> None:
+    """A batch's small blocks (caches, activations under the mmap threshold), 40 MiB of them freed at once as its
+    requests end, stay with the heap for the next batch instead of being trimmed and faulted in again; with a trim
+    threshold of 8 MiB (twice the mmap threshold) they go back to the kernel."""
+    assert allocator.TRIM_THRESHOLD == 64 * MIB
+    kept = _run(HELD, str(40 * MIB))
+    assert kept["before"] >= 40 * MIB
+    assert kept["after"] >= 40 * MIB
+    trimmed = _run(HELD, str(40 * MIB), MALLOC_TRIM_THRESHOLD_=str(8 * MIB))
+    assert trimmed["after"] < 8 * MIB
+
+
 MAPPED_INSIDE = HEADER + r"""
 with allocator.small_blocks_mapped():
     inside = mapped(512 << 10)

@@ -14,8 +14,11 @@ from run to run. The values trade the two costs:
   model's activations, a batch's steps). At 128 KiB that cost made the embedded model's joined prefills 1.6-2.0x
   slower (docs/performance.md, "The allocator"). A quantized load maps smaller blocks too while it runs
   (``small_blocks_mapped``).
-- ``TRIM_THRESHOLD`` (8 MiB, twice the mmap threshold as glibc pairs them): the heap keeps this much free memory at
-  its top instead of giving it back and faulting it in again at the next step.
+- ``TRIM_THRESHOLD`` (64 MiB, the most glibc's own adjustment would raise it to): the heap keeps this much free
+  memory at its top instead of giving it back and faulting it in again at the next request. A batch's caches and
+  activations under 4 MiB a block are all freed when its requests end; at 8 MiB (twice the mmap threshold) the heap
+  was trimmed after most groups of the embedded model's batch bench and faulted in again by the next, which cost
+  1-4% of a group's time against its limit line (docs/performance.md, "The allocator").
 
 ``MASKKV_MALLOC=default`` leaves the allocator as it is; a ``MALLOC_MMAP_THRESHOLD_`` or ``MALLOC_TRIM_THRESHOLD_``
 in the environment is the user's own setting, which glibc applied at start-up: that parameter is left alone.
@@ -34,7 +37,7 @@ from contextlib import contextmanager
 M_TRIM_THRESHOLD = -1  # mallopt parameter numbers in glibc's malloc.h
 M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 4 * 1024 * 1024  # bytes
-TRIM_THRESHOLD = 2 * MMAP_THRESHOLD
+TRIM_THRESHOLD = 64 * 1024 * 1024  # bytes
 LOAD_THRESHOLD = 128 * 1024  # bytes: the mmap threshold while quantized weights load (``small_blocks_mapped``)
 ENV = "MASKKV_MALLOC"
 # (glibc's environment variable, mallopt parameter, value), in the order they are set
