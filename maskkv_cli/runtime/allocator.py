@@ -17,7 +17,7 @@ from run to run. The values trade the two costs:
 - ``TRIM_THRESHOLD`` (64 MiB, the most glibc's own adjustment would raise it to): the heap keeps this much free
   memory at its top instead of giving it back and faulting it in again at the next request. A batch's caches and
   activations under 4 MiB a block are all freed when its requests end; at 8 MiB (twice the mmap threshold) the heap
-  was trimmed after most groups of the embedded model's batch bench and faulted in again by the next, which cost
+  was trimmed after many groups of the embedded model's batch bench and faulted in again by the next, which cost
   1-4% of a group's time against its limit line (docs/performance.md, "The allocator").
 
 ``MASKKV_MALLOC=default`` leaves the allocator as it is; a ``MALLOC_MMAP_THRESHOLD_`` or ``MALLOC_TRIM_THRESHOLD_``
