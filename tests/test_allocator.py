@@ -119,6 +119,20 @@ def test_the_heap_keeps_a_freed_batch_of_small_blocks() -> None:
     assert trimmed["after"] < 8 * MIB
 
 
+RELEASED = HELD.replace("print(", """released = allocator.release_free_memory()
+print(""").replace('"after": libc.mallinfo2().arena', '"after": libc.mallinfo2().arena, "released": released')
+
+
+@pytest.mark.skipif(not GLIBC, reason="the setting exists only with glibc on Linux")
+def test_release_free_memory_gives_the_held_blocks_back() -> None:
+    """What a benchmark calls before its baseline reading (``runtime.stats.settle_memory``): the heap's free memory
+    goes back to the kernel, so the baseline is the memory in use."""
+    got = _run(RELEASED, str(40 * MIB))
+    assert got["released"] is True
+    assert got["before"] >= 40 * MIB
+    assert got["after"] < 8 * MIB
+
+
 MAPPED_INSIDE = HEADER + r"""
 with allocator.small_blocks_mapped():
     inside = mapped(512 << 10)

@@ -98,7 +98,7 @@ def run_load_case(case: LoadCase) -> dict[str, Any]:
     """Load ``case.model`` in this process and return its memory row (see the module doc)."""
     from maskkv_cli.models.loading import load_model
     from maskkv_cli.models.quantize import quantized_layers, weights_bytes
-    from maskkv_cli.runtime.stats import read_current, read_peak, reset_peak
+    from maskkv_cli.runtime.stats import read_current, read_peak, reset_peak, settle_memory
 
     torch.set_num_threads(case.threads)
     dev = torch.device(case.device)
@@ -106,6 +106,7 @@ def run_load_case(case: LoadCase) -> dict[str, Any]:
     shards = shard_sizes(folder)
     _warm(folder, case.quantize, dev, case.dtype)
     gc.collect()
+    settle_memory(dev)
     start = read_current(dev)
     peak_reset = reset_peak(dev)
     t0 = time.perf_counter()

@@ -31,7 +31,7 @@ from maskkv_cli.bench.live_bytes import LiveBytes
 from maskkv_cli.bench.results import JsonCase, ResultsFolder, mib, settings_key
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.rows import small_rows
-from maskkv_cli.runtime.stats import read_current, read_peak, reset_peak
+from maskkv_cli.runtime.stats import read_current, read_peak, reset_peak, settle_memory
 
 TARGET_SHARE = 0.2  # MaskKV's live peak above weights should be at most this share of the full cache's
 LIVE = "live_peak_above_weights_bytes"  # rows without it come from an older engine and are measured again
@@ -220,6 +220,7 @@ def run_memory_case(case: MemoryCase) -> dict[str, Any]:
     ids, rows, layout = prefill_input(model, plan, prompt, n, min(case.block_length, n))
     small_rows(str(dev), model.dtype)  # the engine's once-per-process probe (models/rows.py), not the prefill's memory
     now(dev)
+    settle_memory(dev)
     loaded = read_current(dev)
     peak_reset = reset_peak(dev)
     live = LiveBytes()

@@ -51,7 +51,7 @@ from maskkv_cli.errors import UsageError
 from maskkv_cli.models.base import kv_bytes_per_token
 from maskkv_cli.models.diffusion_gemma import DiffusionGemma
 from maskkv_cli.models.protocol import DiffusionLM
-from maskkv_cli.runtime.stats import now, read_current, read_peak, reset_peak, rss_bytes
+from maskkv_cli.runtime.stats import now, read_current, read_peak, reset_peak, rss_bytes, settle_memory
 from maskkv_cli.sampling.llada2 import LLaDA2Options
 from maskkv_cli.sampling.stream import BatchJob, sample_many
 
@@ -245,6 +245,7 @@ def run_case(case: SpeedCase) -> dict[str, Any]:
         model = load_bench_model(case.config, case.model, dev, case.dtype, case.seed, case.quantize)
     cfg = model.config
     now(dev)
+    settle_memory(dev)
     loaded_mem = read_current(dev)
     if isinstance(model, DiffusionGemma):  # its own sampler, steps and limit (bench/speed_gemma.py)
         return run_gemma_case(case, model, loaded_mem, rss_start, started)
@@ -257,6 +258,7 @@ def run_case(case: SpeedCase) -> dict[str, Any]:
     warm_s = _warmup(model, case, policy, budget) if case.warmup else 0.0
     batch = case.batch_size
     prompt = random_prompt(cfg, case.prompt_len, case.seed, dev, batch=batch)
+    settle_memory(dev)
     peak_reset = reset_peak(dev)
     base_mem = read_current(dev)
     kv_bytes = kv_entries = 0

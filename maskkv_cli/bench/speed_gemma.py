@@ -48,7 +48,7 @@ from maskkv_cli.errors import UsageError
 from maskkv_cli.models.diffusion_gemma import DiffusionGemma, LayerKV, PromptCache
 from maskkv_cli.models.diffusion_gemma_config import named_config
 from maskkv_cli.models.meta import meta_device
-from maskkv_cli.runtime.stats import now, read_current, read_peak, reset_peak
+from maskkv_cli.runtime.stats import now, read_current, read_peak, reset_peak, settle_memory
 from maskkv_cli.sampling.diffusion_gemma import DiffusionGemmaOptions, full_cache_bytes
 
 WARMUP_PROMPT = 256  # prompt tokens of the warm-up run (or the case's own length when shorter)
@@ -188,6 +188,7 @@ def run_gemma_case(case: SpeedCase, model: DiffusionGemma, loaded_mem: int, rss_
                diffusion_gemma=fixed_passes(2))
         warm_s = now(dev) - t0
     prompt = random_prompt(model.config, case.prompt_len, case.seed, dev)
+    settle_memory(dev)
     peak_reset = reset_peak(dev)
     base_mem = read_current(dev)
     passes = canvases * case.steps

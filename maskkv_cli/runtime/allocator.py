@@ -111,6 +111,19 @@ def small_blocks_mapped(threshold: int = LOAD_THRESHOLD) -> Iterator[None]:
         libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
 
 
+def release_free_memory() -> bool:
+    """Give the heap's free memory back to the kernel now (glibc's ``malloc_trim(0)``), so that the resident set is
+    the memory in use: a benchmark takes its baseline after it, since up to ``TRIM_THRESHOLD`` of freed blocks would
+    otherwise sit in the baseline and be reused by the run it measures. Returns False where there is no glibc."""
+    libc = glibc()
+    if libc is None:
+        return False
+    libc.malloc_trim.argtypes = [ctypes.c_size_t]
+    libc.malloc_trim.restype = ctypes.c_int
+    libc.malloc_trim(0)
+    return True
+
+
 def configure_once() -> str:
     """``configure()`` the first time it is called in this process; later calls return the first result."""
     global _state

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from maskkv_cli.runtime.allocator import release_free_memory
+
 
 def sync(device: torch.device | str) -> None:
     """Wait for queued device work so that a clock read means something."""
@@ -99,6 +101,14 @@ def peak_memory(device: torch.device | str | list[torch.device]) -> tuple[int, s
     if held is not None:
         held[key] = reading
     return reading
+
+
+def settle_memory(device: torch.device | str) -> None:
+    """Before a baseline reading: on the CPU, the heap's free memory goes back to the kernel
+    (``allocator.release_free_memory``), so that the current figure is the memory in use and the peak above it counts
+    what the measured run adds (the heap keeps up to 64 MiB of freed blocks otherwise); nothing on other devices."""
+    if torch.device(device).type == "cpu":
+        release_free_memory()
 
 
 def reset_peak(device: torch.device | str) -> bool:
