@@ -98,11 +98,12 @@ def use_chat_format(tokenizer: Any, chat_format: str) -> Any:
 def text_ids(tokenizer: Any, text: str) -> list[int]:
     """``tokenizer.encode(text, add_special_tokens=False)`` as a list.
 
-    A Hugging Face fast tokenizer computes each token's character offsets on the way, which nothing here reads and
-    which cost about half of an encode (``tokenizers``' own ``encode_batch_fast`` leaves them out; the ids are the
-    same: the same normaliser, pre-tokenizer and model run). It is called directly where it would see what
-    ``encode`` sets up first: no truncation or padding set on the backend, and the tokenizer's own
-    ``split_special_tokens`` already set on it. Any other tokenizer is asked through ``encode``."""
+    A Hugging Face fast tokenizer's ``encode`` computes each token's character offsets and converts the backend's
+    encoding, which nothing here reads. ``tokenizers``' own ``encode_batch_fast`` leaves the offsets out and gives the
+    same ids (the same normaliser, pre-tokenizer and model run): 75 against 120 us for a prompt of 80 tokens on the
+    embedded tokenizer. It is called directly where it would see what ``encode`` sets up first: no truncation or
+    padding set on the backend, and the tokenizer's own ``split_special_tokens`` already set on it. Any other
+    tokenizer is asked through ``encode``."""
     backend = getattr(tokenizer, "_tokenizer", None)
     if (hasattr(backend, "encode_batch_fast") and backend.truncation is None and backend.padding is None
             and getattr(backend, "encode_special_tokens", False) == bool(getattr(tokenizer, "split_special_tokens",
