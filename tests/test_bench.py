@@ -209,6 +209,26 @@ def test_memory_case_and_target():
     assert rows[1]["target_met"] is False
 
 
+def test_memory_baseline_is_read_after_the_free_heap_goes_back(monkeypatch):
+    """The RSS baseline of a memory case (``loaded_mem_bytes``) is read right after the heap's free memory went back
+    to the kernel (``runtime.stats.settle_memory``): freed blocks the heap keeps (up to its trim threshold) would
+    otherwise sit in the baseline, and the prefill reusing them would read as less memory above it."""
+    import maskkv_cli.bench.memory as memory
+    import maskkv_cli.runtime.stats as stats
+
+    calls: list[str] = []
+    real_read = memory.read_current
+
+    def read(device):
+        calls.append("read")
+        return real_read(device)
+
+    monkeypatch.setattr(stats, "release_free_memory", lambda: calls.append("release") or True)
+    monkeypatch.setattr(memory, "read_current", read)
+    run_memory_case(MemoryCase("maskkv", 8, 64, 16, 8, "tiny", profile=False))
+    assert calls[:2] == ["release", "read"]
+
+
 def test_memory_live_reading_repeats_exactly():
     """The live figure counts tensors, not pages: the same case measured twice gives the same bytes."""
     case = MemoryCase("maskkv", 8, 64, 16, 8, "tiny", profile=False)
