@@ -150,8 +150,9 @@ def job_groups(specs: list[JobSpec], settings: AnswerSettings,
 
 
 def group_parser(doc: str) -> argparse.ArgumentParser:
-    """The options of the per-group scripts (``batch_parts.py``, ``lean_rounds.py``): how many groups, their size,
-    where to write the report; ``doc``: the script's docstring (its first line describes it)."""
+    """The options of the per-group scripts (``batch_parts.py``, ``lean_rounds.py``, ``trim_threshold_ab.py``): how
+    many groups, their size, where to write the report; ``doc``: the script's docstring (its first line describes
+    it)."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--groups", type=int, default=100, help="groups timed (after 3 warm-up groups)")
     parser.add_argument("--size", type=int, default=8, help="jobs per group, answered together (--batch-size)")

@@ -6,13 +6,13 @@ back to the kernel, and the next allocations there fault their pages in again. A
 activations when its requests end, so the threshold decides whether the next batch reuses that memory. ``mallopt``
 changes it at any time, so both settings run in one process, on the same model, on a host whose speed drifts: in
 blocks of ``--block`` groups per setting (the first group of a block, which starts from the other setting's heap, is
-not counted), the order of the two settings swapped every block. Each group is one of ``scripts/bench_batch.py``'s
-(the embedded model, short documents, a new question per job), answered as a worker answers it
-(``batch.answering.answer_jobs``); the limit line of its size (``bench.limit.measure_batch_limit``) is timed right
-after it, under the same setting.
+not counted) until ``--groups`` are counted for each, the order of the two settings swapped every block. Each group
+is one of ``scripts/bench_batch.py``'s (the embedded model, short documents, a new question per job), answered as a
+worker answers it (``batch.answering.answer_jobs``); the limit line of its size (``bench.limit.measure_batch_limit``)
+is timed right after it, under the same setting.
 
-    OMP_NUM_THREADS=2 .venv/bin/python scripts/trim_threshold_ab.py --blocks 20
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/trim_threshold_ab.py --blocks 20 --mib 8,64
+    OMP_NUM_THREADS=2 .venv/bin/python scripts/trim_threshold_ab.py --groups 100
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/trim_threshold_ab.py --groups 100 --mib 8,64
 
 Reported per setting: the median of group / limit, of the group's and the limit's times (ms), and the mean of the
 minor page faults per group (``getrusage``). Linux with glibc only. Run one at a time (docs/scale.md, Throughput).
@@ -40,7 +40,6 @@ def main() -> None:
     from bench_batch import group_bench, group_parser, print_report
 
     parser = group_parser(__doc__)
-    parser.add_argument("--blocks", type=int, default=20, help="blocks per setting (default 20)")
     parser.add_argument("--block", type=int, default=6, help="groups per block, the first not counted (default 6)")
     parser.add_argument("--mib", default="8,64", help="the two trim thresholds, MiB (default 8,64)")
     args = parser.parse_args()
@@ -57,6 +56,9 @@ def main() -> None:
     settings = [int(m) for m in args.mib.split(",")]
     if len(settings) != 2:
         parser.error("--mib takes two thresholds, e.g. 8,64")
+    if args.block < 2:
+        parser.error("--block must be at least 2 (a block's first group is not counted)")
+    blocks = -(-args.groups // (args.block - 1))
     texts, groups, limits = group_bench(Path(tempfile.mkdtemp(prefix="trim-ab-")), args.size)
     session, name = limits.session, f"batch {args.size}"
     rows: dict[int, list[tuple[float, float, int]]] = {mib: [] for mib in settings}
@@ -64,7 +66,7 @@ def main() -> None:
     for _ in range(3):  # warm-up
         answer_jobs(session, texts, groups[done % len(groups)], args.size)
         done += 1
-    for block in range(args.blocks):
+    for block in range(blocks):
         for mib in settings if block % 2 == 0 else settings[::-1]:
             libc.mallopt(M_TRIM_THRESHOLD, mib << 20)
             for j in range(args.block):
