@@ -4,10 +4,10 @@ Each case (policy, budget, prompt length) runs in a fresh process (``python -m m
 JSON`` prints one JSON row), so that its peak memory is its own: the CUDA allocator's peak after a reset on a GPU,
 the process's peak resident set on the CPU (reset after loading and warm-up where Linux allows, else since the
 start). Inside the case: load the weights (random weights of a named shape, or a checkpoint), warm up with a
-short run at a small length (on CUDA also one prefill at the case's own length: ``warms_own_length``), run the
-generation on random prompt ids with device syncs before each clock read, read the peak, then time the limit
-(``maskkv_cli.bench.limit``). A DiffusionGemma shape or checkpoint runs its own
-sampler, steps and limit (``bench/speed_gemma.py``).
+short run at a small length (and, on CUDA or up to 4k tokens, one prefill at the case's own length:
+``warms_own_length``), run the generation on random prompt ids with device syncs before each clock read, read the
+peak, then time the limit (``maskkv_cli.bench.limit``). A DiffusionGemma shape or checkpoint runs its own sampler,
+steps and limit (``bench/speed_gemma.py``).
 
 ``none`` recomputes the whole sequence at each step, which is too slow to run to the end at long prompts: it
 runs ``none_steps`` steps (step 0 included), and the end-to-end time is ``step 0 + (steps - 1) x median step``,
@@ -79,14 +79,22 @@ def _jobs(model: DiffusionLM, policy: Any, budget: int | None, prompts: torch.Te
             for j in range(prompts.shape[0])]
 
 
-def warms_own_length(device: torch.device) -> bool:
+OWN_LENGTH_WARMUP_CPU = 4096  # prompt tokens up to which a case off CUDA also warms up at its own length
+
+
+def warms_own_length(device: torch.device, prompt_len: int) -> bool:
     """Whether the warm-up also runs one prefill at the case's own prompt length, gen length, budget and batch
-    size: on CUDA only. There the first long prefill would otherwise pay, inside the timed ``prefill_s``, the
-    caching allocator's growth to the case's size (cudaMalloc of the cache and activations, about 17 GB for
-    ``full`` at 32k on an 8B shape) and any per-shape kernel or plan choice; once warmed, the timed prefill reuses
-    the cached blocks. Not on the CPU: glibc's allocator has no such one-time growth to hide, a long CPU prefill
-    takes minutes, and CPU rows stay comparable with those measured before."""
-    return device.type == "cuda"
+    size, so that the timed prefill is not the process's first at that size.
+
+    On CUDA always: the first long prefill would otherwise pay, inside the timed ``prefill_s``, the caching
+    allocator's growth to the case's size (cudaMalloc of the cache and activations, about 17 GB for ``full`` at
+    32k on an 8B shape) and any per-shape kernel or plan choice. Elsewhere up to ``OWN_LENGTH_WARMUP_CPU`` prompt
+    tokens: on the CPU the first prefill at a new size also pays a one-time cost (the kernel's first mapping of
+    the larger heap and buffers: on llada-small the first 1k prefill after the 256-token warm-up took 0.1-0.7 s
+    more than the next ones, with about twice the system time, docs/performance.md), which is a fifth of a 1k
+    prefill and a few percent of a 4k one; a longer prompt's extra prefill would take minutes for a cost of about
+    a percent."""
+    return device.type == "cuda" or prompt_len <= OWN_LENGTH_WARMUP_CPU
 
 
 def _warm_prefill(model: DiffusionLM, case: SpeedCase, policy: Any, budget: int | None) -> None:
@@ -132,7 +140,7 @@ def _warmup(model: DiffusionLM, case: SpeedCase, policy: Any, budget: int | None
                     SamplerOptions(llada2=FIXED_STEPS))
         if case.limit:
             measure_batch_limit(model, prompt, g, keys, case.seed)
-    if warms_own_length(dev):
+    if warms_own_length(dev, case.prompt_len):
         _warm_prefill(model, case, policy, budget)
     return now(dev) - t0
 
@@ -316,7 +324,8 @@ def run_case(case: SpeedCase) -> dict[str, Any]:
         **memory_model_fields(model_geometry(model), case.prompt_len, case.gen_length, keys, elt, batch),
         "activation_bytes": max(0, peak - loaded_mem - kv_bytes),  # peak above weights, less the kept cache
         "warmup_s": warm_s,
-        "warmup_own_length": case.warmup and warms_own_length(dev),  # a prefill at the case's length warmed up too
+        # whether a prefill at the case's own length warmed up too
+        "warmup_own_length": case.warmup and warms_own_length(dev, case.prompt_len),
         "setup_s": setup_s,  # compilation / graph capture of the step, kept out of total_s
         "evicted": bool(policy.evicts and budget is not None and budget < case.prompt_len),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
