@@ -161,6 +161,59 @@ def test_a_cancelled_job_stops_at_its_next_check_and_a_waiting_one_never_runs() 
         runner.close()
 
 
+def _stopped_job_frees_its_tensors(work_error: type[BaseException] | None) -> BaseException:
+    """Run a job whose work holds a tensor and then stops (cancelled, or raising ``work_error``) with the cycle
+    collector off; return the future's error once the tensor is known to be freed with nothing but reference
+    counts."""
+    import gc
+    import weakref
+
+    import torch
+
+    runner = Runner(queue=0, limit_s=30)
+    held: list[weakref.ref[torch.Tensor]] = []
+
+    def work(job):
+        cache = torch.zeros(16)  # a generation's prompt cache, held by this frame when the error passes through it
+        held.append(weakref.ref(cache))
+        if work_error is not None:
+            raise work_error("the engine broke")
+        job.cancel()
+        job.check()
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        job = runner.submit(work)
+        with pytest.raises(Exception) as caught:  # noqa: PT011
+            job.future.result(10)
+        deadline = time.monotonic() + 10
+        while runner.snapshot()["running"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert held and held[0]() is None  # freed as the work unwound, though the future still holds the error
+        return caught.value
+    finally:
+        if enabled:
+            gc.enable()
+        runner.close()
+
+
+def test_a_stopped_jobs_tensors_are_freed_without_the_cycle_collector() -> None:
+    """A cancelled, timed-out or failed job's traceback would hold its frames (a generation, its prompt cache) in a
+    cycle with the job's future; the runner hands the error over without it. An error nobody foresaw keeps its stack
+    as text for the server's log."""
+    assert isinstance(_stopped_job_frees_its_tensors(None), Cancelled)
+    error = _stopped_job_frees_its_tensors(RuntimeError)
+    assert isinstance(error, RuntimeError)
+    frames, tb = [], error.__traceback__
+    while tb is not None:  # the traceback now: where the future raised it here, nothing of the work's
+        frames.append(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    assert "work" not in frames and "_run" not in frames
+    notes = "\n".join(getattr(error, "__notes__", []))
+    assert notes.startswith("Traceback (most recent call last):") and ", in work\n" in notes
+
+
 def test_the_time_limit_counts_from_admission() -> None:
     runner = Runner(queue=0, limit_s=0.2)
 

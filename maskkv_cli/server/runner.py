@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -44,6 +45,27 @@ class QueueFull(Exception):
                          "waiting, its limit")
         self.retry_after = retry_after
         self.capacity = capacity
+
+
+def without_frames(error: BaseException, keep_stack: bool) -> BaseException:
+    """``error`` (and the exceptions it chains) without its traceback, the stack kept as text in a note where
+    ``keep_stack`` (an error nobody foresaw, which the server's log prints).
+
+    A traceback holds the frames it passed through, and each frame its caller and its local variables: the stopped
+    generation, its prompt cache (gigabytes on a GPU), and the job, whose future holds the error again. That is a
+    cycle, freed at the cycle collector's next full run, which may be long after the request was answered; without
+    the traceback every one of them is freed when the request lets go of the error."""
+    seen: set[int] = set()
+    link: BaseException | None = error
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if link.__traceback__ is not None:
+            if keep_stack:
+                link.add_note("Traceback (most recent call last):\n"
+                              + "".join(traceback.format_tb(link.__traceback__)).rstrip())
+            link.__traceback__ = None
+        link = link.__cause__ or link.__context__
+    return error
 
 
 class Job(Generic[T]):
@@ -139,7 +161,8 @@ class Runner:
         if error is None:
             job.future.set_result(result)
         else:
-            job.future.set_exception(error)
+            job.future.set_exception(without_frames(error, keep_stack=outcome == "failed"))
+            del error
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
