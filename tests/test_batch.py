@@ -296,6 +296,46 @@ def test_a_job_that_fails_while_answering_is_a_row_and_the_run_goes_on(
     assert rows["short"]["error"] is None and rows["short"]["answer"] is not None
 
 
+def test_a_failed_jobs_memory_is_freed_before_the_next_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A generation keeps its error (``driver.Generation.error``) and the error's traceback keeps the generation's
+    frames: a cycle. The worker collects it as the job's row is made, so an out-of-memory job's tensors do not wait
+    for the collector's next full run while the next jobs need the memory."""
+    import gc
+    import weakref
+
+    import torch
+
+    from maskkv_cli.batch import worker as worker_module
+
+    held: list[weakref.ref[torch.Tensor]] = []
+
+    class Generation:
+        error: BaseException | None = None
+
+    def answer_job(session: object, text: object, question: str, settings: AnswerSettings) -> dict[str, Any]:
+        gen = Generation()
+        gen.cache = torch.zeros(16)  # type: ignore[attr-defined]
+        held.append(weakref.ref(gen.cache))  # type: ignore[attr-defined]
+        try:
+            raise RuntimeError("CUDA out of memory")
+        except RuntimeError as exc:
+            gen.error = exc
+        raise gen.error
+
+    monkeypatch.setattr(worker_module, "answer_job", answer_job)
+    worker = worker_module.Worker.__new__(worker_module.Worker)  # no model: the job fails before it needs one
+    worker.session, worker.name = None, "test"  # type: ignore[assignment]
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        row = worker.run({"key": "k", "question": "Who?", "settings": {"policy": "maskkv"}}, "text")
+        assert row["error"] == "RuntimeError: CUDA out of memory" and row["answer"] is None
+        assert held and held[0]() is None
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def test_batch_sizes_give_the_same_rows_and_a_failing_group_runs_job_by_job(
         tmp_path: Path, corpus: dict[str, Path], tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Jobs answered in groups (--batch-size 3 and auto) give the rows of one job at a time; a group whose batched

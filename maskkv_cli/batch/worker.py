@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from dataclasses import dataclass
@@ -68,14 +69,20 @@ class Worker:
             fields["error"] = None
         except Exception as exc:  # one job's failure (OOM, a bad setting) must not stop the run
             fields = {"answer": None, "error": one_line_error(exc)}
-            if type(exc).__name__ == "OutOfMemoryError":
-                _free_cuda()
+        if fields["error"] is not None:  # here, where the error is no longer named (see free_failed_job)
+            free_failed_job()
         fields.update(key=message["key"], worker=f"{self.name}@{os.uname().nodename}",
                       seconds=round(time.perf_counter() - started, 4))
         return fields
 
 
-def _free_cuda() -> None:
+def free_failed_job() -> None:
+    """Free what a failed job held before the next one runs. Its error's traceback holds the frames it passed
+    through, their callers and their local variables (the generation, its prompt cache), and the generation holds the
+    error: a cycle that only the cycle collector frees, at its next full run; an out-of-memory job would leave its
+    memory taken from the next jobs until then. So: a collection (once the error is no longer named by the caller),
+    then CUDA's cached blocks go back to the device."""
+    gc.collect()
     try:
         import torch
 
