@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -74,6 +75,19 @@ def isolated_home(tmp_path, monkeypatch):
     monkeypatch.setenv("MASKKV_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("MASKKV_CONFIG", str(tmp_path / "config.toml"))
     monkeypatch.delenv("MASKKV_MODEL", raising=False)
+
+
+@pytest.fixture
+def no_cycle_collector() -> Iterator[None]:
+    """Python's cycle collector off during the test: what the test expects freed must be freed by reference counts
+    alone (or by the code's own ``gc.collect()``)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @pytest.fixture(scope="module")

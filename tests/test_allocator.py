@@ -134,10 +134,9 @@ def test_release_free_memory_gives_the_held_blocks_back() -> None:
     assert got["after"] < got["start"] + 8 * MIB
 
 
-def test_settle_memory_collects_unreachable_cycles() -> None:
+def test_settle_memory_collects_unreachable_cycles(no_cycle_collector: None) -> None:
     """A tensor kept only by a reference cycle (the frames of a generation stopped by an exception) is freed before
     a baseline reading, not at the collector's next run."""
-    import gc
     import weakref
 
     import torch
@@ -147,20 +146,14 @@ def test_settle_memory_collects_unreachable_cycles() -> None:
     class Holder:
         pass
 
-    enabled = gc.isenabled()
-    gc.disable()  # no automatic collection in between
-    try:
-        held = Holder()
-        held.cycle = held  # type: ignore[attr-defined]
-        held.tensor = torch.zeros(4)  # type: ignore[attr-defined]
-        ref = weakref.ref(held)
-        del held
-        assert ref() is not None  # unreachable, but only the cycle collector frees it
-        settle_memory("cpu")
-        assert ref() is None
-    finally:
-        if enabled:
-            gc.enable()
+    held = Holder()
+    held.cycle = held  # type: ignore[attr-defined]
+    held.tensor = torch.zeros(4)  # type: ignore[attr-defined]
+    ref = weakref.ref(held)
+    del held
+    assert ref() is not None  # unreachable, but only the cycle collector frees it
+    settle_memory("cpu")
+    assert ref() is None
 
 
 MAPPED_INSIDE = HEADER + r"""

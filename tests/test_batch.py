@@ -296,11 +296,11 @@ def test_a_job_that_fails_while_answering_is_a_row_and_the_run_goes_on(
     assert rows["short"]["error"] is None and rows["short"]["answer"] is not None
 
 
-def test_a_failed_jobs_memory_is_freed_before_the_next_job(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_jobs_memory_is_freed_before_the_next_job(monkeypatch: pytest.MonkeyPatch,
+                                                            no_cycle_collector: None) -> None:
     """A generation keeps its error (``driver.Generation.error``) and the error's traceback keeps the generation's
     frames: a cycle. The worker collects it as the job's row is made, so an out-of-memory job's tensors do not wait
     for the collector's next full run while the next jobs need the memory."""
-    import gc
     import weakref
 
     import torch
@@ -325,15 +325,9 @@ def test_a_failed_jobs_memory_is_freed_before_the_next_job(monkeypatch: pytest.M
     monkeypatch.setattr(worker_module, "answer_job", answer_job)
     worker = worker_module.Worker.__new__(worker_module.Worker)  # no model: the job fails before it needs one
     worker.session, worker.name = None, "test"  # type: ignore[assignment]
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        row = worker.run({"key": "k", "question": "Who?", "settings": {"policy": "maskkv"}}, "text")
-        assert row["error"] == "RuntimeError: CUDA out of memory" and row["answer"] is None
-        assert held and held[0]() is None
-    finally:
-        if enabled:
-            gc.enable()
+    row = worker.run({"key": "k", "question": "Who?", "settings": {"policy": "maskkv"}}, "text")
+    assert row["error"] == "RuntimeError: CUDA out of memory" and row["answer"] is None
+    assert held and held[0]() is None
 
 
 def test_batch_sizes_give_the_same_rows_and_a_failing_group_runs_job_by_job(

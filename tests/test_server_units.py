@@ -162,10 +162,8 @@ def test_a_cancelled_job_stops_at_its_next_check_and_a_waiting_one_never_runs() 
 
 
 def _stopped_job_frees_its_tensors(work_error: type[BaseException] | None) -> BaseException:
-    """Run a job whose work holds a tensor and then stops (cancelled, or raising ``work_error``) with the cycle
-    collector off; return the future's error once the tensor is known to be freed with nothing but reference
-    counts."""
-    import gc
+    """Run a job whose work holds a tensor and then stops (cancelled, or raising ``work_error``); return the future's
+    error once the tensor is known to be freed (with the cycle collector off: by reference counts alone)."""
     import weakref
 
     import torch
@@ -181,8 +179,6 @@ def _stopped_job_frees_its_tensors(work_error: type[BaseException] | None) -> Ba
         job.cancel()
         job.check()
 
-    enabled = gc.isenabled()
-    gc.disable()
     try:
         job = runner.submit(work)
         with pytest.raises(Exception) as caught:  # noqa: PT011
@@ -193,12 +189,10 @@ def _stopped_job_frees_its_tensors(work_error: type[BaseException] | None) -> Ba
         assert held and held[0]() is None  # freed as the work unwound, though the future still holds the error
         return caught.value
     finally:
-        if enabled:
-            gc.enable()
         runner.close()
 
 
-def test_a_stopped_jobs_tensors_are_freed_without_the_cycle_collector() -> None:
+def test_a_stopped_jobs_tensors_are_freed_without_the_cycle_collector(no_cycle_collector: None) -> None:
     """A cancelled, timed-out or failed job's traceback would hold its frames (a generation, its prompt cache) in a
     cycle with the job's future; the runner hands the error over without it. An error nobody foresaw keeps its stack
     as text for the server's log."""
