@@ -162,7 +162,6 @@ class Runner:
             job.future.set_result(result)
         else:
             job.future.set_exception(without_frames(error, keep_stack=outcome == "failed"))
-            del error
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
