@@ -3,6 +3,7 @@ error rows that do not stop the sweep and are run again by a rerun, the run orde
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import time
@@ -172,6 +173,9 @@ def test_the_case_timeout_reaches_the_fresh_process_and_its_log(tmp_path):
     (row,) = rows
     assert "timed out after 0.2 s and was killed" in row["error"]
     assert row["log"] == str(tmp_path / "logs" / f"{row['key']}.txt") and Path(row["log"]).is_file()
+    if importlib.util.find_spec("matplotlib") is not None:  # no finished case: no empty plot, a note says so
+        assert not (folder.path / "speed.png").exists()
+        assert "no case finished, so speed.png was not drawn" in (folder.path / "summary.md").read_text()
 
 
 runner = CliRunner()

@@ -198,7 +198,8 @@ def summary_markdown(settings: SpeedSettings, rows: Sequence[dict[str, Any]], fo
 
 
 def write_plot(rows: Sequence[dict[str, Any]], path: Path) -> str | None:
-    """tokens/s and peak memory vs prompt length, one line per method; a note instead when matplotlib is missing."""
+    """tokens/s and peak memory vs prompt length, one line per method; a note instead when matplotlib is missing or
+    no case finished."""
     try:
         import matplotlib
 
@@ -214,6 +215,8 @@ def write_plot(rows: Sequence[dict[str, Any]], path: Path) -> str | None:
         batch, weights = r.get("batch_size", 1), r.get("quantize", "none")
         name = r["method"] if batch == 1 else f"{r['method']} batch {batch}"
         methods.setdefault(name if weights == "none" else f"{name} {weights}", []).append(r)
+    if not methods:
+        return "no case finished, so speed.png was not drawn"
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for name, rs in methods.items():
         rs = sorted(rs, key=lambda r: r["prompt_len"])
