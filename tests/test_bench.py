@@ -619,7 +619,7 @@ def test_repeats_run_round_by_round_and_keep_each_cases_median_run(tmp_path, mon
 
 
 def test_warm_up_rule_own_length_prefill_on_cuda_always_elsewhere_up_to_4k():
-    from maskkv_cli.bench.speed_case import OWN_LENGTH_WARMUP_CPU, warms_own_length
+    from maskkv_cli.bench.speed_settings import OWN_LENGTH_WARMUP_CPU, warms_own_length
 
     assert OWN_LENGTH_WARMUP_CPU == 4096
     for n in (1, 4096, 4097, 65536):
@@ -633,7 +633,7 @@ def test_warm_up_at_the_cases_own_length_is_one_stopped_prefill(monkeypatch, bat
     """With the rule on (CUDA, or a prompt of at most 4k tokens), the warm-up adds step 0 of the case's own
     generation, stopped there; with it off (a longer prompt off CUDA), the warm-up is the short run alone."""
     from maskkv_cli import sampling
-    from maskkv_cli.bench import speed_case
+    from maskkv_cli.bench import speed_case, speed_settings
 
     monkeypatch.setattr(speed_case, "WARMUP_PROMPT", 16)  # shorter than the case, so the two warm-ups differ
     runs: list[tuple[int, int]] = []  # per generation: (prompt length, steps seen, step 0 included)
@@ -659,12 +659,12 @@ def test_warm_up_at_the_cases_own_length_is_one_stopped_prefill(monkeypatch, bat
     monkeypatch.setattr(sampling, "sample", sample)
     monkeypatch.setattr(speed_case, "sample_many", sample_many)
     case = SpeedCase("maskkv", 8, 48, batch_size=batch, **{**TINY, "limit": False})
-    monkeypatch.setattr(speed_case, "OWN_LENGTH_WARMUP_CPU", 47)  # the case's 48 tokens count as long here
+    monkeypatch.setattr(speed_settings, "OWN_LENGTH_WARMUP_CPU", 47)  # the case's 48 tokens count as long here
     row = run_case(case)
     assert row["warmup_own_length"] is False
     assert runs == ([(16, 4), (48, 8)] if batch == 1 else [(16, -2), (48, -2)])  # short warm-up, measured run
     runs.clear()
-    monkeypatch.setattr(speed_case, "OWN_LENGTH_WARMUP_CPU", 48)  # and as short enough
+    monkeypatch.setattr(speed_settings, "OWN_LENGTH_WARMUP_CPU", 48)  # and as short enough
     row = run_case(case)
     assert row["warmup_own_length"] is True and row["steps_run"] == 8
     # the case's own prefill in between, a single one stopped after step 0 (a batch: stopped at its first mark)

@@ -43,7 +43,7 @@ from maskkv_cli.bench.cases import (
 from maskkv_cli.bench.ceiling import ceiling_fields
 from maskkv_cli.bench.limit import measure_batch_limit, measure_limit, rows_schedule
 from maskkv_cli.bench.speed_gemma import gemma_bench_model, run_gemma_case
-from maskkv_cli.bench.speed_settings import SpeedCase, gen_config, is_gemma_shape
+from maskkv_cli.bench.speed_settings import SpeedCase, gen_config, is_gemma_shape, warms_own_length
 from maskkv_cli.engine.batch_memory import Geometry, batch_memory, model_geometry
 from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.engine.step_runner import StepOptions
@@ -77,24 +77,6 @@ def _jobs(model: DiffusionLM, policy: Any, budget: int | None, prompts: torch.Te
     """One job per row of ``prompts`` (B, M), each with its own cache plan."""
     return [BatchJob(prompts[j : j + 1], gen, _plan(model, policy, budget, prompts[j : j + 1], case))
             for j in range(prompts.shape[0])]
-
-
-OWN_LENGTH_WARMUP_CPU = 4096  # prompt tokens up to which a case off CUDA also warms up at its own length
-
-
-def warms_own_length(device: torch.device, prompt_len: int) -> bool:
-    """Whether the warm-up also runs one prefill at the case's own prompt length, gen length, budget and batch
-    size, so that the timed prefill is not the process's first at that size.
-
-    On CUDA always: the first long prefill would otherwise pay, inside the timed ``prefill_s``, the caching
-    allocator's growth to the case's size (cudaMalloc of the cache and activations, about 17 GB for ``full`` at
-    32k on an 8B shape) and any per-shape kernel or plan choice. Elsewhere up to ``OWN_LENGTH_WARMUP_CPU`` prompt
-    tokens: on the CPU the first prefill at a new size also pays a one-time cost (the kernel's first mapping of
-    the larger heap and buffers: on llada-small the first 1k prefill after the 256-token warm-up took 0.1-0.7 s
-    more than the next ones, with about twice the system time, docs/performance.md), which is a fifth of a 1k
-    prefill and a few percent of a 4k one; a longer prompt's extra prefill would take minutes for a cost of about
-    a percent."""
-    return device.type == "cuda" or prompt_len <= OWN_LENGTH_WARMUP_CPU
 
 
 def _warm_prefill(model: DiffusionLM, case: SpeedCase, policy: Any, budget: int | None) -> None:

@@ -1,15 +1,19 @@
-"""What ``maskkv bench speed`` measures: one case (``SpeedCase``, every setting that decides one row) and the sweep's
-settings (``SpeedSettings``: the cases it runs, checked once before anything runs)."""
+"""What ``maskkv bench speed`` measures: one case (``SpeedCase``, every setting that decides one row), the sweep's
+settings (``SpeedSettings``: the cases it runs, checked once before anything runs), and when a case's warm-up also
+runs its own prefill (``warms_own_length``, for LLaDA-style and DiffusionGemma cases alike)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from maskkv_cli.bench.results import JsonCase, settings_key
 from maskkv_cli.engine.step_runner import StepOptions
 from maskkv_cli.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -226,3 +230,21 @@ class SpeedSettings:
             check_policy_family(name, "diffusion_gemma")
         if not self.model:
             check_gemma_fits(self.config or "", self.device, self.dtype)
+
+
+OWN_LENGTH_WARMUP_CPU = 4096  # prompt tokens up to which a case off CUDA also warms up at its own length
+
+
+def warms_own_length(device: torch.device, prompt_len: int) -> bool:
+    """Whether the warm-up also runs one prefill at the case's own prompt length, gen length, budget and batch
+    size, so that the timed prefill is not the process's first at that size.
+
+    On CUDA always: the first long prefill would otherwise pay, inside the timed ``prefill_s``, the caching
+    allocator's growth to the case's size (cudaMalloc of the cache and activations, about 17 GB for ``full`` at
+    32k on an 8B shape) and any per-shape kernel or plan choice. Elsewhere up to ``OWN_LENGTH_WARMUP_CPU`` prompt
+    tokens: on the CPU the first prefill at a new size also pays a one-time cost (the kernel's first mapping of
+    the larger heap and buffers: on llada-small the first 1k prefill after the 256-token warm-up took 0.1-0.7 s
+    more than the next ones, with about twice the system time, docs/performance.md), which is a fifth of a 1k
+    prefill and a few percent of a 4k one; a longer prompt's extra prefill would take minutes for a cost of about
+    a percent."""
+    return device.type == "cuda" or prompt_len <= OWN_LENGTH_WARMUP_CPU
