@@ -632,6 +632,8 @@ def test_warm_up_rule_own_length_prefill_on_cuda_always_elsewhere_up_to_4k():
 def test_warm_up_at_the_cases_own_length_is_one_stopped_prefill(monkeypatch, batch):
     """With the rule on (CUDA, or a prompt of at most 4k tokens), the warm-up adds step 0 of the case's own
     generation, stopped there; with it off (a longer prompt off CUDA), the warm-up is the short run alone."""
+    from sample_spy import counting_sample
+
     from maskkv_cli import sampling
     from maskkv_cli.bench import speed_case, speed_settings
 
@@ -639,24 +641,11 @@ def test_warm_up_at_the_cases_own_length_is_one_stopped_prefill(monkeypatch, bat
     runs: list[tuple[int, int]] = []  # per generation: (prompt length, steps seen, step 0 included)
     real_sample, real_many = sampling.sample, speed_case.sample_many
 
-    def sample(model, prompt, gen, plan, on_event=None, **kwargs):
-        seen = [0]
-
-        def count(event):
-            seen[0] += event.kind in ("prefill", "step")
-            if on_event is not None:
-                on_event(event)
-
-        try:
-            return real_sample(model, prompt, gen, plan, count, **kwargs)
-        finally:
-            runs.append((prompt.shape[1], seen[0]))
-
     def sample_many(model, jobs, *args, **kwargs):  # a batch: its length and, negated, its size
         runs.append((jobs[0].prompt.shape[1], -len(jobs)))
         return real_many(model, jobs, *args, **kwargs)
 
-    monkeypatch.setattr(sampling, "sample", sample)
+    monkeypatch.setattr(sampling, "sample", counting_sample(real_sample, runs))
     monkeypatch.setattr(speed_case, "sample_many", sample_many)
     case = SpeedCase("maskkv", 8, 48, batch_size=batch, **{**TINY, "limit": False})
     monkeypatch.setattr(speed_settings, "OWN_LENGTH_WARMUP_CPU", 47)  # the case's 48 tokens count as long here

@@ -44,27 +44,14 @@ def test_the_warm_up_adds_the_cases_own_prefill_by_the_same_rule(monkeypatch):
     """As for the other families (``speed_settings.warms_own_length``): with the rule on, the warm-up runs the case's
     own prefill (the encoder and the first decoder pass) after the short canvas and stops there; with it off, only
     the short canvas."""
+    from sample_spy import counting_sample
+
     from maskkv_cli import sampling
     from maskkv_cli.bench import speed_gemma, speed_settings
 
     monkeypatch.setattr(speed_gemma, "WARMUP_PROMPT", 16)  # shorter than the case, so the two warm-ups differ
     runs: list[tuple[int, int]] = []  # per generation: (prompt length, passes seen)
-    real = sampling.sample
-
-    def sample(model, prompt, gen, plan, on_event=None, **kwargs):
-        seen = [0]
-
-        def count(event):
-            seen[0] += event.kind in ("prefill", "step")
-            if on_event is not None:
-                on_event(event)
-
-        try:
-            return real(model, prompt, gen, plan, count, **kwargs)
-        finally:
-            runs.append((prompt.shape[1], seen[0]))
-
-    monkeypatch.setattr(sampling, "sample", sample)
+    monkeypatch.setattr(sampling, "sample", counting_sample(sampling.sample, runs))
     case = SpeedCase("maskkv", 16, 48, **{**TINY, "warmup": True, "limit": False})
     monkeypatch.setattr(speed_settings, "OWN_LENGTH_WARMUP_CPU", 47)
     row = run_case(case)
