@@ -208,6 +208,30 @@ def test_a_stopped_jobs_tensors_are_freed_without_the_cycle_collector(no_cycle_c
     assert notes.startswith("Traceback (most recent call last):") and ", in work\n" in notes
 
 
+def test_an_errors_cause_and_context_lose_their_tracebacks_too() -> None:
+    """``raise A from B`` while handling C: B is A's cause, C its context, and each holds frames of its own."""
+    from maskkv_cli.server.runner import without_frames
+
+    def fail() -> None:
+        try:
+            raise ValueError("cause")
+        except ValueError as exc:
+            cause = exc
+        try:
+            raise KeyError("context")
+        except KeyError:
+            raise RuntimeError("error") from cause
+
+    with pytest.raises(RuntimeError) as caught:
+        fail()
+    error = caught.value
+    chain = [error, error.__cause__, error.__context__]
+    assert isinstance(chain[1], ValueError) and isinstance(chain[2], KeyError)
+    assert all(e.__traceback__ is not None for e in chain)
+    without_frames(error, keep_stack=False)
+    assert all(e.__traceback__ is None for e in chain) and not getattr(error, "__notes__", None)
+
+
 def test_the_time_limit_counts_from_admission() -> None:
     runner = Runner(queue=0, limit_s=0.2)
 

@@ -56,15 +56,19 @@ def without_frames(error: BaseException, keep_stack: bool) -> BaseException:
     cycle, freed at the cycle collector's next full run, which may be long after the request was answered; without
     the traceback every one of them is freed when the request lets go of the error."""
     seen: set[int] = set()
-    link: BaseException | None = error
-    while link is not None and id(link) not in seen:
+    pending: list[BaseException] = [error]
+    while pending:
+        link = pending.pop()
+        if id(link) in seen:
+            continue
         seen.add(id(link))
         if link.__traceback__ is not None:
             if keep_stack:
                 link.add_note("Traceback (most recent call last):\n"
                               + "".join(traceback.format_tb(link.__traceback__)).rstrip())
             link.__traceback__ = None
-        link = link.__cause__ or link.__context__
+        # both: ``raise A from B`` in a handler of C has B as its cause and C as its context, each with its frames
+        pending += [e for e in (link.__cause__, link.__context__) if e is not None]
     return error
 
 
