@@ -20,7 +20,6 @@ shards of ``--shard-mb`` MiB (removed after the run); ``--model`` loads a checkp
 
 from __future__ import annotations
 
-import gc
 import shutil
 import tempfile
 import time
@@ -105,8 +104,7 @@ def run_load_case(case: LoadCase) -> dict[str, Any]:
     folder = Path(case.model)
     shards = shard_sizes(folder)
     _warm(folder, case.quantize, dev, case.dtype)
-    gc.collect()
-    settle_memory(dev)
+    settle_memory(dev)  # collects the warm-up's cycles too
     start = read_current(dev)
     peak_reset = reset_peak(dev)
     t0 = time.perf_counter()
