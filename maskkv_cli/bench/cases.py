@@ -79,6 +79,24 @@ def weights_bytes(model: torch.nn.Module) -> int:
     return sum(tensor_bytes(p) for p in model.parameters())
 
 
+class _PrefillDone(Exception):
+    """Raised from a generation's progress callback to stop it right after its prefill."""
+
+
+def run_to_prefill(run: Callable[[Callable[[Any], None]], Any]) -> None:
+    """``run(on_event)`` (a generation given its progress callback), stopped right after its ``prefill`` event: a
+    warm-up at a case's own length."""
+
+    def stop_after_prefill(event: Any) -> None:
+        if event.kind == "prefill":
+            raise _PrefillDone
+
+    try:
+        run(stop_after_prefill)
+    except _PrefillDone:
+        pass
+
+
 def random_prompt(cfg: ModelConfig, length: int, seed: int, device: torch.device, batch: int = 1) -> torch.Tensor:
     """Random token ids (never the mask token)."""
     gen = torch.Generator().manual_seed(seed)

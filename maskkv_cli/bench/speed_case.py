@@ -38,6 +38,7 @@ from maskkv_cli.bench.cases import (
     load_bench_model,
     random_prompt,
     run_in_fresh_process,
+    run_to_prefill,
     weights_bytes,
 )
 from maskkv_cli.bench.ceiling import ceiling_fields
@@ -90,15 +91,8 @@ def _warm_prefill(model: DiffusionLM, case: SpeedCase, policy: Any, budget: int 
     if case.batch_size > 1:
         _run_batch(model, prompt, gen, policy, budget, case, 1, timed=1)
         return
-
-    def stop_after_prefill(event: Any) -> None:
-        if event.kind == "prefill":
-            raise _Stop
-
-    try:
-        sample(model, prompt, gen, _plan(model, policy, budget, prompt, case), stop_after_prefill, llada2=FIXED_STEPS)
-    except _Stop:
-        pass
+    plan = _plan(model, policy, budget, prompt, case)
+    run_to_prefill(lambda on_event: sample(model, prompt, gen, plan, on_event, llada2=FIXED_STEPS))
 
 
 def _warmup(model: DiffusionLM, case: SpeedCase, policy: Any, budget: int | None) -> float:

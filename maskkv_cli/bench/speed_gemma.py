@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from maskkv_cli.bench.cases import random_prompt, weights_bytes
+from maskkv_cli.bench.cases import random_prompt, run_to_prefill, weights_bytes
 from maskkv_cli.bench.limit import LimitTiming
 from maskkv_cli.bench.speed_settings import SpeedCase, check_gemma_fits, warms_own_length
 from maskkv_cli.engine.batch_memory import batch_memory, model_geometry
@@ -165,17 +165,9 @@ def _warm_own_prefill(model: DiffusionGemma, case: SpeedCase, policy: Any, budge
     """The case's own prefill (its prompt length, budget and passes, on another random prompt: the encoder and the
     first decoder pass), stopped there, so that the timed one is not the process's first at its size."""
     from maskkv_cli.sampling import sample
-
-    def stop_after_prefill(event: Any) -> None:
-        if event.kind == "prefill":
-            raise _Stop
-
     prompt = random_prompt(model.config, case.prompt_len, case.seed + 1, model.device)
-    try:
-        sample(model, prompt, _gen(case), _plan(model, policy, budget, prompt), stop_after_prefill,
-               diffusion_gemma=options)
-    except _Stop:
-        pass
+    plan = _plan(model, policy, budget, prompt)
+    run_to_prefill(lambda on_event: sample(model, prompt, _gen(case), plan, on_event, diffusion_gemma=options))
 
 
 def run_gemma_case(case: SpeedCase, model: DiffusionGemma, loaded_mem: int, rss_start: int,
