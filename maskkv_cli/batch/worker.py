@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import os
 import time
 from dataclasses import dataclass
@@ -77,16 +76,12 @@ class Worker:
 
 
 def free_failed_job() -> None:
-    """Free what a failed job held before the next one runs. Its error's traceback holds the frames it passed
-    through, their callers and their local variables (the generation, its prompt cache), and the generation holds the
-    error: a cycle that only the cycle collector frees, at its next full run; an out-of-memory job would leave its
-    memory taken from the next jobs until then. So: a collection (once the error is no longer named by the caller),
-    then CUDA's cached blocks go back to the device."""
-    gc.collect()
-    try:
-        import torch
+    """Free what a failed job held before the next one runs: its error's traceback and the generation form a cycle
+    (``runtime.stats.free_unreachable``), so an out-of-memory job would otherwise leave its memory taken from the next
+    jobs until the cycle collector's next full run. Called once the error is no longer named by the caller."""
+    from maskkv_cli.runtime.stats import free_unreachable
 
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    except Exception:  # freeing memory is best effort
+    try:
+        free_unreachable()
+    except Exception:  # freeing memory is best effort: a job's row must not fail here
         pass

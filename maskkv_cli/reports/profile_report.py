@@ -12,7 +12,6 @@ in ``maskkv_cli.cli.render_profile``.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +23,7 @@ from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.engine.selection import LayerRecord
 from maskkv_cli.errors import UsageError
 from maskkv_cli.reports.pagemap import PageMap, map_pages
-from maskkv_cli.runtime.stats import RunStats
+from maskkv_cli.runtime.stats import RunStats, free_unreachable
 
 __all__ = [
     "ProfileReport",
@@ -175,9 +174,8 @@ def memory_note(device: torch.device) -> str:
 
 
 def _fresh_peak(device: torch.device) -> None:
-    gc.collect()
+    free_unreachable()
     if device.type == "cuda":
-        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
 
 

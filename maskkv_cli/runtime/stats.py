@@ -104,6 +104,16 @@ def peak_memory(device: torch.device | str | list[torch.device]) -> tuple[int, s
     return reading
 
 
+def free_unreachable() -> None:
+    """Free the memory that only unreachable reference cycles still hold, and give CUDA's cached blocks back to the
+    device. A generation stopped or failed by an exception is such a cycle: the error's traceback holds the frames
+    it passed through, their callers and their local variables (the generation, its prompt cache), and the
+    generation holds the error; without a collection it stays until the cycle collector's next full run."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # does nothing where CUDA was never initialised
+
+
 def settle_memory(device: torch.device | str) -> None:
     """Before a baseline reading, so that the current figure is the memory in use and the peak above it counts what
     the measured run adds: unreachable reference cycles are collected (a generation stopped by an exception, as the
