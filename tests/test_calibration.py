@@ -136,6 +136,28 @@ def test_bad_profiles_are_ignored_with_a_reason(tiny_dir):
     assert find_profile(tiny_dir) == (load_profile(tiny_dir), None)
 
 
+def test_the_embedded_models_calibrate_hint_names_no_folder(monkeypatch, tmp_path):
+    """The embedded model's note says `maskkv calibrate` (what that command alone calibrates where no other default
+    model is configured), not its folder inside the installed package; with another default configured, the
+    folder again, as for any model."""
+    from maskkv_cli.engine.plan import calibrate_hint
+    from maskkv_cli.models.checkpoint import ModelFolder
+    from maskkv_cli.paths import shipped_model_folder
+
+    shipped = shipped_model_folder()
+    assert shipped is not None
+    embedded = ModelFolder.of(shipped)
+    assert calibrate_hint(embedded) == "run `maskkv calibrate`"
+    _, note = resolve_importance(embedded, PolicyOptions(), "maskkv")
+    assert note == "no calibration profile for this model: uniform layer budgets (run `maskkv calibrate` to create one)"
+    monkeypatch.setenv("MASKKV_MODEL", "org/other")
+    assert calibrate_hint(embedded) == f"run `maskkv calibrate --model {embedded.name}`"
+    monkeypatch.delenv("MASKKV_MODEL")
+    (tmp_path / "config.toml").write_text('model = "org/other"\n')
+    monkeypatch.setenv("MASKKV_CONFIG", str(tmp_path / "config.toml"))
+    assert calibrate_hint(embedded) == f"run `maskkv calibrate --model {embedded.name}`"
+
+
 def test_resolve_importance_notes(tiny_dir):
     base = PolicyOptions(alpha=0.2)
     options, note = resolve_importance(tiny_dir, base, "maskkv")

@@ -18,12 +18,13 @@ import os
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from maskkv_cli.defaults import DEFAULT_BUDGET, DEFAULT_POLICY, LAYER_BUDGET_CHOICES
+from maskkv_cli.defaults import DEFAULT_BUDGET, DEFAULT_POLICY, LAYER_BUDGET_CHOICES, configured_model
 from maskkv_cli.engine.step_runner import StepOptions
 from maskkv_cli.errors import UsageError
 from maskkv_cli.kv.budgets import resolve_budget
 from maskkv_cli.kv.prefix import PrefixStore
 from maskkv_cli.models.protocol import DiffusionLM
+from maskkv_cli.paths import shipped_model_folder
 from maskkv_cli.policies.base import Policy, PolicyOptions, check_policy, get_policy, uses_importance
 
 if TYPE_CHECKING:
@@ -168,10 +169,20 @@ def resolve_importance(
     profile, reason = find_profile(model)
     if profile is not None:
         return replace(options, importance=profile.importance), f"using calibration profile {path} for layer budgets"
-    hint = f"run `maskkv calibrate --model {model.name}`"
+    hint = calibrate_hint(model)
     if reason is not None:
         return options, f"ignoring calibration profile {path}: {reason}; uniform layer budgets ({hint} to redo it)"
     return options, f"no calibration profile for this model: uniform layer budgets ({hint} to create one)"
+
+
+def calibrate_hint(model: ModelFolder) -> str:
+    """The command that makes ``model``'s calibration profile. The embedded model, where no other default model is
+    configured, is what ``maskkv calibrate`` alone calibrates: its folder inside the installed package is no name to
+    type. Any other model is named as it was given."""
+    shipped = shipped_model_folder()
+    if shipped is not None and model.path.resolve() == shipped.resolve() and not configured_model():
+        return "run `maskkv calibrate`"
+    return f"run `maskkv calibrate --model {model.name}`"
 
 
 ImportanceChoice = tuple[PolicyOptions, str | None, str | None]  # (policy options, importance source, note)
