@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -183,6 +184,49 @@ def test_a_results_folder_where_a_file_is_is_refused_first(tmp_path, monkeypatch
     assert f"--out {out}: afile is a file, not a folder" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "note:" not in result.output
     assert (tmp_path / "afile").read_text() == "kept\n"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, where no folder can be made")
+@pytest.mark.parametrize("args", [
+    ["batch", "--docs", "doc.txt", "--questions", "q.txt"], ["bench", "speed", "--config", "tiny"],
+    ["bench", "quality", "--samples", "1"],
+])
+def test_a_results_folder_that_cannot_be_made_is_refused_first(tmp_path, monkeypatch, args):
+    """--out where no folder can be made (here under /proc) is one usage-error line before the model loads, not an
+    OS error with a traceback hint once the run is about to write."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "doc.txt").write_text("The special magic number for apple is 12345.\n")
+    (tmp_path / "q.txt").write_text("What is the number?\n")
+    result = runner.invoke(app, [*args, "--out", "/proc/maskkv-results/run"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == ("error: --out /proc/maskkv-results/run: cannot make the folder (No such file "
+                                     "or directory); give another path")
+    assert "note:" not in result.output
+
+
+def test_out_folder_removes_the_folders_it_made_to_find_out(tmp_path, monkeypatch):
+    """The check makes the folders to see that it can, and removes them again: also the upper ones made before a
+    lower one failed."""
+    from pathlib import Path
+
+    from maskkv_cli.cli.parsing import out_folder
+    from maskkv_cli.errors import UsageError
+
+    assert out_folder(tmp_path / "a" / "b") == tmp_path / "a" / "b"
+    assert not (tmp_path / "a").exists()
+    made = Path.mkdir
+
+    def fails_below_a(self: Path, *args: object, **kwargs: object) -> None:
+        made(tmp_path / "a")
+        raise PermissionError(13, "Permission denied")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Path, "mkdir", fails_below_a)
+        with pytest.raises(UsageError, match=r"cannot make the folder \(Permission denied\)"):
+            out_folder(tmp_path / "a" / "b" / "c")
+    assert not (tmp_path / "a").exists()
+    (tmp_path / "kept").mkdir()
+    assert out_folder(tmp_path / "kept") == tmp_path / "kept" and (tmp_path / "kept").is_dir()
 
 
 @pytest.mark.parametrize("args", [

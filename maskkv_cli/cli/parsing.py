@@ -6,6 +6,7 @@ the same message everywhere. Errors are ``UsageError`` (exit code 2) naming the 
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -74,14 +75,34 @@ def parse_policies(text: str, option: str = "--policies") -> tuple[str, ...]:
 
 def out_folder(path: Path | None, option: str = "--out") -> Path | None:
     """``path``, where a results folder can be made or reused: a file in its place, or in the place of a folder
-    above it, is a usage error (before anything runs, not when the first result is written)."""
+    above it, a folder that cannot be made there (a read-only or virtual file system) or one that is not writable
+    is a usage error (before anything runs, not when the first result is written). Nothing is left on disk: the
+    folders made to find out are removed again."""
     if path is None:
         return None
+    missing: list[Path] = []
     for place in (path, *path.parents):
         if place.exists():
             if not place.is_dir():
                 raise UsageError(f"{option} {path}: {place} is a file, not a folder; give another path")
             break
+        missing.append(place)
+    if not missing:
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise UsageError(f"{option} {path}: the folder is not writable; give another path")
+        return path
+    try:
+        path.mkdir(parents=True)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise UsageError(f"{option} {path}: cannot make the folder ({reason}); give another path") from None
+    finally:
+        for made in missing:  # deepest first: each one is empty once the one below it is gone
+            if made.is_dir():
+                try:
+                    made.rmdir()
+                except OSError:
+                    break
     return path
 
 
