@@ -204,6 +204,20 @@ def test_a_results_folder_that_cannot_be_made_is_refused_first(tmp_path, monkeyp
     assert "note:" not in result.output
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, where no file can be made")
+@pytest.mark.parametrize("option", ["--html", "--plot"])
+def test_a_profile_report_where_no_file_can_be_written_is_refused_first(tmp_path, monkeypatch, option):
+    """profile's --html / --plot in a folder that exists but takes no new file: one usage-error line before the
+    model loads, not an OS error after every run."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "doc.txt").write_text("The special magic number for apple is 12345.\n")
+    result = runner.invoke(app, ["profile", "doc.txt", "What is the number?", option, "/proc/self/report.out"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().startswith(f"error: {option} /proc/self/report.out: no file can be written in "
+                                            "/proc/self (")
+    assert "note:" not in result.output
+
+
 def test_out_folder_removes_the_folders_it_made_to_find_out(tmp_path, monkeypatch):
     """The check makes the folders to see that it can, and removes them again: also the upper ones made before a
     lower one failed."""

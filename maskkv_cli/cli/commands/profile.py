@@ -29,12 +29,22 @@ DEFAULT_QUESTION = "Summarize the document."
 
 
 def _check_output(path: Path | None, option: str) -> None:
+    """A usage error, before anything runs, where the report file could not be written: a folder in its place, a
+    folder that does not exist, or one where no file can be made (a probe file is made there and removed at once)."""
     if path is None:
         return
     if path.is_dir():
         raise fail(f"{option} {path} is a directory; give a file name", 2)
     if not path.parent.is_dir():
         raise fail(f"{option} {path}: the folder {path.parent} does not exist", 2)
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as exc:
+        raise fail(f"{option} {path}: no file can be written in {path.parent} ({exc.strerror or exc}); give "
+                   "another path", 2) from None
 
 
 @guarded
