@@ -59,6 +59,22 @@ def test_bad_model_path_is_one_line(tmp_path):
     assert "Traceback" not in result.output
 
 
+def test_a_named_random_shape_as_model_says_where_it_belongs(tmp_path, monkeypatch):
+    """`--model tiny` in a command that answers: the missing folder, and that such names are random-weight shapes
+    for `plan` and the benchmarks' --config (a folder of that name, where there is one, is still what --model means)."""
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["generate", "--model", "tiny", "hi"])
+    assert result.exit_code == 1
+    speed = runner.invoke(app, ["bench", "speed", "--model", "tiny", "--out", "runs"])
+    assert speed.exit_code == 1 and speed.stderr == result.stderr
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "tiny" / "config.json").write_text("{}")  # a folder of that name: read as a checkpoint folder
+    assert "random weights" not in runner.invoke(app, ["generate", "--model", "tiny", "hi"]).stderr
+    assert result.stderr.strip() == ("error: model folder tiny does not exist; 'tiny' names a shape with random "
+                                     "weights, for `maskkv plan --model` and `maskkv bench speed|memory|loading|reuse "
+                                     "--config`: pass a checkpoint folder or ORG/NAME")
+
+
 def test_model_folder_missing_files(tmp_path):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "llada", "d_model": 64, "n_layers": 2,

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from maskkv_cli.models.config import ModelConfig
+from maskkv_cli.errors import ModelLoadError, ModelNotDownloaded
+from maskkv_cli.models.config import NAMED_CONFIGS, ModelConfig
 from maskkv_cli.models.fingerprint import folder_fingerprint
 from maskkv_cli.models.prequantized import PreQuantized
 from maskkv_cli.paths import resolve_model_path
@@ -54,7 +55,16 @@ class ModelFolder:
             return model
         from maskkv_cli.models.loading import read_folder_config  # torch: only when a folder is actually read
 
-        path = resolve_model_path(model)
+        try:
+            path = resolve_model_path(model)
+        except ModelNotDownloaded:
+            raise
+        except ModelLoadError as exc:
+            if str(model) in NAMED_CONFIGS:  # a random-weight shape given where a checkpoint is read
+                raise ModelLoadError(f"{exc}; {str(model)!r} names a shape with random weights, for `maskkv plan "
+                                     "--model` and `maskkv bench speed|memory|loading|reuse --config`: pass a "
+                                     "checkpoint folder or ORG/NAME") from None
+            raise
         config, pre = read_folder_config(path)
         return cls(str(model), path, config, config_hash(path), pre)
 
