@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import tomllib
 
-from maskkv_cli.errors import UsageError
+from maskkv_cli.errors import UsageError, reason
 from maskkv_cli.paths import config_file
 
 # The policy of ask, summarize, generate, profile, demo and ``CacheConfig`` without --policy, and the reference of
@@ -46,7 +46,7 @@ def _config_value(name: str) -> str | None:
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise UsageError(f"cannot read config file {path}: {exc}") from None
+        raise UsageError(f"cannot read config file {path}: {reason(exc)}") from None
     unknown = sorted(set(data) - set(CONFIG_KEYS))
     if unknown:  # a setting the user expects to apply, silently not read, would be worse than stopping
         raise UsageError(f"config file {path}: {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not "

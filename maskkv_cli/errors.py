@@ -5,6 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def reason(exc: BaseException) -> str:
+    """What went wrong, for a message that already names the file: an OS error's own words ("No such file or
+    directory", without its number and the path again), else the error's text (a decoding error's position)."""
+    return getattr(exc, "strerror", None) or str(exc)
+
+
 class MaskKVError(Exception):
     """Base class: an error whose message is meant for the user as it is."""
 

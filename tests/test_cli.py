@@ -234,6 +234,15 @@ def test_a_profile_report_where_no_file_can_be_written_is_refused_first(tmp_path
     assert "note:" not in result.output
 
 
+def test_an_unreadable_file_is_named_once_with_the_os_reason(tmp_path, monkeypatch):
+    """The message names the file once and gives the OS's reason in its own words, not "[Errno 2] ...: 'path'"."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "doc.txt").write_text("The special magic number for apple is 12345.\n")
+    result = runner.invoke(app, ["ask", "doc.txt", "--questions", "missing.txt"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "error: cannot read the questions file missing.txt: No such file or directory"
+
+
 def test_out_folder_removes_the_folders_it_made_to_find_out(tmp_path, monkeypatch):
     """The check makes the folders to see that it can, and removes them again: also the upper ones made before a
     lower one failed."""

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from maskkv_cli.errors import UsageError
+from maskkv_cli.errors import UsageError, reason
 from maskkv_cli.prompting.fit import DEFAULT_LONG
 
 JOB_FIELDS = ("id", "document", "question", "policy", "budget", "gen_length")
@@ -174,7 +174,7 @@ def read_jobs_file(path: Path) -> list[JobSpec]:
     try:
         text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read the jobs file {path}: {exc}") from None
+        raise UsageError(f"cannot read the jobs file {path}: {reason(exc)}") from None
     base = path.resolve().parent
     specs: list[JobSpec] = []
     if path.suffix.lower() == ".csv":
@@ -207,7 +207,7 @@ def read_questions(path: Path) -> list[str]:
     try:
         text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read the questions file {path}: {exc}") from None
+        raise UsageError(f"cannot read the questions file {path}: {reason(exc)}") from None
     questions = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
     if not questions:
         raise UsageError(f"{path} holds no questions (one per line)")

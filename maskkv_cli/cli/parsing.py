@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from maskkv_cli.defaults import DEFAULT_BUDGET
-from maskkv_cli.errors import UsageError
+from maskkv_cli.errors import UsageError, reason
 from maskkv_cli.runtime.devices import check_device
 
 if TYPE_CHECKING:  # parse_runs builds them; importing the report module loads torch
@@ -94,8 +94,7 @@ def out_folder(path: Path | None, option: str = "--out") -> Path | None:
     try:
         path.mkdir(parents=True)
     except OSError as exc:
-        reason = exc.strerror or str(exc)
-        raise UsageError(f"{option} {path}: cannot make the folder ({reason}); give another path") from None
+        raise UsageError(f"{option} {path}: cannot make the folder ({reason(exc)}); give another path") from None
     finally:
         for made in missing:  # deepest first: each one is empty once the one below it is gone
             if made.is_dir():

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from maskkv_cli.engine.batch_memory import batch_memory, config_geometry
-from maskkv_cli.errors import ModelLoadError, UsageError
+from maskkv_cli.errors import ModelLoadError, UsageError, reason
 
 if TYPE_CHECKING:
     from maskkv_cli.models.config import ModelConfig
@@ -77,7 +77,7 @@ def resolve_plan_model(name: str) -> PlanModel:
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"cannot read {path}: {exc}") from None
+        raise ModelLoadError(f"cannot read {path}: {reason(exc)}") from None
     if not isinstance(data, dict):
         raise ModelLoadError(f"{path}: not a JSON object")
     if data.get("model_type") == "diffusion_gemma":

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from maskkv_cli.errors import reason
 from maskkv_cli.models.checkpoint import ModelFolder, config_hash
 from maskkv_cli.models.config import ModelConfig
 from maskkv_cli.paths import config_file, resolve_model_path
@@ -167,7 +168,7 @@ def find_profile(model_path: str | os.PathLike[str] | ModelFolder) -> tuple[Cali
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
-        return None, f"cannot read it ({exc.strerror or exc})"
+        return None, f"cannot read it ({reason(exc)})"
     except ValueError as exc:
         return None, f"it is not valid JSON ({exc})"
     try:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from maskkv_cli.errors import MaskKVError, ModelLoadError
+from maskkv_cli.errors import MaskKVError, ModelLoadError, reason
 from maskkv_cli.models.loading import INDEX_FILE, SINGLE_FILE, weight_files
 from maskkv_cli.paths import hf_cache_dir
 from maskkv_cli.runtime.fileio import atomic_write_text
@@ -298,7 +298,7 @@ def pull(repo_id: str, revision: str | None = None,
         try:
             weight_map = json.loads(fetch(INDEX_FILE).read_text())["weight_map"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise HubError(f"{repo_id}: cannot read {INDEX_FILE}: {exc}") from None
+            raise HubError(f"{repo_id}: cannot read {INDEX_FILE}: {reason(exc)}") from None
         shards = sorted(set(weight_map.values()))
         missing = [s for s in shards if s not in sizes]
         if missing:

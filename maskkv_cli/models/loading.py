@@ -21,7 +21,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from maskkv_cli.errors import ModelLoadError
+from maskkv_cli.errors import ModelLoadError, reason
 from maskkv_cli.models import rows
 from maskkv_cli.models.config import ModelConfig
 from maskkv_cli.models.diffusion_gemma import DiffusionGemma
@@ -67,7 +67,7 @@ def read_folder_config(folder: Path) -> tuple[ModelConfig, PreQuantized | None]:
     try:
         data = json.loads((folder / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"cannot read {folder / 'config.json'}: {exc}") from None
+        raise ModelLoadError(f"cannot read {folder / 'config.json'}: {reason(exc)}") from None
     pre = read_prequantized(folder, data) if isinstance(data, dict) else None
     if isinstance(data, dict):
         data = {**_generation_ids(folder), **data}  # config.json's own ids win
@@ -100,7 +100,7 @@ def weight_files(folder: Path) -> dict[str, Path]:
         try:
             weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
         except (OSError, json.JSONDecodeError, KeyError) as exc:
-            raise ModelLoadError(f"cannot read {index}: {exc}") from None
+            raise ModelLoadError(f"cannot read {index}: {reason(exc)}") from None
         missing = sorted({f for f in weight_map.values() if not (folder / f).is_file()})
         if missing:
             raise ModelLoadError(f"{folder}: shard files listed in {INDEX_FILE} are missing: {', '.join(missing)}")

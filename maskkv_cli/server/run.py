@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from maskkv_cli.errors import reason
+
 __all__ = ["BackgroundServer", "ListenError", "bind", "serve", "url_of"]
 
 GRACE_S = 5  # on shutdown, how long open requests may go on before they are cancelled
@@ -26,14 +28,14 @@ def bind(host: str, port: int) -> socket.socket:
                                                              flags=socket.AI_PASSIVE)[0]
         sock = socket.socket(family, kind, proto)
     except OSError as exc:
-        raise ListenError(f"cannot listen on {host}:{port} ({exc.strerror or exc})") from None
+        raise ListenError(f"cannot listen on {host}:{port} ({reason(exc)})") from None
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
         sock.listen(128)
     except OSError as exc:
         sock.close()
-        raise ListenError(f"cannot listen on {host}:{port} ({exc.strerror or exc})") from None
+        raise ListenError(f"cannot listen on {host}:{port} ({reason(exc)})") from None
     return sock
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from maskkv_cli.errors import UsageError
+from maskkv_cli.errors import UsageError, reason
 from maskkv_cli.prompting.fit import middle_cut
 from maskkv_cli.tasks.metrics import resolve_dataset
 from maskkv_cli.tasks.taskio import Task
@@ -106,7 +106,7 @@ def load_templates(path: str | Path) -> dict[str, str]:
     except FileNotFoundError:
         raise UsageError(f"--prompts file {source} does not exist") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read --prompts file {source}: {exc}") from None
+        raise UsageError(f"cannot read --prompts file {source}: {reason(exc)}") from None
     except json.JSONDecodeError as exc:
         raise UsageError(f"--prompts file {source} is not JSON ({exc.msg}, line {exc.lineno}); expected an "
                          'object like {"hotpotqa": "...{context}...{input}..."}') from None

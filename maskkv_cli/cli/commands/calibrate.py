@@ -24,7 +24,7 @@ from maskkv_cli.cli.options import (
     QuantizeOpt,
     QuietOpt,
 )
-from maskkv_cli.errors import DocumentError, UsageError
+from maskkv_cli.errors import DocumentError, UsageError, reason
 from maskkv_cli.runtime.devices import resolve_device
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ def read_texts(paths: list[Path]) -> list[str]:
             try:
                 data = path.read_bytes()
             except OSError as exc:
-                raise DocumentError(f"cannot read {path}: {exc.strerror or exc}") from None
+                raise DocumentError(f"cannot read {path}: {reason(exc)}") from None
             if b"\x00" in data[:4096]:
                 raise DocumentError(f"{path} looks like a binary file; pass text or PDF files")
             text = data.decode("utf-8", errors="replace")

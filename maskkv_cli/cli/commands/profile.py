@@ -22,6 +22,7 @@ from maskkv_cli.cli.options import (
 )
 from maskkv_cli.cli.run_options import OUTPUT, RunOptions, run_options
 from maskkv_cli.defaults import DEFAULT_POLICY
+from maskkv_cli.errors import reason
 from maskkv_cli.prompting.fit import check_long
 from maskkv_cli.runtime.devices import resolve_device
 
@@ -43,7 +44,7 @@ def _check_output(path: Path | None, option: str) -> None:
         with tempfile.TemporaryFile(dir=path.parent):
             pass
     except OSError as exc:
-        raise fail(f"{option} {path}: no file can be written in {path.parent} ({exc.strerror or exc}); give "
+        raise fail(f"{option} {path}: no file can be written in {path.parent} ({reason(exc)}); give "
                    "another path", 2) from None
 
 
