@@ -243,6 +243,22 @@ def test_an_unreadable_file_is_named_once_with_the_os_reason(tmp_path, monkeypat
     assert result.stderr.strip() == "error: cannot read the questions file missing.txt: No such file or directory"
 
 
+def test_profile_names_the_embedded_model_as_such(tmp_path, monkeypatch):
+    """The report's header (terminal and HTML) calls the default model "the embedded tiny model", not its folder
+    inside the installed package."""
+    from maskkv_cli.paths import shipped_model_folder
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "doc.txt").write_text("The special magic number for apple is 12345.\n")
+    result = runner.invoke(app, ["profile", "doc.txt", "What is the special magic number for apple?", "--policies",
+                                 "full", "--html", "report.html"])
+    assert result.exit_code == 0, result.output
+    header = " ".join(result.stdout.split())  # the header may wrap at the terminal's width
+    assert "model the embedded tiny model on cpu" in header
+    assert str(shipped_model_folder()) not in header
+    assert "model the embedded tiny model on cpu" in (tmp_path / "report.html").read_text()
+
+
 def test_out_folder_removes_the_folders_it_made_to_find_out(tmp_path, monkeypatch):
     """The check makes the folders to see that it can, and removes them again: also the upper ones made before a
     lower one failed."""

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from maskkv_cli.cli.render_profile import MAX_PAGE_ROWS, RAMP, number_text, ratio_text, seconds_text, write_report
+from maskkv_cli.models.catalog import model_label
 from maskkv_cli.reports.pagemap import OUTSIDE, group_pages
 from maskkv_cli.reports.profile_report import ProfileReport, quantize
 from maskkv_cli.runtime.sizes import human_size
@@ -72,7 +73,7 @@ def report_html(report: ProfileReport) -> str:
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
         f"<title>maskkv profile: {e(Path(str(doc['source'])).name)}</title><style>{_CSS}</style></head><body>",
         f"<h1>maskkv profile: {e(str(doc['source']))}</h1>",
-        f"<p class='dim'>{doc['pages']} pages, {doc['chars']} chars; model {e(report.model)} on "
+        f"<p class='dim'>{doc['pages']} pages, {doc['chars']} chars; model {e(model_label(report.model))} on "
         f"{e(report.device)}; question: {e(report.question)}</p>",
         "<h2>runs</h2><table class='runs'><tr><th>run</th><th>prefill</th><th>step</th><th>tokens/s</th>"
         "<th>end to end</th><th>peak memory</th><th>KV kept / full</th><th>smaller</th><th>answer</th></tr>",

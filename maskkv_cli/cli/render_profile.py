@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from maskkv_cli.errors import MaskKVError
-from maskkv_cli.models.catalog import empty_note, is_embedded_model
+from maskkv_cli.models.catalog import empty_note, is_embedded_model, model_label
 from maskkv_cli.policies.base import uses_importance
 from maskkv_cli.reports.answers import answer_line, context_line
 from maskkv_cli.reports.pagemap import OUTSIDE, PageCount, group_pages
@@ -231,7 +231,7 @@ def report_renderables(report: ProfileReport, width: int, color: bool) -> list[R
     """Everything ``maskkv profile`` prints, in order."""
     out: list[RenderableType] = [
         Text(f"{report.document['source']}: {report.document['pages']} pages, {report.document['chars']} chars; "
-             f"model {report.model} on {report.device}", style="dim"),
+             f"model {model_label(report.model)} on {report.device}", style="dim"),
         runs_table(report),
     ]
     answers = Text()

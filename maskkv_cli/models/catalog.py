@@ -76,6 +76,12 @@ def is_embedded_model(path: str) -> bool:
     return shipped is not None and Path(path).resolve() == shipped.resolve()
 
 
+def model_label(path: str) -> str:
+    """How a report names the model: the embedded model as such (its folder inside the installed package says
+    nothing to a reader), any other by the path or id it was given."""
+    return "the embedded tiny model" if is_embedded_model(path) else path
+
+
 def empty_note(what: str, embedded: bool) -> str:
     """What to say instead of printing a blank ``what`` ("answer" or "summary"): for the embedded model, what it
     can answer and where a real model comes from. The command line and batch's answer rows both carry it, so it
