@@ -44,6 +44,8 @@ def test_ingest_json_list_remove(pdf):
     assert again["cached"] is True and again["sha256"] == row["sha256"]
     listed = json.loads(run("ingest", "--list", "--json").stdout)["documents"]
     assert [d["sha256"] for d in listed] == [row["sha256"]]
+    empty = run("ingest", "--remove", "")
+    assert empty.exit_code == 2 and empty.stderr.startswith("error: --remove is empty; give a stored document's")
     assert run("ingest", "--remove", "story.pdf").exit_code == 0
     assert json.loads(run("ingest", "--list", "--json").stdout)["documents"] == []
 

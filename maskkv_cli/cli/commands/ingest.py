@@ -173,6 +173,9 @@ def ingest(
 
     if sum((list_, remove is not None, bool(paths))) > 1:
         raise fail("give files or folders to ingest, --list or --remove: one of them", 2)
+    if remove is not None and not remove.strip():
+        raise fail("--remove is empty; give a stored document's hash prefix or file name (`maskkv ingest --list` "
+                   "shows them)", 2)
     store = DocumentStore()
     if list_:
         _list(store, as_json)
