@@ -24,7 +24,6 @@ from maskkv_cli.errors import UsageError
 from maskkv_cli.kv.budgets import resolve_budget
 from maskkv_cli.kv.prefix import PrefixStore
 from maskkv_cli.models.protocol import DiffusionLM
-from maskkv_cli.paths import shipped_model_folder
 from maskkv_cli.policies.base import Policy, PolicyOptions, check_policy, get_policy, uses_importance
 
 if TYPE_CHECKING:
@@ -179,8 +178,9 @@ def calibrate_hint(model: ModelFolder) -> str:
     """The command that makes ``model``'s calibration profile. The embedded model, where no other default model is
     configured, is what ``maskkv calibrate`` alone calibrates: its folder inside the installed package is no name to
     type. Any other model is named as it was given."""
-    shipped = shipped_model_folder()
-    if shipped is not None and model.path.resolve() == shipped.resolve() and not configured_model():
+    from maskkv_cli.models.catalog import is_embedded_model
+
+    if is_embedded_model(str(model.path)) and not configured_model():
         return "run `maskkv calibrate`"
     return f"run `maskkv calibrate --model {model.name}`"
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from maskkv_cli.errors import ModelLoadError, ModelNotDownloaded
+from maskkv_cli.errors import ModelLoadError
 from maskkv_cli.models.config import NAMED_CONFIGS, ModelConfig
 from maskkv_cli.models.fingerprint import folder_fingerprint
 from maskkv_cli.models.prequantized import PreQuantized
@@ -57,9 +57,7 @@ class ModelFolder:
 
         try:
             path = resolve_model_path(model)
-        except ModelNotDownloaded:
-            raise
-        except ModelLoadError as exc:
+        except ModelLoadError as exc:  # a named shape has no "/", so it is never an ORG/NAME not downloaded
             if str(model) in NAMED_CONFIGS:  # a random-weight shape given where a checkpoint is read
                 raise ModelLoadError(f"{exc}; {str(model)!r} names a shape with random weights, for `maskkv plan "
                                      "--model` and `maskkv bench speed|memory|loading|reuse --config`: pass a "
