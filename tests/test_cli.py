@@ -172,6 +172,8 @@ def test_demo_runs_on_a_given_model(tiny_dir):
     assert shown.exit_code == 0, shown.output
     assert "timed after a warm-up run of each (" in shown.stdout and "one-time costs, not counted); model load" \
         in shown.stdout
+    kv = [line.split(", KV ")[1] for line in shown.stdout.splitlines() if ", KV " in line]
+    assert len(kv) == 2 and kv[0].endswith("x smaller)") and kv[1].endswith("(all kept)")  # nothing evicted: no "1.0x"
 
 
 def test_decode_drops_control_characters(tiny_tokenizer):

@@ -94,10 +94,11 @@ def note_once(message: str | None, quiet: bool, as_json: bool) -> None:
 def one_line_stats(stats: Any, prompts: int = 1) -> str:
     """A run's statistics in one line; ``prompts``: how many prompts it took (a document read in parts), whose
     prompt tokens, prefill and steps are summed and whose cache is the largest of one."""
+    from maskkv_cli.cli.render import kv_saving
     from maskkv_cli.runtime.sizes import human_size
 
     kept, full = human_size(stats.kv_bytes, binary=True), human_size(stats.kv_full_bytes, binary=True)
-    kv = f"KV {kept} of {full} ({stats.compression:.1f}x smaller)" if stats.kv_bytes else "no KV cache"
+    kv = f"KV {kept} of {full} {kv_saving(stats)}" if stats.kv_bytes else "no KV cache"
     if prompts > 1:
         kv = f"{kv} per part"
     prompt = f"{prompts} prompts of {stats.prompt_len} tokens in all" if prompts > 1 else \

@@ -29,6 +29,14 @@ def confidence_line(conf: Any) -> str:
     return confidence_words(conf.as_dict() if conf is not None else None)
 
 
+def kv_saving(stats: Any) -> str:
+    """How much smaller a run's prompt cache is than the full one, for the displays: "(11.4x smaller)", or "(all
+    kept)" where nothing was evicted (a full cache, or a budget at least the prompt's length)."""
+    if stats.kv_bytes >= stats.kv_full_bytes:
+        return "(all kept)"
+    return f"({stats.compression:.1f}x smaller)"
+
+
 def stats_rows(stats: Any) -> list[tuple[str, str]]:
     """(label, value) pairs of one run: timings, memory, KV cache kept vs full."""
     rows = [
@@ -44,7 +52,7 @@ def stats_rows(stats: Any) -> list[tuple[str, str]]:
     if stats.kv_bytes:
         rows.append(("KV cache kept / full",
                      f"{human_size(stats.kv_bytes, binary=True)} / {human_size(stats.kv_full_bytes, binary=True)}"
-                     f" ({stats.compression:.1f}x smaller)"))
+                     f" {kv_saving(stats)}"))
     else:
         rows.append(("KV cache", "none (whole sequence recomputed each step)"))
     return rows
