@@ -192,6 +192,11 @@ def test_cli_dream_sampler_options(tmp_path, dream, tiny_tokenizer):
         assert result.exit_code == 0, result.output
     bad = CliRunner().invoke(app, base + ["--alg", "nope"])
     assert bad.exit_code == 2 and "--alg must be one of" in bad.stderr
+    for extra, flag in ((["--cfg", "1"], "--cfg"), (["--remasking", "random"], "--remasking"),
+                        (["--block-length", "4"], "--block-length"), (["--threshold", "0.5"], "--threshold")):
+        refused = CliRunner().invoke(app, base + extra)  # LLaDA's options: Dream's loop has no use for them
+        assert refused.exit_code == 2 and refused.stderr == f"error: {flag} is not an option of the dream sampler " \
+            "(docs/models.md has what it takes)\n", refused.output
 
 
 def _with_upstream_twin(dtype: torch.dtype) -> tuple[Dream, torch.nn.Module]:

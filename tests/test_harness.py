@@ -347,6 +347,7 @@ def test_dream_family(tiny_tokenizer: Any, tmp_path: Path) -> None:
 
     from maskkv_cli.app.session import Session
     from maskkv_cli.engine.plan import CacheConfig
+    from maskkv_cli.errors import UsageError
     from maskkv_cli.evaluation import register
     from maskkv_cli.models.config import named_config
     from maskkv_cli.models.dream import Dream
@@ -368,7 +369,7 @@ def test_dream_family(tiny_tokenizer: Any, tmp_path: Path) -> None:
     stop = expected[1]
     kept: dict[str, int] = {}
     for policy, budget in (("maskkv", 4), ("full", None)):
-        lm = MaskKVLM(model=str(folder), policy=policy, budget=budget, block_length=8, device="cpu")
+        lm = MaskKVLM(model=str(folder), policy=policy, budget=budget, device="cpu")
         requests = [Instance("generate_until", {}, (context, {"max_gen_toks": 16, "until": []}), 0),
                     Instance("generate_until", {}, (context, {"max_gen_toks": 16, "until": [stop]}), 0)]
         for request in requests:
@@ -380,3 +381,5 @@ def test_dream_family(tiny_tokenizer: Any, tmp_path: Path) -> None:
     assert kept["maskkv"] < kept["full"]
     (value, _), = lm.loglikelihood([Instance("loglikelihood", {}, (context, " 48213"), 0)])
     assert value < 0.0
+    with pytest.raises(UsageError, match="^--block-length is not an option of the dream sampler"):
+        MaskKVLM(model=str(folder), block_length=8, device="cpu")  # LLaDA's blocks: Dream's loop has none

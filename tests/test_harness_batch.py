@@ -17,6 +17,7 @@ from lm_eval.api.instance import Instance  # noqa: E402
 import maskkv_cli.sampling.driver as driver  # noqa: E402
 from maskkv_cli.errors import UsageError  # noqa: E402
 from maskkv_cli.evaluation import engine_adapter, register  # noqa: E402
+from maskkv_cli.evaluation.engine_adapter import request_generation  # noqa: E402
 
 register()
 from maskkv_cli.evaluation.harness_model import MaskKVLM  # noqa: E402
@@ -147,16 +148,18 @@ def test_a_block_causal_model_batches_its_requests_too(tiny_tokenizer: Any, tmp_
                                              {"device": "cpu"})
     options = edited.engine.session.llada2
     assert (options.editing_threshold, options.max_post_steps, options.top_k) == (0.5, 3, 4)
-    assert edited.settings.block_length == 32 and edited.settings.editing_threshold == 0.5
+    assert edited.settings.block_length is None and edited.settings.editing_threshold == 0.5
+    assert request_generation(edited.settings, 64).block_length == 32  # the harness's blocks where none is given
 
 
 def test_model_args_are_the_shared_run_settings(tiny_dir: Path) -> None:
     lm = MaskKVLM(model=str(tiny_dir), device="cpu", policy="none", budget="8", steps="none", cfg="0.5",
-                  alg="maskgit_plus", top_p="0.9", seed=3)
+                  remasking="random", seed=3, block_length=16)
     s = lm.settings
-    assert (s.policy, s.budget, s.steps, s.cfg_scale, s.alg, s.top_p, s.seed, s.block_length) == (
-        "none", 8, None, 0.5, "maskgit_plus", 0.9, 3, 32)
-    assert lm.engine.session.dream.alg == "maskgit_plus" and lm.engine.session.dream.top_p == 0.9
+    assert (s.policy, s.budget, s.steps, s.cfg_scale, s.remasking, s.seed, s.block_length) == (
+        "none", 8, None, 0.5, "random", 3, 16)
+    with pytest.raises(UsageError, match="^--alg, --top-p are not options of the llada sampler"):
+        MaskKVLM(model=str(tiny_dir), device="cpu", alg="maskgit_plus", top_p="0.9")  # Dream's: refused, not ignored
     for bad, words in (({"budget": "x"}, "budget must be a whole number"), ({"colour": "red"}, "unknown maskkv model"),
                        ({"gen_length": 8}, "set by each request"), ({"budget": 8, "ratio": 0.5}, "not both"),
                        ({"policy": "nope"}, "unknown policy")):

@@ -82,3 +82,24 @@ def test_summarize_checks_its_block_against_the_model_summary_length_before_the_
     result = runner.invoke(app, ["summarize", str(doc), "--block-length", "5", "--quiet"])
     assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
     assert "--block-length 5: this model writes its summaries in 64 tokens" in result.output  # no --gen-length named
+
+
+@pytest.mark.parametrize(("family", "taken", "refused"), [
+    ("llada", dict(block_length=8, cfg_scale=1.0, remasking="random", threshold=0.5),
+     dict(alg="origin", top_p=0.9, top_k=3, editing_threshold=0.5, max_post_steps=3)),
+    ("llada_moe", dict(block_length=8, cfg_scale=1.0, remasking="random", threshold=0.5),
+     dict(alg="origin", top_p=0.9, top_k=3, editing_threshold=0.5, max_post_steps=3)),
+    ("dream", dict(alg="origin", top_p=0.9, top_k=3, temperature=0.5),
+     dict(block_length=8, cfg_scale=1.0, remasking="random", threshold=0.5, editing_threshold=0.5, max_post_steps=3)),
+    ("llada2", dict(block_length=8, threshold=0.5, top_p=0.9, top_k=3, editing_threshold=0.5, max_post_steps=3),
+     dict(cfg_scale=1.0, remasking="random", alg="origin")),
+])
+def test_each_sampler_refuses_the_options_it_does_not_take(family: str, taken: dict, refused: dict) -> None:
+    from maskkv_cli.app.run_settings import RunSettings
+    from maskkv_cli.errors import UsageError
+
+    RunSettings(**taken).check_family(family)  # what its loop reads
+    for name, value in refused.items():  # what it would silently ignore
+        flag = "--cfg" if name == "cfg_scale" else "--" + name.replace("_", "-")
+        with pytest.raises(UsageError, match=f"^{flag} is not an option of the {family} sampler"):
+            RunSettings(**{name: value}).check_family(family)

@@ -119,4 +119,4 @@ def test_eval_passes_the_shared_options(tmp_path: Path, eval_model_args: list[di
                                                       "batch_size")}
     settings = harness_settings(run)  # the harness model takes them as they are
     assert (settings.budget, settings.threshold, settings.editing_threshold, settings.max_post_steps,
-            settings.top_k, settings.block_length) == (8, 0.9, 0.5, 2, 4, 32)
+            settings.top_k, settings.block_length) == (8, 0.9, 0.5, 2, 4, None)

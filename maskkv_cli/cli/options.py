@@ -94,14 +94,15 @@ StepsOpt = Annotated[int | None, steps_option(
     "Denoising steps in all, split evenly over blocks [default: the model's; with --gen-length, one per token].",
     show_default=False)]
 BlockOpt = Annotated[int | None, block_length_option(
-    "Tokens per semi-autoregressive block [default: the model's, else 32, or one block where 32 does not divide "
-    "the length].", show_default=False)]
+    "LLaDA and LLaDA2: tokens per semi-autoregressive block [default: the model's, else 32, or one block where 32 "
+    "does not divide the length].", show_default=False)]
 TemperatureOpt = Annotated[float, typer.Option("--temperature", "-t", help="0 = greedy (argmax).")]
 ThresholdOpt = Annotated[float | None, typer.Option(
-    "--threshold", help="Parallel decoding: commit every masked token of the block with confidence above this "
+    "--threshold", help="LLaDA and LLaDA2: parallel decoding, commit every masked token of the block with "
+    "confidence above this "
     "[LLaDA2: the model's, else 0.95].", show_default=False)]
-CfgOpt = Annotated[float, typer.Option("--cfg", help="Classifier-free guidance scale (0 = off).")]
-RemaskOpt = Annotated[str, typer.Option("--remasking", help="low_confidence or random.")]
+CfgOpt = Annotated[float, typer.Option("--cfg", help="LLaDA only: classifier-free guidance scale (0 = off).")]
+RemaskOpt = Annotated[str, typer.Option("--remasking", help="LLaDA only: low_confidence or random.")]
 DeviceOpt = Annotated[str, device_option("cpu, cuda, cuda:1, ... (auto: cuda if available).")]
 DtypeOpt = Annotated[str, typer.Option(
     "--dtype", help="auto (bf16 on a GPU, and on the CPU with int4 weights; else fp32), bf16, fp16, fp32.")]

@@ -112,7 +112,7 @@ class RunOptions:
         from maskkv_cli.app.run_settings import check_policy_family
         from maskkv_cli.cli.model_choice import choose_model, load_session
 
-        settings = self.settings()
+        settings = self.settings(**(generates or {}))  # with the command's own sampler options (generate's --cfg)
         chosen = choose_model(folder or self.model, self.yes, self.quiet, self.as_json)
         settings.check_family(chosen.config.family)  # options its sampler does not take: refused before loading
         for policy in policies:

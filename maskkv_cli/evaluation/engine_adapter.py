@@ -22,9 +22,13 @@ from maskkv_cli.runtime.devices import resolve_device
 if TYPE_CHECKING:
     from maskkv_cli.app.run_settings import RunSettings
     from maskkv_cli.app.session import Answer
+    from maskkv_cli.sampling.llada import GenerationConfig
 
 
-HARNESS_DEFAULTS: dict[str, Any] = {"block_length": 32}  # blocks of 32 when they divide a request's answer length
+# Blocks of 32 when they divide a request's answer length and no block length is given: applied to the answer's
+# generation settings, not set as a run setting, so that a family whose sampler takes no blocks (Dream) is not
+# refused an option nobody gave.
+HARNESS_BLOCK = 32
 PER_REQUEST = ("gen_length", "temperature")  # each request's own (``max_gen_toks``, ``do_sample`` + temperature)
 ALIASES = {"cfg": "cfg_scale"}  # the harness's name for a setting
 
@@ -42,12 +46,18 @@ def harness_settings(args: dict[str, Any]) -> RunSettings:
     if per_request:
         raise UsageError(f"{', '.join(per_request)}: set by each request (max_gen_toks, do_sample and temperature), "
                          "not a maskkv model arg")
-    return RunSettings.from_values({**HARNESS_DEFAULTS, **given}, "maskkv model arg")
+    return RunSettings.from_values(given, "maskkv model arg")
 
 
 def request_run(settings: RunSettings, temperature: float) -> RunSettings:
     """``settings`` with a request's temperature."""
     return replace(settings, temperature=temperature)
+
+
+def request_generation(run: RunSettings, gen_length: int) -> GenerationConfig:
+    """A request's generation settings: ``gen_length`` tokens, one per step unless ``steps`` is set, in blocks of
+    the run's block length, else of ``HARNESS_BLOCK``, where that divides the length, else one block."""
+    return run.answer_generation(gen_length, HARNESS_BLOCK)
 
 
 @dataclass
@@ -158,12 +168,12 @@ def answer(engine: Engine, ids: list[int], gen_length: int, settings: RunSetting
            temperature: float = 0.0) -> Reply:
     """Generate up to ``gen_length`` tokens after the prompt ``ids`` under the settings' cache policy.
 
-    The answer length is ``gen_length``; blocks are ``settings.block_length`` tokens when that divides it, else
-    one block (as ``bench quality`` does for LongBench's answer lengths); steps default to one token per step.
+    The answer length is ``gen_length``, in blocks as ``request_generation`` says (as ``bench quality`` does for
+    LongBench's answer lengths); steps default to one token per step.
     """
     ids, cut = fit_prompt(engine, ids, gen_length)
     run = request_run(settings, temperature)
-    gen, cache = run.answer_generation(gen_length), run.cache()
+    gen, cache = request_generation(run, gen_length), run.cache()
     # A block-causal model computes the start this prompt shares with the previous one once: the split depends on
     # the order of the requests, so an answer may differ from the same request alone by rounding, not by what is
     # computed.
@@ -180,7 +190,7 @@ def batch_size(engine: Engine, prompts: Sequence[list[int]], gen_length: int, se
     ``max_batch_size``; with the line saying how an automatic size was chosen."""
     run = request_run(settings, temperature)
     lengths = [len(fit_prompt(engine, list(ids), gen_length)[0]) for ids in prompts]
-    size, note = engine.session.batch_size(requested, lengths, run.answer_generation(gen_length), run.cache(),
+    size, note = engine.session.batch_size(requested, lengths, request_generation(run, gen_length), run.cache(),
                                            work_lens=lengths)
     if requested is None and max_batch_size is not None and size > max_batch_size:
         size, note = max_batch_size, f"{note}; capped at max_batch_size {max_batch_size}"
@@ -199,7 +209,7 @@ def answer_many(engine: Engine, prompts: Sequence[list[int]], gen_length: int, s
     if fitted:
         engine.last_ids = list(fitted[-1][0])
     run = request_run(settings, temperature)
-    gen, cache = run.answer_generation(gen_length), run.cache()
+    gen, cache = request_generation(run, gen_length), run.cache()
     replies: dict[int, Reply] = {}
 
     def finished(i: int, result: Answer) -> None:

@@ -76,14 +76,22 @@ def _has_experts(data: dict[str, Any]) -> bool:
     return bool(data.get("num_experts")) and int(data["num_experts"]) > 0
 
 
+# The run settings each sampler has no use for (``Family.refuses``): LLaDA's block loop takes no token filter,
+# Dream's confidence rule or LLaDA2.1's editing; Dream's loop is one block with its own confidence rule (no
+# guidance, remasking choice or commit threshold); LLaDA2's takes a threshold and token filters but no guidance,
+# remasking choice or Dream's rule.
+LLADA_REFUSES = ("alg", "top_p", "top_k", "editing_threshold", "max_post_steps")
+DREAM_REFUSES = ("block_length", "cfg_scale", "remasking", "threshold", "editing_threshold", "max_post_steps")
+LLADA2_REFUSES = ("cfg_scale", "remasking", "alg")
+
 # Order matters where model_types overlap: LLaDA-MoE (``llada`` with experts) is tried before LLaDA-8B.
 FAMILY_TABLE: dict[str, Family] = {
     "llada_moe": Family("llada_moe", LLaDAMoE, "llada", ("llada", "lladamoe"), llada_moe_from_hf, llada_moe_to_hf,
-                        chat_format="ling", claims=_has_experts),
-    "llada": Family("llada", LLaDA, "llada", ("llada", ""), llada_from_hf, llada_to_hf),
-    "dream": Family("dream", Dream, "dream", ("dream",), dream_from_hf, dream_to_hf),
+                        chat_format="ling", claims=_has_experts, refuses=LLADA_REFUSES),
+    "llada": Family("llada", LLaDA, "llada", ("llada", ""), llada_from_hf, llada_to_hf, refuses=LLADA_REFUSES),
+    "dream": Family("dream", Dream, "dream", ("dream",), dream_from_hf, dream_to_hf, refuses=DREAM_REFUSES),
     "llada2": Family("llada2", LLaDA2, "llada2", ("llada2_moe",), llada2_from_hf, llada2_to_hf, chat_format="ling",
-                     document_prefix=True),
+                     document_prefix=True, refuses=LLADA2_REFUSES),
     "diffusion_gemma": Family("diffusion_gemma", DiffusionGemma, "diffusion_gemma", ("diffusion_gemma",),
                               diffusion_gemma_from_hf, diffusion_gemma_to_hf, chat_format="gemma",
                               loader="diffusion_gemma", document_prefix=True, device_map=False, engine_lanes=False,
