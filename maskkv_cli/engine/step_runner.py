@@ -68,9 +68,11 @@ class StepRunner:
         """``row_window``: every call's rows lie in one aligned window of this many rows (the sampler's block);
         None runs the last layer on all rows."""
         if model.layer_devices and len(set(model.layer_devices)) > 1:
-            raise UsageError(f"--{options.label} needs the whole model on one device; drop --device-map or the flag")
+            raise UsageError(f"the {options.label} step mode needs the whole model on one device; drop --device-map "
+                             "or run the eager mode")
         if options.cuda_graph and response.device.type != "cuda":
-            raise UsageError(f"--cuda-graph needs a CUDA device, the model is on {response.device.type}")
+            raise UsageError(f"the {options.label} step mode needs a CUDA device, the model is on "
+                             f"{response.device.type}")
         self.model, self.cache, self.options = model, cache, options
         dev = response.device
         t0 = now(dev)

@@ -265,7 +265,7 @@ class GemmaRun:
             raise ValueError(f"the cache plan is for a {plan.prompt_len}-token prompt, the prompt has "
                              f"{prompt.shape[1]}")
         if not plan.step_options.eager:
-            raise UsageError("--compile and --cuda-graph are not available for DiffusionGemma")
+            raise UsageError("the compile and cuda-graph step modes are not available for DiffusionGemma")
         if plan.rope_factor != 1.0:
             raise UsageError("--long rope-scale is not available for DiffusionGemma (its two RoPE kinds are not "
                              "scaled); use --long parts or truncate")

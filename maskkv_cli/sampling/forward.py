@@ -169,7 +169,8 @@ class BlockForward(Forward):
 
     def __init__(self, model: DiffusionLM, plan: CachePlan, block_length: int, total: int) -> None:
         if not plan.step_options.eager:
-            raise UsageError("--compile and --cuda-graph are not available for block-causal models (LLaDA2) yet")
+            raise UsageError("the compile and cuda-graph step modes are not available for block-causal models "
+                             "(LLaDA2) yet")
         super().__init__(model, plan)
         self.block, self.total = block_length, total
 
