@@ -430,3 +430,22 @@ def test_a_generations_rope_tables_are_kept_and_equal_fresh_ones(tiny_model) -> 
     for _ in range(2):  # the first step fills the memo, the second reads it
         (with_memo,) = step_logits(tiny_model, [StepLane(ids, rows, 0, tables=memo)])
         assert torch.equal(with_memo, alone)
+
+
+def test_plans_from_one_pyramidkv_keep_their_own_window(models: dict) -> None:
+    """PyramidKV's observation window is its run's (``min(32, B / 2, M - 1)``): plans built from one policy object
+    at different budgets each keep their own, and each sequence of a batch of them gets the tokens it gets alone."""
+    from maskkv_cli.sampling.llada import denoise_llada
+
+    tok, model = models["tokenizer"], models["llada"]
+    policy, budgets = get_policy("pyramidkv"), (16, 96)
+    gen = GenerationConfig(gen_length=8, steps=8, block_length=8)
+    prompts = [torch.tensor([chat_prompt_ids(tok, document_question("".join(TEXTS[: 2 + i]), "Where?"))])
+               for i in range(2)]
+    plans = [CachePlan.build(model, policy, budget, p.shape[1]) for p, budget in zip(prompts, budgets, strict=True)]
+    assert all(plan.evicts for plan in plans)
+    assert [plan.policy.window(plan.layer_budgets[0], plan.split) for plan in plans] == [8, 32]
+    results = sample_many(model, [BatchJob(p, gen, plan) for p, plan in zip(prompts, plans, strict=True)], 2)
+    for p, budget, result in zip(prompts, budgets, results, strict=True):
+        alone = denoise_llada(model, p, gen, CachePlan.build(model, get_policy("pyramidkv"), budget, p.shape[1]))
+        assert result.tokens.tolist() == alone.tokens.tolist()

@@ -118,6 +118,8 @@ class CachePlan:
                 raise UsageError("the prompt is too short for a prefix cache; use --policy none")
         evicts = policy.evicts and budget is not None and budget < split and bool(model.config.evicted_layers)
         n_layers = len(model.config.evicted_layers)  # the layers a policy cuts (DiffusionGemma: its full layers)
+        if evicts:  # the run's own policy (PyramidKV: its window), whatever other plans share the object
+            policy = policy.for_run(budget, split)  # type: ignore[arg-type]
         layer_budgets = tuple(policy.layer_budgets(n_layers, budget, split)) if evicts else None  # type: ignore[arg-type]
         importance = policy.options.importance
         if importance_source is None and policy.uses_importance:

@@ -125,6 +125,12 @@ class Policy:
         spread = self.residual_spread
         return {"residual_spread": spread} if spread > 0 else {}
 
+    def for_run(self, budget: int, prompt_len: int) -> Policy:
+        """The policy as one run at ``budget`` over ``prompt_len`` cached entries uses it (``CachePlan.build``): the
+        policy itself, or, for a rule that depends on the run (PyramidKV's one window), a copy holding it, so that
+        plans built from one policy object each keep their own."""
+        return self
+
     def layer_budgets(self, n_layers: int, budget: int, prompt_len: int) -> list[int]:
         return uniform_layer_budgets(n_layers, budget)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -68,7 +69,12 @@ class PyramidKV(SnapKV):
     name = "pyramidkv"
     summary = "SnapKV scores with a pyramid of layer budgets: more in the bottom layers, fewer on top (beta 20)."
 
-    run_window: int | None = None  # W of the current run, set by ``layer_budgets``
+    run_window: int | None = None  # W of the run, set by ``for_run`` on the run's copy and by ``layer_budgets``
+
+    def for_run(self, budget: int, prompt_len: int) -> PyramidKV:
+        bound = copy.copy(self)
+        bound.run_window = snap_window(budget, self.options.window, prompt_len)
+        return bound
 
     def layer_budgets(self, n_layers: int, budget: int, prompt_len: int) -> list[int]:
         self.run_window = snap_window(budget, self.options.window, prompt_len)
