@@ -171,11 +171,11 @@ def test_resolve_importance_notes(tiny_dir):
     for policy in ("snapkv", "mask-vote-uniform", "full"):
         assert resolve_importance(tiny_dir, base, policy) == (base, None)
     assert resolve_importance(tiny_dir, base, "maskkv", "uniform") == (base, None)
-    assert resolve_importance(tiny_dir, base, "maskkv", "off") == (base, None)
     options, note = resolve_importance(tiny_dir, base, "maskkv", "online")
     assert options.importance is None and "online" in note
-    with pytest.raises(UsageError):
-        resolve_importance(tiny_dir, base, "maskkv", "sometimes")
+    for mode in ("sometimes", "off"):  # the values --layer-budgets takes, nothing else
+        with pytest.raises(UsageError, match="^--layer-budgets must be auto, online or uniform"):
+            resolve_importance(tiny_dir, base, "maskkv", mode)
 
 
 def test_prompts_answered_together_look_the_profile_up_once(tiny_dir, monkeypatch: pytest.MonkeyPatch) -> None:

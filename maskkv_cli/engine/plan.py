@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from maskkv_cli.defaults import DEFAULT_BUDGET, DEFAULT_POLICY, LAYER_BUDGET_CHOICES, configured_model
 from maskkv_cli.engine.step_runner import StepOptions
 from maskkv_cli.errors import UsageError
-from maskkv_cli.kv.budgets import resolve_budget
+from maskkv_cli.kv.budgets import check_budget, check_ratio, resolve_budget
 from maskkv_cli.kv.prefix import PrefixStore
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import Policy, PolicyOptions, check_policy, get_policy, uses_importance
@@ -29,9 +29,7 @@ from maskkv_cli.policies.base import Policy, PolicyOptions, check_policy, get_po
 if TYPE_CHECKING:
     from maskkv_cli.models.checkpoint import ModelFolder
 
-__all__ = ["LAYER_BUDGET_MODES", "CacheConfig", "CachePlan", "check_layer_budgets", "plan_cache", "resolve_importance"]
-
-LAYER_BUDGET_MODES = (*LAYER_BUDGET_CHOICES, "off")  # what resolve_importance takes: "off" is "uniform"
+__all__ = ["CacheConfig", "CachePlan", "check_layer_budgets", "plan_cache", "resolve_importance"]
 
 
 def check_layer_budgets(mode: str) -> str:
@@ -55,10 +53,10 @@ class CacheConfig:
     def __post_init__(self) -> None:
         if self.budget is not None and self.ratio is not None:
             raise UsageError("give either --budget or --ratio, not both")
-        if self.budget is not None and self.budget <= 0:
-            raise UsageError(f"--budget must be a positive integer, got {self.budget}")
-        if self.ratio is not None and not 0 < self.ratio <= 1:
-            raise UsageError(f"--ratio must be in (0, 1], got {self.ratio}")
+        if self.budget is not None:
+            check_budget(self.budget)
+        if self.ratio is not None:
+            check_ratio(self.ratio)
         check_layer_budgets(self.layer_budgets)
         check_policy(self.policy)
 
@@ -143,18 +141,17 @@ def resolve_importance(
 
     - ``auto``: the model's calibration profile if there is a usable one, else uniform layer budgets. An
       ``importance`` already set in ``options`` is kept as it is.
-    - ``uniform`` (alias ``off``): uniform layer budgets (``importance`` None), no note.
+    - ``uniform``: uniform layer budgets (``importance`` None), no note.
     - ``online``: ``importance`` None (the plan stays uniform); the caller must run the prefill with
       ``online_importance=True`` so that the budgets come from the current input.
     Only the policies that use layer importance (``maskkv`` and its variants) read it; for the others
     ``options`` come back unchanged, no note. ``model_path``: a ``ModelFolder`` (a session's: nothing is resolved
     or hashed again per prompt), or a path, resolved here.
     """
-    if mode not in LAYER_BUDGET_MODES:
-        raise UsageError(f"--layer-budgets must be one of auto, online, uniform; got {mode!r}")
+    check_layer_budgets(mode)
     if not uses_importance(policy_name):
         return options, None
-    if mode in ("uniform", "off"):
+    if mode == "uniform":
         return replace(options, importance=None), None
     if mode == "online":
         return replace(options, importance=None), (

@@ -41,9 +41,15 @@ def _decimal(x: float) -> Fraction:
     return Fraction(repr(float(x)))
 
 
-def _check_budget(budget: int, name: str = "--budget") -> None:
+def check_budget(budget: int, name: str = "--budget") -> None:
     if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
         raise UsageError(f"{name} must be a positive integer, got {budget!r}")
+
+
+def check_ratio(ratio: float) -> None:
+    """``--ratio``: a share of the prompt in (0, 1]."""
+    if not (0.0 < ratio <= 1.0):
+        raise UsageError(f"--ratio must be in (0, 1], got {ratio!r}")
 
 
 def _check_unit(value: float, name: str) -> None:
@@ -68,11 +74,10 @@ def resolve_budget(budget: int | None, ratio: float | None, prompt_len: int) -> 
     if (budget is None) == (ratio is None):
         raise UsageError("give exactly one of --budget and --ratio")
     if budget is not None:
-        _check_budget(budget)
+        check_budget(budget)
         return budget
     assert ratio is not None
-    if not (0.0 < ratio <= 1.0):
-        raise UsageError(f"--ratio must be in (0, 1], got {ratio!r}")
+    check_ratio(ratio)
     return max(1, math.ceil(_decimal(ratio) * prompt_len))
 
 
@@ -80,7 +85,7 @@ def uniform_layer_budgets(n_layers: int, budget: int) -> list[int]:
     """The same budget B for every layer (SnapKV, AdaKV, MaskKV without the boundary-aware split)."""
     if n_layers < 0:
         raise ValueError(f"n_layers must be >= 0, got {n_layers}")
-    _check_budget(budget)
+    check_budget(budget)
     return [budget] * n_layers
 
 
@@ -200,7 +205,7 @@ def boundary_layer_budgets(
     n_layers = len(importance)
     if n_layers < 1:
         raise ValueError("importance must have one value per layer, got none")
-    _check_budget(budget)
+    check_budget(budget)
     _check_unit(beta, "beta")
     if max_budget is not None and max_budget < 1:
         raise ValueError(f"max_budget must be >= 1, got {max_budget}")
@@ -253,7 +258,7 @@ def pyramid_layer_budgets(
     """
     if n_layers < 1:
         raise ValueError(f"n_layers must be >= 1, got {n_layers}")
-    _check_budget(budget)
+    check_budget(budget)
     _check_window(window)
     if prompt_len < 0:
         raise ValueError(f"prompt_len must be >= 0, got {prompt_len}")
@@ -300,7 +305,7 @@ def preference_head_budgets(
     total is made exactly ``H * k_l`` (or ``H * max_len`` if smaller) with ``distribute_exact``, by P.
     Negative P counts as 0. Returns int64 ``(B, H)``.
     """
-    _check_budget(layer_budget, "layer budget")
+    check_budget(layer_budget, "layer budget")
     _check_unit(alpha, "alpha")
     if pref.dim() != 2 or pref.shape[1] < 1:
         raise ValueError(f"pref must have shape (batch, heads), got {tuple(pref.shape)}")
@@ -335,7 +340,7 @@ def adakv_head_budgets(
     then ``+ W``. If ``k_l <= W`` every head gets ``k_l``; if ``b >= n`` every head keeps its whole prefix,
     so the total is then ``H * (n + W)``. Returns int64 ``(B, H)``.
     """
-    _check_budget(layer_budget, "layer budget")
+    check_budget(layer_budget, "layer budget")
     _check_window(window)
     _check_unit(floor, "AdaKV floor")
     if scores.dim() != 3:

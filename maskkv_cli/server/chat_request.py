@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from maskkv_cli.defaults import LAYER_BUDGET_CHOICES
 from maskkv_cli.server.errors import bad_request
 
 __all__ = ["EXTENSION_KEY", "ChatRequest", "Extensions", "conversation_question", "parse_chat"]
@@ -22,7 +23,6 @@ EXTENSION_KEY = "maskkv"  # the one key a request's (and an answer's) maskkv fie
 MAX_STOPS = 4  # as OpenAI's API
 ROLES = ("system", "developer", "user", "assistant")
 LONG_MODES = ("truncate", "rope-scale")
-LAYER_BUDGET_MODES = ("auto", "online", "uniform")
 DOCUMENT_ID = re.compile(r"[0-9a-fA-F]{6,64}")
 EXTENSION_FIELDS = ("policy", "budget", "ratio", "threshold", "layer_budgets", "documents", "long")
 REFUSED = {
@@ -182,7 +182,7 @@ def extensions(value: Any) -> Extensions:
         budget=budget,
         ratio=ratio,
         threshold=optional_float(value, "threshold", 0.0, 1.0, prefix, open_high=True),
-        layer_budgets=choice(value, "layer_budgets", LAYER_BUDGET_MODES, prefix),
+        layer_budgets=choice(value, "layer_budgets", LAYER_BUDGET_CHOICES, prefix),
         documents=document_ids(value.get("documents"), f"{prefix}documents"),
         long=choice(value, "long", LONG_MODES, prefix),
     )
