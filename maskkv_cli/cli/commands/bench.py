@@ -38,7 +38,7 @@ from maskkv_cli.cli.options import (
     quantize_option,
     repeats_option,
 )
-from maskkv_cli.cli.parsing import out_folder, parse_count, parse_counts, parse_policies
+from maskkv_cli.cli.parsing import out_folder, parse_count, parse_counts, parse_policies, split_list
 from maskkv_cli.defaults import check_dtype
 from maskkv_cli.errors import UsageError
 from maskkv_cli.runtime.devices import resolve_device
@@ -197,9 +197,9 @@ def speed(
         block_length=block_length, config=shape,
         model=model, device=dev, dtype=check_dtype(dtype), none_steps=none_steps, seed=seed, threads=threads,
         limit=limit,
-        step_modes=("eager", "compile") if compile_ else tuple(m.strip() for m in step_modes.split(",") if m.strip()),
+        step_modes=("eager", "compile") if compile_ else tuple(split_list(step_modes)),
         batch_sizes=parse_counts(batch_sizes, "--batch-sizes", unique=True), repeats=repeats,
-        quantize=tuple(m.strip() for m in quantize.split(",") if m.strip()))
+        quantize=tuple(split_list(quantize)))
     if case_timeout is not None and case_timeout < 0:
         raise UsageError("--case-timeout must be 0 (none) or a positive number of seconds")
     if in_process and case_timeout:
@@ -314,7 +314,7 @@ def loading(
     """
     from maskkv_cli.bench.loading import LoadSettings, loading_table, run_loading
 
-    settings = LoadSettings(quantize=tuple(m.strip() for m in quantize.split(",") if m.strip()),
+    settings = LoadSettings(quantize=tuple(split_list(quantize)),
                             config=None if model else config, model=model, shard_mb=shard_mb,
                             dtype=check_dtype(dtype), device=resolve_device(device), seed=seed, threads=threads)
 

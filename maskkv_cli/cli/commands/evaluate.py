@@ -11,6 +11,7 @@ import typer
 
 from maskkv_cli.cli.common import fail, guarded, note
 from maskkv_cli.cli.options import EvalBatchOpt, HarnessTasksOpt
+from maskkv_cli.cli.parsing import split_list
 from maskkv_cli.cli.run_options import CACHE, OUTPUT, SAMPLER, RunOptions, run_options
 
 # every shared option but the answer length and the temperature, which each request sets; the model's but
@@ -64,7 +65,7 @@ def evaluate(
         raise fail(INSTALL_HINT)
     quiet, as_json = opts.quiet, opts.as_json
     opts.cache()  # as ask: a bad budget, ratio or mode stops here
-    names = [t.strip() for t in tasks.split(",") if t.strip()]
+    names = split_list(tasks)
     if not names:
         raise fail("--tasks is empty; give harness task names, e.g. --tasks longbench_hotpotqa", 2)
     _quiet_harness(quiet or as_json)
