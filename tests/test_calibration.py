@@ -357,7 +357,12 @@ def test_calibrate_missing_document_is_one_line(tiny_dir, tmp_path):
     missing = tmp_path / "nope.txt"
     result = runner.invoke(app, ["calibrate", "--model", str(tiny_dir), str(missing)])
     assert result.exit_code == 1
-    assert result.stderr.strip() == f"error: document {missing} does not exist"
+    assert result.stderr.strip() == f"error: File not found: {missing}. Check the path and try again."
+    assert not _profile_file(tiny_dir).exists()
+    binary = tmp_path / "data.txt"
+    binary.write_bytes(b"abc\x00\x01\x02def")  # read as every command reads a document, with its message
+    result = runner.invoke(app, ["calibrate", "--model", str(tiny_dir), str(binary)])
+    assert result.exit_code == 1 and result.stderr.startswith("error: data.txt looks binary")
     assert not _profile_file(tiny_dir).exists()
 
 

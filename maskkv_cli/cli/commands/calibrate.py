@@ -24,7 +24,7 @@ from maskkv_cli.cli.options import (
     QuantizeOpt,
     QuietOpt,
 )
-from maskkv_cli.errors import DocumentError, UsageError, reason
+from maskkv_cli.errors import DocumentError, UsageError
 from maskkv_cli.runtime.devices import resolve_device
 
 if TYPE_CHECKING:
@@ -36,43 +36,16 @@ DocsArg = Annotated[list[Path] | None, typer.Argument(
     show_default=False)]
 
 
-def _is_pdf(path: Path) -> bool:
-    if path.suffix.lower() == ".pdf":
-        return True
-    try:
-        with path.open("rb") as f:
-            return f.read(5) == b"%PDF-"
-    except OSError:
-        return False
-
-
-def _read_pdf(path: Path) -> str:
-    try:
-        from maskkv_cli.documents import load_document
-    except ImportError:
-        raise DocumentError(f"{path} is a PDF and PDF reading is not available in this install; pass a plain "
-                            "text version of it") from None
-    return str(load_document(path).text)
-
-
 def read_texts(paths: list[Path]) -> list[str]:
-    """The text of each file: plain text read directly (UTF-8, undecodable bytes replaced), PDFs extracted."""
+    """The text of each file, read as every command reads a document (``documents.reading``: PDF, text in any
+    common encoding, Markdown, cleaned alike); every path is checked before any file is read."""
+    from maskkv_cli.documents.reading import check_source, load_document
+
+    for path in paths:
+        check_source(path)
     texts: list[str] = []
     for path in paths:
-        if path.is_dir():
-            raise DocumentError(f"{path} is a folder; pass the text or PDF files in it")
-        if not path.is_file():
-            raise DocumentError(f"document {path} does not exist")
-        if _is_pdf(path):
-            text = _read_pdf(path)
-        else:
-            try:
-                data = path.read_bytes()
-            except OSError as exc:
-                raise DocumentError(f"cannot read {path}: {reason(exc)}") from None
-            if b"\x00" in data[:4096]:
-                raise DocumentError(f"{path} looks like a binary file; pass text or PDF files")
-            text = data.decode("utf-8", errors="replace")
+        text = load_document(path).text
         if not text.strip():
             raise DocumentError(f"{path} contains no text")
         texts.append(text)
