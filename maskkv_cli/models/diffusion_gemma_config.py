@@ -15,7 +15,7 @@ the ``ModelConfig`` that ``models.config.diffusion_gemma_config`` makes of it (i
   "num_key_value_heads": 1}, ...}``); when present it alone decides, as in transformers (``global_head_dim`` is
   then ignored).
 
-Facts and line numbers: ``/work/shared/spec/models-diffusiongemma.md`` section 1.
+The reference: transformers' ``models/diffusion_gemma/configuration_diffusion_gemma.py`` (5.25).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """LongBench v1 prompts for ``bench quality --tasks FILE.jsonl``: per-task templates, answer lengths, truncation.
 
-The official harness (see ``/work/shared/spec/evaluation.md``) fills a per-task template with ``{context}`` and
-``{input}``, tokenizes it, keeps the first and the last half of the tokens when it is longer than the limit,
-and only then wraps it in the chat template, except for the few-shot and code tasks (trec, triviaqa, samsum,
-lsht, lcc, repobench-p), which stay raw text. Each task has its own number of new tokens (32 to 512).
+The official harness (LongBench v1's own prediction script; docs/evaluation.md) fills a per-task template with
+``{context}`` and ``{input}``, tokenizes it, keeps the first and the last half of the tokens when it is longer
+than the limit, and only then wraps it in the chat template, except for the few-shot and code tasks (trec,
+triviaqa, samsum, lsht, lcc, repobench-p), which stay raw text. Each task has its own number of new tokens (32 to 512).
 
 The answer lengths and the raw/chat split are the harness's; the template *wording* here is ours, written to the
 harness's structure (instruction, context, instruction again, question, "Answer:"). A user who has the official
