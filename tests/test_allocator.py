@@ -174,9 +174,10 @@ def test_nothing_on_other_platforms() -> None:
     assert allocator.configure({allocator.ENV: "Default"}, "linux") == f"unchanged ({allocator.ENV}=default)"
 
 
-def test_cli_entry_point_configures() -> None:
-    """A fresh interpreter that imports only the command line has configured the allocator, as ``configure``
-    decides for that environment (the switch set: left alone)."""
+def test_importing_the_command_line_configures() -> None:
+    """A fresh interpreter that imports only the command line (as the ``maskkv`` entry point does, before ``main``
+    runs) has configured the allocator, as ``configure`` decides for that environment (the switch set: left
+    alone)."""
     code = ("import maskkv_cli.cli; from maskkv_cli.runtime import allocator; print(allocator.state())")
     env = {**os.environ, allocator.ENV: "default"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
