@@ -135,7 +135,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, scale
             mask = mask[:, :, None].expand(mask.shape[0], mask.shape[1], g, r, s).reshape(
                 mask.shape[0], mask.shape[1], g * r, s)
     out = F.scaled_dot_product_attention(folded, k, v, attn_mask=mask, scale=scale)
-    return out.view(b, h, r, out.shape[-1])
+    return out.reshape(b, h, r, out.shape[-1])  # CUDA's kernels return it laid out (B, g R, H_kv, D): not a view
 
 
 class DiffusionBlock(nn.Module):
