@@ -123,6 +123,16 @@ def test_cuda_graph_needs_cuda(tiny_model):
         StepRunner(tiny_model, cache, x[:, m:], StepOptions(cuda_graph=True))
 
 
+def test_cuda_graph_refuses_a_mixture_of_experts_model():
+    """Its routing counts each expert's rows on the host, which a CUDA graph cannot capture: refused in one line."""
+    from maskkv_cli.models.families import build_model
+
+    moe = build_model(named_config("llada-moe-tiny")).init_weights(seed=1, std=0.2).eval()
+    x, m, cache = _cache(moe)
+    with pytest.raises(UsageError, match="^the cuda-graph step mode cannot capture a mixture-of-experts model"):
+        StepRunner(moe, cache, x[:, m:], StepOptions(cuda_graph=True))
+
+
 def test_step_options_labels():
     assert StepOptions().label == "eager" and StepOptions().eager
     assert StepOptions(compile=True, cuda_graph=True).label == "compile+cuda-graph"

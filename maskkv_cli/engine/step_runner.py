@@ -70,6 +70,9 @@ class StepRunner:
         if model.layer_devices and len(set(model.layer_devices)) > 1:
             raise UsageError(f"the {options.label} step mode needs the whole model on one device; drop --device-map "
                              "or run the eager mode")
+        if options.cuda_graph and model.config.moe is not None:  # its routing counts each expert's rows on the host
+            raise UsageError(f"the {options.label} step mode cannot capture a mixture-of-experts model (its routing "
+                             "reads each expert's row count on the host); run the eager or compile mode")
         if options.cuda_graph and response.device.type != "cuda":
             raise UsageError(f"the {options.label} step mode needs a CUDA device, the model is on "
                              f"{response.device.type}")
