@@ -233,3 +233,25 @@ def test_cli_case_timeout_defaults_and_checks(monkeypatch):
     assert result.exit_code == 2 and "--case-timeout needs fresh processes" in result.output
     result = runner.invoke(app, [*base, "--case-timeout", "-1"])
     assert result.exit_code == 2 and "--case-timeout must be 0" in result.output
+
+
+def test_in_process_a_failing_case_is_an_error_row_too(tmp_path, monkeypatch):
+    """``--in-process``: a case raising (here a made-up out-of-memory error) leaves its error row, with the
+    exception's first line, and the sweep goes on, as a case's own process failing does."""
+    import maskkv_cli.bench.speed as speed
+
+    calls: list[SpeedCase] = []
+
+    def run_case(case: SpeedCase) -> dict:
+        calls.append(case)
+        if case.method == "full":
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nsee the docs")
+        return _row(case, 2.0)
+
+    monkeypatch.setattr(speed, "run_case", run_case)
+    settings = SpeedSettings(prompt_lengths=(32,), budgets=(8,), **TINY)
+    _, rows = run_sweep(settings, out=tmp_path, isolate=False)
+    assert [r["method"] for r in rows] == ["none", "full", "maskkv@8"] and len(calls) == 3
+    assert rows[1]["error"] == ("case full at prompt 32 failed: RuntimeError: CUDA out of memory. Tried to allocate "
+                                "2.00 GiB")
+    assert not rows[0].get("error") and not rows[2].get("error")

@@ -113,6 +113,27 @@ def keep_going(run: Callable[[SpeedCase], dict[str, Any]]) -> Callable[[SpeedCas
     return run_or_error
 
 
+def in_this_process(run: Callable[[SpeedCase], dict[str, Any]]) -> Callable[[SpeedCase], dict[str, Any]]:
+    """``run`` in this process (``--in-process``), a case's failure (out of memory, a step mode its model refuses,
+    any error) turned into the ``BenchError`` its own process would have ended with, and the memory it held given
+    back (``runtime.stats.free_unreachable``), so that one case cannot stop the sweep here either."""
+
+    def run_or_raise(case: SpeedCase) -> dict[str, Any]:
+        try:
+            return run(case)
+        except BenchError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a case's own failure, kept as its row
+            from maskkv_cli.runtime.stats import free_unreachable
+
+            cause = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            free_unreachable()
+            raise BenchError(f"case {case.method} at prompt {case.prompt_len} failed: {type(exc).__name__}"
+                             + (f": {cause}" if cause else "")) from exc
+
+    return run_or_raise
+
+
 def run_rounds(cases: Sequence[SpeedCase], run: Callable[[SpeedCase], dict[str, Any]], repeats: int,
                on_case: Callable[[int, int, SpeedCase, dict[str, Any] | None], None] | None = None,
                ) -> dict[str, dict[str, Any]]:
@@ -168,7 +189,7 @@ def run_sweep(
     folder = ResultsFolder.open("speed", settings.as_dict(), [c.key() for c in cases], out, fresh)
     if runner is None:
         runner = (partial(run_case_subprocess, timeout=case_timeout, log_dir=folder.path / "logs") if isolate
-                  else run_case)
+                  else in_this_process(run_case))
     run = keep_going(runner)
     order = run_order(cases, longest_first)
     if settings.repeats > 1:  # the missing cases' runs, round by round, then their median rows into the folder
