@@ -3,7 +3,8 @@
 Every claim below is tested bit for bit on the CPU; on CUDA other kernels run (cuBLAS, SDPA's flash and
 memory-efficient kernels, torchao's CUDA products), so the same claims are measured there, not assumed. Each check
 writes its figures into ``--out`` (JSON, rewritten after every check, so a run cut short keeps what finished) and
-prints one line; a check that fails records its error and the next one runs.
+prints one line; a check that fails records its error and the next one runs, and within a check each case
+(family, dtype, mode) that fails records its own error beside the others' rows.
 
 - ``attention``: ``models.base.attention``'s folded grouped heads (the CUDA path) and SDPA's grouped heads against
   the plain definition in fp32, for the mask layouts the engine passes (max abs difference), and the SDPA kernel
@@ -12,7 +13,8 @@ prints one line; a check that fails records its error and the next one runs.
   forward (equal bit for bit? max difference).
 - ``alone_vs_batch``: per family and dtype, 8 prompts of other lengths and every kind of cache plan, in one batch
   and each alone: how many get the same tokens and the same probabilities.
-- ``step_modes``: eager, ``compile`` and (CUDA) ``cuda-graph`` later steps: the same tokens?
+- ``step_modes``: eager, ``compile`` and (CUDA) ``cuda-graph`` later steps of LLaDA, Dream and LLaDA-MoE: the same
+  tokens? (LLaDA-MoE refuses the CUDA graph: its row records that.)
 - ``quantized``: int8 and int4 weights (where torchao runs them on this device): tokens against the unquantized
   model's.
 - ``diffusion_gemma``: a tiny random DiffusionGemma in transformers and loaded by maskkv: encoder and decoder
@@ -54,6 +56,16 @@ from maskkv_cli.sampling.stream import BatchJob, sample_many  # noqa: E402
 
 FAMILIES = ("tiny", "dream-tiny", "llada-moe-tiny", "llada2-tiny")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _each(out: dict[str, Any], key: str, run: Callable[[], dict[str, Any]]) -> None:
+    """``out[key] = run()``, or the error it raised in one line: one failing case (a family, a dtype, a mode) does
+    not lose the others' rows."""
+    try:
+        out[key] = run()
+    except Exception as exc:  # noqa: BLE001 - a failed case is a finding; the others still run
+        lines = str(exc).strip().splitlines()
+        out[key] = {"error": f"{type(exc).__name__}: {lines[0] if lines else ''}"}
 
 
 def _diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -105,23 +117,27 @@ def check_block_contract(dev: torch.device) -> dict[str, Any]:
         if family == "llada2-tiny":
             continue  # block-causal: its contract is the block edges (tests/test_block_contract.py)
         for dtype_name, dtype in DTYPES.items():
-            model = random_model(named_config(family), device=dev, dtype=dtype, std=0.2)
-            shift = model.config.logit_shift
-            split = m - shift
-            rows = torch.arange(split, split + n, device=dev)
-            equal, worst = 0, 0.0
-            with torch.no_grad():
-                for seed in range(4):
-                    g = torch.Generator().manual_seed(seed)
-                    prompt = torch.randint(10, model.config.vocab_size, (1, m), generator=g)
-                    x = torch.cat([prompt, torch.full((1, n), model.config.mask_token_id)], 1).to(dev)
-                    cached, cache, _ = prefill(model, x, split, get_policy("full"), None, rows)
-                    plain = plain_logits(model, x, rows)
-                    step = response_logits(model, cache, x[:, split:], rows - split)
-                    equal += int(torch.equal(cached, plain)) + int(torch.equal(step, plain))
-                    worst = max(worst, _diff(cached, plain), _diff(step, plain))
-            out[f"{family} {dtype_name}"] = {"bit_equal": f"{equal}/8", "max_diff": worst}
+            _each(out, f"{family} {dtype_name}", lambda family=family, dtype=dtype: _contract(dev, family, dtype, m, n))
     return out
+
+
+def _contract(dev: torch.device, family: str, dtype: torch.dtype, m: int, n: int) -> dict[str, Any]:
+    model = random_model(named_config(family), device=dev, dtype=dtype, std=0.2)
+    shift = model.config.logit_shift
+    split = m - shift
+    rows = torch.arange(split, split + n, device=dev)
+    equal, worst = 0, 0.0
+    with torch.no_grad():
+        for seed in range(4):
+            g = torch.Generator().manual_seed(seed)
+            prompt = torch.randint(10, model.config.vocab_size, (1, m), generator=g)
+            x = torch.cat([prompt, torch.full((1, n), model.config.mask_token_id)], 1).to(dev)
+            cached, cache, _ = prefill(model, x, split, get_policy("full"), None, rows)
+            plain = plain_logits(model, x, rows)
+            step = response_logits(model, cache, x[:, split:], rows - split)
+            equal += int(torch.equal(cached, plain)) + int(torch.equal(step, plain))
+            worst = max(worst, _diff(cached, plain), _diff(step, plain))
+    return {"bit_equal": f"{equal}/8", "max_diff": worst}
 
 
 def check_alone_vs_batch(dev: torch.device) -> dict[str, Any]:
@@ -131,36 +147,53 @@ def check_alone_vs_batch(dev: torch.device) -> dict[str, Any]:
              CacheConfig("maskkv", 16, layer_budgets="online")]
     for family in FAMILIES:
         for dtype_name, dtype in DTYPES.items():
-            model = random_model(named_config(family), device=dev, dtype=dtype)
-            g = torch.Generator().manual_seed(0)
-            vocab = model.config.vocab_size - 100
-            prompts = [torch.randint(6, vocab, (1, n), generator=g).to(dev) for n in (40, 57, 63, 75, 90, 101, 33, 48)]
-            jobs = [BatchJob(p, gen, plan_cache(model, kinds[i % len(kinds)], p.shape[1],
-                                                block_length=gen.block_length)) for i, p in enumerate(prompts)]
-            tokens = probs = 0
-            for job, together in zip(jobs, sample_many(model, jobs, 8), strict=True):
-                alone = sample(model, job.prompt, gen, job.plan)
-                tokens += int(torch.equal(together.tokens, alone.tokens))
-                assert together.token_probs is not None and alone.token_probs is not None
-                probs += int(torch.equal(together.token_probs.nan_to_num(-1.0), alone.token_probs.nan_to_num(-1.0)))
-            out[f"{family} {dtype_name}"] = {"tokens_equal": f"{tokens}/8", "probs_equal": f"{probs}/8"}
+            _each(out, f"{family} {dtype_name}",
+                  lambda family=family, dtype=dtype: _alone_vs_batch(dev, family, dtype, gen, kinds))
     return out
 
 
+def _alone_vs_batch(dev: torch.device, family: str, dtype: torch.dtype, gen: GenerationConfig,
+                    kinds: list[CacheConfig]) -> dict[str, Any]:
+    model = random_model(named_config(family), device=dev, dtype=dtype)
+    g = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size - 100
+    prompts = [torch.randint(6, vocab, (1, n), generator=g).to(dev) for n in (40, 57, 63, 75, 90, 101, 33, 48)]
+    jobs = [BatchJob(p, gen, plan_cache(model, kinds[i % len(kinds)], p.shape[1], block_length=gen.block_length))
+            for i, p in enumerate(prompts)]
+    tokens = probs = 0
+    for job, together in zip(jobs, sample_many(model, jobs, 8), strict=True):
+        alone = sample(model, job.prompt, gen, job.plan)
+        tokens += int(torch.equal(together.tokens, alone.tokens))
+        assert together.token_probs is not None and alone.token_probs is not None
+        probs += int(torch.equal(together.token_probs.nan_to_num(-1.0), alone.token_probs.nan_to_num(-1.0)))
+    return {"tokens_equal": f"{tokens}/8", "probs_equal": f"{probs}/8"}
+
+
 def check_step_modes(dev: torch.device) -> dict[str, Any]:
+    """Per family with a bidirectional cache (multi-head LLaDA, grouped-head Dream, LLaDA-MoE, which refuses the
+    CUDA graph) and step mode: the eager mode's tokens?"""
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    model = random_model(named_config("tiny"), device=dev, dtype=dtype, std=0.2)
     gen = GenerationConfig(gen_length=32, steps=32, block_length=8)
-    prompt = torch.randint(6, model.config.vocab_size, (1, 64), generator=torch.Generator().manual_seed(0)).to(dev)
     modes = ["eager", "compile"] + (["cuda-graph", "compile+cuda-graph"] if dev.type == "cuda" else [])
     out: dict[str, Any] = {}
-    eager = None
-    for mode in modes:
-        result = generate(model, prompt, gen, get_policy("maskkv"), 16, step_options=StepOptions.from_label(mode))
-        eager = result.tokens if eager is None else eager
-        out[mode] = {"same_tokens_as_eager": bool(torch.equal(result.tokens, eager)),
-                     "setup_s": round(result.stats.setup_s, 2),
-                     "median_step_ms": round(1000 * sorted(result.stats.step_s)[len(result.stats.step_s) // 2], 3)}
+    for family in ("tiny", "dream-tiny", "llada-moe-tiny"):
+        model = random_model(named_config(family), device=dev, dtype=dtype, std=0.2)
+        prompt = torch.randint(6, model.config.vocab_size - 100, (1, 64),
+                               generator=torch.Generator().manual_seed(0)).to(dev)
+        eager: list[torch.Tensor] = []
+
+        def run(mode: str, model: Any = model, prompt: torch.Tensor = prompt,
+                eager: list[torch.Tensor] = eager) -> dict[str, Any]:
+            result = generate(model, prompt, gen, get_policy("maskkv"), 16, step_options=StepOptions.from_label(mode))
+            if not eager:
+                eager.append(result.tokens)
+            steps = sorted(result.stats.step_s)
+            return {"same_tokens_as_eager": bool(torch.equal(result.tokens, eager[0])),
+                    "setup_s": round(result.stats.setup_s, 2),
+                    "median_step_ms": round(1000 * steps[len(steps) // 2], 3)}
+
+        for mode in modes:
+            _each(out, f"{family} {mode}", lambda mode=mode, run=run: run(mode))
     return out
 
 
