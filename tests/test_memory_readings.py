@@ -93,3 +93,25 @@ def test_one_peak_reading_reads_the_peak_once_per_block_and_thread(monkeypatch):
         assert stats.peak_memory("cpu") == (500, "rss")  # another device key: its own reading, kept too
         assert stats.peak_memory("cpu") == (500, "rss")
     assert stats.peak_memory([torch.device("cpu")]) == (600, "rss")  # after the block: read again
+
+
+def test_generations_in_a_batch_share_the_cuda_peak(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Each generation restarts the CUDA peak, except inside a batch (``shared_cuda_peak``): there it restarts once
+    at the start and where the batch restarts it (none running), so a generation joining later does not wipe out
+    the peak of those already running. Counted on a stand-in for CUDA's reset."""
+    resets: list[str] = []
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d: resets.append(str(d)))
+    cuda, cpu = [torch.device("cuda", 0)], [torch.device("cpu")]
+    stats.reset_cuda_peaks(cuda)
+    stats.reset_cuda_peaks(cpu)  # the CPU's figure is the process's: nothing to restart
+    assert resets == ["cuda:0"]
+    with stats.shared_cuda_peak(cuda):
+        assert resets == ["cuda:0"] * 2
+        stats.reset_cuda_peaks(cuda)  # a generation joining the batch
+        with stats.shared_cuda_peak(cuda):  # nested: the outer batch's
+            stats.reset_cuda_peaks(cuda)
+        assert resets == ["cuda:0"] * 2
+        stats.reset_cuda_peaks(cuda, shared=True)  # the batch's own restart, none running
+        assert resets == ["cuda:0"] * 3
+    stats.reset_cuda_peaks(cuda)  # after the batch: each generation its own again
+    assert resets == ["cuda:0"] * 4

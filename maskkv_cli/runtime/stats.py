@@ -152,12 +152,32 @@ def read_peak(device: torch.device | str) -> int:
     return int(peak_memory(device)[0])
 
 
-def reset_cuda_peaks(devices: list[torch.device]) -> None:
+def reset_cuda_peaks(devices: list[torch.device], shared: bool = False) -> None:
     """Start the CUDA peak over again on these devices (a generation reports its own peak, not the process's);
-    nothing for other devices (the CPU figure is the process's peak resident set)."""
+    nothing for other devices (the CPU figure is the process's peak resident set), and nothing inside
+    ``shared_cuda_peak``, whose generations overlap, unless ``shared`` (the batch's own restart)."""
+    if getattr(_readings, "shared", False) and not shared:
+        return
     for d in dict.fromkeys(torch.device(d) for d in devices):
         if d.type == "cuda":
             torch.cuda.reset_peak_memory_stats(d)
+
+
+@contextmanager
+def shared_cuda_peak(devices: list[torch.device]) -> Iterator[None]:
+    """Generations that run together (a batch, ``sampling/stream.py``): the CUDA peak starts over here (and where
+    the batch restarts it, ``reset_cuda_peaks(..., shared=True)``, when none is running), and no generation that
+    starts inside restarts it, so each reports the peak of the generations running with it since the batch (re)began
+    (one starting later would otherwise wipe out the peak of those already running)."""
+    if getattr(_readings, "shared", False):
+        yield
+        return
+    reset_cuda_peaks(devices)
+    _readings.shared = True
+    try:
+        yield
+    finally:
+        _readings.shared = False
 
 
 def model_devices(model: Any) -> list[torch.device]:

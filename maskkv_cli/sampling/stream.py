@@ -26,7 +26,7 @@ from torch import Tensor
 
 from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.models.protocol import DiffusionLM
-from maskkv_cli.runtime.stats import one_peak_reading
+from maskkv_cli.runtime.stats import model_devices, one_peak_reading, reset_cuda_peaks, shared_cuda_peak
 from maskkv_cli.sampling import SamplerOptions, open_generation
 from maskkv_cli.sampling.cohort import Cohort, cohort_key, cohort_loop, steps_alike
 from maskkv_cli.sampling.commits import share_slab
@@ -89,7 +89,13 @@ def sample_stream(model: DiffusionLM, take: Take, batch_size: int,
     running, so it may block until there is work; an empty list then ends the stream), join the running ones as
     they come and leave when done; ``finish(id, result, error)`` is called once per job, with its result or the
     error that ended it (only that job's: the others go on)."""
-    opts = options if options is not None else SamplerOptions()
+    with shared_cuda_peak(model_devices(model)):  # each job's peak: the batch's since it began
+        _stream(model, take, batch_size, finish, options if options is not None else SamplerOptions())
+
+
+def _stream(model: DiffusionLM, take: Take, batch_size: int,
+            finish: Callable[[int, GenerationResult | None, BaseException | None], None],
+            opts: SamplerOptions) -> None:
     scratch = Scratch()  # the loops' float64 work, one step at a time: one for them all
     active: list[Generation] = []
     while True:
@@ -97,6 +103,8 @@ def sample_stream(model: DiffusionLM, take: Take, batch_size: int,
         new = take(batch_size - running, not active)
         if not new and not active:
             return
+        if not active:  # none running (a server's stream waits between requests): a fresh peak for those that come
+            reset_cuda_peaks(model_devices(model), shared=True)
         opened = []
         for index, job in new:
             prompt = job.prompt if job.prompt.dim() == 2 else job.prompt[None]
