@@ -393,6 +393,21 @@ def test_speed_row_states_the_machines_matmul_ceiling_beside_the_prefill():
     assert table_rows([no_limit])[1][0][head.index("prefill GFLOP/s")] == "-"
 
 
+def test_the_ceiling_counts_the_experts_a_token_runs():
+    """A mixture of experts: each token runs its router's ``top_k`` experts and the shared one, not all of them."""
+    from maskkv_cli.bench.ceiling import forward_flops
+
+    cfg = named_config("llada-moe-tiny")  # layer 0 dense, layer 1 a mixture: 8 experts of 32, top 2, shared of 32
+    moe, d, m, L = cfg.moe, cfg.d_model, 32, 16
+    assert moe is not None and moe.layers == (False, True)
+    attention = 4 * d * d  # q, k, v, out (as many KV heads as query heads here)
+    dense = attention + 3 * d * cfg.mlp_hidden_size
+    mixture = attention + moe.top_k * 3 * d * moe.expert_hidden + 3 * d * moe.shared_hidden
+    by_hand = (2 * (m + L) * (dense + mixture) + 4 * (m + L) ** 2 * cfg.n_heads * cfg.head_dim * cfg.n_layers
+               + 2 * L * d * cfg.vocab_size)
+    assert forward_flops(random_model(cfg), m, L) == by_hand
+
+
 # ----- batches of sequences (--batch-sizes) --------------------------------------------------------------------
 
 

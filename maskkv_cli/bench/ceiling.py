@@ -5,10 +5,10 @@ hardware and not only against the engine's bare forward (``bench/limit.py``).
   on the case's device, with the case's torch threads (on the CPU by default: one thread, fp32), measured in
   the case's own process right after its run, so the same background load applies to both.
 - ``forward_flops``: the matrix-product FLOPs of one bare forward over ``[prompt ; masks]``, the work any
-  prefill has to do: ``2 x T x`` the weights of every linear layer of the blocks, ``4 x T^2 x heads x
-  head_dim`` per layer for ``Q K^T`` and ``A V``, and ``2 x L x d_model x vocab`` for the LM head on the
-  response rows. Norms, RoPE, softmax and MaskKV's scoring are not counted (small beside these at any length
-  the bench runs).
+  prefill has to do: ``2 x T x`` the weights of every linear layer of the blocks (of a mixture of experts, the
+  experts a token runs: ``top_k`` of them and the shared one), ``4 x T^2 x heads x head_dim`` per layer for
+  ``Q K^T`` and ``A V``, and ``2 x L x d_model x vocab`` for the LM head on the response rows. Norms, RoPE,
+  softmax, routers and MaskKV's scoring are not counted (small beside these at any length the bench runs).
 
 The prefill's achieved GFLOP/s is ``forward_flops / prefill_s``; its ratio to ``matmul_gflops`` says how close the
 prefill runs to what the hardware does on a plain matrix product.
@@ -21,6 +21,7 @@ import statistics
 import torch
 from torch import nn
 
+from maskkv_cli.models.moe import MoE
 from maskkv_cli.runtime.stats import now
 
 MATMUL_SIZE = {"cpu": 1024, "cuda": 8192}  # large enough to run at full speed, small enough to take < 1 s
@@ -45,12 +46,25 @@ def matmul_gflops(device: torch.device, dtype: torch.dtype, size: int | None = N
     return 2 * n**3 / statistics.median(seconds) / 1e9, n
 
 
+def token_linear_weights(model: nn.Module) -> float:
+    """The linear layers' weights one token goes through, over every block: all of them, except that a mixture of
+    experts' routed experts count ``top_k`` of ``n_experts`` (each token runs only the experts its router picks;
+    the router and a shared expert run for every token)."""
+    moe = model.config.moe  # type: ignore[attr-defined]
+    share = 1.0 if moe is None else moe.top_k / moe.n_experts
+    total = 0.0
+    for block in model.blocks:  # type: ignore[attr-defined]
+        routed = {id(p) for m in block.modules() if isinstance(m, MoE) for p in m.experts.parameters()}
+        total += sum(m.weight.numel() * (share if id(m.weight) in routed else 1.0) for m in block.modules()
+                     if isinstance(m, nn.Linear))
+    return total
+
+
 def forward_flops(model: nn.Module, prompt_len: int, response_len: int) -> float:
     """Matrix-product FLOPs of one bare forward over ``prompt_len + response_len`` tokens (module docstring)."""
     cfg = model.config  # type: ignore[attr-defined]
     t = prompt_len + response_len
-    linear = sum(m.weight.numel() for block in model.blocks for m in block.modules()  # type: ignore[attr-defined]
-                 if isinstance(m, nn.Linear))
+    linear = token_linear_weights(model)
     attention = 4 * t * t * cfg.n_heads * cfg.head_dim * cfg.n_layers
     head = 2 * response_len * cfg.d_model * cfg.vocab_size
     return float(2 * t * linear + attention + head)
