@@ -32,9 +32,9 @@ def matmul_gflops(device: torch.device, dtype: torch.dtype, size: int | None = N
                   repeats: int = MATMUL_REPEATS) -> tuple[float, int]:
     """(median GFLOP/s of ``repeats`` timed products after two warm-up products, the matrix size n)."""
     n = size or MATMUL_SIZE.get(device.type, MATMUL_SIZE["cpu"])
-    gen = torch.Generator().manual_seed(0)
-    a = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
-    b = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
+    gen = torch.Generator(device=device).manual_seed(0)  # drawn where they are used (8192^2 twice on a GPU)
+    a = torch.randn(n, n, generator=gen, device=device).to(dtype)
+    b = torch.randn(n, n, generator=gen, device=device).to(dtype)
     out = torch.empty(n, n, device=device, dtype=dtype)
     for _ in range(2):
         torch.mm(a, b, out=out)
