@@ -277,6 +277,15 @@ def test_policies_its_cache_cannot_run_are_refused_before_the_model_loads(folder
         assert result.stderr.startswith("error: policy ") and "is not available for diffusion_gemma models" in \
             result.stderr and result.stderr.count("\n") == 1
 
+def test_a_batch_jobs_own_policy_its_cache_cannot_run_is_refused_before_any_job(folder, doc, tmp_path):
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text(json.dumps({"document": str(doc), "question": QUESTION}) + "\n"
+                    + json.dumps({"document": str(doc), "question": QUESTION, "policy": "maskkv-plus"}) + "\n")
+    result = runner.invoke(app, ["batch", str(jobs), "--out", str(tmp_path / "out"), "--model", str(folder)])
+    assert result.exit_code == 2 and result.stderr.startswith("error: policy maskkv-plus is not available for "
+                                                              "diffusion_gemma models"), result.output
+    assert not (tmp_path / "out" / "answers.jsonl").exists()
+
 
 def test_the_window_check_counts_whole_canvases(session):
     """Room for text beside a response of n tokens: DiffusionGemma's response takes whole canvases of 8."""

@@ -163,17 +163,20 @@ def run_batch(
     """Answer every job not already finished in ``out``; returns the counts (failures are rows, not errors).
     ``model_path``: the ``ModelFolder`` the command chose, or a path (resolved here); ``quantize``: the weights'
     quantization every worker loads (none, int8, int4; part of every job's key)."""
-    from maskkv_cli.app.run_settings import resolve_generation
+    from maskkv_cli.app.run_settings import check_policy_family, resolve_generation
     from maskkv_cli.batch.answering import run_settings
     from maskkv_cli.models.checkpoint import ModelFolder
     from maskkv_cli.models.config import read_model_defaults
     from maskkv_cli.policies.base import check_policy
     from maskkv_cli.sampling.llada import GenerationConfig
 
-    for policy in {s.policy or settings.policy for s in specs}:
+    policies = {s.policy or settings.policy for s in specs}
+    for policy in policies:
         check_policy(policy)
     model = ModelFolder.of(model_path)  # a path is resolved here, once; the workers get its name
     run_settings(settings).check_family(model.config.family)  # options the model's sampler does not take
+    for policy in sorted(policies):  # a job's own policy too: one its model's cache cannot run stops the run here
+        check_policy_family(policy, model.config.family)
     model_path = model.name
     model_id = model.fingerprint
     defaults = read_model_defaults(model.path).generation
