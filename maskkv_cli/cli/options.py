@@ -99,8 +99,7 @@ BlockOpt = Annotated[int | None, block_length_option(
 TemperatureOpt = Annotated[float, typer.Option("--temperature", "-t", help="0 = greedy (argmax).")]
 ThresholdOpt = Annotated[float | None, typer.Option(
     "--threshold", help="LLaDA and LLaDA2: parallel decoding, commit every masked token of the block with "
-    "confidence above this "
-    "[LLaDA2: the model's, else 0.95].", show_default=False)]
+    "confidence above this [LLaDA2: the model's, else 0.95].", show_default=False)]
 CfgOpt = Annotated[float, typer.Option("--cfg", help="LLaDA only: classifier-free guidance scale (0 = off).")]
 RemaskOpt = Annotated[str, typer.Option("--remasking", help="LLaDA only: low_confidence or random.")]
 DeviceOpt = Annotated[str, device_option("cpu, cuda, cuda:1, ... (auto: cuda if available).")]
