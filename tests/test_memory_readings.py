@@ -115,3 +115,23 @@ def test_generations_in_a_batch_share_the_cuda_peak(monkeypatch) -> None:  # typ
         assert resets == ["cuda:0"] * 3
     stats.reset_cuda_peaks(cuda)  # after the batch: each generation its own again
     assert resets == ["cuda:0"] * 4
+
+
+def test_phase_peaks_on_cuda_are_the_allocators_own(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """On CUDA each phase's peak is the allocator's peak between its marks (read, then restarted), not a sample:
+    a peak shorter than the sampling interval is not missed. Counted on stand-ins for CUDA's two calls."""
+    from maskkv_cli.bench.memory import PhasePeaks
+
+    allocated = {"peak": 100}
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d: allocated["peak"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d: allocated.update(peak=100))
+    prof = PhasePeaks(None, torch.device("cuda", 0))
+    assert prof.exact
+    prof.mark("k projection + RoPE", 0)
+    allocated["peak"] = 900  # a brief peak inside the phase, gone before its end
+    prof.mark("attention (SDPA)")
+    allocated["peak"] = 300
+    prof.mark("MLP")
+    assert prof.peaks[(0, "k projection + RoPE")] == 900 and prof.peaks[(0, "attention (SDPA)")] == 300
+    assert prof.peaks[(0, "MLP")] == 100 and prof.highest == 900
+    assert [row["peak_above_weights_bytes"] for row in prof.phases(100)][1:] == [800, 200, 0]

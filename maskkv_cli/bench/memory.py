@@ -66,7 +66,10 @@ class MemoryCase(JsonCase):
 
 
 class PhasePeaks:
-    """Peak memory per (layer, phase) of a prefill: hooks set the label, a thread samples memory.
+    """Peak memory per (layer, phase) of a prefill: hooks set the label; on the CPU a thread samples the resident
+    set every ``interval_s``, on CUDA each phase's peak is the allocator's own (``max_memory_allocated`` at the
+    phase's end, restarted at its start: exact, where sampling would miss a peak shorter than the interval).
+    ``highest``: the largest of them (the allocator's peak over the whole prefill, on CUDA).
 
     The hooks wrap what the engine calls on every family's model (``models.protocol``: each block's ``keys``,
     ``values``, ``queries``, ``attn_proj`` and ``mlp``, the model's ``head``), never a family's own parameter
@@ -87,10 +90,17 @@ class PhasePeaks:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._patched: list[tuple[Any, str, Any | None]] = []
+        self.exact = device.type == "cuda"
+        self.highest = 0
 
     # sampling
     def _record(self) -> None:
-        value = read_current(self.device)
+        if self.exact:  # the allocator's peak since the last mark, then a fresh one for the next phase
+            value = int(torch.cuda.max_memory_allocated(self.device))
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            value = read_current(self.device)
+        self.highest = max(self.highest, value)
         key = (self.layer, self.label)
         if key not in self.peaks:
             self.order.append(key)
@@ -143,8 +153,9 @@ class PhasePeaks:
             self._wrap(self.policy, "scores", "scoring (policy votes)", "after scoring")
         self._wrap(fwd, "select_layer", "keep K/V (select)", "after keep")
         self._wrap(fwd, "dense_layer", "keep K/V (copy all)", "after keep")
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
+        if not self.exact:
+            self._thread = threading.Thread(target=self._loop, daemon=True)
+            self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -161,7 +172,8 @@ class PhasePeaks:
                 setattr(owner, name, real)
 
     def phases(self, base: int) -> list[dict[str, Any]]:
-        """Per (layer, phase): RSS (or CUDA) peak above ``base``, sampled; live tensor peak, exact."""
+        """Per (layer, phase): RSS peak above ``base``, sampled (CUDA: the allocator's, exact); live tensor peak,
+        exact."""
         out = []
         for layer, label in self.order:
             row: dict[str, Any] = {"layer": layer, "phase": label,
@@ -233,7 +245,7 @@ def run_memory_case(case: MemoryCase) -> dict[str, Any]:
         else:
             logits, cache, _ = prefill(model, ids, plan.split, policy, layer_budgets, rows, layout=layout)
     elapsed = now(dev) - t0
-    peak = read_peak(dev)
+    peak = read_peak(dev) if prof is None else max(read_peak(dev), prof.highest)  # (CUDA's restarted per phase)
     after = read_current(dev)
     live_after = live.live
     del logits
