@@ -197,6 +197,9 @@ def test_cli_dream_sampler_options(tmp_path, dream, tiny_tokenizer):
         refused = CliRunner().invoke(app, base + extra)  # LLaDA's options: Dream's loop has no use for them
         assert refused.exit_code == 2 and refused.stderr == f"error: {flag} is not an option of the dream sampler " \
             "(docs/models.md has what it takes)\n", refused.output
+    quality = CliRunner().invoke(app, ["bench", "quality", "--model", str(folder), "--block-length", "8",
+                                       "--samples", "1", "--out", str(tmp_path / "q")])
+    assert quality.exit_code == 2 and quality.stderr.startswith("error: --block-length is not an option of the dream")
 
 
 def _with_upstream_twin(dtype: torch.dtype) -> tuple[Dream, torch.nn.Module]:

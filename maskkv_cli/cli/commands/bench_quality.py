@@ -271,7 +271,9 @@ def quality(
     else:
         session = load_session(model, device, dtype, quiet, as_json, quantize=weights)
     defaults = session.generation_defaults or FALLBACK_GENERATION
-    gen = RunSettings(gen_length=gen_length, steps=steps, block_length=block_length, seed=seed).generation(defaults)
+    settings = RunSettings(gen_length=gen_length, steps=steps, block_length=block_length, seed=seed)
+    settings.check_family(session.model.config.family)  # a --block-length its sampler has no use for (Dream's)
+    gen = settings.generation(defaults)
     cases = plan_cases(names, budget_list)
     with _Display(quiet, as_json) as display:
         groups = build_groups(session, kinds=kinds, lengths=length_list, samples=samples, seed=seed,
