@@ -380,3 +380,23 @@ def test_skewed_profile_on_a_short_prompt_keeps_d_h_b_entries(deep_model):
     _, cache, _ = prefill(deep_model, x, m, get_policy("maskkv"), [budget] * cfg.n_layers, torch.arange(m, m + 16),
                           online_importance=True)
     assert cache.logical_entries() == cfg.n_layers * cfg.n_heads * budget
+
+
+def test_ask_says_which_profile_it_uses_or_why_it_ignores_one(tiny_dir, tmp_path):
+    """End to end through ``ask``: a profile made for another layer count is ignored with its reason (uniform layer
+    budgets), a good one is used, each said in one note; the answer runs either way."""
+    doc = tmp_path / "doc.txt"
+    doc.write_text("The river runs past the old mill. The special magic number for apple is 48213. " * 12)
+    args = ["ask", str(doc), "What is the special magic number for apple?", "--model", str(tiny_dir), "--budget",
+            "8", "-n", "8", "--steps", "8"]
+    good = make_profile(tiny_dir, ImportanceResult([0.2, 0.8], 1, 10)).to_dict()
+    path = profile_path(tiny_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**good, "n_layers": 3, "importance": [0.1, 0.2, 0.3]}))
+    stale = runner.invoke(app, args)
+    assert stale.exit_code == 0, stale.output
+    assert f"note: ignoring calibration profile {path}:" in stale.stderr and "3 layers" in stale.stderr
+    path.write_text(json.dumps(good))
+    used = runner.invoke(app, args)
+    assert used.exit_code == 0, used.output
+    assert f"using calibration profile {path} for layer budgets" in used.stderr and "ignoring" not in used.stderr
