@@ -17,6 +17,7 @@ prefill runs to what the hardware does on a plain matrix product.
 from __future__ import annotations
 
 import statistics
+from typing import Any
 
 import torch
 from torch import nn
@@ -46,14 +47,14 @@ def matmul_gflops(device: torch.device, dtype: torch.dtype, size: int | None = N
     return 2 * n**3 / statistics.median(seconds) / 1e9, n
 
 
-def token_linear_weights(model: nn.Module) -> float:
+def token_linear_weights(model: Any) -> float:
     """The linear layers' weights one token goes through, over every block: all of them, except that a mixture of
     experts' routed experts count ``top_k`` of ``n_experts`` (each token runs only the experts its router picks;
     the router and a shared expert run for every token)."""
-    moe = model.config.moe  # type: ignore[attr-defined]
+    moe = model.config.moe
     share = 1.0 if moe is None else moe.top_k / moe.n_experts
     total = 0.0
-    for block in model.blocks:  # type: ignore[attr-defined]
+    for block in model.blocks:
         routed = {id(p) for m in block.modules() if isinstance(m, MoE) for p in m.experts.parameters()}
         total += sum(m.weight.numel() * (share if id(m.weight) in routed else 1.0) for m in block.modules()
                      if isinstance(m, nn.Linear))
