@@ -196,6 +196,7 @@ class GemmaForward(Forward):
         out = self.inner(asked)
         if self.compression is None and self.inner.compression is not None:  # the prompt cache as it stays
             self.compression = self.inner.compression
+            assert self.inner.cache is not None  # the cut cache, set with the compression
             self.kv_entries, self.kv_bytes = cache_size(self.inner.cache)
         return NO_LOGITS if out is None else out
 
@@ -272,23 +273,29 @@ class GemmaRun:
         if plan.online:
             raise UsageError("--layer-budgets online is not available for DiffusionGemma; use auto or uniform")
         cfg = model.config
-        self.model, self.prompt, self.plan = model, prompt, plan
-        self.settings = sampling_settings(gen, options, cfg.stop_token_ids or (cfg.eos_token_id,), cfg.pad_token_id)
-        self.generator = torch.Generator(device=model.device).manual_seed(gen.seed)
+        self.model: DiffusionGemma = model
+        self.prompt: Tensor = prompt
+        self.plan: CachePlan = plan
+        eos = cfg.stop_token_ids or (cfg.eos_token_id,)
+        self.settings: DiffusionGemmaSampling = sampling_settings(gen, options, eos, cfg.pad_token_id)
+        self.generator: torch.Generator = torch.Generator(device=model.device).manual_seed(gen.seed)
         c = model.gemma.canvas_length
-        self.n_canvases = -(-self.settings.max_new_tokens // c)
-        self.forward = GemmaForward(model, plan, prompt, options.documents, self.n_canvases)
-        self.emit = on_event or (lambda e: None)
-        self.mask_id = cfg.mask_token_id
-        self.response = torch.full((1, self.n_canvases * c), self.mask_id, dtype=torch.long, device=model.device)
-        self.token_probs = torch.full((1, self.n_canvases * c), float("nan"), dtype=torch.float64,
-                                      device=model.device)
-        self.canvas = self.steps = self.committed = 0
+        self.n_canvases: int = -(-self.settings.max_new_tokens // c)
+        self.forward: GemmaForward = GemmaForward(model, plan, prompt, options.documents, self.n_canvases)
+        self.emit: Callable[[Event], None] = on_event or (lambda e: None)
+        self.mask_id: int = cfg.mask_token_id
+        slots = (1, self.n_canvases * c)
+        self.response: Tensor = torch.full(slots, self.mask_id, dtype=torch.long, device=model.device)
+        self.token_probs: Tensor = torch.full(slots, float("nan"), dtype=torch.float64, device=model.device)
+        self.canvas: int = 0
+        self.steps: int = 0
+        self.committed: int = 0
         self.last_raw: Tensor | None = None  # the latest decoder pass's logits (the committed canvas's argmax)
-        self.stats = RunStats(policy=plan.policy.name, prompt_len=prompt.shape[1], gen_length=0)
+        self.stats: RunStats = RunStats(policy=plan.policy.name, prompt_len=prompt.shape[1], gen_length=0)
         self.output: LoopOutput | None = None
         reset_cuda_peaks(model_devices(model))
-        self.start = self.last = now(model.device)
+        self.start: float = now(model.device)
+        self.last: float = self.start
 
     def decoded(self, raw: Tensor) -> None:
         """A decoder pass came back: time it and tell the display."""
@@ -353,6 +360,7 @@ def diffusion_gemma_loop(run: GemmaRun) -> Loop:
                 run.commit(request.tokens)
                 request = inner.send(None)
             else:
+                assert isinstance(logits, Tensor)  # a decoder pass: its logits (this family asks no picks)
                 run.decoded(logits)
                 request = inner.send(logits)
     except StopIteration as stop:
