@@ -360,3 +360,23 @@ def test_a_question_without_documents_is_asked_as_it_is(client):
         {"role": "system", "content": "Answer briefly."}, {"role": "user", "content": corpus("rivers.txt")[:200]},
         {"role": "assistant", "content": "Noted."}, {"role": "user", "content": QUESTION}])
     assert several.usage.prompt_tokens > answer.usage.prompt_tokens  # the earlier turns are in the prompt
+
+
+def test_a_dream_server_refuses_a_threshold_its_sampler_does_not_take(tmp_path, tiny_tokenizer):
+    """A request's maskkv options go through the same family check as the command line's: Dream's loop has no
+    commit threshold, so a request giving one gets a 400 that says so, and a plain request is answered."""
+    from maskkv_cli.app.session import Session
+    from maskkv_cli.models.config import named_config
+    from maskkv_cli.models.dream import Dream
+    from maskkv_cli.models.loading import save_model
+
+    cfg = named_config("dream-tiny").with_(vocab_size=len(tiny_tokenizer))
+    folder = save_model(Dream(cfg).init_weights(seed=2, std=0.2).eval(), tmp_path / "dream", tiny_tokenizer)
+    with BackgroundServer(create_app(Session(str(folder)), ServerConfig(store_root=tmp_path / "store"))) as url:
+        messages = [{"role": "user", "content": QUESTION}]
+        refused = post_json(url, "/v1/chat/completions", {"messages": messages, "max_tokens": 8,
+                                                          "maskkv": {"threshold": 0.9}}, key=None)
+        error = assert_openai_error(refused, 400)
+        assert error["message"].startswith("--threshold is not an option of the dream sampler")
+        answered = post_json(url, "/v1/chat/completions", {"messages": messages, "max_tokens": 8}, key=None)
+        assert answered.status == 200, answered.body[:300]
