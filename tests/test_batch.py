@@ -413,3 +413,19 @@ def test_rows_are_written_at_once_and_synced_together(tmp_path: Path, monkeypatc
     assert len(synced) == 2  # close syncs what the timer has not
     time.sleep(0.3)
     assert len(synced) == 2  # and no timer fires after it
+
+
+def test_a_worker_retries_the_jobs_of_a_failed_group_alone_with_their_own_text(
+        tmp_path: Path, corpus: dict[str, Path], tiny_dir: Path) -> None:
+    """A group of jobs on one document where one job cannot run (its question leaves no room for the answer): the
+    group is retried job by job on the worker process, each job sent its own document text (a group's texts are a
+    dict by hash; a job on the same document once took that dict for its text and every job failed)."""
+    long_question = "Which " + "very " * 3000 + "long question?"
+    specs = [JobSpec(f"j{i}", str(corpus["notes"]), q) for i, q in
+             enumerate(["What is the special magic number for apple?", long_question, "Who?", "Where?"])]
+    settings = AnswerSettings(policy="maskkv", budget=16, gen_length=8, steps=8, block_length=8)
+    result = run_batch(specs, settings, str(tiny_dir), tmp_path / "out",
+                       runner=Runner(devices=("cpu",), batch_size=None))
+    rows = {r["id"]: r for r in read_rows(tmp_path / "out" / "answers.jsonl")[0]}
+    assert (result.ok, result.failed) == (3, 1)
+    assert "no room" in rows["j1"]["error"] and all(rows[j]["error"] is None for j in ("j0", "j2", "j3"))

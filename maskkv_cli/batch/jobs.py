@@ -100,8 +100,10 @@ class JobGroup:
 
     @property
     def document_sha(self) -> str:
-        """Its documents' hashes (a worker is sent their texts again only when these change)."""
-        return "+".join(dict.fromkeys(job.document_sha for job in self.jobs))
+        """What a worker keeps of its texts, by which it is sent them again only when this changes: its documents'
+        hashes, marked as a group's (a group's texts are a dict by hash, a job's one string: a job retried alone
+        after its group, on the same document, must not be taken for the group's texts)."""
+        return "group:" + "+".join(dict.fromkeys(job.document_sha for job in self.jobs))
 
     def message(self) -> dict[str, Any]:
         return {"kind": "group", "key": self.key, "batch_size": self.batch_size,
