@@ -91,3 +91,24 @@ def test_another_model_writes_the_final_summary_within_length(tmp_path: Path, ti
     assert set(seen) == {summary_tokens(10, 8)} == {16} and len(data["summary"].split()) <= 10
     assert data["length"] == {"words": 10, "tokens": 16}
     assert all("lead summaries" not in n for n in data["notes"])  # this model is not a lead-summary model
+
+
+@pytest.mark.parametrize("text", [
+    "河流流过古老的磨坊，守夜人在本子上写下每一艘经过的船。" * 200,  # no spaces at all: one "word"
+    "The river runs past the old mill and the keeper writes down every boat. " * 300,
+    "short words then " + "x" * 6000 + " and a few more words after it " * 40,  # one word longer than a part
+])
+def test_a_page_longer_than_a_part_is_cut_into_pieces_that_fit(text: str, tiny_tokenizer) -> None:
+    """Every piece of a long page fits the part's room (text without spaces is cut at characters: Chinese or
+    Japanese pages were one oversized piece, read cut in the middle), and the pieces keep all of the text."""
+    from maskkv_cli.documents.model import Document, Page
+    from maskkv_cli.prompting.parts import split_parts
+
+    def count(s: str) -> int:
+        return len(tiny_tokenizer.encode(s, add_special_tokens=False))
+
+    doc = Document(source="x.txt", kind="text", pages=(Page(1, "short first page."), Page(2, text)), sha256="0")
+    parts = split_parts(doc, count, 300)
+    assert count(text) > 300 and all(p.tokens <= 300 and p.tokens == count(p.text) for p in parts)
+    assert "".join(p.text for p in parts[1:]).replace(" ", "") == text.replace(" ", "")
+    assert parts[0].text == "short first page." and all(p.first_page == 2 for p in parts[1:])

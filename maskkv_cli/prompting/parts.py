@@ -28,12 +28,8 @@ def split_parts(doc: Document, count: Callable[[str], int], max_tokens: int) -> 
         if cur and cur_tokens + n > max_tokens:
             parts.append(Part(first, last, "\n\n".join(cur), cur_tokens))
             cur, cur_tokens = [], 0
-        if n > max_tokens:  # one long page: cut it by words
-            words = page.text.split()
-            step = max(1, len(words) * max_tokens // max(1, n))
-            for i in range(0, len(words), step):
-                piece = " ".join(words[i:i + step])
-                parts.append(Part(page.number, page.number, piece, count(piece)))
+        if n > max_tokens:  # one long page: cut it into pieces that fit
+            parts.extend(Part(page.number, page.number, piece, k) for piece, k in pieces(page.text, count, max_tokens))
             continue
         if not cur:
             first = page.number
@@ -43,6 +39,25 @@ def split_parts(doc: Document, count: Callable[[str], int], max_tokens: int) -> 
     if cur:
         parts.append(Part(first, last, "\n\n".join(cur), cur_tokens))
     return parts
+
+
+def pieces(text: str, count: Callable[[str], int], max_tokens: int) -> list[tuple[str, int]]:
+    """``text`` cut into consecutive pieces of at most ``max_tokens`` each (by ``count``), with their counts: at
+    words, in runs of as many words as the text's density gives; a run denser than that is cut again; a text without
+    spaces (Chinese, Japanese, one long token run) at characters. Only a single character longer than the limit
+    stays longer."""
+    words = text.split()
+    units, sep = (words, " ") if len(words) > 1 else (list(text.strip()), "")
+    step = max(1, len(units) * max_tokens // max(1, count(text)))
+    out: list[tuple[str, int]] = []
+    for i in range(0, len(units), step):
+        piece = sep.join(units[i : i + step])
+        k = count(piece)
+        if k > max_tokens and (step > 1 or sep == " "):  # denser than the text on average, or one long word
+            out.extend(pieces(piece, count, max_tokens))
+        else:
+            out.append((piece, k))
+    return out
 
 
 # A lead summary (what the embedded model is trained to write for ``part_instruction``): the first sentences of
