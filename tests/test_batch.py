@@ -429,3 +429,21 @@ def test_a_worker_retries_the_jobs_of_a_failed_group_alone_with_their_own_text(
     rows = {r["id"]: r for r in read_rows(tmp_path / "out" / "answers.jsonl")[0]}
     assert (result.ok, result.failed) == (3, 1)
     assert "no room" in rows["j1"]["error"] and all(rows[j]["error"] is None for j in ("j0", "j2", "j3"))
+
+
+def test_a_document_store_that_cannot_be_written_does_not_fail_the_jobs(
+        tmp_path: Path, corpus: dict[str, Path], tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """batch only reads its documents: a read-only or full store (a cluster's home) leaves each document read, as
+    ask does; only ``maskkv ingest``, whose point is storing, fails then."""
+    from maskkv_cli.documents.store import DocumentStore
+
+    def read_only(self: DocumentStore, doc: Any) -> None:
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(DocumentStore, "put", read_only)
+    specs = [JobSpec("j0", str(corpus["notes"]), "What is the special magic number for apple?")]
+    settings = AnswerSettings(policy="maskkv", budget=16, gen_length=8, steps=8, block_length=8)
+    result = run_batch(specs, settings, str(tiny_dir), tmp_path / "out")
+    assert (result.ok, result.failed) == (1, 0)
+    ingest = runner.invoke(app, ["ingest", str(corpus["notes"])])
+    assert ingest.exit_code != 0 and "Could not save notes.txt to the document store" in ingest.output

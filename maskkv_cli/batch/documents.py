@@ -29,7 +29,9 @@ def load_documents(paths: Iterable[str], password: str | None = None,
     loaded: dict[str, LoadedDocument] = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TokenCountWarning)  # ingest counts tokens; batch does not report them
-        for outcome in ingest_all(DocumentStore(), [Path(p) for p in dict.fromkeys(paths)], password=password):
+        # a store that cannot be written (a read-only or full cache) leaves each document read, as ask does
+        for outcome in ingest_all(DocumentStore(), [Path(p) for p in dict.fromkeys(paths)], password=password,
+                                  must_store=False):
             path = str(outcome.path)
             if outcome.document is not None:
                 doc = outcome.document

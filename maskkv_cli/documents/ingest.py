@@ -152,17 +152,20 @@ def ingest_one(
     password: str | None = None,
     tokenizer: Any = None,
     debug: bool = False,
+    must_store: bool = True,
 ) -> Outcome:
     """Load ``path`` through ``store`` and count its tokens; never raises for a problem with the file.
 
-    Problems a user can fix (``MaskKVError``, e.g. a damaged PDF or a store that cannot be written)
-    and any other error while reading this one file become a ``failed`` outcome.  With ``debug``
-    errors that are not ``MaskKVError`` propagate, so their traceback can be seen.
+    Problems a user can fix (``MaskKVError``, e.g. a damaged PDF or, with ``must_store``, a store that cannot be
+    written) and any other error while reading this one file become a ``failed`` outcome.  Without
+    ``must_store`` (a command that only reads the documents, as ``batch``) a store that cannot be written leaves
+    the document loaded, with a warning.  With ``debug`` errors that are not ``MaskKVError`` propagate, so their
+    traceback can be seen.
     """
     from maskkv_cli.documents.tokens import count_tokens
 
     try:
-        doc, cached = store.ingest(path, password=password, must_store=True)
+        doc, cached = store.ingest(path, password=password, must_store=must_store)
         tokens, method = count_tokens(doc.text, tokenizer)
     except MaskKVError as exc:
         return Outcome(path=path, status="failed", error=_one_line(exc))
@@ -182,15 +185,17 @@ def ingest_all(
     tokenizer: Any = None,
     debug: bool = False,
     on_start: Callable[[Path], None] | None = None,
+    must_store: bool = True,
 ) -> Iterator[Outcome]:
-    """Ingest ``files`` one after the other (see ``ingest_one``), yielding each file's outcome.
+    """Ingest ``files`` one after the other (see ``ingest_one``, also for ``must_store``), yielding each file's
+    outcome.
 
     ``on_start`` is called with each path before it is read (for a progress display).
     """
     for path in files:
         if on_start is not None:
             on_start(path)
-        yield ingest_one(store, path, password=password, tokenizer=tokenizer, debug=debug)
+        yield ingest_one(store, path, password=password, tokenizer=tokenizer, debug=debug, must_store=must_store)
 
 
 def skipped_outcomes(discovery: Discovery) -> list[Outcome]:
