@@ -447,3 +447,16 @@ def test_a_document_store_that_cannot_be_written_does_not_fail_the_jobs(
     assert (result.ok, result.failed) == (1, 0)
     ingest = runner.invoke(app, ["ingest", str(corpus["notes"])])
     assert ingest.exit_code != 0 and "Could not save notes.txt to the document store" in ingest.output
+
+
+def test_jobs_files_keep_line_breaks_inside_a_question(tmp_path: Path, corpus: dict[str, Path]) -> None:
+    """A quoted CSV field may hold a line break, and a JSON string a U+2028 (as json.dumps(ensure_ascii=False)
+    writes it): both stay inside their question (the CSV's was joined without it, the JSONL line was cut)."""
+    (tmp_path / "jobs.csv").write_text('document,question\nnotes.txt,"What is the number\nfor apple?"\n'
+                                       'notes.txt,Where?\n')
+    specs = read_jobs_file(tmp_path / "jobs.csv")
+    assert [(s.id, s.question) for s in specs] == [("1", "What is the number\nfor apple?"), ("2", "Where?")]
+    row = {"document": "notes.txt", "question": "Which\u2028line?"}
+    (tmp_path / "jobs.jsonl").write_text(json.dumps(row, ensure_ascii=False) + "\n", encoding="utf-8")
+    (spec,) = read_jobs_file(tmp_path / "jobs.jsonl")
+    assert spec.question == "Which\u2028line?"

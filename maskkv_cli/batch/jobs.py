@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import glob
 import hashlib
+import io
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -180,14 +181,16 @@ def read_jobs_file(path: Path) -> list[JobSpec]:
     base = path.resolve().parent
     specs: list[JobSpec] = []
     if path.suffix.lower() == ".csv":
-        reader = csv.DictReader(text.splitlines())
+        reader = csv.DictReader(io.StringIO(text, newline=""))  # a quoted field may hold line breaks
         if not reader.fieldnames or not {"document", "question"} <= {f.strip() for f in reader.fieldnames}:
             raise UsageError(f"{path}: the CSV header must name at least the columns document and question")
-        for n, row in enumerate(reader, 2):
+        for n, row in enumerate(reader, 1):
             clean = {str(k).strip(): v for k, v in row.items() if k is not None}
-            specs.append(_spec(clean, f"{path}:{n}", str(n - 1), base))
+            specs.append(_spec(clean, f"{path}:{reader.line_num}", str(n), base))
     else:
-        for n, line in enumerate(text.splitlines(), 1):
+        # lines end at "\n" only: str.splitlines would also cut at U+2028, U+0085 and the like, which JSON strings
+        # may hold as they are
+        for n, line in enumerate(text.split("\n"), 1):
             if not line.strip():
                 continue
             try:
@@ -210,7 +213,7 @@ def read_questions(path: Path) -> list[str]:
         text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read the questions file {path}: {reason(exc)}") from None
-    questions = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    questions = [line.strip() for line in text.split("\n") if line.strip() and not line.lstrip().startswith("#")]
     if not questions:
         raise UsageError(f"{path} holds no questions (one per line)")
     return questions
