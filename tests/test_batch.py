@@ -460,3 +460,18 @@ def test_jobs_files_keep_line_breaks_inside_a_question(tmp_path: Path, corpus: d
     (tmp_path / "jobs.jsonl").write_text(json.dumps(row, ensure_ascii=False) + "\n", encoding="utf-8")
     (spec,) = read_jobs_file(tmp_path / "jobs.jsonl")
     assert spec.question == "Which\u2028line?"
+
+
+def test_a_rerun_shows_reused_answers_under_this_runs_ids(tmp_path: Path, corpus: dict[str, Path],
+                                                          tiny_dir: Path) -> None:
+    """A question put first in the questions file shifts the others' ids (``#q2`` -> ``#q3``): their answers are
+    reused (same document, question and settings) and summary.md lists them under the new ids, each id once."""
+    settings = AnswerSettings(policy="maskkv", budget=16, gen_length=8, steps=8, block_length=8)
+    first = ["What is the special magic number for apple?", "Where?"]
+    run_batch(cross_product([str(corpus["notes"])], first), settings, str(tiny_dir), tmp_path / "out")
+    again = run_batch(cross_product([str(corpus["notes"])], ["Who?", *first]), settings, str(tiny_dir),
+                      tmp_path / "out")
+    assert again.reused == 2
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    for n in (1, 2, 3):
+        assert summary.count(f"notes.txt#q{n}") == 1, summary

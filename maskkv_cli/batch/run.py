@@ -268,8 +268,10 @@ def run_batch(
                                      and r.get("claim") != "untrained-question"),
                              untrained=sum(1 for r in answered_rows if r.get("claim") == "untrained-question"),
                              batch_sizes=sorted(sizes), batch_note=batch_notes[0] if batch_notes else "")
-        folder.write_text(SUMMARY_FILE, summary_markdown(result, config_of(model_path, settings, quantize),
-                                                         [folder.rows[j.key] for j in jobs if j.key in folder.rows]))
+        # a row from an earlier run is shown under this run's id and path for its job (same key: same content,
+        # question and settings; the id or the file's place may have changed since)
+        shown = [{**folder.rows[j.key], "id": j.id, "document": j.document} for j in jobs if j.key in folder.rows]
+        folder.write_text(SUMMARY_FILE, summary_markdown(result, config_of(model_path, settings, quantize), shown))
         folder.close()
     return result
 
