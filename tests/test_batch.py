@@ -475,3 +475,12 @@ def test_a_rerun_shows_reused_answers_under_this_runs_ids(tmp_path: Path, corpus
     summary = (tmp_path / "out" / "summary.md").read_text()
     for n in (1, 2, 3):
         assert summary.count(f"notes.txt#q{n}") == 1, summary
+
+
+def test_docs_names_an_existing_file_with_glob_characters_as_itself(tmp_path: Path) -> None:
+    """``--docs 'report[1].txt'`` is that file (it was read as a glob: no match, or report1.txt instead)."""
+    (tmp_path / "report[1].txt").write_text("The number for apple is 48213.\n")
+    (tmp_path / "report1.txt").write_text("Another document.\n")
+    (spec,) = cross_product([str(tmp_path / "report[1].txt")], ["Which number?"])
+    assert Path(spec.document).name == "report[1].txt"
+    assert [Path(s.document).name for s in cross_product([str(tmp_path / "report?.txt")], ["Q?"])] == ["report1.txt"]

@@ -227,7 +227,9 @@ def cross_product(patterns: list[str], questions: list[str]) -> list[JobSpec]:
     matches: list[str] = []
     for pattern in patterns:
         expanded = str(Path(pattern).expanduser())
-        found = sorted(glob.glob(expanded, recursive=True)) if glob.has_magic(expanded) else [expanded]
+        # a path that exists is itself, even with glob characters in its name (report[1].txt); else a glob
+        literal = not glob.has_magic(expanded) or Path(expanded).exists()
+        found = [expanded] if literal else sorted(glob.glob(expanded, recursive=True))
         if not found:
             raise UsageError(f"--docs {pattern!r} matches no file")
         matches += found
