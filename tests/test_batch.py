@@ -484,3 +484,14 @@ def test_docs_names_an_existing_file_with_glob_characters_as_itself(tmp_path: Pa
     (spec,) = cross_product([str(tmp_path / "report[1].txt")], ["Which number?"])
     assert Path(spec.document).name == "report[1].txt"
     assert [Path(s.document).name for s in cross_product([str(tmp_path / "report?.txt")], ["Q?"])] == ["report1.txt"]
+
+
+def test_documents_of_one_name_in_two_folders_get_ids_of_their_own(tmp_path: Path) -> None:
+    """Two report.txt in different folders: their jobs' ids name each one's folder (both were report.txt#q1);
+    documents of distinct names keep their bare names."""
+    for folder in ("sub", "with space"):
+        (tmp_path / "docs" / folder).mkdir(parents=True)
+        (tmp_path / "docs" / folder / "report.txt").write_text(f"The {folder} report.\n")
+    (tmp_path / "docs" / "notes.txt").write_text("Notes.\n")
+    ids = sorted(s.id for s in cross_product([str(tmp_path / "docs")], ["Q?"]))
+    assert ids == ["notes.txt#q1", "sub/report.txt#q1", "with space/report.txt#q1"]

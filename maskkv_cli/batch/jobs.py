@@ -13,6 +13,7 @@ import glob
 import hashlib
 import io
 import json
+import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -236,7 +237,17 @@ def cross_product(patterns: list[str], questions: list[str]) -> list[JobSpec]:
     documents = list(dict.fromkeys(str(p.resolve()) for p in discover(matches).files))
     if not documents:
         raise UsageError("--docs finds no .pdf, .txt or .md file")
-    return [JobSpec(id=f"{Path(d).name}#q{i}", document=d, question=q)
+    names = [Path(d).name for d in documents]
+    shared = {name for name in names if names.count(name) > 1}
+    root = os.path.commonpath(documents) if shared else ""
+
+    def label(document: str) -> str:
+        """A document's name in its jobs' ids; where two documents share a name, its path under their common
+        folder (sub/report.txt, other/report.txt)."""
+        name = Path(document).name
+        return Path(os.path.relpath(document, root)).as_posix() if name in shared else name
+
+    return [JobSpec(id=f"{label(d)}#q{i}", document=d, question=q)
             for d in documents for i, q in enumerate(questions, 1)]
 
 
