@@ -21,7 +21,7 @@ from maskkv_cli.cli import app
 from maskkv_cli.documents import load_document, parse_document
 from maskkv_cli.documents.ingest import Outcome, Tally, discover, ingest_all, ingest_one
 from maskkv_cli.documents.store import DocumentStore
-from maskkv_cli.errors import DocumentError
+from maskkv_cli.errors import DocumentError, MaskKVError
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parent.parent
@@ -386,3 +386,22 @@ def test_files_list_and_remove_are_one_at_a_time(tmp_path: Path, args: list[str]
     (tmp_path / "doc.txt").write_text("The special magic number for apple is 12345.\n")
     result = run("ingest", *[str(tmp_path / a) if a == "doc.txt" else a for a in args])
     assert result.exit_code == 2 and "one of them" in result.stderr and not result.stdout
+
+
+def test_a_stored_document_is_found_by_a_relative_path_or_by_a_copy_stored_under_another_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--remove`` with a relative path finds the stored absolute source, and a file whose content is stored
+    under another name (ingested from a/draft.txt, asked for as b/final.txt) finds that entry (both said "no
+    stored document matches")."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "draft.txt").write_text("Same text in two places.\n")
+    (tmp_path / "b" / "final.txt").write_text("Same text in two places.\n")
+    monkeypatch.chdir(tmp_path)
+    store = DocumentStore()
+    store.ingest("a/draft.txt")
+    entry = store.find("a/draft.txt")
+    assert entry.source == str(tmp_path / "a" / "draft.txt")
+    assert store.find("b/final.txt").sha256 == entry.sha256
+    with pytest.raises(MaskKVError, match="No stored document matches"):
+        store.find("nope.txt")

@@ -181,7 +181,8 @@ class DocumentStore:
         return entries
 
     def find(self, key: str) -> StoreEntry:
-        """Resolve ``key`` (a hash prefix of >= 6 characters, or a source file name or path)."""
+        """Resolve ``key`` (a hash prefix of >= 6 characters, a source file name or path, or a file on disk: the
+        entry of its content, whatever name it was stored under)."""
         key = key.strip()
         if not key:
             raise UsageError("Give a document to remove: a hash prefix (6+ characters) or a file name.")
@@ -191,9 +192,17 @@ class DocumentStore:
             for entry in entries:
                 if entry.sha256.startswith(key.lower()):
                     matches[entry.sha256] = entry
+        absolute = os.path.abspath(os.path.expanduser(key))  # a relative path names the stored absolute source
         for entry in entries:
-            if key in (entry.name, entry.source):
+            if key in (entry.name, entry.source) or absolute == entry.source:
                 matches[entry.sha256] = entry
+        if not matches and os.path.isfile(absolute):  # the file itself, stored under another name or place
+            try:
+                with open(absolute, "rb") as handle:
+                    sha = hash_bytes(handle.read())
+            except OSError:
+                sha = ""
+            matches.update((e.sha256, e) for e in entries if e.sha256 == sha)
         if not matches:
             if _HEX_RE.fullmatch(key) and len(key) < MIN_PREFIX:
                 raise UsageError(
