@@ -495,3 +495,15 @@ def test_documents_of_one_name_in_two_folders_get_ids_of_their_own(tmp_path: Pat
     (tmp_path / "docs" / "notes.txt").write_text("Notes.\n")
     ids = sorted(s.id for s in cross_product([str(tmp_path / "docs")], ["Q?"]))
     assert ids == ["notes.txt#q1", "sub/report.txt#q1", "with space/report.txt#q1"]
+
+
+def test_results_files_are_readable_as_open_makes_them(tmp_path: Path, corpus: dict[str, Path],
+                                                       tiny_dir: Path) -> None:
+    """A results folder is for reading and sharing: its files get the permissions ``open()`` gives (0o666 less
+    the umask), not the 0o600 of the temporary files they are written through (the document store keeps 0o600)."""
+    from maskkv_cli.runtime.fileio import open_file_mode
+
+    settings = AnswerSettings(policy="maskkv", budget=16, gen_length=8, steps=8, block_length=8)
+    run_batch([JobSpec("j0", str(corpus["notes"]), "Where?")], settings, str(tiny_dir), tmp_path / "out")
+    for name in ("config.json", "summary.md", "answers.jsonl"):
+        assert (tmp_path / "out" / name).stat().st_mode & 0o777 == open_file_mode() & 0o666, name

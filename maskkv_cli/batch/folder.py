@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from maskkv_cli.errors import UsageError
-from maskkv_cli.runtime.fileio import atomic_write_text
+from maskkv_cli.runtime.fileio import atomic_write_text, open_file_mode
 
 ANSWERS_FILE = "answers.jsonl"
 CONFIG_FILE = "config.json"
@@ -79,7 +79,7 @@ class AnswersFolder:
                 continue
             kept[key] = row
         if broken or len(kept) != len(on_disk):
-            atomic_write_text(self.answers, "".join(_line(row) for row in kept.values()))
+            atomic_write_text(self.answers, "".join(_line(row) for row in kept.values()), mode=open_file_mode())
         self.rows = kept
         self.finished = {k: r for k, r in kept.items() if k in wanted and not r.get("error")}
         self._fd = os.open(self.answers, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -125,7 +125,7 @@ class AnswersFolder:
 
     def write_text(self, name: str, text: str) -> Path:
         target = self.path / name
-        atomic_write_text(target, text)
+        atomic_write_text(target, text, mode=open_file_mode())  # results to be read, shared: as open() makes them
         return target
 
     def close(self) -> None:

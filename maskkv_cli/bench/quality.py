@@ -48,7 +48,7 @@ from maskkv_cli.bench.quality_sources import DOCUMENT_QUESTION, TaskGroup, TaskS
 from maskkv_cli.bench.results import ResultsFolder, read_jsonl, settings_key
 from maskkv_cli.defaults import DEFAULT_POLICY
 from maskkv_cli.errors import UsageError
-from maskkv_cli.runtime.fileio import atomic_write_text
+from maskkv_cli.runtime.fileio import atomic_write_text, open_file_mode
 from maskkv_cli.tasks.cells import CellAnswer, CellRunner, QualityCell, answer_prompts
 from maskkv_cli.tasks.metrics import aggregate, digit_mixing, distractor_values, is_no_answer, metric_for, score
 
@@ -227,7 +227,7 @@ class _Recorder:
     def write_predictions(self) -> None:
         text = "".join(json.dumps(line, ensure_ascii=False, sort_keys=True) + "\n"
                        for key in self.planned for line in self.predictions.get(key, []))
-        atomic_write_text(self.folder.path / PREDICTIONS_FILE, text)
+        atomic_write_text(self.folder.path / PREDICTIONS_FILE, text, mode=open_file_mode())
 
     def finished(self, gi: int, ci: int) -> bool:
         key = self.keys[(gi, ci)]

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from maskkv_cli.bench.paired import paired_markdown
-from maskkv_cli.runtime.fileio import atomic_write_bytes
+from maskkv_cli.runtime.fileio import atomic_write_bytes, open_file_mode
 from maskkv_cli.tasks.synthetic import UNANSWERABLE_KINDS
 
 TABLE_HEADERS: tuple[str, ...] = ("task", "length", "policy", "budget", "n", "accuracy", "95% interval",
@@ -201,5 +201,5 @@ def plot_quality(rows: Sequence[dict[str, Any]], path: Path) -> bool:
         axes[index // columns][index % columns].set_visible(False)
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=110)
-    atomic_write_bytes(path, buffer.getvalue())
+    atomic_write_bytes(path, buffer.getvalue(), mode=open_file_mode())
     return True

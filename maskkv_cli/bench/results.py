@@ -18,7 +18,7 @@ from typing import Any, Self
 
 from maskkv_cli.errors import UsageError
 from maskkv_cli.runtime.devices import machine_info
-from maskkv_cli.runtime.fileio import atomic_write_text
+from maskkv_cli.runtime.fileio import atomic_write_text, open_file_mode
 
 RUNS_ROOT = Path("runs")
 
@@ -110,7 +110,8 @@ class ResultsFolder:
         self.reused = len(self.rows)
         config = {"kind": kind, "settings": settings, "settings_key": settings_key(settings),
                   "machine": machine_info(), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        atomic_write_text(path / "config.json", json.dumps(config, indent=2, default=str) + "\n")
+        atomic_write_text(path / "config.json", json.dumps(config, indent=2, default=str) + "\n",
+                          mode=open_file_mode())
         self._write_rows()
 
     @classmethod
@@ -156,9 +157,9 @@ class ResultsFolder:
 
     def _write_rows(self) -> None:
         text = "".join(json.dumps(row, sort_keys=True, default=str) + "\n" for row in self.ordered())
-        atomic_write_text(self.path / "results.jsonl", text)
+        atomic_write_text(self.path / "results.jsonl", text, mode=open_file_mode())
 
     def write_text(self, name: str, text: str) -> Path:
         target = self.path / name
-        atomic_write_text(target, text)
+        atomic_write_text(target, text, mode=open_file_mode())
         return target

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from maskkv_cli.bench.results import ResultsFolder
-from maskkv_cli.runtime.fileio import atomic_write_bytes
+from maskkv_cli.runtime.fileio import atomic_write_bytes, open_file_mode
 
 if TYPE_CHECKING:
     from maskkv_cli.bench.speed_settings import SpeedSettings
@@ -235,5 +235,5 @@ def write_plot(rows: Sequence[dict[str, Any]], path: Path) -> str | None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_bytes(path, buf.getvalue(), mode=open_file_mode())
     return None

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from maskkv_cli.runtime.fileio import atomic_write_text
+from maskkv_cli.runtime.fileio import atomic_write_text, open_file_mode
 
 REQUESTS_FILE = "maskkv_requests_{stamp}.jsonl"
 SUMMARY_FILE = "maskkv_summary_{stamp}.json"
@@ -65,6 +65,7 @@ def write_stats(folder: str | Path, stamp: str, lines: Sequence[dict[str, Any]],
     base = Path(folder).expanduser()
     requests = base / REQUESTS_FILE.format(stamp=stamp)
     totals = base / SUMMARY_FILE.format(stamp=stamp)
-    atomic_write_text(requests, "".join(json.dumps(line, sort_keys=True) + "\n" for line in lines))
-    atomic_write_text(totals, json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(requests, "".join(json.dumps(line, sort_keys=True) + "\n" for line in lines),
+                      mode=open_file_mode())
+    atomic_write_text(totals, json.dumps(summary, indent=2, sort_keys=True) + "\n", mode=open_file_mode())
     return requests, totals
