@@ -380,3 +380,29 @@ def test_a_dream_server_refuses_a_threshold_its_sampler_does_not_take(tmp_path, 
         assert error["message"].startswith("--threshold is not an option of the dream sampler")
         answered = post_json(url, "/v1/chat/completions", {"messages": messages, "max_tokens": 8}, key=None)
         assert answered.status == 200, answered.body[:300]
+
+
+def test_a_document_read_in_parts_streams_the_answer_it_gives_without_stream(session, store_root):
+    """``--long parts``: a document longer than the window is read part by part; the streamed pieces joined are
+    the answer the same request gets without ``stream`` (each part's steps were streamed as they came, so the
+    stream held the first part's answer and pieces of the others). The answer's claim is judged against the
+    question (it was always "untrained-question" with the embedded model)."""
+    config = ServerConfig(store_root=store_root, long="parts")
+    long_text = "\n\n".join(corpus(name) for name in ("bees.txt", "coast.txt", "gardens.txt", "rivers.txt"))
+    cut = int(len(long_text) * 0.8)
+    text = long_text[:cut] + " The special magic number for harbor is 4821. " + long_text[cut:]
+    with BackgroundServer(create_app(session, config)) as url:
+        doc = upload(url, "long.txt", text.encode())
+        assert doc.status == 200, doc.body
+        body = {"max_tokens": 8, "messages": [{"role": "user", "content": QUESTION}],
+                "maskkv": {"documents": [doc.json()["id"]]}}
+        plain = post_json(url, "/v1/chat/completions", body)
+        assert plain.status == 200, plain.body[:300]
+        answer = plain.json()["choices"][0]["message"]["content"]
+        assert plain.json()["maskkv"]["read"]["parts"] > 1
+        assert plain.json()["maskkv"]["claim"] == "answer"  # judged against the question, as ask judges it
+        streamed = post_json(url, "/v1/chat/completions", {**body, "stream": True})
+        pieces = [json.loads(line[6:]) for line in streamed.body.decode().splitlines()
+                  if line.startswith("data: {")]
+        joined = "".join(p["choices"][0]["delta"].get("content") or "" for p in pieces if p.get("choices"))
+        assert answer == NEEDLE_ANSWER and joined == answer

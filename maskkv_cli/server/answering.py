@@ -154,14 +154,20 @@ def answer_chat(job: Job[Completion], session: Session, plan: Plan, req: ChatReq
     cfg = session.model.config
     stops = stop_ids(session.tokenizer, cfg)
     text = CommittedText(session.tokenizer, stops, cfg.mask_token_id, req.stop, send)
+    in_parts: list[bool] = []  # set when the document is read in parts (``--long parts``)
+
+    def on_part(i: int, n: int) -> None:
+        if n > 1:  # each part's own answer is not the final one: the answer is sent whole when it is known
+            in_parts.append(True)
 
     def on_event(event: Event) -> None:
         job.check()
-        if send is not None and event.tokens is not None:
+        if send is not None and event.tokens is not None and not in_parts:
             text.update(event.tokens[0].tolist())
 
     context = "\n\n".join(doc.text for doc in docs)
-    answer = ask(session, context, req.question, plan.gen, plan.cache, long=plan.long, on_event=on_event)
+    answer = ask(session, context, req.question, plan.gen, plan.cache, long=plan.long, on_event=on_event,
+                 on_part=on_part)
     job.check()
     final, met = text.finish(answer.text)
     tokens = answer.result.tokens[0].tolist()
@@ -178,7 +184,7 @@ def answer_figures(answer: Answer, plan: Plan, docs: Sequence[Document], embedde
     """The answer's ``maskkv`` object: the fields ``maskkv ask --json`` gives an answer (confidence, budget, prompt
     and dropped tokens, RoPE factor, run statistics with the KV bytes kept and full), the policy, the documents,
     the notes, and the page map of what the cache kept."""
-    row = answer_row(answer, embedded)
+    row = answer_row(answer, embedded, question)  # (its claim is judged against the question, as ask's)
     row.pop("answer")  # the text is the choice's message
     fitted = answer.fitted
     notes = [n for n in [fitted.rule if fitted else None, *answer.notes] if n]
