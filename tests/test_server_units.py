@@ -62,6 +62,20 @@ def test_a_wrong_field_is_named_in_one_line(body: bytes, param: str, words: str)
     assert error.status == 400 and error.param == param and words in error.message and "\n" not in error.message
 
 
+@pytest.mark.parametrize(("body", "words"), [
+    (b'{"messages": [{"role": "user", "content": "hi\\ud800"}]}', "lone UTF-16 surrogate"),  # half an emoji
+    (b'{"messages": [{"role": "user", "content": "q"}], "stop": ["\\udfff"]}', "lone UTF-16 surrogate"),
+    (b'{"messages":' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nests its JSON too deeply"),
+])
+def test_bodies_python_reads_but_no_text_can_hold_are_a_400(body: bytes, words: str) -> None:
+    """Valid JSON that still cannot be a request (a lone surrogate, which the tokenizer fails on; nesting deeper
+    than the parser recurses) is a 400 invalid_json in one line, not a 500 with a traceback."""
+    with pytest.raises(APIError) as caught:
+        parse_chat(body)
+    error = caught.value
+    assert error.status == 400 and error.code == "invalid_json" and words in error.message
+
+
 # ------------------------------------------------------------------------------------------- streamed text
 
 

@@ -99,6 +99,14 @@ def json_object(body: bytes) -> dict[str, Any]:
     except ValueError as exc:
         raise bad_request(f"the request body is not valid JSON ({exc}); send a JSON object",
                           code="invalid_json") from None
+    except RecursionError:
+        raise bad_request("the request body nests its JSON too deeply; send a JSON object of messages",
+                          code="invalid_json") from None
+    try:  # JSON may escape half of a UTF-16 pair ("\ud800"), which no text can hold (the tokenizer fails on it)
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad_request("the request body holds a lone UTF-16 surrogate (half of an escaped character pair); "
+                          "send whole characters", code="invalid_json") from None
     if not isinstance(data, dict):
         raise bad_request(f"the request body must be a JSON object, not a {type(data).__name__}",
                           code="invalid_json")
