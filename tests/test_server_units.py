@@ -168,8 +168,8 @@ def test_a_cancelled_job_stops_at_its_next_check_and_a_waiting_one_never_runs() 
         running.cancel()
         with pytest.raises(Cancelled):
             running.future.result(10)
-        with pytest.raises(Cancelled):
-            waiting.future.result(10)
+        assert waiting.future.cancelled()  # it never started: its place was given back when it was cancelled
+        waiting.cancel()  # again (the client's handler and its stream both say so): counted once
         assert ran == [] and runner.snapshot()["cancelled"] == 2
     finally:
         runner.close()
@@ -260,4 +260,31 @@ def test_the_time_limit_counts_from_admission() -> None:
             job.future.result(10)
         assert runner.snapshot()["timed_out"] == 1
     finally:
+        runner.close()
+
+
+def test_a_request_cancelled_while_it_waits_gives_its_queue_place_back_at_once() -> None:
+    """A client that leaves while its request waits: the place is free at once (it was held until a worker
+    reached the request, so others got 429 meanwhile), the request never runs, and it counts as cancelled once."""
+    import threading
+
+    from maskkv_cli.server.runner import QueueFull, Runner
+
+    release, ran = threading.Event(), []
+    runner = Runner(queue=1, limit_s=60)
+    try:
+        first = runner.submit(lambda job: (release.wait(10), ran.append("first")))
+        waiting = runner.submit(lambda job: ran.append("waiting"))
+        with pytest.raises(QueueFull):
+            runner.submit(lambda job: ran.append("refused"))
+        waiting.cancel()
+        assert runner.snapshot()["waiting"] == 0 and runner.snapshot()["cancelled"] == 1
+        third = runner.submit(lambda job: ran.append("third"))  # its place
+        release.set()
+        first.future.result(10)
+        third.future.result(10)
+        assert ran == ["first", "third"] and waiting.future.cancelled()
+        assert runner.snapshot()["cancelled"] == 1 and runner.snapshot()["answered"] == 2
+    finally:
+        release.set()
         runner.close()

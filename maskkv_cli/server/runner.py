@@ -75,14 +75,22 @@ def without_frames(error: BaseException, keep_stack: bool) -> BaseException:
 class Job(Generic[T]):
     """One admitted request: its work, its deadline, its cancellation flag, and the future of its result."""
 
-    def __init__(self, limit_s: float) -> None:
+    def __init__(self, limit_s: float, release: Callable[[Job[T]], None] | None = None) -> None:
         self.limit_s = limit_s
         self.deadline = time.monotonic() + limit_s
         self.cancelled = threading.Event()
         self.future: Future[T] = Future()
+        self._release = release  # gives a waiting job's queue place back (the runner's)
 
     def cancel(self) -> None:
-        """Ask the generation to stop at its next step (or never to start)."""
+        """The client has gone: the generation stops at its next step; a job still waiting never starts and gives
+        its queue place back at once (it held it until a worker reached it, refusing others meanwhile)."""
+        self.stop()
+        if self._release is not None and not self.future.cancelled() and self.future.cancel():  # only while waiting
+            self._release(self)
+
+    def stop(self) -> None:
+        """Ask the generation to stop at its next step (or, waiting, to stop when a worker reaches it)."""
         self.cancelled.set()
 
     def check(self) -> None:
@@ -132,19 +140,26 @@ class Runner:
             if self._closed or busy >= self.capacity:
                 self.counts.refused += 1
                 raise QueueFull(max(1, math.ceil(self._mean_s * busy / self.workers)), self.capacity)
-            job: Job[T] = Job(self.limit_s)
+            job: Job[T] = Job(self.limit_s, self._give_back)
             self.counts.waiting += 1
             self._live.add(job)
         self._pool.submit(self._run, job, work)
         return job
 
+    def _give_back(self, job: Job[Any]) -> None:
+        """A job cancelled while it waited (``Job.cancel``): its place in the queue is free now."""
+        with self._lock:
+            if job not in self._live:  # given back already
+                return
+            self.counts.waiting -= 1
+            self.counts.cancelled += 1
+            self._live.discard(job)
+
     def _run(self, job: Job[T], work: Callable[[Job[T]], T]) -> None:
         with self._lock:
-            self.counts.waiting -= 1
-            if not job.future.set_running_or_notify_cancel():  # its future was cancelled while it waited
-                self.counts.cancelled += 1
-                self._live.discard(job)
+            if not job.future.set_running_or_notify_cancel():  # cancelled while it waited: counted then
                 return
+            self.counts.waiting -= 1
             self.counts.running += 1
         start = time.monotonic()
         result: Any = None
@@ -177,5 +192,5 @@ class Runner:
             self._closed = True
             live = list(self._live)
         for job in live:
-            job.cancel()
+            job.stop()
         self._pool.shutdown(wait=True)
