@@ -406,3 +406,16 @@ def test_a_document_read_in_parts_streams_the_answer_it_gives_without_stream(ses
                   if line.startswith("data: {")]
         joined = "".join(p["choices"][0]["delta"].get("content") or "" for p in pieces if p.get("choices"))
         assert answer == NEEDLE_ANSWER and joined == answer
+
+
+def test_a_405_says_which_methods_are_allowed_and_one_document_named_twice_is_read_once(server, document_id):
+    reply = request(server, "GET", "/v1/chat/completions", None, {"Authorization": f"Bearer {API_KEY}"})
+    assert_openai_error(reply, 405)
+    assert "POST" in reply.headers["allow"]  # RFC 9110: a 405 names the methods the resource takes
+    body = {"max_tokens": 8, "messages": [{"role": "user", "content": QUESTION}],
+            "maskkv": {"documents": [document_id[:8], document_id]}}  # a prefix and the whole id: one document
+    twice = post_json(server, "/v1/chat/completions", body)
+    once = post_json(server, "/v1/chat/completions", {**body, "maskkv": {"documents": [document_id]}})
+    assert twice.status == once.status == 200, twice.body[:300]
+    assert twice.json()["usage"]["prompt_tokens"] == once.json()["usage"]["prompt_tokens"]
+    assert len(twice.json()["maskkv"]["documents"]) == 1

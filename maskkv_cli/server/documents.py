@@ -82,7 +82,8 @@ def resolve_documents(store: DocumentStore, ids: tuple[str, ...]) -> list[Docume
         if doc is None:
             raise not_found(f"no stored document has the id {key!r}; upload it with POST /v1/documents or list the "
                             "ids with GET /v1/documents", "maskkv.documents")
-        docs.append(doc)
+        if all(d.sha256 != doc.sha256 for d in docs):  # two ids of one document (a prefix and the whole): once
+            docs.append(doc)
     return docs
 
 
