@@ -334,7 +334,7 @@ def create_app(session: Session, config: ServerConfig | None = None) -> Starlett
         message = {404: f"no such endpoint: {request.method} {request.url.path}; the API is under /v1 (see GET "
                         "/v1/models) and the page is at /",
                    405: f"{request.method} is not allowed on {request.url.path}"}.get(status, str(exc))
-        headers = dict(exc.headers or {}) if isinstance(exc, HTTPException) else {}  # 405's Allow: what is
+        headers = dict(exc.headers or {}) if isinstance(exc, HTTPException) else {}  # a 405 names its Allow methods
         return error_response(APIError(status, message, kind="invalid_request_error", code="not_found"
                                        if status == 404 else None, headers=headers or None))
 
