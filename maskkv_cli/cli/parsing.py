@@ -6,7 +6,6 @@ the same message everywhere. Errors are ``UsageError`` (exit code 2) naming the 
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -73,6 +72,18 @@ def parse_policies(text: str, option: str = "--policies") -> tuple[str, ...]:
     return names
 
 
+def unwritable(folder: Path) -> str | None:
+    """Why no file can be made in the existing ``folder`` (the OS's reason), or None where one can: a probe file is
+    made there and removed at once (permission bits alone miss a read-only or virtual file system for root)."""
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return None
+    except OSError as exc:
+        return reason(exc)
+
+
 def out_folder(path: Path | None, option: str = "--out") -> Path | None:
     """``path``, where a results folder can be made or reused: a file in its place, or in the place of a folder
     above it, a folder that cannot be made there (a read-only or virtual file system) or one that is not writable
@@ -88,7 +99,7 @@ def out_folder(path: Path | None, option: str = "--out") -> Path | None:
             break
         missing.append(place)
     if not missing:
-        if not os.access(path, os.W_OK | os.X_OK):
+        if unwritable(path) is not None:
             raise UsageError(f"{option} {path}: the folder is not writable; give another path")
         return path
     try:

@@ -20,9 +20,9 @@ from maskkv_cli.cli.options import (
     RatiosOpt,
     WarmupOpt,
 )
+from maskkv_cli.cli.parsing import unwritable
 from maskkv_cli.cli.run_options import OUTPUT, RunOptions, run_options
 from maskkv_cli.defaults import DEFAULT_POLICY
-from maskkv_cli.errors import reason
 from maskkv_cli.prompting.fit import check_long
 from maskkv_cli.runtime.devices import resolve_device
 
@@ -38,14 +38,9 @@ def _check_output(path: Path | None, option: str) -> None:
         raise fail(f"{option} {path} is a directory; give a file name", 2)
     if not path.parent.is_dir():
         raise fail(f"{option} {path}: the folder {path.parent} does not exist", 2)
-    import tempfile
-
-    try:
-        with tempfile.TemporaryFile(dir=path.parent):
-            pass
-    except OSError as exc:
-        raise fail(f"{option} {path}: no file can be written in {path.parent} ({reason(exc)}); give "
-                   "another path", 2) from None
+    why = unwritable(path.parent)
+    if why is not None:
+        raise fail(f"{option} {path}: no file can be written in {path.parent} ({why}); give another path", 2)
 
 
 @guarded
