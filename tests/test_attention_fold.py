@@ -50,20 +50,31 @@ def test_one_query_head_per_key_head_never_folds() -> None:
     assert torch.equal(attention(q, k, v, fold=True), attention(q, k, v, fold=False))
 
 
-def test_folded_heads_take_the_output_layout_of_cudas_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    """CUDA's flash and memory-efficient kernels return (B, H, R, D) laid out as (B, R, H, D) (a transposed view):
-    the folded output is unfolded from any layout, with the same numbers."""
+def cuda_layouts(monkeypatch: pytest.MonkeyPatch, fold: bool = True) -> None:
+    """Attention as on CUDA, on the CPU: every SDPA output in the transposed layout CUDA's flash and
+    memory-efficient kernels return it in ((B, H, R, D) laid out as (B, R, H, D)), and, with ``fold``, grouped heads
+    folded into rows as ``attention`` does there."""
     import torch.nn.functional as F
+
+    import maskkv_cli.models.base as base
 
     sdpa = F.scaled_dot_product_attention
 
     def strided(*args, **kwargs):  # type: ignore[no-untyped-def]
         return sdpa(*args, **kwargs).transpose(1, 2).contiguous().transpose(1, 2)
 
+    monkeypatch.setattr(F, "scaled_dot_product_attention", strided)
+    if fold:
+        monkeypatch.setattr(base, "folds_groups", lambda q, k: q.shape[1] != k.shape[1])
+
+
+def test_folded_heads_take_the_output_layout_of_cudas_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA's flash and memory-efficient kernels return (B, H, R, D) laid out as (B, R, H, D) (a transposed view):
+    the folded output is unfolded from any layout, with the same numbers."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(B, n, t, D, generator=g) for n, t in ((H, R), (HKV, S), (HKV, S)))
     expected = attention(q, k, v, fold=True)
-    monkeypatch.setattr(F, "scaled_dot_product_attention", strided)
+    cuda_layouts(monkeypatch, fold=False)  # (folded by the call's own argument)
     assert torch.equal(attention(q, k, v, fold=True), expected)
 
 
@@ -72,9 +83,6 @@ def test_generation_runs_on_cudas_attention_layouts(family: str, tiny_tokenizer,
                                                     ) -> None:  # type: ignore[no-untyped-def]
     """A generation under MaskKV with attention as on CUDA (grouped heads folded, every SDPA output in the kernels'
     transposed layout) runs through the prefill, the votes and the steps, and gives the tokens of the CPU's."""
-    import torch.nn.functional as F
-
-    import maskkv_cli.models.base as base
     from maskkv_cli.models.config import named_config
     from maskkv_cli.models.families import build_model
     from maskkv_cli.policies import get_policy
@@ -86,13 +94,7 @@ def test_generation_runs_on_cudas_attention_layouts(family: str, tiny_tokenizer,
     prompt = torch.randint(0, len(tiny_tokenizer) - 2, (1, 40), generator=torch.Generator().manual_seed(1))
     gen = GenerationConfig(gen_length=8, steps=8, block_length=8)
     expected = generate(model, prompt, gen, get_policy("maskkv"), 12).tokens
-    sdpa = F.scaled_dot_product_attention
-
-    def strided(*args, **kwargs):  # type: ignore[no-untyped-def]
-        return sdpa(*args, **kwargs).transpose(1, 2).contiguous().transpose(1, 2)
-
-    monkeypatch.setattr(F, "scaled_dot_product_attention", strided)
-    monkeypatch.setattr(base, "folds_groups", lambda q, k: q.shape[1] != k.shape[1])
+    cuda_layouts(monkeypatch)
     if family in ("dream", "llada2"):  # grouped heads: folded
         assert model.config.n_kv_heads < model.config.n_heads
     assert torch.equal(generate(model, prompt, gen, get_policy("maskkv"), 12).tokens, expected)
@@ -101,9 +103,6 @@ def test_generation_runs_on_cudas_attention_layouts(family: str, tiny_tokenizer,
 def test_diffusion_gemma_runs_on_cudas_attention_layouts(monkeypatch: pytest.MonkeyPatch) -> None:
     """DiffusionGemma (2 KV heads for 4 query heads, sliding and full layers) compressed by MaskKV, two canvases,
     with attention as on CUDA (folded, transposed outputs): the tokens of the CPU's."""
-    import torch.nn.functional as F
-
-    import maskkv_cli.models.base as base
     from maskkv_cli.models.diffusion_gemma import DiffusionGemma
     from maskkv_cli.models.diffusion_gemma_config import FULL, SLIDING, named_config
     from maskkv_cli.policies import get_policy
@@ -120,11 +119,5 @@ def test_diffusion_gemma_runs_on_cudas_attention_layouts(monkeypatch: pytest.Mon
         return generate_compressed(model, ids, get_policy("maskkv"), 12, settings, seed=3).sequences
 
     expected = tokens()
-    sdpa = F.scaled_dot_product_attention
-
-    def strided(*args, **kwargs):  # type: ignore[no-untyped-def]
-        return sdpa(*args, **kwargs).transpose(1, 2).contiguous().transpose(1, 2)
-
-    monkeypatch.setattr(F, "scaled_dot_product_attention", strided)
-    monkeypatch.setattr(base, "folds_groups", lambda q, k: q.shape[1] != k.shape[1])
+    cuda_layouts(monkeypatch)
     assert torch.equal(tokens(), expected)
