@@ -86,3 +86,18 @@ def test_a_cut_document_never_says_plainly_that_the_fact_is_not_there(tmp_path: 
     assert result.stdout.startswith("not in the part read [read pages 1")
     answer = ask_json(path, "--long", "truncate")
     assert answer["claim"] == "absent-in-read" and not answer["read"]["complete"]
+
+
+@pytest.mark.parametrize("long", ["parts", "truncate"])
+def test_an_answer_as_long_as_the_window_is_refused_with_its_numbers(tmp_path: Path, long: str) -> None:
+    """An answer longer than the window leaves no room for the document: the error names the answer's length, the
+    prompt around the document and the window, and the longest answer that leaves room."""
+    path = tmp_path / "doc.txt"
+    path.write_text(FACT, encoding="utf-8")
+    result = runner.invoke(app, ["ask", str(path), QUESTION, "--gen-length", "3000", "--long", long])
+    assert result.exit_code == 2
+    line = result.stderr.strip().splitlines()[-1]
+    assert "an answer of 3000 tokens" in line and "2128-token window" in line and "Traceback" not in result.output
+    longest = int(line.rsplit("at most ", 1)[1].split()[0])
+    overhead = int(line.split("document (", 1)[1].split()[0])
+    assert longest == 2128 - overhead - 1

@@ -23,6 +23,7 @@ from typing import Any
 
 from maskkv_cli.app.session import Answer, Session
 from maskkv_cli.engine.plan import CacheConfig
+from maskkv_cli.errors import UsageError
 from maskkv_cli.models.families import family
 from maskkv_cli.prompting import NO_ANSWER, document_question, stop_ids
 from maskkv_cli.prompting.fit import (
@@ -40,8 +41,8 @@ from maskkv_cli.sampling.confidence import LOW_CONFIDENCE_STATISTIC, Confidence
 
 __all__ = ["CLAIMS", "Answer", "PartsAnswer", "Prompt", "Session", "add_pages", "answer_row", "ask", "ask_in_parts",
            "ask_many", "batch_size_for", "choose_part", "claim", "common_source", "confidence_fields", "part_prompts",
-           "parts_answer", "parts_stats", "prepare", "prompt_lengths", "reading_fields", "room_for_text", "says_absent",
-           "spans_pages", "trained_question", "used_every_token"]
+           "parts_answer", "parts_stats", "prepare", "prompt_lengths", "reading_fields", "room_for_text", "room_needed",
+           "says_absent", "spans_pages", "trained_question", "used_every_token"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,24 @@ def room_for_text(session: Session, question: str, gen_length: int) -> int:
     return session.window - session.prompt_overhead(question) - session.response_positions(gen_length)
 
 
+def room_needed(session: Session, question: str, gen_length: int) -> int:
+    """``room_for_text``, refused in one line when it is not positive: the answer's length and the prompt around
+    the document are named, with the longest answer that leaves the document a token."""
+    room = room_for_text(session, question, gen_length)
+    if room > 0:
+        return room
+    overhead, window = session.prompt_overhead(question), session.window
+    answer = session.response_positions(gen_length)
+    most = window - overhead - 1  # answer positions that leave the document one token
+    longest = most
+    while longest > 0 and session.response_positions(longest) > most:  # whole canvases (DiffusionGemma)
+        longest -= 1
+    hint = f"ask for at most {longest} new tokens" if longest > 0 else "shorten the question"
+    raise UsageError(f"an answer of {answer} tokens and the prompt around the document ({overhead} tokens: chat "
+                     f"template and question) take {answer + overhead} of the model's {window}-token window, "
+                     f"leaving no room for the document: {hint}")
+
+
 def prepare(session: Session, context: str, question: str, gen_length: int, long: str = "truncate") -> Prompt:
     """Fit ``context`` into what the window leaves beside the question and ``gen_length`` response tokens, and
     build the chat prompt of document then question. ``long``: ``truncate`` or ``rope-scale`` (one prompt; a text
@@ -77,6 +96,8 @@ def prepare(session: Session, context: str, question: str, gen_length: int, long
     overhead = session.prompt_overhead(question)
     response = session.response_positions(gen_length)
     room = session.window - overhead - response
+    if long != "rope-scale":  # a cut needs room; RoPE scaling sizes itself for the whole sequence
+        room_needed(session, question, gen_length)
     doc_ids = session.document_ids(context)  # encoded once per document, whatever the number of questions
     # RoPE scaling sizes its factor for the whole sequence; a cut needs only the room.
     total = overhead + len(doc_ids) + response if long == "rope-scale" else None
@@ -105,7 +126,7 @@ def ask(
     starts (a text read in parts). The answer carries the fitted context and what was read."""
     if long == "parts":
         ids = session.document_ids(context)
-        room = room_for_text(session, question, gen.gen_length)
+        room = room_needed(session, question, gen.gen_length)
         if len(ids) > room:
             return ask_in_parts(session, context, ids, room, question, gen, cache, on_event=on_event,
                                 on_prompt=on_prompt, on_part=on_part)
@@ -222,7 +243,7 @@ def ask_many(
     for context, question in items:
         ids = session.document_ids(context)
         room = room_for_text(session, question, gen.gen_length)
-        if long == "parts" and len(ids) > room:
+        if long == "parts" and len(ids) > room_needed(session, question, gen.gen_length):
             plans.append(("parts", len(ids), room, part_prompts(session, context, ids, room, question)))
         else:
             one = "truncate" if long == "parts" else long  # a text that fits: the one prompt every mode builds
