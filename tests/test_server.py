@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import time
 from urllib.parse import urlsplit
 
 import pytest
@@ -293,6 +294,8 @@ class OpenStream:
         line = b""
         while not line.startswith(b"data: "):
             line = self.response.readline()
+            if not line:
+                raise AssertionError("the stream ended before its next event")
         return line[6:].decode().strip()
 
     def drop(self) -> None:
@@ -339,6 +342,43 @@ def test_a_client_that_leaves_before_a_plain_answer_cancels_its_generation(serve
     after = health(server)["queue"]
     assert after["cancelled"] == before["cancelled"] + 1 and after["answered"] == before["answered"]
     assert took < 5
+
+
+def test_a_server_that_stops_answers_its_open_requests_shutting_down(session, store_root, document_id):
+    """Ctrl-C (uvicorn's shutdown) while one request runs and one waits: the plain one gets a JSON 503
+    ``shutting_down`` and the stream ends with that error event and ``[DONE]``, both at once (their generations
+    stop at their next step), before the grace period ends (was: a plain-text 500, and a stream cut off silently)."""
+    import threading
+
+    from maskkv_cli.server.run import GRACE_S
+
+    config = ServerConfig(api_key=API_KEY, queue=1, store_root=store_root)
+    background = BackgroundServer(create_app(session, config))
+    url = background.__enter__()
+    try:
+        stream = OpenStream(url, document_id)
+        assert stream.response.status == 200 and json.loads(stream.event())["choices"][0]["delta"]["role"]
+        wait_for(lambda: health(url)["queue"]["running"] == 1, what="the stream running")
+        plain: list = []
+        body = {"max_tokens": SLOW_TOKENS, "messages": [{"role": "user", "content": QUESTION}],
+                "maskkv": {"documents": [document_id]}}
+        asking = threading.Thread(target=lambda: plain.append(post_json(url, "/v1/chat/completions", body)))
+        asking.start()
+        wait_for(lambda: health(url)["queue"]["waiting"] == 1, what="the plain request waiting")
+    finally:
+        stopping = threading.Thread(target=background.stop)
+        started = time.monotonic()
+        stopping.start()
+    events = []
+    while (event := stream.event()) != "[DONE]":
+        events.append(json.loads(event))
+    asking.join(timeout=30)
+    stopping.join(timeout=60)
+    took = time.monotonic() - started
+    assert events and events[-1]["error"]["code"] == "shutting_down", events[-1:]
+    error = assert_openai_error(plain[0], 503, "shutting_down")
+    assert "shutting down" in error["message"]
+    assert not stopping.is_alive() and took < GRACE_S
 
 
 def test_a_request_over_its_time_limit_gets_504(session, store_root, document_id):

@@ -45,7 +45,7 @@ from maskkv_cli.server.config import ServerConfig
 from maskkv_cli.server.documents import ingest_upload, list_documents, resolve_documents, upload_field
 from maskkv_cli.server.errors import APIError
 from maskkv_cli.server.responses import EventStream, Reply, sse
-from maskkv_cli.server.runner import Cancelled, Job, QueueFull, Runner, TimedOut
+from maskkv_cli.server.runner import Cancelled, Job, QueueFull, Runner, ShuttingDown, TimedOut
 
 __all__ = ["Gate", "create_app", "model_id"]
 
@@ -144,6 +144,9 @@ def job_error(exc: BaseException) -> APIError:
                         kind="timeout_error", code="timeout")
     if isinstance(exc, Cancelled):
         return APIError(499, "the client closed the request", code="cancelled")
+    if isinstance(exc, ShuttingDown):
+        return APIError(503, "the server is shutting down; send the request again once it is back",
+                        kind="server_error", code="shutting_down")
     if isinstance(exc, QueueFull):
         return APIError(429, f"{exc}; retry after {exc.retry_after} s", kind="rate_limit_error", code="queue_full",
                         headers={"retry-after": str(exc.retry_after)})
@@ -178,6 +181,11 @@ class Server:
         self.embedded = session.embedded
         self.page = page_html()
         self.ingesting = anyio.CapacityLimiter(2)  # PDF parsing at once: the rest of the uploads wait
+
+    def stopping(self) -> None:
+        """The server has begun to stop: every open request is answered "shutting down" (the running ones at their
+        next step) while the connections are still open; new ones are refused the same way."""
+        self.runner.shut_down()
 
     def close(self) -> None:
         """Stop the requests (the running ones at their next step), then the generation service."""
@@ -352,4 +360,5 @@ def create_app(session: Session, config: ServerConfig | None = None) -> Starlett
                     middleware=[Middleware(Gate, api_key=config.api_key, max_body=config.max_body_bytes,
                                            max_upload=config.max_upload_bytes)])
     app.state.server = server
+    app.state.on_stopping = server.stopping  # called by ``server.run`` as soon as a shutdown begins
     return app

@@ -45,11 +45,21 @@ def url_of(sock: socket.socket) -> str:
 
 
 def uvicorn_server(app: Any, log_level: str, access_log: bool) -> Any:
+    """uvicorn's server for ``app``. When ``app.state.on_stopping`` is a callable, it is called as soon as a shutdown
+    begins, before the open requests' grace period (the app's lifespan hears of the shutdown only after it), so that
+    they can still be answered."""
     import uvicorn
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets: Any = None) -> None:
+            on_stopping = getattr(getattr(app, "state", None), "on_stopping", None)
+            if callable(on_stopping):
+                on_stopping()
+            await super().shutdown(sockets)
 
     config = uvicorn.Config(app, log_level=log_level, access_log=access_log, timeout_graceful_shutdown=GRACE_S,
                             lifespan="on")
-    return uvicorn.Server(config)
+    return Server(config)
 
 
 def serve(app: Any, sock: socket.socket, on_ready: Callable[[str], None] | None = None, *,

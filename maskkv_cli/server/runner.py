@@ -20,13 +20,18 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Cancelled", "Job", "QueueFull", "Runner", "TimedOut"]
+__all__ = ["Cancelled", "Job", "QueueFull", "Runner", "ShuttingDown", "TimedOut"]
 
 T = TypeVar("T")
 
 
 class Cancelled(Exception):
     """The client went away; the generation stopped between two denoising steps."""
+
+
+class ShuttingDown(Exception):
+    """The server is stopping (Ctrl-C or SIGTERM): the request was refused, or its generation stopped between two
+    denoising steps."""
 
 
 class TimedOut(Exception):
@@ -79,6 +84,7 @@ class Job(Generic[T]):
         self.limit_s = limit_s
         self.deadline = time.monotonic() + limit_s
         self.cancelled = threading.Event()
+        self.shutting_down = False
         self.future: Future[T] = Future()
         self._release = release  # gives a waiting job's queue place back (the runner's)
 
@@ -89,14 +95,18 @@ class Job(Generic[T]):
         if self._release is not None and not self.future.cancelled() and self.future.cancel():  # only while waiting
             self._release(self)
 
-    def stop(self) -> None:
-        """Ask the generation to stop at its next step (or, waiting, to stop when a worker reaches it)."""
+    def stop(self, shutting_down: bool = False) -> None:
+        """Ask the generation to stop at its next step (or, waiting, to stop when a worker reaches it); with
+        ``shutting_down`` because the server stops, not because the client went away."""
+        if shutting_down:
+            self.shutting_down = True
         self.cancelled.set()
 
     def check(self) -> None:
-        """Raise ``Cancelled`` or ``TimedOut`` when the job must stop; called by the work between steps."""
+        """Raise ``Cancelled``, ``ShuttingDown`` or ``TimedOut`` when the job must stop; called by the work between
+        steps."""
         if self.cancelled.is_set():
-            raise Cancelled()
+            raise ShuttingDown() if self.shutting_down else Cancelled()
         if time.monotonic() > self.deadline:
             raise TimedOut(self.limit_s)
 
@@ -137,7 +147,9 @@ class Runner:
         """Admit ``work`` (called in the worker with its ``Job``) or raise ``QueueFull`` at once."""
         with self._lock:
             busy = self.counts.running + self.counts.waiting
-            if self._closed or busy >= self.capacity:
+            if self._closed:
+                raise ShuttingDown()
+            if busy >= self.capacity:
                 self.counts.refused += 1
                 raise QueueFull(max(1, math.ceil(self._mean_s * busy / self.workers)), self.capacity)
             job: Job[T] = Job(self.limit_s, self._give_back)
@@ -169,8 +181,8 @@ class Runner:
             result = work(job)
         except BaseException as exc:  # handed to the waiting request, which answers it
             error = exc
-        outcome = "answered" if error is None else {Cancelled: "cancelled", TimedOut: "timed_out"}.get(
-            type(error), "failed")
+        outcome = "answered" if error is None else {Cancelled: "cancelled", ShuttingDown: "cancelled",
+                                                    TimedOut: "timed_out"}.get(type(error), "failed")
         with self._lock:  # the figures first: whoever waits on the future sees them up to date
             self.counts.running -= 1
             setattr(self.counts, outcome, getattr(self.counts, outcome) + 1)
@@ -186,11 +198,16 @@ class Runner:
         with self._lock:
             return {**self.counts.as_dict(), "capacity": self.capacity}
 
-    def close(self) -> None:
-        """Refuse new work, stop the running and waiting jobs at their next check, and wait for the worker."""
+    def shut_down(self) -> None:
+        """The server stops: refuse new work (``ShuttingDown``) and stop the running and waiting jobs at their next
+        check, each answering ``ShuttingDown``. Returns at once."""
         with self._lock:
             self._closed = True
             live = list(self._live)
         for job in live:
-            job.stop()
+            job.stop(shutting_down=True)
+
+    def close(self) -> None:
+        """``shut_down``, then wait for the workers."""
+        self.shut_down()
         self._pool.shutdown(wait=True)
