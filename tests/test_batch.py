@@ -465,7 +465,8 @@ def test_jobs_files_keep_line_breaks_inside_a_question(tmp_path: Path, corpus: d
 def test_a_rerun_shows_reused_answers_under_this_runs_ids(tmp_path: Path, corpus: dict[str, Path],
                                                           tiny_dir: Path) -> None:
     """A question put first in the questions file shifts the others' ids (``#q2`` -> ``#q3``): their answers are
-    reused (same document, question and settings) and summary.md lists them under the new ids, each id once."""
+    reused (same document, question and settings) and summary.md lists them under the new ids, each id once;
+    answers.jsonl names them by the new ids too (its rows kept the ids of the run that answered them)."""
     settings = AnswerSettings(policy="maskkv", budget=16, gen_length=8, steps=8, block_length=8)
     first = ["What is the special magic number for apple?", "Where?"]
     run_batch(cross_product([str(corpus["notes"])], first), settings, str(tiny_dir), tmp_path / "out")
@@ -475,6 +476,10 @@ def test_a_rerun_shows_reused_answers_under_this_runs_ids(tmp_path: Path, corpus
     summary = (tmp_path / "out" / "summary.md").read_text()
     for n in (1, 2, 3):
         assert summary.count(f"notes.txt#q{n}") == 1, summary
+    rows = [json.loads(line) for line in (tmp_path / "out" / "answers.jsonl").read_text().splitlines()]
+    by_question = {row["question"]: row["id"] for row in rows}
+    assert by_question == {"Who?": "notes.txt#q1", first[0]: "notes.txt#q2", first[1]: "notes.txt#q3"}
+    assert len(rows) == 3
 
 
 def test_docs_names_an_existing_file_with_glob_characters_as_itself(tmp_path: Path) -> None:

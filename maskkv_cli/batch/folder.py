@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,10 @@ class AnswersFolder:
         self._timer: threading.Timer | None = None  # the pending fsync of the rows written since the last one
         self._sync_lock = threading.Lock()
 
-    def open(self, planned: Iterable[str]) -> AnswersFolder:
+    def open(self, planned: Iterable[str], names: Mapping[str, Mapping[str, Any]] | None = None) -> AnswersFolder:
+        """``planned``: the keys of this run's jobs. ``names``: per key, the fields that name its job in this run
+        (its id and document path), written over those of a row kept from an earlier run, where the job had the
+        same content, question and settings but may have had another id or place."""
         self.path.mkdir(parents=True, exist_ok=True)
         self._take_lock()
         wanted = set(planned)
@@ -78,7 +81,13 @@ class AnswersFolder:
             if key in kept and not kept[key].get("error") and row.get("error"):
                 continue
             kept[key] = row
-        if broken or len(kept) != len(on_disk):
+        renamed = False
+        for key, fields in (names or {}).items():
+            row = kept.get(key)
+            if row is not None and any(row.get(k) != v for k, v in fields.items()):
+                kept[key] = {**row, **fields}
+                renamed = True
+        if broken or renamed or len(kept) != len(on_disk):
             atomic_write_text(self.answers, "".join(_line(row) for row in kept.values()), mode=open_file_mode())
         self.rows = kept
         self.finished = {k: r for k, r in kept.items() if k in wanted and not r.get("error")}

@@ -200,7 +200,10 @@ def run_batch(
     jobs, duplicates = plan_jobs(list(specs), shas, lambda s: job_settings(s, settings, generation), model_id,
                                  resolve_dtype(dtype, device_kind, quantize), device_kind, quantize)
     started = time.perf_counter()
-    folder = AnswersFolder(out).open(job.key for job in jobs)
+    # a row kept from an earlier run is named by this run's id and path for its job (same key: same content,
+    # question and settings; the id or the file's place may have changed since)
+    folder = AnswersFolder(out).open([job.key for job in jobs],
+                                     {job.key: {"id": job.id, "document": job.document} for job in jobs})
     counts = {"ok": 0, "failed": 0, "ran": 0, "answered": 0}
     sizes: set[int] = set()
     batch_notes: list[str] = []
@@ -268,9 +271,7 @@ def run_batch(
                                      and r.get("claim") != "untrained-question"),
                              untrained=sum(1 for r in answered_rows if r.get("claim") == "untrained-question"),
                              batch_sizes=sorted(sizes), batch_note=batch_notes[0] if batch_notes else "")
-        # a row from an earlier run is shown under this run's id and path for its job (same key: same content,
-        # question and settings; the id or the file's place may have changed since)
-        shown = [{**folder.rows[j.key], "id": j.id, "document": j.document} for j in jobs if j.key in folder.rows]
+        shown = [folder.rows[j.key] for j in jobs if j.key in folder.rows]
         folder.write_text(SUMMARY_FILE, summary_markdown(result, config_of(model_path, settings, quantize), shown))
         folder.close()
     return result
