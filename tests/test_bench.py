@@ -172,9 +172,41 @@ def test_sweep_writes_folder_and_rerun_reuses_rows(tmp_path, monkeypatch):
 
 
 def test_broken_jsonl_lines_are_skipped(tmp_path):
+    (tmp_path / "config.json").write_text('{"kind": "speed", "settings": {"s": 1}}')
     (tmp_path / "results.jsonl").write_text('{"key": "a", "x": 1}\n{"key": "b", "x"\n')
     folder = ResultsFolder(tmp_path, "speed", {"s": 1}, ["a", "b"])
     assert folder.get("a") == {"key": "a", "x": 1} and folder.get("b") is None
+
+
+def test_a_folder_of_something_else_is_refused_and_other_cases_rows_are_kept(tmp_path):
+    """``--out`` naming a folder of another kind of run, a batch's answers or the user's own files is refused before
+    anything is written (it was overwritten: config.json replaced, results.jsonl cut to this run's rows); a run of
+    other settings into a folder of its kind keeps the rows of the cases it does not plan."""
+    first = ResultsFolder(tmp_path / "run", "speed", {"s": 1}, ["a", "b"])
+    first.put({"key": "a", "x": 1})
+    first.put({"key": "b", "x": 2})
+    config = (tmp_path / "run" / "config.json").read_text()
+    with pytest.raises(UsageError, match="holds a bench speed run"):
+        ResultsFolder(tmp_path / "run", "quality", {"q": 1}, ["c"])
+    assert (tmp_path / "run" / "config.json").read_text() == config
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    (tmp_path / "batch").mkdir()
+    (tmp_path / "batch" / "config.json").write_text('{"model": "m", "jobs": 3}')
+    for folder in ("mine", "batch"):
+        with pytest.raises(UsageError, match="not a maskkv bench run"):
+            ResultsFolder(tmp_path / folder, "speed", {"s": 1}, ["a"])
+    assert (tmp_path / "batch" / "config.json").read_text() == '{"model": "m", "jobs": 3}'
+    (tmp_path / "empty").mkdir()
+    ResultsFolder(tmp_path / "empty", "speed", {"s": 1}, ["a"])  # an empty folder is a new one
+
+    other = ResultsFolder(tmp_path / "run", "speed", {"s": 2}, ["b", "c"])
+    other.put({"key": "c", "x": 3})
+    assert other.ordered() == [{"key": "b", "x": 2}, {"key": "c", "x": 3}]
+    assert read_jsonl(tmp_path / "run" / "results.jsonl") == [{"key": "b", "x": 2}, {"key": "c", "x": 3},
+                                                              {"key": "a", "x": 1}]
+    fresh = ResultsFolder(tmp_path / "run", "speed", {"s": 2}, ["b"], fresh=True)  # measures b again, keeps a, c
+    assert fresh.ordered() == [] and set(fresh.others) == {"a", "c"}
 
 
 def test_case_in_a_fresh_process(tmp_path):

@@ -212,7 +212,8 @@ class _Recorder:
                      for ci, c in enumerate(cases) for gi, g in enumerate(groups)}
         self.planned = [self.keys[(gi, ci)] for ci in range(len(cases)) for gi in range(len(groups))]
         self.folder = ResultsFolder.open(BENCH_KIND, self.settings, self.planned, out=out, fresh=fresh)
-        self.predictions = _prediction_lines(self.folder.path / PREDICTIONS_FILE, set(self.folder.rows))
+        self.predictions = _prediction_lines(self.folder.path / PREDICTIONS_FILE,
+                                             set(self.folder.rows) | set(self.folder.others))
         self.write_predictions()
         self.notes = [f"{g.truncated} of {g.n} {g.task} prompts were longer than the {session.window}-token window "
                       "and were cut in the middle" for g in groups if g.truncated]
@@ -226,7 +227,7 @@ class _Recorder:
 
     def write_predictions(self) -> None:
         text = "".join(json.dumps(line, ensure_ascii=False, sort_keys=True) + "\n"
-                       for key in self.planned for line in self.predictions.get(key, []))
+                       for key in [*self.planned, *self.folder.others] for line in self.predictions.get(key, []))
         atomic_write_text(self.folder.path / PREDICTIONS_FILE, text, mode=open_file_mode())
 
     def finished(self, gi: int, ci: int) -> bool:

@@ -3,7 +3,8 @@
 Every file is written atomically (a temporary file in the same folder, then ``os.replace``), and
 ``results.jsonl`` is rewritten after each finished case, so an interrupted run keeps what it finished. Each row
 carries a ``key``: a hash of everything that decides the case's numbers. A re-run with identical settings finds
-the folder again (or is pointed at it with ``--out``) and reuses the rows whose key it plans to run.
+the folder again (or is pointed at it with ``--out``) and reuses the rows whose key it plans to run; the rows of
+cases it does not plan stay in ``results.jsonl``. A folder holding anything else is refused (``check_run_folder``).
 """
 
 from __future__ import annotations
@@ -92,21 +93,44 @@ def new_folder_name(kind: str, root: Path = RUNS_ROOT) -> Path:
     return path
 
 
+def check_run_folder(path: Path, kind: str) -> None:
+    """Refuse a folder that holds something other than a ``bench <kind>`` run (another kind of run, a batch's
+    answers, files of the user's), whose files opening it would overwrite. A missing or empty folder is fine."""
+    if not path.is_dir() or not any(path.iterdir()):
+        return
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        config = None
+    found = config.get("kind") if isinstance(config, dict) and isinstance(config.get("settings"), dict) else None
+    if found != kind:
+        held = f"a bench {found} run" if isinstance(found, str) else "files that are not a maskkv bench run"
+        raise UsageError(f"{path} holds {held}, which this bench {kind} run would overwrite; choose a new or empty "
+                         "--out folder")
+
+
 class ResultsFolder:
-    """One run's folder. ``planned`` is the ordered list of case keys; rows are kept in that order."""
+    """One run's folder. ``planned`` is the ordered list of case keys; rows are kept in that order, after them the
+    rows of other cases the folder already held (an earlier run of other settings), kept as they were."""
 
     def __init__(self, path: Path, kind: str, settings: dict[str, Any], planned: Iterable[str],
                  fresh: bool = False) -> None:
+        check_run_folder(path, kind)
         self.path = path
         self.kind = kind
         self.settings = settings
         self.planned = list(planned)
         self.rows: dict[str, dict[str, Any]] = {}
-        if not fresh:
-            wanted = set(self.planned)
-            for row in read_jsonl(path / "results.jsonl"):
-                if row.get("key") in wanted and not row.get("error"):
-                    self.rows[row["key"]] = row
+        self.others: dict[str, dict[str, Any]] = {}  # rows of cases this run does not plan
+        wanted = set(self.planned)
+        for row in read_jsonl(path / "results.jsonl"):
+            key = row.get("key")
+            if not isinstance(key, str):
+                continue
+            if key not in wanted:
+                self.others[key] = row
+            elif not fresh and not row.get("error"):
+                self.rows[key] = row
         self.reused = len(self.rows)
         config = {"kind": kind, "settings": settings, "settings_key": settings_key(settings),
                   "machine": machine_info(), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -156,7 +180,8 @@ class ResultsFolder:
         return [self.rows[k] for k in self.planned if k in self.rows]
 
     def _write_rows(self) -> None:
-        text = "".join(json.dumps(row, sort_keys=True, default=str) + "\n" for row in self.ordered())
+        rows = [*self.ordered(), *self.others.values()]
+        text = "".join(json.dumps(row, sort_keys=True, default=str) + "\n" for row in rows)
         atomic_write_text(self.path / "results.jsonl", text, mode=open_file_mode())
 
     def write_text(self, name: str, text: str) -> Path:
