@@ -8,6 +8,9 @@ from pathlib import Path
 
 from maskkv_cli.errors import ModelLoadError, ModelNotDownloaded
 
+# files of a model folder that hold its tokenizer's vocabulary (tokenizer_config.json alone names a class only)
+VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
 
 def maskkv_home() -> Path:
     if os.environ.get("MASKKV_HOME"):

@@ -147,3 +147,34 @@ def test_save_is_atomic_on_failure(tmp_path, tiny_model):
         save_model(tiny_model, tmp_path / "out", Boom())
     assert not (tmp_path / "out").exists()
     assert [p.name for p in tmp_path.iterdir()] == []
+
+
+def test_a_cut_short_weights_file_or_a_missing_vocabulary_is_named_and_models_still_lists(tmp_path, tiny_dir):
+    """A weights file cut short (an interrupted download) fails ``--model`` in one line naming it, and ``maskkv
+    models`` lists that folder as not loading, with the rest of the table (it failed as a whole: SafetensorError is
+    no OSError). A folder whose tokenizer has no vocabulary file (tokenizer_config.json alone) is listed as not
+    loading (it said "yes")."""
+    from typer.testing import CliRunner
+
+    from maskkv_cli.cli import app
+    from maskkv_cli.models.catalog import inspect, remember_folder
+
+    cut = tmp_path / "cut"
+    shutil.copytree(tiny_dir, cut)
+    data = (tiny_dir / "model.safetensors").read_bytes()
+    (cut / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelLoadError, match=r"cannot read the weights file .*cut/model.safetensors"):
+        load_model(str(cut))
+    no_vocabulary = tmp_path / "novocab"
+    shutil.copytree(tiny_dir, no_vocabulary)
+    (no_vocabulary / "tokenizer.json").unlink()
+    assert (no_vocabulary / "tokenizer_config.json").is_file()
+    assert "no tokenizer vocabulary" in (inspect(no_vocabulary, "novocab", "folder").problem or "")
+    for folder in (cut, no_vocabulary, tiny_dir):
+        remember_folder(folder)
+    result = CliRunner().invoke(app, ["models", "--json"])
+    assert result.exit_code == 0, result.output
+    listed = {m["name"]: m for m in json.loads(result.stdout)["models"]}
+    by_path = {str(f.resolve()): f for f in (cut, no_vocabulary, tiny_dir)}
+    loads = {by_path[name].name: m["loadable"] for name, m in listed.items() if name in by_path}
+    assert loads == {"cut": False, "novocab": False, tiny_dir.name: True}, listed

@@ -17,10 +17,9 @@ from maskkv_cli.errors import MaskKVError, ModelLoadError, ModelNotDownloaded
 from maskkv_cli.models.checkpoint import ModelFolder
 from maskkv_cli.models.loading import check_checkpoint, check_prequantized, read_config, scan_shapes, weight_files
 from maskkv_cli.models.prequantized import read_prequantized
-from maskkv_cli.paths import config_file, hf_cache_dir, maskkv_home, shipped_model_folder
+from maskkv_cli.paths import VOCABULARY_FILES, config_file, hf_cache_dir, maskkv_home, shipped_model_folder
 from maskkv_cli.runtime.fileio import atomic_write_text
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 REMEMBERED = "models.json"
 
 TINY_RANDOM_NOTE = (
@@ -138,8 +137,8 @@ def inspect(folder: Path, name: str, source: str) -> LocalModel:
         params, note = check_checkpoint(cfg, scan_shapes(weight_files(folder), pre is not None)[0], str(folder))
         if pre is not None:
             dtype = f"{dtype or '?'}, {pre.mode} weights (torchao)"
-        if not any((folder / t).is_file() for t in TOKENIZER_FILES):
-            raise MaskKVError("no tokenizer files (tokenizer.json, tokenizer_config.json)")
+        if not any((folder / t).is_file() for t in VOCABULARY_FILES):
+            raise MaskKVError(f"no tokenizer vocabulary ({', '.join(VOCABULARY_FILES)})")
     except MaskKVError as exc:
         return LocalModel(name, folder, source, cfg.family, None, size, dtype, problem=str(exc))
     except (OSError, ValueError) as exc:  # safetensors raises these for damaged files

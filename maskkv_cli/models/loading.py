@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -107,9 +108,19 @@ def weight_files(folder: Path) -> dict[str, Path]:
         return {k: folder / f for k, f in weight_map.items()}
     single = folder / SINGLE_FILE
     if single.is_file():
-        with safe_open(str(single), framework="pt") as f:
+        with open_weights(single) as f:
             return dict.fromkeys(f.keys(), single)
     raise ModelLoadError(f"{folder}: no {SINGLE_FILE} or {INDEX_FILE}; the folder holds no weights")
+
+
+def open_weights(file: Path, device: str = "cpu") -> Any:
+    """``safe_open`` on a weights file, a damaged or cut-short one (an interrupted download) refused in one line
+    that names it."""
+    try:
+        return safe_open(str(file), framework="pt", device=device)
+    except Exception as exc:  # safetensors' own error type (a Rust exception), or an OSError
+        raise ModelLoadError(f"cannot read the weights file {file} ({reason(exc)}): it is damaged or incomplete; "
+                             "download it again") from None
 
 
 def _safetensors_device(device: torch.device) -> str:
@@ -146,7 +157,7 @@ def scan_shapes(files: dict[str, Path], torchao: bool = False
     found: dict[str, tuple[int, ...]] = {}
     shards: dict[Path, TorchaoShard] = {}
     for file in sorted(set(files.values())):
-        with safe_open(str(file), framework="pt") as f:
+        with open_weights(file) as f:
             shapes = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
             if torchao:
                 shard = shards[file] = TorchaoShard(f.metadata())
@@ -231,7 +242,7 @@ def _load_checkpoint(folder: Path, cfg: ModelConfig, device: str | torch.device,
     for file in sorted(set(files.values())):
         shard = shards.get(file)
         part_of = {key: name for name, keys in shard.names.items() for key in keys} if shard else {}
-        with safe_open(str(file), framework="pt", device=_safetensors_device(device)) as f:
+        with open_weights(file, _safetensors_device(device)) as f:
             for key in f.keys():
                 if key in part_of:  # a part of a pre-quantized tensor: kept as stored (int8 values, scales)
                     name = part_of[key]
@@ -377,7 +388,7 @@ def header_shapes(files: dict[str, Path]) -> dict[str, tuple[int, ...]]:
     """Checkpoint key -> shape, from the safetensors headers (no tensor is read)."""
     found: dict[str, tuple[int, ...]] = {}
     for file in sorted(set(files.values())):
-        with safe_open(str(file), framework="pt") as f:
+        with open_weights(file) as f:
             for key in f.keys():
                 found[key] = tuple(f.get_slice(key).get_shape())
     return found
@@ -422,7 +433,7 @@ def read_diffusion_gemma(folder: Path, cfg: ModelConfig, device: str | torch.dev
     quantized = loading_quantizer(model, quantize, device, dt)
     own_copy = quantized is not None and device.type == "cpu"  # as in load_checkpoint: no view keeps a shard mapped
     for file, names in sorted(by_file.items()):
-        with safe_open(str(file), framework="pt", device=_safetensors_device(device)) as f:
+        with open_weights(file, _safetensors_device(device)) as f:
             for name, key in names:
                 owner, _, leaf = name.rpartition(".")
                 tensor = f.get_tensor(key).to(device=device, dtype=dt, copy=own_copy)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from maskkv_cli.errors import ModelLoadError
-from maskkv_cli.paths import resolve_model_path
+from maskkv_cli.paths import VOCABULARY_FILES, resolve_model_path
 
 # What the embedded model answers when the asked fact is not in the document (it is trained to, as SQuAD 2.0's
 # unanswerable questions teach); other code compares answers with it, so it is written in one place only.
@@ -46,8 +46,11 @@ def tokenizer_from_folder(folder: Path) -> Any:
     hf_logging.set_verbosity_error()  # silence "model of type llada" notes: the class comes from tokenizer files
     try:
         return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
-    except Exception as exc:  # transformers raises many types here
-        raise ModelLoadError(f"cannot load the tokenizer from {folder}: {exc}".splitlines()[0]) from None
+    except Exception as exc:  # transformers raises many types here, some over several lines
+        said = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        vocabulary = "" if any((folder / f).is_file() for f in VOCABULARY_FILES) else (
+            f" (the folder has none of {', '.join(VOCABULARY_FILES)}: copy the checkpoint's tokenizer.json into it)")
+        raise ModelLoadError(f"cannot load the tokenizer from {folder}: {said}{vocabulary}") from None
     finally:
         hf_logging.set_verbosity(level)
 
