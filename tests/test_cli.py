@@ -95,6 +95,26 @@ def test_bad_options(tiny_dir):
     assert result.exit_code == 2 and "empty" in result.stderr
 
 
+def test_sampler_numbers_out_of_reach_are_refused_and_surplus_steps_cost_nothing(tiny_dir):
+    """NaN and infinite temperatures or guidance are refused (NaN passed ``< 0`` and ran), as is a seed torch
+    cannot take (a raw ValueError); a billion steps for 8 tokens answers as 8 steps do (it built a list of a
+    billion commit counts and ran out of memory)."""
+    for args, message in ((["-t", "nan"], "--temperature must be a finite number >= 0, got nan"),
+                          (["-t", "inf"], "--temperature must be a finite number >= 0, got inf"),
+                          (["--cfg", "nan"], "--cfg must be a finite number >= 0"),
+                          (["--seed", str(2**64)], "--seed must be between")):
+        result = runner.invoke(app, ["generate", "--model", str(tiny_dir), "-n", "8", "--steps", "8",
+                                     "--block-length", "8", *args, "hi"])
+        assert result.exit_code == 2 and message in result.stderr, (args, result.output)
+    answers = []
+    for steps in ("8", str(10**9)):
+        result = runner.invoke(app, ["generate", "--model", str(tiny_dir), "-n", "8", "--steps", steps,
+                                     "--block-length", "8", "--json", "hi"])
+        assert result.exit_code == 0, result.output
+        answers.append(json.loads(result.stdout)["answer"])
+    assert answers[0] == answers[1]
+
+
 @pytest.mark.parametrize(("flag", "value", "message"), [
     ("--policy", "bogus", "unknown policy 'bogus'; choose one of: none, full,"),
     ("--dtype", "float8", "--dtype: unknown dtype 'float8'; choose one of auto, float32, fp32, bfloat16, bf16,"),

@@ -16,10 +16,12 @@ from maskkv_cli.sampling.llada import GenerationConfig, generate, transfer_sched
 
 
 def test_transfer_schedule_rule():
-    assert transfer_schedule(32, 8) == [4] * 8
-    assert transfer_schedule(10, 4) == [3, 3, 2, 2]
-    assert transfer_schedule(3, 5) == [1, 1, 1, 0, 0]
+    assert list(transfer_schedule(32, 8)) == [4] * 8
+    assert list(transfer_schedule(10, 4)) == [3, 3, 2, 2]
+    assert list(transfer_schedule(3, 5)) == [1, 1, 1, 0, 0]
     assert sum(transfer_schedule(37, 6)) == 37
+    huge = transfer_schedule(8, 10**9)  # more steps than tokens: nothing is held per step
+    assert len(huge) == 10**9 and huge[7] == 1 and huge[8] == huge[-1] == 0 and huge[:3] == [1, 1, 1]
 
 
 def test_config_validation():

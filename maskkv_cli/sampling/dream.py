@@ -33,7 +33,7 @@ from maskkv_cli.sampling.common import (
 )
 from maskkv_cli.sampling.driver import Loop, drive
 from maskkv_cli.sampling.forward import StepRequest
-from maskkv_cli.sampling.llada import GenerationConfig
+from maskkv_cli.sampling.llada import GenerationConfig, non_negative
 from maskkv_cli.sampling.picks import Pick, Picked, Scratch, suppress_mask
 
 DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
@@ -59,8 +59,7 @@ class DreamGenerationConfig:
             raise UsageError(f"--top-p must be in (0, 1], got {self.top_p}")
         if self.top_k is not None and self.top_k <= 0:
             raise UsageError(f"--top-k must be positive, got {self.top_k}")
-        if self.temperature < 0:
-            raise UsageError(f"--temperature must be >= 0, got {self.temperature}")
+        non_negative(self.temperature, "--temperature")
 
     @property
     def n_blocks(self) -> int:

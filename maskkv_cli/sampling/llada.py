@@ -13,8 +13,10 @@ step it was unmasked goes to ``GenerationResult.token_probs``; it takes no part 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 import torch
 from torch import Tensor
@@ -40,6 +42,15 @@ from maskkv_cli.sampling.picks import MaskedArgmax, Picked, suppress_mask
 REMASKING = ("low_confidence", "random")
 
 
+SEEDS = (-(2**63), 2**64 - 1)  # the seeds torch.Generator.manual_seed takes
+
+
+def non_negative(value: float, flag: str) -> None:
+    """Refuse a negative, infinite or NaN ``value`` of ``flag`` (NaN passes a plain ``value < 0`` test)."""
+    if not (math.isfinite(value) and value >= 0):
+        raise UsageError(f"{flag} must be a finite number >= 0, got {value}")
+
+
 @dataclass(frozen=True)
 class GenerationConfig:
     gen_length: int = 128
@@ -60,10 +71,10 @@ class GenerationConfig:
         if self.steps % self.n_blocks:
             raise UsageError(f"--steps {self.steps} must be a multiple of the number of blocks {self.n_blocks} "
                              f"(gen length / block length)")
-        if self.temperature < 0:
-            raise UsageError(f"--temperature must be >= 0, got {self.temperature}")
-        if self.cfg_scale < 0:
-            raise UsageError(f"--cfg must be >= 0, got {self.cfg_scale}")
+        non_negative(self.temperature, "--temperature")
+        non_negative(self.cfg_scale, "--cfg")
+        if not SEEDS[0] <= self.seed <= SEEDS[1]:
+            raise UsageError(f"--seed must be between {SEEDS[0]} and {SEEDS[1]} (a 64-bit number), got {self.seed}")
         if self.remasking not in REMASKING:
             raise UsageError(f"--remasking must be one of {', '.join(REMASKING)}")
         if self.threshold is not None and not 0.0 <= self.threshold < 1.0:
@@ -78,10 +89,38 @@ class GenerationConfig:
         return self.steps // self.n_blocks
 
 
-def transfer_schedule(masked: int, steps: int) -> list[int]:
-    """Tokens to commit at each of ``steps`` steps for ``masked`` masked tokens (reference rule)."""
-    base, rem = divmod(masked, steps)
-    return [base + (1 if j < rem else 0) for j in range(steps)]
+class TransferSchedule(Sequence[int]):
+    """Tokens to commit at each of ``steps`` steps for ``masked`` masked tokens (reference rule: ``masked // steps``
+    each, one more for the first ``masked % steps``), each computed when read: a list would hold one number per
+    step, and ``--steps 1000000000`` asks for more steps than any block runs (a block ends once its masks are
+    committed; the steps past them commit none)."""
+
+    def __init__(self, masked: int, steps: int) -> None:
+        self.steps = steps
+        self.base, self.rem = divmod(masked, steps)
+
+    def __len__(self) -> int:
+        return self.steps
+
+    @overload
+    def __getitem__(self, j: int) -> int: ...
+
+    @overload
+    def __getitem__(self, j: slice) -> list[int]: ...
+
+    def __getitem__(self, j: int | slice) -> int | list[int]:
+        if isinstance(j, slice):
+            return [self[i] for i in range(*j.indices(self.steps))]
+        if j < 0:
+            j += self.steps
+        if not 0 <= j < self.steps:
+            raise IndexError(j)
+        return self.base + (1 if j < self.rem else 0)
+
+
+def transfer_schedule(masked: int, steps: int) -> TransferSchedule:
+    """Tokens to commit at each of ``steps`` steps for ``masked`` masked tokens (``TransferSchedule``)."""
+    return TransferSchedule(masked, steps)
 
 
 def add_gumbel_noise(logits: Tensor, temperature: float, rng: torch.Generator | None) -> Tensor:
