@@ -125,6 +125,19 @@ def test_plot_without_matplotlib(pdf, tiny_dir, tmp_path, monkeypatch):
     assert not (tmp_path / "p.png").exists()
 
 
+def test_a_report_never_overwrites_the_document_or_the_other_report(pdf, tiny_dir, tmp_path):
+    """``--html`` naming the document, ``--plot`` and ``--html`` naming one file, and ``--plot`` naming another
+    picture format are refused before anything runs (the document was replaced by the HTML; one report by the
+    other; a .jpg held PNG bytes)."""
+    before = pdf.read_bytes()
+    one_line_error(run(pdf, "--model", tiny_dir, "--html", pdf, *FAST), 2, "is the document itself")
+    assert pdf.read_bytes() == before
+    same = tmp_path / "same.png"
+    one_line_error(run(pdf, "--model", tiny_dir, "--plot", same, "--html", same, *FAST), 2, "name the same file")
+    one_line_error(run(pdf, "--model", tiny_dir, "--plot", tmp_path / "p.jpg", *FAST), 2, "ending in .png")
+    assert not same.exists() and not (tmp_path / "p.jpg").exists()
+
+
 def test_heatmap_choice_and_layer_importance(pdf, tiny_dir, tiny_config):
     data = json.loads(run(pdf, "--model", tiny_dir, "--policies", "snapkv,maskkv", "--budgets", "16,32",
                           "--heatmap", "maskkv@32", "--layer-budgets", "online", "--json", *FAST).stdout)

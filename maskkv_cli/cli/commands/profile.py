@@ -43,6 +43,19 @@ def _check_output(path: Path | None, option: str) -> None:
         raise fail(f"{option} {path}: no file can be written in {path.parent} ({why}); give another path", 2)
 
 
+def _check_distinct(document: Path, plot: Path | None, html: Path | None) -> None:
+    """A usage error where a report would overwrite the document or the other report, or where ``--plot`` names a
+    file of another picture format than the PNG it writes."""
+    if plot is not None and plot.suffix and plot.suffix.lower() != ".png":
+        raise fail(f"--plot {plot}: the picture is a PNG; give a file name ending in .png", 2)
+    outputs = [(option, path) for option, path in (("--plot", plot), ("--html", html)) if path is not None]
+    for option, path in outputs:
+        if path.resolve() == document.resolve():
+            raise fail(f"{option} {path} is the document itself; give another file name for the report", 2)
+    if len(outputs) == 2 and plot.resolve() == html.resolve():  # type: ignore[union-attr]
+        raise fail(f"--plot and --html name the same file {plot}; give each its own", 2)
+
+
 @guarded
 @run_options("layer_budgets", "gen_length", "steps", "block_length", "temperature", "threshold", "seed", "model",
              "device", "dtype", "quantize", *OUTPUT)
@@ -97,6 +110,7 @@ def profile(
     focus = choose_focus(specs, heatmap) if heatmap is not None else None
     _check_output(plot, "--plot")
     _check_output(html, "--html")
+    _check_distinct(document, plot, html)
     if plot is not None:
         require_matplotlib()
     err = Console(stderr=True)
