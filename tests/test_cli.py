@@ -95,13 +95,24 @@ def test_bad_options(tiny_dir):
     assert result.exit_code == 2 and "empty" in result.stderr
 
 
+def test_generate_refuses_a_prompt_and_answer_longer_than_the_window():
+    """generate checked nothing: a 4k-token prompt ran on a 2k-token model, and -n 8192 ran for minutes."""
+    long_prompt = "The river runs to the sea. " * 600
+    result = runner.invoke(app, ["generate", "-n", "8", "--steps", "8", "--block-length", "8", long_prompt])
+    assert result.exit_code == 2 and "of the model's 2128-token window: shorten the prompt" in result.stderr
+    result = runner.invoke(app, ["generate", "-n", "8192", "--block-length", "8", "hi"])
+    assert result.exit_code == 2 and "an answer of 8192 tokens" in result.stderr
+    most = int(result.stderr.split("at most ")[1].split()[0])
+    assert 2000 < most < 2128
+
+
 def test_sampler_numbers_out_of_reach_are_refused_and_surplus_steps_cost_nothing(tiny_dir):
     """NaN and infinite temperatures or guidance are refused (NaN passed ``< 0`` and ran), as is a seed torch
     cannot take (a raw ValueError); a billion steps for 8 tokens answers as 8 steps do (it built a list of a
     billion commit counts and ran out of memory)."""
-    for args, message in ((["-t", "nan"], "--temperature must be a finite number >= 0, got nan"),
-                          (["-t", "inf"], "--temperature must be a finite number >= 0, got inf"),
-                          (["--cfg", "nan"], "--cfg must be a finite number >= 0"),
+    for args, message in ((["-t", "nan"], "--temperature must be >= 0, got nan"),
+                          (["-t", "inf"], "--temperature must be >= 0, got inf"),
+                          (["--cfg", "nan"], "--cfg must be >= 0"),
                           (["--seed", str(2**64)], "--seed must be between")):
         result = runner.invoke(app, ["generate", "--model", str(tiny_dir), "-n", "8", "--steps", "8",
                                      "--block-length", "8", *args, "hi"])

@@ -78,10 +78,7 @@ def room_needed(session: Session, question: str, gen_length: int) -> int:
         return room
     overhead, window = session.prompt_overhead(question), session.window
     answer = session.response_positions(gen_length)
-    most = window - overhead - 1  # answer positions that leave the document one token
-    longest = most
-    while longest > 0 and session.response_positions(longest) > most:  # whole canvases (DiffusionGemma)
-        longest -= 1
+    longest = session.longest_answer(window - overhead - 1)  # answer positions that leave the document a token
     hint = f"ask for at most {longest} new tokens" if longest > 0 else "shorten the question"
     raise UsageError(f"an answer of {answer} tokens and the prompt around the document ({overhead} tokens: chat "
                      f"template and question) take {answer + overhead} of the model's {window}-token window, "

@@ -128,6 +128,13 @@ class Session:
             return gen_length
         return -(-gen_length // gemma.canvas_length) * gemma.canvas_length
 
+    def longest_answer(self, positions: int) -> int:
+        """The most new tokens whose response takes at most ``positions`` positions (0 if none fits)."""
+        gemma = self.model.config.family_config
+        if gemma is None:
+            return max(0, positions)
+        return max(0, positions // gemma.canvas_length * gemma.canvas_length)
+
     def count_tokens(self, text: str) -> int:
         return len(text_ids(self.tokenizer, text))
 
@@ -287,4 +294,14 @@ class Session:
 
     def answer(self, question: str, gen: GenerationConfig, cache: CacheConfig,
                on_event: Callable[[Event], None] | None = None) -> Answer:
-        return self.answer_ids(self.prompt_ids(question), gen, cache, on_event)
+        """The answer to a plain prompt (the chat template around ``question``), which must fit the window with the
+        answer's positions (a document is fitted by ``pipeline.ask`` instead)."""
+        ids = self.prompt_ids(question)
+        answer = self.response_positions(gen.gen_length)
+        if len(ids) + answer > self.window:
+            most = self.longest_answer(self.window - len(ids))
+            hint = (f"ask for at most {most} new tokens, or shorten the prompt" if most > 0 else
+                    "shorten the prompt (maskkv ask reads a document of any length)")
+            raise UsageError(f"the prompt ({len(ids)} tokens) and an answer of {answer} tokens take "
+                             f"{len(ids) + answer} of the model's {self.window}-token window: {hint}")
+        return self.answer_ids(ids, gen, cache, on_event)

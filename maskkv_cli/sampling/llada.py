@@ -48,7 +48,7 @@ SEEDS = (-(2**63), 2**64 - 1)  # the seeds torch.Generator.manual_seed takes
 def non_negative(value: float, flag: str) -> None:
     """Refuse a negative, infinite or NaN ``value`` of ``flag`` (NaN passes a plain ``value < 0`` test)."""
     if not (math.isfinite(value) and value >= 0):
-        raise UsageError(f"{flag} must be a finite number >= 0, got {value}")
+        raise UsageError(f"{flag} must be >= 0, got {value}")
 
 
 @dataclass(frozen=True)
