@@ -92,3 +92,36 @@ def test_a_missing_document_is_reported_without_importing_torch(tmp_path: Path) 
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "1 False", done.stderr
     assert done.stderr.strip() == "error: File not found: nope.pdf. Check the path and try again."
+
+
+def test_a_reader_that_goes_away_stops_the_command_quietly(capfd, monkeypatch) -> None:
+    """``maskkv plan ... | head -3``: the write after ``head`` left raised BrokenPipeError, printed as an error
+    ("error: BrokenPipeError: [Errno 32] Broken pipe", exit 1); now the command stops with no message and the
+    shell's SIGPIPE status, and stdout no longer points at the pipe."""
+    import os
+
+    import typer
+
+    from maskkv_cli.cli.common import guarded
+
+    read, write = os.pipe()
+    saved = os.dup(1)
+    os.dup2(write, 1)
+    os.close(write)
+    os.close(read)  # the reader has gone
+    monkeypatch.setattr(sys, "stdout", open(1, "w", closefd=False))  # noqa: SIM115  (fd 1, as in a real run)
+
+    @guarded
+    def command() -> None:
+        sys.stdout.write("a table row\n")
+        sys.stdout.flush()
+
+    try:
+        with pytest.raises(typer.Exit) as stopped:
+            command()
+        os.write(1, b"what the interpreter flushes at exit\n")  # /dev/null now: no second error
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+    assert stopped.value.exit_code == 141
+    assert capfd.readouterr().err == ""

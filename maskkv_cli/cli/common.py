@@ -26,6 +26,19 @@ def fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
+def output_gone() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush of what is still buffered for a reader that
+    has gone does not raise again at exit."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is no file (a test's capture)
+        pass
+
+
 def guarded(fn: F) -> F:
     """Translate errors into one line on stderr and an exit code; tracebacks only with ``--debug``."""
 
@@ -41,6 +54,9 @@ def guarded(fn: F) -> F:
             raise fail(str(exc), exc.exit_code) from None
         except KeyboardInterrupt:
             raise fail("interrupted", 130) from None
+        except BrokenPipeError:  # the reader of the output has gone (``maskkv plan ... | head``): stop quietly
+            output_gone()
+            raise typer.Exit(141) from None  # as a shell reports a command stopped by SIGPIPE
         except Exception as exc:
             if State.debug:
                 raise
