@@ -171,6 +171,30 @@ def test_sweep_writes_folder_and_rerun_reuses_rows(tmp_path, monkeypatch):
     assert fresh.path != folder.path and len(calls) == 15
 
 
+def test_rows_of_a_checkpoint_are_not_reused_for_other_weights_at_its_path(tmp_path, tiny_dir):
+    """Speed and memory rows were keyed by ``--model``'s path: new weights in the same folder (``train-tiny`` writes
+    each run's model into the same ``final``) were shown as the old rows, "reused". The key now also holds the
+    files' fingerprint: the same files keep their key, other weights at the same path get a new one."""
+    import shutil
+
+    from maskkv_cli.bench.memory import MemorySettings
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_dir, folder)
+    speed = SpeedSettings(prompt_lengths=(32,), policies=("full",), budgets=(8,), **{**TINY, "config": None},
+                          model=str(folder))
+    memory = MemorySettings(prompt_len=32, budget=8, gen_length=8, block_length=8, policies=("full",),
+                            config=None, model=str(folder), profile=False)
+    before = [speed.cases()[0].key(), memory.cases()[0].key()]
+    assert before == [speed.cases()[0].key(), memory.cases()[0].key()]  # the same files: the same keys
+    weights = folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # one weight's last byte
+    weights.write_bytes(bytes(data))
+    after = [speed.cases()[0].key(), memory.cases()[0].key()]
+    assert after[0] != before[0] and after[1] != before[1]
+
+
 def test_broken_jsonl_lines_are_skipped(tmp_path):
     (tmp_path / "config.json").write_text('{"kind": "speed", "settings": {"s": 1}}')
     (tmp_path / "results.jsonl").write_text('{"key": "a", "x": 1}\n{"key": "b", "x"\n')
@@ -450,7 +474,8 @@ def test_batch_size_one_keeps_its_keys_and_cases():
 
     case = SpeedCase("maskkv", 8, 32, **TINY)
     # the key of the fields a case had before batches (and before quantization, ``quantize`` "none")
-    assert case.key() == settings_key({k: v for k, v in asdict(case).items() if k not in ("batch_size", "quantize")})
+    assert case.key() == settings_key({k: v for k, v in asdict(case).items()
+                                       if k not in ("batch_size", "quantize", "model_id")})
     assert SpeedCase("maskkv", 8, 32, batch_size=2, **TINY).key() != case.key()
     assert "batch_sizes" not in SpeedSettings(**TINY).as_dict()
     settings = SpeedSettings(prompt_lengths=(32,), budgets=(8,), batch_sizes=(4, 1, 4), **TINY)

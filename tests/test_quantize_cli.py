@@ -172,11 +172,12 @@ def test_an_unquantized_key_is_the_one_from_before(tmp_path: Path) -> None:
     from dataclasses import asdict
 
     assert case.key() == settings_key({k: v for k, v in asdict(case).items() if k not in ("batch_size",
-                                                                                           "quantize")})
+                                                                                           "quantize", "model_id")})
     assert SpeedCase("maskkv", 64, 128, quantize="int4").key() != case.key()
     assert "quantize" not in SpeedSettings().as_dict()
     memory = MemoryCase("full", None)
-    assert memory.key() == settings_key({k: v for k, v in asdict(memory).items() if k != "quantize"})
+    assert memory.key() == settings_key({k: v for k, v in asdict(memory).items() if k not in ("quantize",
+                                                                                            "model_id")})
 
 
 def test_bench_quality_rows_are_keyed_by_the_quantization(tmp_path: Path, tiny_dir: Path) -> None:

@@ -179,7 +179,11 @@ class LoadSettings:
             raise UsageError("--shard-mb must be at least 1")
 
     def cases(self, folder: Path) -> list[LoadCase]:
-        source = "" if self.model else f"{self.config} bf16, seed {self.seed}, shards of {self.shard_mb} MiB"
+        from maskkv_cli.models.fingerprint import folder_fingerprint
+
+        # a checkpoint is named by its files (a copy elsewhere keeps its rows, new files under one path do not)
+        source = (f"checkpoint {folder_fingerprint(folder)}" if self.model else
+                  f"{self.config} bf16, seed {self.seed}, shards of {self.shard_mb} MiB")
         return [LoadCase(str(folder), q, self.dtype, self.device, self.threads, source) for q in self.quantize]
 
 

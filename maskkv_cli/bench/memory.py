@@ -52,12 +52,16 @@ class MemoryCase(JsonCase):
     threads: int = 1
     profile: bool = True
     quantize: str = "none"  # the weights' quantization: none, int8, int4 (models/quantize.py)
+    model_id: str | None = None  # ``model``'s files hashed (models.fingerprint): another checkpoint, another key
 
     def key(self) -> str:
-        """The settings hashed (unquantized weights left out: such a case keeps the key it had before)."""
+        """The settings hashed (unquantized weights and a missing model id left out: such a case keeps the key it
+        had before)."""
         settings = asdict(self)
         if self.quantize == "none":
             del settings["quantize"]
+        if self.model_id is None:
+            del settings["model_id"]
         return settings_key(settings)
 
     @property
@@ -318,6 +322,9 @@ class MemorySettings:
         if self.prompt_len <= 0 or self.gen_length <= 0 or self.budget <= 0:
             raise UsageError("--prompt-length, --gen-length and --budget must be positive")
         check_quantize(self.quantize)
+        from maskkv_cli.models.fingerprint import model_fingerprint
+
+        model_id = model_fingerprint(self.model) if self.model else None
         out = []
         for name in self.policies:
             pol = get_policy(name)
@@ -325,7 +332,7 @@ class MemorySettings:
                 raise UsageError("bench memory compares cached prefills; drop 'none' from --policies")
             out.append(MemoryCase(name, self.budget if pol.evicts else None, self.prompt_len, self.gen_length,
                                   self.block_length, None if self.model else self.config, self.model, self.device,
-                                  self.dtype, self.seed, self.threads, self.profile, self.quantize))
+                                  self.dtype, self.seed, self.threads, self.profile, self.quantize, model_id))
         return out
 
 

@@ -38,15 +38,18 @@ class SpeedCase(JsonCase):
     step_mode: str = "eager"  # later steps: eager, compile, cuda-graph or compile+cuda-graph (step_runner.py)
     batch_size: int = 1  # sequences generated together (sample_many); 1: the single-sequence path
     quantize: str = "none"  # the weights' quantization: none, int8, int4 (models/quantize.py)
+    model_id: str | None = None  # ``model``'s files hashed (models.fingerprint): another checkpoint, another key
 
     def key(self) -> str:
-        """The hash of the settings; batch size 1 and unquantized weights are left out, so that a case keeps the
-        key it had before batches and quantization."""
+        """The hash of the settings; batch size 1, unquantized weights and a missing model id are left out, so that
+        a case keeps the key it had before batches and quantization."""
         settings = asdict(self)
         if self.batch_size == 1:
             del settings["batch_size"]
         if self.quantize == "none":
             del settings["quantize"]
+        if self.model_id is None:
+            del settings["model_id"]
         return settings_key(settings)
 
     @property
@@ -157,12 +160,14 @@ class SpeedSettings:
         """For each prompt length (ascending): none, full, then each evicting policy at each budget, each at every
         batch size (ascending), each with every weight quantization in the order given (so that with --repeats
         the quantizations of one method alternate, run after run)."""
+        from maskkv_cli.models.fingerprint import model_fingerprint
         from maskkv_cli.policies.base import get_policy
 
         common = dict(gen_length=self.gen_length, steps=self.steps, block_length=self.block_length,
                       config=None if self.model else self.config, model=self.model, device=self.device,
                       dtype=self.dtype, none_steps=self.none_steps, seed=self.seed, threads=self.threads,
-                      limit=self.limit, warmup=self.warmup)
+                      limit=self.limit, warmup=self.warmup,
+                      model_id=model_fingerprint(self.model) if self.model else None)
         out: list[SpeedCase] = []
         for m in sorted(set(self.prompt_lengths)):
             for name in self.policies:
