@@ -286,6 +286,25 @@ def test_an_unknown_task_is_refused_before_the_model_loads(offline: Path, tasks_
     assert "unknown task(s) nope: not among the harness's tasks or in" in result.stderr
 
 
+def test_eval_refuses_bad_numbers_and_an_output_file_before_it_runs(tmp_path: Path,
+                                                                     eval_model_args: list[dict]) -> None:
+    """--mc-samples 0 divided by zero and -1 tied every choice (acc 0.5 on a 2-choice task), --limit 0 or -1 gave
+    the harness's own traceback, and -o naming a file failed only after the whole evaluation; each is now one line
+    before anything runs. --quiet also quiets maskkv's own progress bar (a model arg of the harness model)."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for args, message in ((["--mc-samples", "0"], "--mc-samples must be at least 1"),
+                          (["--mc-samples", "-1"], "--mc-samples must be at least 1"),
+                          (["--limit", "0"], "--limit must be a count"), (["--limit", "-1"], "--limit must be"),
+                          (["-o", str(afile)], "is a file, not a folder")):
+        result = CliRunner().invoke(app, ["eval", "--tasks", "x", *args])
+        assert result.exit_code == 2 and message in result.stderr, (args, result.output)
+    assert eval_model_args == []
+    assert CliRunner().invoke(app, ["eval", "--tasks", "x", "--quiet"]).exit_code == 0
+    assert CliRunner().invoke(app, ["eval", "--tasks", "x"]).exit_code == 0
+    assert [args["progress"] for args in eval_model_args] == [False, True]
+
+
 def test_eval_without_the_harness_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     import maskkv_cli.evaluation as evaluation
 

@@ -116,7 +116,7 @@ def test_eval_passes_the_shared_options(tmp_path: Path, eval_model_args: list[di
     assert result.exit_code == 0, result.output
     (args,) = eval_model_args
     run = {k: v for k, v in args.items() if k not in ("model", "device", "dtype", "quantize", "mc_samples",
-                                                      "batch_size")}
+                                                      "batch_size", "progress")}
     settings = harness_settings(run)  # the harness model takes them as they are
     assert (settings.budget, settings.threshold, settings.editing_threshold, settings.max_post_steps,
             settings.top_k, settings.block_length) == (8, 0.9, 0.5, 2, 4, None)

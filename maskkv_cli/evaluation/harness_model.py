@@ -93,7 +93,7 @@ class MaskKVLM(LM):
                  quantize: str | None = None, max_gen_toks: Any = DEFAULT_MAX_GEN_TOKS, mc_samples: Any = 32,
                  mc_batch: Any = 8,
                  stats_dir: str | None = None, batch_size: Any = None, max_batch_size: Any = None,
-                 **run_args: Any) -> None:
+                 progress: Any = True, **run_args: Any) -> None:
         """``run_args``: the shared run settings by name (``engine_adapter.harness_settings``)."""
         super().__init__()
         from maskkv_cli.errors import UsageError
@@ -110,6 +110,9 @@ class MaskKVLM(LM):
             raise UsageError(f"max_batch_size must be a positive number, got {max_batch_size!r}")
         self.batch_sizes: dict[tuple[int, float], int] = {}  # (answer length, temperature) -> its batch size
         self.mc_samples = int(mc_samples)
+        if self.mc_samples < 1:  # 0 divided by zero, a negative count tied every choice
+            raise UsageError(f"--mc-samples must be at least 1, got {mc_samples!r}")
+        self.progress = str(progress).strip().lower() not in ("0", "false", "no", "off")  # the harness passes text
         self.mc_batch = max(1, int(mc_batch))
         self.stats_dir = stats_dir
         self.stats_stamp = datetime.now().isoformat(timespec="seconds").replace(":", "-")
@@ -172,10 +175,12 @@ class MaskKVLM(LM):
             ids = [bos] + ids
         return ids
 
-    def _progress(self, total: int, what: str) -> Any:
+    def _progress(self, total: int, what: str, disable: bool = False) -> Any:
+        """A progress bar on rank 0, unless the run is quiet (``progress`` off) or the harness asks for none."""
         from tqdm import tqdm
 
-        return tqdm(total=total, desc=f"maskkv {what}", disable=self._rank != 0, file=sys.stderr)
+        return tqdm(total=total, desc=f"maskkv {what}", disable=disable or not self.progress or self._rank != 0,
+                    file=sys.stderr)
 
     def _generation(self, request: Any) -> Generation:
         """A ``generate_until`` request's prompt ids and generation settings."""
@@ -189,7 +194,7 @@ class MaskKVLM(LM):
         asked = [self._generation(request) for request in requests]
         answers: dict[int, str] = {}
         lines: dict[int, dict[str, Any]] = {}
-        bar = self._progress(len(requests), "generate_until")
+        bar = self._progress(len(requests), "generate_until", disable_tqdm)
 
         def answered(i: int, reply: engine_adapter.Reply) -> None:
             request = requests[i]
@@ -243,7 +248,7 @@ class MaskKVLM(LM):
 
     def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         results: list[tuple[float, bool]] = []
-        bar = self._progress(len(requests), "loglikelihood")
+        bar = self._progress(len(requests), "loglikelihood", disable_tqdm)
         for request in requests:
             context, continuation = request.args
             moved = len(context) - len(context.rstrip())  # a context's trailing spaces belong to the continuation

@@ -11,7 +11,7 @@ import typer
 
 from maskkv_cli.cli.common import fail, guarded, note
 from maskkv_cli.cli.options import EvalBatchOpt, HarnessTasksOpt
-from maskkv_cli.cli.parsing import split_list
+from maskkv_cli.cli.parsing import out_folder, split_list
 from maskkv_cli.cli.run_options import CACHE, OUTPUT, SAMPLER, RunOptions, run_options
 
 # every shared option but the answer length and the temperature, which each request sets; the model's but
@@ -68,6 +68,11 @@ def evaluate(
     names = split_list(tasks)
     if not names:
         raise fail("--tasks is empty; give harness task names, e.g. --tasks longbench_hotpotqa", 2)
+    if mc_samples < 1:
+        raise fail(f"--mc-samples must be at least 1, got {mc_samples}", 2)
+    if limit is not None and not limit > 0:
+        raise fail(f"--limit must be a count of documents, or a share of them below 1; got {limit:g}", 2)
+    out_folder(output, "--output")  # a file in its place fails now, not after the whole evaluation
     _quiet_harness(quiet or as_json)
     from maskkv_cli.evaluation.runner import run_eval
     from maskkv_cli.models.catalog import resolve_default_model
@@ -77,7 +82,7 @@ def evaluate(
 
     model_args: dict[str, Any] = {"model": model, "device": opts.device, "dtype": opts.dtype,
                                   "quantize": opts.quantization, "mc_samples": mc_samples, "batch_size": batch_size,
-                                  **harness_args(opts)}
+                                  "progress": not (quiet or as_json), **harness_args(opts)}
     run = run_eval(names, model_args, include_path=None if include_path is None else str(include_path),
                    builtin_tasks=builtin_tasks, chat_template=chat_template, limit=limit, output=output)
     if run.results is None:
