@@ -255,3 +255,30 @@ def test_in_process_a_failing_case_is_an_error_row_too(tmp_path, monkeypatch):
     assert rows[1]["error"] == ("case full at prompt 32 failed: RuntimeError: CUDA out of memory. Tried to allocate "
                                 "2.00 GiB")
     assert not rows[0].get("error") and not rows[2].get("error")
+
+
+@pytest.mark.parametrize("args", [
+    ["bench", "memory", "--config", "tiny", "--threads", "0"],
+    ["bench", "memory", "--config", "tiny", "--block-length", "0"],
+    ["bench", "memory", "--config", "tiny", "--block-length", "3", "-n", "8"],
+    ["bench", "loading", "--config", "tiny", "--threads", "0"],
+    ["bench", "reuse", "--config", "llada2-small", "--threads", "0"],
+    ["bench", "speed", "--config", "tiny", "--prompt-lengths", ""],
+    ["bench", "quality", "--lengths", ""],
+    ["demo", "--length", "0"],
+])
+def test_bad_bench_and_demo_numbers_are_one_line_usage_errors(tmp_path, args) -> None:
+    """Each gave a raw error (set_num_threads' RuntimeError, the task builder's ValueError), was accepted (a block
+    length of 0 or one that does not divide the length) or ran the default sweep (an empty list); bench memory also
+    left an empty results folder behind."""
+    from typer.testing import CliRunner
+
+    from maskkv_cli.cli import app
+
+    out = tmp_path / "out"
+    extra = ["--out", str(out)] if args[0] == "bench" and args[1] != "reuse" else []
+    result = CliRunner().invoke(app, [*args, *extra])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: ") and "Error" not in lines[-1] and "Traceback" not in result.output
+    assert not out.exists()

@@ -177,6 +177,8 @@ class LoadSettings:
             check_quantize(mode)
         if self.shard_mb < 1:
             raise UsageError("--shard-mb must be at least 1")
+        if self.threads < 1:
+            raise UsageError("--threads must be at least 1")
 
     def cases(self, folder: Path) -> list[LoadCase]:
         from maskkv_cli.models.fingerprint import folder_fingerprint

@@ -321,6 +321,11 @@ class MemorySettings:
 
         if self.prompt_len <= 0 or self.gen_length <= 0 or self.budget <= 0:
             raise UsageError("--prompt-length, --gen-length and --budget must be positive")
+        if self.threads < 1:
+            raise UsageError("--threads must be at least 1")
+        from maskkv_cli.sampling.llada import GenerationConfig
+
+        GenerationConfig(self.gen_length, self.gen_length, self.block_length)  # the length in whole blocks
         check_quantize(self.quantize)
         from maskkv_cli.models.fingerprint import model_fingerprint
 

@@ -138,9 +138,10 @@ def run_reuse(case: ReuseCase) -> dict[str, Any]:
     """Measure ``case`` in this process (see the module doc); the row of figures."""
     from maskkv_cli.models.diffusion_gemma_config import NAMED_CONFIGS as GEMMA_CONFIGS
 
+    if min(case.doc_tokens, case.questions, case.question_tokens, case.gen_length, case.repeats, case.threads) < 1:
+        raise UsageError("document tokens, questions, question tokens, gen length, repeats and threads must be "
+                         "positive")
     torch.set_num_threads(case.threads)
-    if min(case.doc_tokens, case.questions, case.question_tokens, case.gen_length, case.repeats) < 1:
-        raise UsageError("document tokens, questions, question tokens, gen length and repeats must be positive")
     gemma = case.config in GEMMA_CONFIGS
     model = _gemma_model(case) if gemma else load_bench_model(case.config, None, torch.device("cpu"), case.dtype,
                                                               case.seed)

@@ -170,7 +170,7 @@ BenchQuantizeOpt = Annotated[str, quantize_option(
     "Weight quantization of the model, each a case: comma-separated none, int8, int4 (torchao; the config file's "
     "default does not apply to benchmarks).")]
 OutOpt = Annotated[Path | None, out_option(
-    "Results folder [default: runs/bench-<kind>-<timestamp>, or the latest folder with identical settings, whose "
+    "Results folder [default: runs/bench-KIND-TIMESTAMP, or the latest folder with identical settings, whose "
     "finished rows are reused].", show_default=False)]
 FreshOpt = Annotated[bool, typer.Option("--fresh", help="Measure every case again (do not reuse finished rows).")]
 SpeedPoliciesOpt = Annotated[str, policies_option("Comma-separated policies to compare.")]

@@ -191,7 +191,8 @@ def speed(
     gpu = dev.startswith("cuda")
     shape = None if model else check_shape(config or ("llada-8b" if gpu else "llada-small"))
     settings = SpeedSettings(
-        prompt_lengths=parse_counts(prompt_lengths or (GPU_LENGTHS if gpu else CPU_LENGTHS), "--prompt-lengths"),
+        prompt_lengths=parse_counts((GPU_LENGTHS if gpu else CPU_LENGTHS) if prompt_lengths is None else prompt_lengths,
+                                    "--prompt-lengths"),
         policies=parse_policies(policies), budgets=parse_counts(budgets, "--budgets"), gen_length=gen_length,
         steps=steps if steps is not None else GEMMA_STEPS if runs_gemma(shape, model) else 128,
         block_length=block_length, config=shape,

@@ -62,7 +62,7 @@ _FALLBACK = "/".join(str(FALLBACK_GENERATION[k]) for k in ("gen_length", "steps"
 
 def parse_lengths(lengths: str | None) -> tuple[int, ...]:
     """``--lengths`` as distinct counts in the order given, or the default lengths."""
-    return parse_counts(lengths, "--lengths", unique=True) if lengths else DEFAULT_LENGTHS
+    return DEFAULT_LENGTHS if lengths is None else parse_counts(lengths, "--lengths", unique=True)
 
 
 def _cell(row: dict[str, Any]) -> str:

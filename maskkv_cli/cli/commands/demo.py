@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from maskkv_cli.cli.common import guarded, one_line_stats
+from maskkv_cli.cli.common import fail, guarded, one_line_stats
 from maskkv_cli.cli.model_choice import load_session
 from maskkv_cli.cli.options import (
     DeviceOpt,
@@ -57,6 +57,8 @@ def demo(
     from maskkv_cli.tasks.metrics import score
     from maskkv_cli.tasks.synthetic import generate_tasks
 
+    if length < 1:
+        raise fail(f"--length must be a positive number of tokens, got {length}", 2)
     weights = resolve_quantize(quantize)
     started = time.perf_counter()
     session = load_session(model, device, "auto", quiet, as_json, quantize=weights)
