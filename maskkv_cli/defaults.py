@@ -36,23 +36,31 @@ QUANTIZE_CHOICES = ("none", "int8", "int4")
 
 
 CONFIG_KEYS = ("model", "quantize")  # what the config file may set
+CONFIG_EXAMPLES = {"model": REAL_MODEL, "quantize": "int8"}
 
 
 def _config_value(name: str) -> str | None:
     """``name = ...`` in the config file, as text (None when the file or the line is not there)."""
     path = config_file()
+    if path.is_dir():
+        raise UsageError(f"config file {path} is a folder; point MASKKV_CONFIG at a TOML file")
     if not path.is_file():
         return None
     try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise UsageError(f"cannot read config file {path}: {reason(exc)}") from None
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"cannot read config file {path}: {reason(exc)} (it must be UTF-8 TOML)") from None
     unknown = sorted(set(data) - set(CONFIG_KEYS))
     if unknown:  # a setting the user expects to apply, silently not read, would be worse than stopping
         raise UsageError(f"config file {path}: {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not "
                          f"read by maskkv; it reads {' and '.join(CONFIG_KEYS)} (the rest are command options)")
-    value = data.get(name)
-    return str(value) if value else None
+    if name not in data:
+        return None
+    value = data[name]
+    if not isinstance(value, str) or not value.strip():  # ``model = 5`` or ``model = ""`` is a mistake, not a default
+        raise UsageError(f"config file {path}: {name} must be a non-empty string in quotes, e.g. {name} = "
+                         f"\"{CONFIG_EXAMPLES[name]}\"; got {value!r}")
+    return value
 
 
 def configured_model() -> str | None:

@@ -48,6 +48,29 @@ def test_a_config_file_setting_maskkv_does_not_read_is_named(tmp_path: Path, mon
     assert f"config file {config}: budget is not read by maskkv; it reads model and quantize" in result.stderr
 
 
+@pytest.mark.parametrize(("content", "message"), [
+    (b"model = 5\n", "model must be a non-empty string in quotes"),
+    (b'model = ""\n', "model must be a non-empty string in quotes"),
+    (b'quantize = "int8"\nmodel = "\xff"\n', "it must be UTF-8 TOML"),
+    (None, "is a folder; point MASKKV_CONFIG at a TOML file"),
+])
+def test_a_config_file_of_the_wrong_kind_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  content: bytes | None, message: str) -> None:
+    """``model = 5`` was read as "5", ``model = ""`` as no setting (the embedded model ran), a Latin-1 file gave a
+    raw UnicodeDecodeError and MASKKV_CONFIG naming a folder was ignored: each is one line naming the file."""
+    doc = tmp_path / "doc.txt"
+    doc.write_text(NEEDLE_DOC)
+    config = tmp_path / "config.toml"
+    if content is None:
+        config.mkdir()
+    else:
+        config.write_bytes(content)
+    monkeypatch.setenv("MASKKV_CONFIG", str(config))
+    result = runner.invoke(app, ["ask", str(doc), QUESTION])
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output
+    assert str(config) in result.stderr and message in result.stderr
+
+
 def test_ingest_counts_tokens_as_ask_does(tmp_path: Path) -> None:
     from maskkv_cli.documents import load_document
     from maskkv_cli.models.catalog import shipped_model
