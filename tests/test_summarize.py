@@ -71,6 +71,26 @@ def test_the_embedded_model_shows_each_part_s_lead_with_its_pages_and_says_what_
     assert short["shown"] == "parts" and len(short["parts"]) >= 2 and short["notes"]
 
 
+SHORT_NEEDLE = ("The special magic number for ravenwood is 4821. Stone paper music tree tree river market river "
+                "garden tree garden garden light city tree cloud river garden alpha music city city paper tree tree "
+                "alpha water garden market water tree cloud paper river report alpha alpha alpha light engine.\n")
+
+
+@pytest.mark.skipif(shipped_model() is None, reason="the embedded model is not in this checkout")
+def test_a_short_length_never_shows_the_models_refusal_as_the_summary(tmp_path: Path) -> None:
+    """With --length 1, 3 or 5 the one part's summary is asked again within 8 tokens, where the embedded model
+    answers "not in the document" about this text: the summary was "not", "not in the", "not in the document".
+    Now the part's own summary, cut to the length."""
+    path = tmp_path / "small.txt"
+    path.write_text(SHORT_NEEDLE, encoding="utf-8")
+    for words in (1, 3, 5):
+        result = runner.invoke(app, ["summarize", str(path), "--length", str(words), "--json"])
+        assert result.exit_code == 0, result.output
+        data = json.loads(result.stdout)
+        assert not data["summary"].casefold().startswith("not"), (words, data["summary"])
+        assert data["summary"].split() == data["parts"][0]["summary"].split()[:words]
+
+
 def test_another_model_writes_the_final_summary_within_length(tmp_path: Path, tiny_dir: Path, monkeypatch) -> None:
     import maskkv_cli.app.pipeline as pipeline
 

@@ -40,7 +40,7 @@ def summarize(
 
     check_source(document)  # a wrong path fails at once, before anything heavy is imported or loaded
 
-    from maskkv_cli.app.pipeline import used_every_token
+    from maskkv_cli.app.pipeline import says_absent, used_every_token
     from maskkv_cli.prompting.parts import (
         adds_nothing,
         merge_instruction,
@@ -79,7 +79,8 @@ def summarize(
                 typer.echo(f"part {i}/{len(parts)} (pages {part.first_page}-{part.last_page}, {part.tokens} tokens)",
                            err=True)
             a = ask_live(session, part.text, part_instruction(length), gen, cache, "truncate", live)
-            text = trim_summary(a.text, None, part.text, used_every_token(session, a))
+            # a part the model says "not in the document" about has no summary (it is not one)
+            text = "" if says_absent(a.text) else trim_summary(a.text, None, part.text, used_every_token(session, a))
             summaries.append({"pages": [part.first_page, part.last_page], "tokens": part.tokens, "summary": text,
                               "confidence": a.confidence.as_dict() if a.confidence else None})
         final, source = a, parts[-1].text
@@ -94,12 +95,16 @@ def summarize(
         elif len(summaries) > 1:
             final = replace(a, text="", confidence=None)
         elif final_tokens != gen_tokens:  # one part: its summary is the summary, asked within the final budget
-            final = ask_live(session, source, part_instruction(length), final_gen, cache, "truncate", live)
-        final = replace(final, text=trim_summary(final.text, length, source, used_every_token(session, final)))
+            again = ask_live(session, source, part_instruction(length), final_gen, cache, "truncate", live)
+            # a model that answers "not in the document" within the shorter budget: its part's summary, cut
+            final = a if says_absent(again.text) and not says_absent(a.text) and a.text.strip() else again
+        absent = says_absent(final.text)  # never a summary: the parts' summaries are shown instead, or nothing
+        final = replace(final, text="" if absent else trim_summary(final.text, length, source,
+                                                                    used_every_token(session, final)))
     from maskkv_cli.app.pipeline import confidence_fields
 
     embedded = session.embedded
-    show_parts = len(summaries) > 1 and adds_nothing(final.text, written)
+    show_parts = len(summaries) > 1 and (absent or adds_nothing(final.text, written))
     notes = _notes(length, lead, show_parts, final_tokens < summary_tokens(length, 8), embedded)
     if as_json:
         typer.echo(json.dumps({"document": str(document), "pages": len(doc.pages), "summary": final.text,
