@@ -207,6 +207,19 @@ def test_model_not_on_disk_gives_the_pull_command_or_pulls_with_yes(server, tmp_
     assert result.stdout.strip() == "4821"
 
 
+@pytest.mark.parametrize("command", [["demo", "--length", "40"], ["calibrate", "--samples", "1", "--max-tokens",
+                                                                     "64"]])
+def test_every_command_whose_error_offers_yes_takes_it(server, command):
+    """demo, calibrate, profile and bench quality said "(or add --yes to download it now)" and refused --yes; they
+    take it now (demo and calibrate run here against the local hub: nothing is pulled without it, all with it)."""
+    result = runner.invoke(app, [*command, "--model", REPO])
+    assert result.exit_code == 1 and "--yes" in result.stderr and server.requests() == []
+    result = runner.invoke(app, [*command, "--model", REPO, "--yes", "--quiet"])
+    assert result.exit_code == 0, result.output
+    for other in (["profile", "x.txt"], ["bench", "quality"]):
+        assert "--yes" in runner.invoke(app, [*other, "--help"]).stdout
+
+
 def test_models_lists_remembered_folders_and_why_one_does_not_load(tmp_path, tiny_dir, hf_env):
     doc = tmp_path / "doc.txt"
     doc.write_text("The river runs past the mill. " * 20)

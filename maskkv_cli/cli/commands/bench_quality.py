@@ -51,6 +51,7 @@ from maskkv_cli.cli.options import (
     TasksOpt,
     TasksSeedOpt,
     WorkersOpt,
+    YesOpt,
     model_option,
     samples_option,
 )
@@ -174,6 +175,7 @@ def quality(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     quantize: QuantizeOpt = None,
+    yes: YesOpt = False,
     out: OutOpt = None,
     fresh: FreshOpt = False,
     devices: DevicesOpt = None,
@@ -269,7 +271,7 @@ def quality(
         session = PlanningSession(known or path, None if dtype == "auto" else dtype, device_kind, weights)
         cell_runner = pooled_cells(pool)
     else:
-        session = load_session(model, device, dtype, quiet, as_json, quantize=weights)
+        session = load_session(model, device, dtype, quiet, as_json, yes=yes, quantize=weights)
     defaults = session.generation_defaults or FALLBACK_GENERATION
     settings = RunSettings(gen_length=gen_length, steps=steps, block_length=block_length, seed=seed)
     settings.check_family(session.model.config.family)  # a --block-length its sampler has no use for (Dream's)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from maskkv_cli.cli.common import guarded, note
+from maskkv_cli.cli.common import guarded
 from maskkv_cli.cli.options import (
     CalibrationSamplesOpt,
     DeviceOpt,
@@ -23,6 +23,7 @@ from maskkv_cli.cli.options import (
     ModelOpt,
     QuantizeOpt,
     QuietOpt,
+    YesOpt,
 )
 from maskkv_cli.errors import DocumentError, UsageError
 from maskkv_cli.runtime.devices import resolve_device
@@ -75,6 +76,7 @@ def calibrate(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     quantize: QuantizeOpt = None,
+    yes: YesOpt = False,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -98,10 +100,10 @@ def calibrate(
     """
     from rich.console import Console
 
+    from maskkv_cli.cli.model_choice import choose_model
     from maskkv_cli.defaults import resolve_quantize
     from maskkv_cli.engine.importance import measure_importance
     from maskkv_cli.models.calibration import make_profile, save_profile
-    from maskkv_cli.models.catalog import default_model
     from maskkv_cli.prompting.calibration import calibration_inputs
 
     if samples < 1 or max_tokens < 1:
@@ -109,19 +111,16 @@ def calibrate(
     if gen_length is not None and gen_length < 0:
         raise UsageError("--gen-length must not be negative")
     weights = resolve_quantize(quantize)
-    path, msg, known = default_model(model)
-    note(msg, quiet, as_json)
+    checkpoint = choose_model(model, yes, quiet, as_json)  # an ORG/NAME not here: pulled with --yes or consent
     texts = read_texts(docs) if docs else builtin_corpus()
 
     import torch
 
-    from maskkv_cli.models.checkpoint import ModelFolder
     from maskkv_cli.models.config import read_model_defaults
     from maskkv_cli.models.families import family
     from maskkv_cli.models.loading import load_checkpoint
     from maskkv_cli.prompting.chat import tokenizer_from_folder, use_chat_format
 
-    checkpoint = ModelFolder.of(known or path)  # resolved once: the tokenizer, the weights and the profile's key
     folder, cfg = checkpoint.path, checkpoint.config
     canvas = cfg.family_config is not None  # DiffusionGemma: the prompt alone, then a random canvas
     if gen_length is None:

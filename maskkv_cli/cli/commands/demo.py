@@ -17,6 +17,7 @@ from maskkv_cli.cli.options import (
     QuantizeOpt,
     QuietOpt,
     SeedOpt,
+    YesOpt,
     budget_option,
     length_option,
 )
@@ -33,6 +34,7 @@ def demo(
     seed: SeedOpt = 0,
     device: DeviceOpt = "auto",
     quantize: QuantizeOpt = None,
+    yes: YesOpt = False,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -61,7 +63,7 @@ def demo(
         raise fail(f"--length must be a positive number of tokens, got {length}", 2)
     weights = resolve_quantize(quantize)
     started = time.perf_counter()
-    session = load_session(model, device, "auto", quiet, as_json, quantize=weights)
+    session = load_session(model, device, "auto", quiet, as_json, yes=yes, quantize=weights)
     load_s = time.perf_counter() - started
     task = generate_tasks("niah_single", 1, length, seed=seed, count_tokens=session.count_tokens)[0]
     doc = atomic_write_text(maskkv_home() / "demo" / "demo.txt", task.context)

@@ -58,7 +58,7 @@ def _check_distinct(document: Path, plot: Path | None, html: Path | None) -> Non
 
 @guarded
 @run_options("layer_budgets", "gen_length", "steps", "block_length", "temperature", "threshold", "seed", "model",
-             "device", "dtype", "quantize", *OUTPUT)
+             "device", "dtype", "quantize", "yes", *OUTPUT)
 def profile(
     document: Annotated[Path, typer.Argument(help="PDF, text or Markdown file.", show_default=False)],
     question: Annotated[str, typer.Argument(help="The question asked in every run.")] = DEFAULT_QUESTION,
