@@ -97,7 +97,7 @@ def test_profile_round_trip(tiny_dir):
     assert profile.n_layers == 2 and profile.importance == (0.25, 0.5) and profile.model == model_key(tiny_dir)
     data = json.loads(path.read_text())
     assert set(data) == {"model", "model_path", "n_layers", "importance", "inputs", "tokens", "created",
-                         "maskkv_version"}
+                         "maskkv_version", "weights"}
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp file left behind
 
 
@@ -134,6 +134,39 @@ def test_bad_profiles_are_ignored_with_a_reason(tiny_dir):
     assert options.importance is None and note.startswith(f"ignoring calibration profile {path}:")
     path.write_text(json.dumps(good))
     assert find_profile(tiny_dir) == (load_profile(tiny_dir), None)
+
+
+def test_a_profile_of_other_weights_under_the_same_key_is_not_used(tiny_dir, tmp_path):
+    """Two training runs' ``checkpoint`` folders of one config share a key: the profile measured on one was used
+    by the other. It records the weights' fingerprint; the other model ignores it with a reason, and a profile
+    written before the field existed is still used."""
+    import shutil
+
+    first, second = tmp_path / "t3" / "checkpoint", tmp_path / "t4" / "checkpoint"
+    for folder in (first, second):
+        shutil.copytree(tiny_dir, folder)
+    weights = second / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    assert model_key(first) == model_key(second)
+    profile = make_profile(first, ImportanceResult([0.25, 0.5], 3, 120))
+    save_profile(profile)
+    assert load_profile(first) == profile
+    found, reason = find_profile(second)
+    assert found is None and "measured on other weights" in reason and str(first.resolve()) in reason
+    older = {k: v for k, v in profile.to_dict().items() if k != "weights"}
+    profile_path(first).write_text(json.dumps(older))
+    assert load_profile(second) is not None  # no fingerprint recorded: used, as before
+
+
+def test_calibrate_says_when_its_inputs_are_longer_than_the_window(tiny_dir, tmp_path, tiny_config):
+    doc = tmp_path / "doc.txt"
+    doc.write_text("The river runs past the old mill and under the stone bridge. " * 400)
+    result = runner.invoke(app, ["calibrate", "--model", str(tiny_dir), "--samples", "1", "--max-tokens",
+                                 str(tiny_config.max_sequence_length + 50), "-n", "8", str(doc)])
+    assert result.exit_code == 0, result.output
+    assert f"longer than the model's {tiny_config.max_sequence_length}-token window" in result.stderr
 
 
 def test_the_embedded_models_calibrate_hint_names_no_folder(monkeypatch, tmp_path):

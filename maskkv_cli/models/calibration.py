@@ -2,7 +2,9 @@
 
 ``I(l)`` is measured by ``maskkv_cli.engine.importance`` (``maskkv calibrate``). A profile stores it per model as
 JSON under ``config_file().parent / "calibration" / "<key>.json"``; the key is the model folder's name plus a
-short hash of its ``config.json``, so two different models in folders of the same name never share a profile.
+short hash of its ``config.json``, so two models of different configs in folders of the same name never share a
+profile. Two checkpoints of one config in folders of one name (two training runs' ``checkpoint``) share a key: the
+profile records the fingerprint of the weights it was measured on, and another model's is not used.
 This module is the store (what a model's profile is, where it lives, whether it fits the model); whether a run
 uses it is the cache plan's decision (``engine.plan.resolve_importance``).
 """
@@ -63,12 +65,15 @@ class CalibrationProfile:
     created: str  # ISO 8601, UTC
     maskkv_version: str
     quantization: str = "none"  # the weights it was measured on (``calibrate --quantize``); absent in older files
+    weights: str = ""  # the checkpoint's fingerprint (``ModelFolder.fingerprint``); absent in older files
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["importance"] = list(self.importance)
         if self.quantization == "none":
             del data["quantization"]  # unquantized profiles are written as before the field existed
+        if not self.weights:
+            del data["weights"]
         return data
 
     @classmethod
@@ -92,7 +97,7 @@ class CalibrationProfile:
             raise ValueError(f"{len(imp)} importance values for n_layers {data['n_layers']}")
         return cls(str(data["model"]), str(data["model_path"]), int(data["n_layers"]),
                    tuple(float(x) for x in imp), int(data["inputs"]), int(data["tokens"]), str(data["created"]),
-                   str(data["maskkv_version"]), str(data.get("quantization", "none")))
+                   str(data["maskkv_version"]), str(data.get("quantization", "none")), str(data.get("weights", "")))
 
 
 def _checkpoint(model_path: str | os.PathLike[str] | ModelFolder) -> ModelFolder:
@@ -145,7 +150,7 @@ def make_profile(model_path: str | os.PathLike[str] | ModelFolder, result: Impor
         raise ValueError(f"{len(result.importance)} importance values for a model with {n_layers} layers")
     return CalibrationProfile(model_key(model), str(model.path.resolve()), n_layers, tuple(result.importance),
                               result.inputs, result.tokens, datetime.now(UTC).isoformat(timespec="seconds"),
-                              __version__, quantization)
+                              __version__, quantization, model.fingerprint)
 
 
 def save_profile(profile: CalibrationProfile, path: Path | None = None) -> Path:
@@ -180,6 +185,9 @@ def find_profile(model_path: str | os.PathLike[str] | ModelFolder) -> tuple[Cali
     n_layers = calibrated_layers(model.config)
     if profile.n_layers != n_layers:
         return None, f"it has {profile.n_layers} layers, the model has {n_layers}"
+    if profile.weights and profile.weights != model.fingerprint:
+        return None, (f"it was measured on other weights of the same config ({profile.model_path}); calibrate this "
+                      "model again")
     return profile, None
 
 

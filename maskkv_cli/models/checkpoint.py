@@ -69,7 +69,8 @@ class ModelFolder:
     @cached_property
     def fingerprint(self) -> str:
         """``models.fingerprint.model_fingerprint`` of the folder (its files hashed), on first use only: batch and
-        bench quality key their rows by it, a plain ``ask`` never reads it."""
+        bench quality key their rows by it, a calibration profile records it; a plain ``ask`` reads it only to check
+        a profile that records one."""
         return folder_fingerprint(self.path)
 
     def __str__(self) -> str:

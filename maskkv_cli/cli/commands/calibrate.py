@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from maskkv_cli.cli.common import guarded
+from maskkv_cli.cli.common import guarded, note
 from maskkv_cli.cli.options import (
     CalibrationSamplesOpt,
     DeviceOpt,
@@ -130,6 +130,11 @@ def calibrate(
     block = read_model_defaults(folder).generation.get("block_length", 32) if cfg.block_causal else None
     inputs = calibration_inputs(tokenizer, texts, max_tokens, samples, 0 if canvas else gen_length,
                                 cfg.mask_token_id)
+    longest = max(len(seq) for seq in inputs)
+    if longest > cfg.max_sequence_length:  # measured where the model was never trained: said, not refused
+        note(f"inputs of up to {longest} tokens (template, text and masks) are longer than the model's "
+             f"{cfg.max_sequence_length}-token window; the importance measured there may not be the model's: a "
+             f"smaller --max-tokens keeps them within it", quiet, as_json)
     llada = load_checkpoint(folder, cfg, device=resolve_device(device), dtype=None if dtype == "auto" else dtype,
                             quantize=weights, prequantized=checkpoint.prequantized)
     batches = (torch.tensor([seq], dtype=torch.long) for seq in inputs)
