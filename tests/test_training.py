@@ -165,6 +165,23 @@ def test_stop_after_ends_early_with_the_full_schedule(tmp_path):
     state = torch.load(tmp_path / "run" / "trainer_state.pt", weights_only=False)
     assert state["step"] == 2 and state["config"]["steps"] == 6
     assert (final / "config.json").is_file()
+    train(replace(small(tmp_path, 6), stop_after=2))  # run again: already at --stop-after, it trains no step
+    state = torch.load(tmp_path / "run" / "trainer_state.pt", weights_only=False)
+    assert state["step"] == 2  # it was 3, then 4: one more step each time
+
+
+def test_a_run_is_not_resumed_as_another_model(tmp_path):
+    """Resuming with another --d-model (or heads, layers, seed, ...) went on training the old model while
+    training.json recorded the new options; now refused in one line."""
+    from dataclasses import replace
+
+    from maskkv_cli.errors import UsageError
+
+    train(replace(small(tmp_path, 4), stop_after=1))
+    with pytest.raises(UsageError, match=r"holds a run of another model: it was started with --d-model 32 \(now 64\)"):
+        train(replace(small(tmp_path, 4), d_model=64))
+    state = torch.load(tmp_path / "run" / "trainer_state.pt", weights_only=False)
+    assert state["step"] == 1
 
 
 def _masked_counts(model, full_mask, seed=0):

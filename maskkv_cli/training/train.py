@@ -137,6 +137,21 @@ def _git_hash() -> str:
         return "unknown"
 
 
+# the options that decide the model a run trains (its shape, its start, its data's seed): a resumed run must keep them
+MODEL_OPTIONS = ("seed", "vocab_size", "d_model", "n_layers", "n_heads", "mlp_hidden_size", "rope_theta", "init_from",
+                 "grow_layers")
+
+
+def check_resume(cfg: TrainConfig, saved: dict[str, Any], out: Path) -> None:
+    """Refuse to resume the run saved in ``out`` (its options ``saved``) with options that decide another model: the
+    checkpoint would go on as the old model while training.json recorded the new options."""
+    changed = [f"--{name.replace('_', '-')} {saved[name]} (now {getattr(cfg, name)})" for name in MODEL_OPTIONS
+               if name in saved and saved[name] != getattr(cfg, name)]
+    if changed:
+        raise UsageError(f"{out} holds a run of another model: it was started with {', '.join(changed)}; resume it "
+                         "with the same model options, or choose another --out")
+
+
 def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None) -> Path:
     """Run (or resume) training; returns the folder of the final model."""
     torch.set_num_threads(cfg.threads)
@@ -151,6 +166,7 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
         for p in model.parameters():
             p.requires_grad_(True)
         state = torch.load(state_file, weights_only=False)
+        check_resume(cfg, state.get("config") or {}, out)
         start = state["step"]
     elif cfg.init_from:
         tok = load_tokenizer(cfg.init_from)
@@ -207,7 +223,8 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
     confusion: float | None = None  # the last off-diagonal mean, logged with the next row
     t0 = time.perf_counter()
     losses: list[float] = []
-    for step in range(start, cfg.steps):
+    end = cfg.steps if cfg.stop_after is None else min(cfg.steps, max(start, cfg.stop_after))
+    for step in range(start, end):  # a run already at --stop-after trains no further step
         for group in opt.param_groups:
             group["lr"] = learning_rate(cfg, step)
         if hard_every and (step == start or step % hard_every == 0):
