@@ -81,6 +81,19 @@ def test_low_confidence_is_marked_by_the_chosen_statistic():
     assert Confidence(0.2, 0.1, 2).as_dict()["low"] is True
 
 
+def test_a_statistic_under_the_cut_never_reads_as_the_cut():
+    """A min of 0.9453 under a cut of 0.95 was shown "min 0.95 ...; a token below 0.95": rounded down now. A line
+    with no document to check against gives no advice to check one."""
+    from maskkv_cli.reports.answers import confidence_words
+
+    close = LOW_CONFIDENCE - 0.0047
+    conf = (Confidence(close, 0.99, 7) if LOW_CONFIDENCE_STATISTIC == "mean" else Confidence(0.99, close, 7)).as_dict()
+    line = confidence_words(conf)
+    shown = float(line.split(f"{LOW_CONFIDENCE_STATISTIC} ")[1][:4])
+    assert shown < LOW_CONFIDENCE and line.endswith("check the answer in the document")
+    assert confidence_words(conf, "").endswith("the model is probably guessing")
+
+
 def test_empty_note_says_what_the_embedded_model_can_do():
     text = empty_note("answer", embedded=True)
     assert "no answer" in text and "maskkv pull GSAI-ML/LLaDA-8B-Instruct" in text and "magic number" in text

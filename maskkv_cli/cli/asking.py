@@ -98,12 +98,12 @@ def document_run(document: Path, password: str | None, opts: RunOptions,
         yield DocumentRun(live, live_on, doc, opts.load_session(device, folder))
 
 
-def echo_answer(text: str, confidence: Any, what: str, embedded: bool, quiet: bool) -> None:
+def echo_answer(text: str, confidence: Any, what: str, embedded: bool, quiet: bool, document: bool = True) -> None:
     """One answer on stdout and its confidence line on stderr; an empty answer is a note on stderr instead (even
-    with --quiet, since it stands for the answer)."""
+    with --quiet, since it stands for the answer). ``document``: whether the answer was about a document."""
     from maskkv_cli.cli.render import answer_lines
 
-    out, line = answer_lines(text, confidence, what, embedded)
+    out, line = answer_lines(text, confidence, what, embedded, document)
     if out is not None:
         typer.echo(out)
     if out is None or not quiet:

@@ -11,22 +11,24 @@ from rich.table import Table
 from maskkv_cli.runtime.sizes import human_size
 
 
-def answer_lines(text: str, confidence: Any, what: str, embedded: bool) -> tuple[str | None, str]:
+def answer_lines(text: str, confidence: Any, what: str, embedded: bool,
+                 document: bool = True) -> tuple[str | None, str]:
     """(the text for stdout, or None when there is none; the line that goes with it on stderr): the confidence
-    of an answer or summary, or, for an empty one, a note saying so instead of a blank line."""
+    of an answer or summary (a low one advised to be checked in the document, where there is one), or, for an
+    empty one, a note saying so instead of a blank line."""
     from maskkv_cli.models.catalog import empty_note
 
     if not text.strip():
         return None, "note: " + empty_note(what, embedded)
-    return text, confidence_line(confidence)
+    return text, confidence_line(confidence, f"check the {what} in the document" if document else "")
 
 
-def confidence_line(conf: Any) -> str:
+def confidence_line(conf: Any, advice: str = "check the answer in the document") -> str:
     """One line for the display: the two numbers of a ``sampling.confidence.Confidence``, and a warning when the
-    chosen statistic is under the cut (``reports.answers.confidence_words``)."""
+    chosen statistic is under the cut (``reports.answers.confidence_words``), with ``advice``."""
     from maskkv_cli.reports.answers import confidence_words
 
-    return confidence_words(conf.as_dict() if conf is not None else None)
+    return confidence_words(conf.as_dict() if conf is not None else None, advice)
 
 
 def kv_saving(stats: Any) -> str:

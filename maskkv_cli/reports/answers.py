@@ -9,6 +9,7 @@ for what it is.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from maskkv_cli.app.pipeline import says_absent
@@ -21,16 +22,20 @@ __all__ = ["answer_line", "cell_confidence", "confidence_words", "context_line",
 NO_ANSWER_SHOWN = "(no answer, see the note below)"
 
 
-def confidence_words(conf: dict[str, Any] | None) -> str:
+def confidence_words(conf: dict[str, Any] | None, advice: str = "check the answer in the document") -> str:
     """One line for a confidence (``Confidence.as_dict()``): its two numbers, and a warning when the chosen
-    statistic is under the cut."""
+    statistic is under the cut, with ``advice`` (empty: none). The statistic under the cut is shown rounded down,
+    so that it never reads as the cut itself (a min of 0.9453 is "0.94", below 0.95, not "0.95")."""
     if conf is None:
         return "confidence: none (no answer tokens)"
-    numbers = f"mean {conf['mean']:.2f}, min {conf['min']:.2f} over {conf['tokens']} tokens"
-    if conf["low"]:
-        why = "the mean" if conf.get("statistic") == "mean" else "a token"
-        return (f"LOW CONFIDENCE ({numbers}; {why} below {conf['threshold']:.2f}): the model is probably guessing, "
-                f"check the answer in the document")
+    low = bool(conf["low"])
+    chosen = "mean" if conf.get("statistic") == "mean" else "min"
+    shown = {k: math.floor(conf[k] * 100) / 100 if low and k == chosen else conf[k] for k in ("mean", "min")}
+    numbers = f"mean {shown['mean']:.2f}, min {shown['min']:.2f} over {conf['tokens']} tokens"
+    if low:
+        why = "the mean" if chosen == "mean" else "a token"
+        return (f"LOW CONFIDENCE ({numbers}; {why} below {conf['threshold']:.2f}): the model is probably guessing"
+                + (f", {advice}" if advice else ""))
     return f"confidence: {numbers}"
 
 

@@ -59,6 +59,6 @@ def generate(
         typer.echo(json.dumps({"answer": answer.text, **confidence_fields(answer, "answer", embedded),
                                "model": session.model_path, "budget": answer.budget, "stats": stats.as_dict()}))
         return
-    echo_answer(answer.text, answer.confidence, "answer", embedded, quiet)
+    echo_answer(answer.text, answer.confidence, "answer", embedded, quiet, document=False)
     if not quiet:
         Console(stderr=False).print(stats_table(stats))
