@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from maskkv_cli.app.run_settings import resolve_generation
 from maskkv_cli.batch.folder import AnswersFolder, read_rows
-from maskkv_cli.batch.jobs import AnswerSettings, JobSpec, cross_product, job_key, read_jobs_file
+from maskkv_cli.batch.jobs import AnswerSettings, JobSpec, cross_product, job_key, read_jobs_file, read_questions
 from maskkv_cli.batch.run import Runner, run_batch
 from maskkv_cli.cli import app
 from maskkv_cli.errors import UsageError
@@ -480,6 +480,21 @@ def test_a_rerun_shows_reused_answers_under_this_runs_ids(tmp_path: Path, corpus
     by_question = {row["question"]: row["id"] for row in rows}
     assert by_question == {"Who?": "notes.txt#q1", first[0]: "notes.txt#q2", first[1]: "notes.txt#q3"}
     assert len(rows) == 3
+
+
+def test_questions_and_jobs_files_in_latin_1_are_read_as_documents_are(tmp_path: Path) -> None:
+    """A Latin-1 questions or jobs file was refused ("'utf-8' codec can't decode byte 0xe9"), where a Latin-1
+    document is read with a note; now read the same way, with the same note."""
+    (tmp_path / "q.txt").write_bytes("Où est la rivière?\n".encode("latin-1"))
+    (tmp_path / "jobs.csv").write_bytes("document,question\nd.txt,Où?\n".encode("latin-1"))
+    told: list[str] = []
+    assert read_questions(tmp_path / "q.txt", told.append) == ["Où est la rivière?"]
+    (spec,) = read_jobs_file(tmp_path / "jobs.csv", told.append)
+    assert spec.question == "Où?"
+    assert len(told) == 2 and all("is not UTF-8; it was read as Windows-1252" in m for m in told)
+    (tmp_path / "bin.txt").write_bytes(b"\x00\x01\x02binary")
+    with pytest.raises(UsageError, match="cannot read the questions file .*looks binary"):
+        read_questions(tmp_path / "bin.txt")
 
 
 def test_docs_names_an_existing_file_with_glob_characters_as_itself(tmp_path: Path) -> None:

@@ -173,12 +173,26 @@ def _spec(row: dict[str, Any], where: str, default_id: str, base: Path) -> JobSp
                    gen_length=_positive_int(row.get("gen_length"), "gen_length", where))
 
 
-def read_jobs_file(path: Path) -> list[JobSpec]:
-    """Jobs from a ``.jsonl`` (one object per line) or ``.csv`` (a header row) file."""
+def _read_list(path: Path, what: str, on_note: Callable[[str], None] | None) -> str:
+    """The text of a questions or jobs file, decoded as documents are (UTF-8, else UTF-16 with its marker,
+    Windows-1252 or Latin-1 with a note to ``on_note``)."""
+    from maskkv_cli.documents.text import decode_text
+    from maskkv_cli.errors import DocumentError
+
     try:
-        text = path.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read the jobs file {path}: {reason(exc)}") from None
+        text, notes = decode_text(path.read_bytes(), str(path))
+    except (OSError, DocumentError) as exc:
+        raise UsageError(f"cannot read the {what} {path}: {reason(exc)}") from None
+    for message in notes:
+        if on_note is not None:
+            on_note(message)
+    return text
+
+
+def read_jobs_file(path: Path, on_note: Callable[[str], None] | None = None) -> list[JobSpec]:
+    """Jobs from a ``.jsonl`` (one object per line) or ``.csv`` (a header row) file; ``on_note`` hears how a file
+    that is not UTF-8 was read."""
+    text = _read_list(path, "jobs file", on_note)
     base = path.resolve().parent
     specs: list[JobSpec] = []
     if path.suffix.lower() == ".csv":
@@ -208,12 +222,10 @@ def read_jobs_file(path: Path) -> list[JobSpec]:
     return specs
 
 
-def read_questions(path: Path) -> list[str]:
-    """One question per line; blank lines and lines starting with # are skipped."""
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read the questions file {path}: {reason(exc)}") from None
+def read_questions(path: Path, on_note: Callable[[str], None] | None = None) -> list[str]:
+    """One question per line; blank lines and lines starting with # are skipped; ``on_note`` hears how a file that
+    is not UTF-8 was read."""
+    text = _read_list(path, "questions file", on_note)
     questions = [line.strip() for line in text.split("\n") if line.strip() and not line.lstrip().startswith("#")]
     if not questions:
         raise UsageError(f"{path} holds no questions (one per line)")

@@ -35,7 +35,9 @@ def _mostly_printable(text: str) -> bool:
     return good >= 0.97 * len(sample)
 
 
-def _decode_text(data: bytes, display: str) -> tuple[str, list[str]]:
+def decode_text(data: bytes, display: str) -> tuple[str, list[str]]:
+    """The text of a file's bytes: UTF-8 (with or without its marker), UTF-16 with its marker, else Windows-1252 or
+    Latin-1 with a note saying so; binary data and undecodable text are a ``DocumentError``."""
     notes: list[str] = []
     if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
         try:
@@ -146,7 +148,7 @@ def split_text_pages(text: str, kind: str = "text", limit: int = TEXT_PAGE_CHARS
 
 
 def load_text(data: bytes, display: str, kind: str) -> tuple[list[Page], list[str]]:
-    text, notes = _decode_text(data, display)
+    text, notes = decode_text(data, display)
     if not text.strip():
         raise DocumentError(f"{display} contains only whitespace; pass a file that contains text.")
     form_feeds = "\f" in text

@@ -3,24 +3,26 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from maskkv_cli.cli.asking import ask_live, ask_together, document_run
-from maskkv_cli.cli.common import fail, guarded, note_once, one_line_stats
+from maskkv_cli.cli.common import fail, guarded, note, note_once, one_line_stats
 from maskkv_cli.cli.options import AskBatchOpt, LongOpt, PasswordOpt, QuestionsFileOpt
 from maskkv_cli.cli.run_options import CACHE, MODEL, OUTPUT, SAMPLER, RunOptions, run_options
 from maskkv_cli.prompting.fit import DEFAULT_LONG, check_long
 
 
-def _questions(question: str | None, extra: list[str] | None, questions_file: Path | None) -> list[str]:
+def _questions(question: str | None, extra: list[str] | None, questions_file: Path | None,
+               on_note: Callable[[str], None] | None = None) -> list[str]:
     from maskkv_cli.batch.jobs import read_questions
 
     qs = ([question] if question is not None else []) + list(extra or [])
     if questions_file is not None:
-        qs += read_questions(questions_file)  # as batch reads it: an empty file is refused
+        qs += read_questions(questions_file, on_note)  # as batch reads it: an empty file is refused
     if not qs:
         raise fail("no question given: pass QUESTION, -q QUESTION or --questions FILE", 2)
     for q in qs:
@@ -62,9 +64,9 @@ def ask(
     check_source(document)  # a wrong path fails at once, before anything heavy is imported or loaded
     requested = parse_batch_size(batch_size)
     check_long(long)
-    qs = _questions(question, more, questions_file)
-    cache = opts.cache()
     quiet, as_json = opts.quiet, opts.as_json
+    qs = _questions(question, more, questions_file, lambda message: note(message, quiet, as_json))
+    cache = opts.cache()
     with document_run(document, password, opts, opts.check_generation) as run:
         live, doc, session = run.live, run.doc, run.session
         gen = opts.generation(session.generation_defaults)

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from maskkv_cli.cli.common import fail, guarded, live_display_on
+from maskkv_cli.cli.common import fail, guarded, live_display_on, note
 from maskkv_cli.cli.options import (
     BatchJobsOpt,
     BatchOutOpt,
@@ -133,8 +133,12 @@ def batch(
         from maskkv_cli.batch.ray_pool import import_ray
 
         import_ray()  # without the extra: say so before reading any document
-    specs = read_jobs_file(jobs) if jobs is not None else cross_product(list(docs or []),
-                                                                         read_questions(questions))  # type: ignore
+
+    def told(message: str) -> None:
+        note(message, quiet, as_json)
+
+    specs = read_jobs_file(jobs, told) if jobs is not None else cross_product(
+        list(docs or []), read_questions(questions, told))  # type: ignore[arg-type]
     folder = choose_model(opts.model, opts.yes, quiet, as_json)  # as ask: an ORG/NAME not here is pulled or named
     settings = answer_settings(opts, long)
     runner = Runner(devices=names, ray=ray, workers=workers if ray else None, device=opts.device, batch_size=size)
