@@ -91,7 +91,8 @@ RatioOpt = Annotated[float | None, ratio_option(
 GenLengthOpt = Annotated[int | None, gen_length_option(
     "Response tokens to generate [default: the model's, else 128].", "-n", show_default=False)]
 StepsOpt = Annotated[int | None, steps_option(
-    "Denoising steps in all, split evenly over blocks [default: the model's; with --gen-length, one per token].",
+    "Denoising steps in all, split evenly over blocks [default: the model's; one per token where the answer's "
+    "length is given].",
     show_default=False)]
 BlockOpt = Annotated[int | None, block_length_option(
     "LLaDA and LLaDA2: tokens per semi-autoregressive block [default: the model's, else 32, or one block where 32 "
