@@ -288,3 +288,29 @@ def test_a_request_cancelled_while_it_waits_gives_its_queue_place_back_at_once()
     finally:
         release.set()
         runner.close()
+
+
+def test_a_document_stored_by_an_older_maskkv_is_read_again_or_named(tmp_path) -> None:
+    """GET /v1/documents lists an entry of an older store format, which the store does not give (``get``): asking
+    it was "no stored document has the id" for an id the list shows. It is parsed again from its file when that is
+    still there, else the 404 says why."""
+    import json
+
+    from maskkv_cli.documents.store import DocumentStore
+    from maskkv_cli.server.documents import resolve_documents
+
+    store = DocumentStore(tmp_path / "store")
+    source = tmp_path / "notes.txt"
+    source.write_text("The special magic number for harbor is 4821.\n")
+    doc, _ = store.ingest(source)
+    entry = store.path_for(doc.sha256)
+    older = {**json.loads(entry.read_text()), "format": 1}
+    entry.write_text(json.dumps(older))
+    assert store.get(doc.sha256) is None and [e.sha256 for e in store.list()] == [doc.sha256]
+    (again,) = resolve_documents(store, (doc.sha256[:8],))
+    assert again.sha256 == doc.sha256 and "4821" in again.text
+    entry.write_text(json.dumps(older))
+    source.unlink()
+    with pytest.raises(APIError) as missing:
+        resolve_documents(store, (doc.sha256,))
+    assert missing.value.status == 404 and "stored by an older maskkv" in str(missing.value)

@@ -3,6 +3,7 @@ ingest`` fills), and a request names documents only by their store id, never by 
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import tempfile
@@ -12,7 +13,7 @@ from typing import Any
 
 from maskkv_cli.documents import EXTENSIONS, Document
 from maskkv_cli.documents.store import DocumentStore, StoreEntry
-from maskkv_cli.errors import DocumentError
+from maskkv_cli.errors import DocumentError, MaskKVError
 from maskkv_cli.server.errors import APIError, bad_request, not_found
 
 __all__ = ["entry_json", "ingest_upload", "list_documents", "resolve_documents", "safe_filename", "upload_field"]
@@ -65,6 +66,24 @@ def ingest_upload(store: DocumentStore, filename: str, data: bytes, password: st
             "chars": doc.n_chars, "already_stored": already, "warnings": list(doc.warnings)}
 
 
+def _read_again(store: DocumentStore, sha: str) -> Document | None:
+    """A listed entry that ``get`` cannot give (stored by an older maskkv, in a format this one does not read):
+    parsed again from its file when that is still there with the same content, else a 404 that says so (it was a
+    plain "no stored document has the id" for an id GET /v1/documents lists). None when no entry has ``sha``."""
+    entry = next((e for e in store.list() if e.sha256 == sha), None)
+    if entry is None:
+        return None
+    if os.path.isfile(entry.source):
+        try:
+            doc, _ = store.ingest(entry.source)
+        except MaskKVError:
+            doc = None
+        if doc is not None and doc.sha256 == sha:
+            return doc
+    raise not_found(f"the stored document {entry.name} ({entry.short}) was stored by an older maskkv and its file "
+                    "is no longer there to read again; upload it again with POST /v1/documents", "maskkv.documents")
+
+
 def resolve_documents(store: DocumentStore, ids: tuple[str, ...]) -> list[Document]:
     """The stored documents with these ids (a SHA-256, or a prefix of 6+ hex digits that only one has)."""
     docs: list[Document] = []
@@ -79,6 +98,8 @@ def resolve_documents(store: DocumentStore, ids: tuple[str, ...]) -> list[Docume
                                   "it (GET /v1/documents lists them)", "maskkv.documents")
             sha = matches[0] if matches else ""
         doc = store.get(sha) if sha else None
+        if doc is None and sha:
+            doc = _read_again(store, sha)
         if doc is None:
             raise not_found(f"no stored document has the id {key!r}; upload it with POST /v1/documents or list the "
                             "ids with GET /v1/documents", "maskkv.documents")
