@@ -88,3 +88,33 @@ def test_a_stored_document_prefix_is_not_counted_as_prefill_work(tmp_path, tiny_
     assert size == 4
     assert session.prefix_rows(doc, n, gen, CacheConfig("none")) == 0
     assert batch_size_for(session, items, gen, CacheConfig("none"), "truncate", None)[0] == 1
+
+
+def test_a_worker_whose_driver_is_gone_ends_quietly(monkeypatch) -> None:
+    """The driver killed (kill -9) while a worker answers: sending its row raised BrokenPipeError and each worker
+    printed a traceback; it ends quietly now, as when the pipe's other end is closed (EOFError)."""
+    import maskkv_cli.batch.local as local
+
+    class Stub:
+        def __init__(self, spec, name) -> None:
+            pass
+
+        def run(self, message, text):
+            return {"answer": "4821"}
+
+    class GoneDriver:
+        def __init__(self) -> None:
+            self.sent = 0
+
+        def send(self, item) -> None:
+            self.sent += 1
+            if item[0] == "done":
+                raise BrokenPipeError(32, "Broken pipe")
+
+        def recv(self):
+            return ({"id": "j1"}, "text")
+
+    monkeypatch.setattr(local, "Worker", Stub)
+    conn = GoneDriver()
+    local._process_main(None, "0", conn)  # type: ignore[arg-type]
+    assert conn.sent == 2  # "ready", then the row the driver never got

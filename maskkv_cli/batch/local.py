@@ -72,8 +72,8 @@ def _process_main(spec: WorkerSpec, name: str, conn: Any) -> None:
             if new_text is not None:
                 text = new_text
             conn.send(("done", worker.run(message, text)))
-    except (KeyboardInterrupt, EOFError):  # Ctrl-C reaches the whole process group; or the driver is gone
-        return
+    except (KeyboardInterrupt, EOFError, BrokenPipeError, ConnectionResetError):
+        return  # Ctrl-C reaches the whole process group; or the driver is gone (killed): no traceback
 
 
 class ProcessPool:
