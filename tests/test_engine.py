@@ -278,3 +278,34 @@ def test_a_dense_layer_keeps_the_prefills_own_keys_and_values():
     assert window.k.shape[2] == m + n and window.k.data_ptr() != k.data_ptr()
     strided = dense_layer(k.transpose(2, 3).contiguous().transpose(2, 3), v, m, n, own=True)  # not contiguous
     assert strided.k.data_ptr() != k.data_ptr() and torch.equal(strided.k[:, :, :m], k[:, :, :m])
+
+
+def test_degenerate_policy_settings_keep_their_promises(tiny_model) -> None:
+    """From a library hunt: the random policy gave a batch's rows other entries than each row alone (one draw for
+    the batch); AdaKV at a budget of 1 kept more entries than H per layer (heads the rule left empty were lifted to
+    one); policy options no policy can run with ran as something else; ``none`` reported a step mode it ignores."""
+    from maskkv_cli.engine.step_runner import StepOptions
+    from maskkv_cli.errors import UsageError
+
+    gen = GenerationConfig(gen_length=8, steps=8, block_length=4)
+    ids = torch.cat([random_ids(tiny_model, 40, seed) for seed in range(3)])
+    together = generate(tiny_model, ids, gen, get_policy("random"), budget=5).tokens
+    for row in range(3):
+        alone = generate(tiny_model, ids[row : row + 1], gen, get_policy("random"), budget=5).tokens[0]
+        assert torch.equal(together[row], alone), row
+    result = generate(tiny_model, ids[:1], gen, get_policy("adakv"), budget=1)
+    cfg = tiny_model.config
+    assert result.stats.kv_entries == cfg.n_layers * cfg.n_kv_heads
+    for bad in ({"sinks": -1}, {"window": -3}, {"pool_mode": "bogus"}, {"pool_kernel": 0},
+                {"importance": (1.0, float("nan"))}):
+        with pytest.raises(UsageError, match="policy option"):
+            PolicyOptions(**bad)
+    wrong = PolicyOptions(importance=(1.0,) * (cfg.n_layers + 1))
+    with pytest.raises(UsageError, match=f"importance has {cfg.n_layers + 1} values for a model of {cfg.n_layers}"):
+        generate(tiny_model, ids[:1], gen, get_policy("maskkv", wrong), budget=4)
+    from maskkv_cli.engine.plan import CacheConfig
+
+    with pytest.raises(UsageError, match="--ratio must be a number in"):
+        CacheConfig(ratio="0.5")  # type: ignore[arg-type]  (a TypeError from the comparison)
+    plain = generate(tiny_model, ids[:1], gen, get_policy("none"), step_options=StepOptions(compile=True))
+    assert plain.stats.step_mode == "eager"

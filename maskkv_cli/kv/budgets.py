@@ -48,8 +48,8 @@ def check_budget(budget: int, name: str = "--budget") -> None:
 
 def check_ratio(ratio: float) -> None:
     """``--ratio``: a share of the prompt in (0, 1]."""
-    if not (0.0 < ratio <= 1.0):
-        raise UsageError(f"--ratio must be in (0, 1], got {ratio!r}")
+    if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not (0.0 < ratio <= 1.0):
+        raise UsageError(f"--ratio must be a number in (0, 1], got {ratio!r}")
 
 
 def _check_unit(value: float, name: str) -> None:
@@ -362,5 +362,8 @@ def adakv_head_budgets(
     base = math.floor(_decimal(floor) * b)
     mixed = (1.0 - floor) * counts.to(torch.float64) + base
     heads = torch.floor(mixed + 0.5).to(torch.int64)
-    out = distribute_exact(heads, n_heads * per_head, counts, lower=min(base, n_prefix), upper=n_prefix)
+    # a head keeps at least one entry: with no window (a budget of 1) a head the floor and the top-k leave empty
+    # would be lifted to one by the policy, over the layer's total
+    lower = max(min(base, n_prefix), 1 if window == 0 else 0)
+    out = distribute_exact(heads, n_heads * per_head, counts, lower=lower, upper=n_prefix)
     return (out + window).to(scores.device)

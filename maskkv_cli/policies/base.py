@@ -8,6 +8,7 @@ padding) is shared and lives in ``maskkv_cli.kv.cache``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -18,6 +19,8 @@ from torch import Tensor
 from maskkv_cli.errors import UsageError
 from maskkv_cli.kv.budgets import uniform_layer_budgets
 from maskkv_cli.kv.votes import attention_mass
+
+POOL_MODES = ("max", "avg")  # SnapKV's pooling of the window's scores (kv.votes.pool_scores)
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,21 @@ class PolicyOptions:
     pyramid_beta: float = 20.0
     seed: int = 0  # random policy
     residual_spread: float | None = None  # residual entries for heads at least this diffuse (None: the policy's)
+
+    def __post_init__(self) -> None:
+        """Values no policy can run with are refused here, not clamped or read as another setting later (a negative
+        window ran as 0, a negative sink count pinned all but the last entry, an unknown pooling averaged)."""
+        for name in ("window", "sinks", "pool_kernel"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "pool_kernel" else 0):
+                raise UsageError(f"policy option {name} must be a whole number >= "
+                                 f"{1 if name == 'pool_kernel' else 0}, got {value!r}")
+        if self.pool_mode not in POOL_MODES:
+            raise UsageError(f"policy option pool_mode must be one of {', '.join(POOL_MODES)}, got {self.pool_mode!r}")
+        if self.importance is not None and not all(
+                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                for v in self.importance):
+            raise UsageError("policy option importance must hold finite numbers >= 0, one per layer")
 
 
 QUERY_BLOCK = 2048  # query rows computed at once when the queries come from ``LayerView.compute_q``

@@ -125,4 +125,5 @@ class RandomPolicy(Policy):
     def scores(self, view: LayerView, layer_budget: int) -> Tensor:
         gen = torch.Generator(device="cpu").manual_seed(self.options.seed * 1000003 + view.layer)
         b, h = view.k.shape[:2]
-        return torch.rand((b, h, view.prompt_len), generator=gen).to(view.k.device)
+        # every sequence of a batch draws what it draws alone (one draw per layer, the same for each row)
+        return torch.rand((1, h, view.prompt_len), generator=gen).to(view.k.device).expand(b, h, view.prompt_len)

@@ -6,6 +6,7 @@ from typing import Any
 
 from torch import Tensor
 
+from maskkv_cli.errors import UsageError
 from maskkv_cli.kv.budgets import boundary_layer_budgets, preference_head_budgets, uniform_layer_budgets
 from maskkv_cli.kv.votes import neighbour_scores, pool_scores
 from maskkv_cli.policies.base import LayerView, Policy, register
@@ -27,6 +28,8 @@ class MaskKV(Policy):
         imp = self.options.importance
         if imp is None:
             return uniform_layer_budgets(n_layers, budget)
+        if len(imp) != n_layers:  # (a profile's length is checked against the model before it is used)
+            raise UsageError(f"policy option importance has {len(imp)} values for a model of {n_layers} layers")
         return boundary_layer_budgets(list(imp), budget, self.options.beta, self.options.boundary,
                                       max_budget=prompt_len)
 

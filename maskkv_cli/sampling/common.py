@@ -96,7 +96,8 @@ class StepMeter:
         self.steps = 0
         reset_cuda_peaks(model_devices(model))
         self.start = now(self.device)
-        stats.step_mode = forward.step_options.label
+        # a plan without later-step functions (``none``: every step a full forward) runs eager whatever was asked
+        stats.step_mode = forward.step_options.label if forward.policy.uses_cache else "eager"
 
     def step(self, t0: float, x: Tensor, commit: Tensor | int, block: int, n_blocks: int,
              t1: float | None = None) -> None:
