@@ -536,3 +536,19 @@ def test_count_tokens_uses_tiktoken_when_cached(
         pytest.skip("cl100k_base is not in tiktoken's local cache on this machine")
     assert tokencount.count_tokens("hello world") == (2, "tiktoken cl100k_base")
     assert fresh_tokencount == []
+
+
+def test_a_pipe_named_like_a_document_fails_instead_of_waiting(tmp_path) -> None:
+    """A FIFO named ``pipe.txt`` blocked ``load_document`` (and a whole ``ingest_all``) for ever, waiting for a
+    writer; it is refused as not a regular file, and an ingest of its folder goes on with the other files."""
+    import os
+
+    from maskkv_cli.documents.ingest import discover, ingest_all
+    from maskkv_cli.documents.store import DocumentStore
+
+    os.mkfifo(tmp_path / "pipe.txt")
+    (tmp_path / "notes.txt").write_text("The river runs past the mill.\n")
+    with pytest.raises(DocumentError, match="not a regular file"):
+        load_document(tmp_path / "pipe.txt")
+    outcomes = list(ingest_all(DocumentStore(tmp_path / "store"), discover([tmp_path]).files))
+    assert len(outcomes) == 2 and sum(1 for o in outcomes if o.error) == 1

@@ -58,6 +58,9 @@ def check_source(path: str | Path) -> Path:
         raise DocumentError(f"File not found: {p}. Check the path and try again.")
     if p.is_dir():
         raise DocumentError(f"{p} is a directory; pass a single document file ({SUPPORTED_HINT}).")
+    if not p.is_file():  # a FIFO, a socket, a device: reading it could wait forever
+        raise DocumentError(f"{p} is not a regular file (a pipe, socket or device); pass a document file "
+                            f"({SUPPORTED_HINT}).")
     if p.suffix:
         detect_kind(p)  # reject an unsupported extension before reading the file
     return p
