@@ -26,11 +26,24 @@ DEFAULT_GEN_LENGTH = 128  # response tokens when neither the user nor the model 
 DEFAULT_BLOCK_LENGTH = 32
 
 
+ONE_BLOCK = 0  # a default block length meaning: the whole response is one block (``resolve_generation``)
+
+
+def family_defaults(generation: dict[str, int], family_name: str) -> dict[str, int]:
+    """A model's stored generation defaults as its family runs them: a sampler without blocks (one that refuses
+    ``--block-length``: Dream's) answers in one block, so that any ``--steps`` fits it (blocks of 32 made it refuse
+    every step count that is no multiple of the length / 32)."""
+    if "block_length" in family(family_name).refuses:
+        return {**generation, "block_length": ONE_BLOCK}
+    return generation
+
+
 def resolve_generation(defaults: dict[str, int], gen_length: int | None, steps: int | None,
                        block_length: int | None) -> tuple[int, int, int]:
     """(gen_length, steps, block_length) from the options, filling gaps from the model's defaults
     (``ModelDefaults.generation``), else 128 / gen length / 32 (a length given without steps: one step per token);
-    a default block that does not divide the length becomes one block (a block the user gave must divide it:
+    a default block that does not divide the length (or is ``ONE_BLOCK``) becomes one block (a block the user gave
+    must divide it:
     ``GenerationConfig`` says so). Only None is a gap: a length or count of 0 stays, so that ``GenerationConfig``
     refuses it instead of a default replacing it."""
     gen = defaults.get("gen_length", DEFAULT_GEN_LENGTH) if gen_length is None else gen_length

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from maskkv_cli.app.run_settings import family_defaults
 from maskkv_cli.engine.batch_memory import auto_batch_size, batch_memory, free_bytes, model_geometry
 from maskkv_cli.engine.batch_work import batch_work
 from maskkv_cli.engine.plan import CacheConfig, CachePlan, ImportanceChoice, importance_choice, plan_cache
@@ -92,7 +93,7 @@ class Session:
         self.base_theta = config.rope_theta
         self.dream = dream or DreamOptions()  # Dream's own sampler settings; LLaDA's loop has none
         defaults = read_model_defaults(folder.path)
-        self.generation_defaults = defaults.generation
+        self.generation_defaults = family_defaults(defaults.generation, config.family)
         self.summary_length = defaults.summary_length
         self.summary_block = defaults.summary_block
         self.llada2 = llada2_defaults(defaults.sampler)  # LLaDA2's sampler settings (its loop only reads them)

@@ -163,7 +163,7 @@ def run_batch(
     """Answer every job not already finished in ``out``; returns the counts (failures are rows, not errors).
     ``model_path``: the ``ModelFolder`` the command chose, or a path (resolved here); ``quantize``: the weights'
     quantization every worker loads (none, int8, int4; part of every job's key)."""
-    from maskkv_cli.app.run_settings import check_policy_family, resolve_generation
+    from maskkv_cli.app.run_settings import check_policy_family, family_defaults, resolve_generation
     from maskkv_cli.batch.answering import run_settings
     from maskkv_cli.models.checkpoint import ModelFolder
     from maskkv_cli.models.config import read_model_defaults
@@ -179,7 +179,7 @@ def run_batch(
         check_policy_family(policy, model.config.family)
     model_path = model.name
     model_id = model.fingerprint
-    defaults = read_model_defaults(model.path).generation
+    defaults = family_defaults(read_model_defaults(model.path).generation, model.config.family)
     tell = on_progress or (lambda event: None)
     total = len(specs)
 

@@ -132,9 +132,10 @@ class RunOptions:
         """Make the ``generation`` of these options over the stored defaults of ``folder`` (a ``ModelFolder``, the
         ones its session reads), so that settings that do not go together (``--gen-length 7 --block-length 4``, a
         negative ``--cfg``) are a usage error before the weights load, not after."""
+        from maskkv_cli.app.run_settings import family_defaults
         from maskkv_cli.models.config import read_model_defaults
 
-        self.generation(read_model_defaults(folder.path).generation, **more)
+        self.generation(family_defaults(read_model_defaults(folder.path).generation, folder.config.family), **more)
 
     def with_(self, **changes: Any) -> RunOptions:
         return replace(self, **changes)

@@ -272,7 +272,8 @@ def quality(
         cell_runner = pooled_cells(pool)
     else:
         session = load_session(model, device, dtype, quiet, as_json, yes=yes, quantize=weights)
-    defaults = session.generation_defaults or FALLBACK_GENERATION
+    stored = session.generation_defaults  # (a one-block family's holds its block length alone: no lengths)
+    defaults = stored if set(stored) - {"block_length"} else {**FALLBACK_GENERATION, **stored}
     settings = RunSettings(gen_length=gen_length, steps=steps, block_length=block_length, seed=seed)
     settings.check_family(session.model.config.family)  # a --block-length its sampler has no use for (Dream's)
     gen = settings.generation(defaults)

@@ -58,9 +58,11 @@ def summarize(
 
     def check(folder: Any) -> None:  # over the model's stored summary length (what its session reads too)
         from maskkv_cli.models.config import read_model_defaults
+        from maskkv_cli.models.families import family
 
         stored = read_model_defaults(folder.path)
-        gens.extend(summary_generations(opts, length, stored.summary_length, stored.summary_block))
+        one_block = "block_length" in family(folder.config.family).refuses  # Dream's, DiffusionGemma's sampler
+        gens.extend(summary_generations(opts, length, stored.summary_length, stored.summary_block, one_block))
 
     with document_run(document, password, opts, check) as run:
         live, doc, session = run.live, run.doc, run.session
@@ -133,11 +135,12 @@ def summarize(
 
 
 def summary_generations(opts: RunOptions, length: int, summary_length: int | None,
-                        summary_block: int | None) -> tuple[Any, Any]:
+                        summary_block: int | None, one_block: bool = False) -> tuple[Any, Any]:
     """The generation settings of each part's summary and of the final one, for a summary of about ``length`` words
     by a model whose stored lead-summary length and block are ``summary_length`` and ``summary_block`` (None: it
     writes summaries of any length). A ``--block-length`` that does not divide the lead summary's tokens is a usage
-    error that says so (the run has no --gen-length to blame)."""
+    error that says so (the run has no --gen-length to blame). ``one_block``: the sampler has no blocks (Dream,
+    DiffusionGemma): each summary is one block, so that any ``--steps`` fits it."""
     from maskkv_cli.prompting.parts import summary_tokens
 
     if summary_length:
@@ -152,7 +155,8 @@ def summary_generations(opts: RunOptions, length: int, summary_length: int | Non
         gen = opts.with_(gen_length=summary_length, block_length=block).generation({})
         return gen, opts.with_(gen_length=final_tokens, block_length=final_block).generation({})
     block = opts.block_length or 32
-    gen = opts.with_(gen_length=summary_tokens(length, block), block_length=block).generation({})
+    tokens = summary_tokens(length, block)
+    gen = opts.with_(gen_length=tokens, block_length=tokens if one_block else block).generation({})
     return gen, gen
 
 
