@@ -211,8 +211,12 @@ def step_on_logits(raw: Tensor, canvas: Tensor, argmax: Tensor, self_conditionin
         stop, history = stable_and_confident(new_argmax, logits, history, settings.stability_threshold,  # type: ignore[arg-type]
                                              settings.confidence_threshold)  # type: ignore[arg-type]
         finished = finished | stop
-    # the signal goes back in the embedding's dtype, as upstream casts it
-    return StepResult(new_canvas, new_argmax, logits.to(dtype), sampled, accepted, finished, history)
+    # the signal goes back in the embedding's dtype, as upstream casts it; clamped to that dtype's range first, so
+    # that greedy's tempered logits (about 1e7 at t = 1e-6) stay finite in fp16 (inf there made the next softmax NaN;
+    # in bf16 and fp32 the clamp changes nothing)
+    finite = torch.finfo(dtype)
+    signal = logits.clamp(finite.min, finite.max).to(dtype)
+    return StepResult(new_canvas, new_argmax, signal, sampled, accepted, finished, history)
 
 
 # ----- the loop and the reference driver ---------------------------------------------------------------------------
