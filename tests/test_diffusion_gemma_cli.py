@@ -400,3 +400,16 @@ def test_greedy_in_fp16_keeps_the_self_conditioning_signal_finite(folder, doc):
     for args in (["generate", "Hi"], ["ask", str(doc), "What?"]):
         result = runner.invoke(app, [*args, "--model", str(folder), "-n", "8", "--dtype", "fp16", "--json"])
         assert result.exit_code == 0, result.output
+
+
+def test_online_layer_budgets_are_refused_before_the_model_runs(folder, doc, tmp_path):
+    """--layer-budgets online was refused only inside the sampler: ask loaded the model first, batch wrote a failed
+    row for every job, serve started and answered every request with a 400. Now one line where the command meets
+    the model, as its other refused settings."""
+    (tmp_path / "qs.txt").write_text("What?\nWhere?\n")
+    for args in (["ask", str(doc), "What?"], ["batch", "--docs", str(doc), "--questions", str(tmp_path / "qs.txt"),
+                                              "--out", str(tmp_path / "out")]):
+        result = runner.invoke(app, [*args, "--model", str(folder), "--layer-budgets", "online"])
+        assert result.exit_code == 2, result.output
+        assert "--layer-budgets online is not available for diffusion_gemma models" in result.stderr
+    assert not (tmp_path / "out" / "answers.jsonl").exists()

@@ -124,6 +124,10 @@ class RunSettings:
         if given:
             verb = "is not an option" if len(given) == 1 else "are not options"
             raise UsageError(f"{', '.join(given)} {verb} of the {name} sampler (docs/models.md has what it takes)")
+        for setting, value in fam.refuses_values:
+            if getattr(self, setting) == value:
+                flag = FLAGS.get(setting, "--" + setting.replace("_", "-"))
+                raise UsageError(f"{flag} {value} is not available for {name} models (docs/models.md says why)")
         check_policy_family(self.policy, name)
 
     def generation(self, defaults: dict[str, int] | None = None) -> GenerationConfig:

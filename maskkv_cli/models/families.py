@@ -66,6 +66,8 @@ class Family:
     refuses: tuple[str, ...] = ()
     # the cache policies its prompt cache cannot run (``--policy``): refused where a command meets its model
     refuses_policies: tuple[str, ...] = ()
+    # run settings' values its sampler cannot run, by setting: refused where a command meets its model
+    refuses_values: tuple[tuple[str, str], ...] = ()
     # whether its passes run as the engine's lanes (``engine/prefill.py``, ``engine/step.py``), joined with other
     # prompts' in a batch; False (its own forward): each prompt runs alone, in turn, so ``--batch-size auto`` runs
     # one at a time and ``bench memory``, which measures the engine's prefill, refuses it
@@ -98,7 +100,9 @@ FAMILY_TABLE: dict[str, Family] = {
                               refuses=("steps", "block_length", "cfg_scale", "remasking", "threshold", "alg", "top_p",
                                        "top_k", "editing_threshold", "max_post_steps"),
                               # residual entries are not ported to its cache; only the window's encoder queries vote
-                              refuses_policies=("maskkv-plus", "maskkv-residual", "prompt-vote", "all-vote")),
+                              refuses_policies=("maskkv-plus", "maskkv-residual", "prompt-vote", "all-vote"),
+                              # layer importance measured online needs the engine's prefill, which it does not run
+                              refuses_values=(("layer_budgets", "online"),)),
 }
 
 
