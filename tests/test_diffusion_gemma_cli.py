@@ -413,3 +413,25 @@ def test_online_layer_budgets_are_refused_before_the_model_runs(folder, doc, tmp
         assert result.exit_code == 2, result.output
         assert "--layer-budgets online is not available for diffusion_gemma models" in result.stderr
     assert not (tmp_path / "out" / "answers.jsonl").exists()
+
+
+def test_profile_pictures_name_the_full_layers_they_show(folder, doc, tmp_path, monkeypatch):
+    """DiffusionGemma's per-layer rows are its full-attention layers; --plot's heatmap and layer chart labelled them
+    0, 1, ... while the table and the HTML named the model's layers."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    shown: list[list[str]] = []
+    real = Figure.savefig
+
+    def spy(self, *args, **kwargs):
+        shown.extend([t.get_text() for t in ax.get_yticklabels()] for ax in self.axes if ax.get_ylabel() == "layer")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    result = runner.invoke(app, ["profile", str(doc), "What?", "--model", str(folder), "--policies", "maskkv",
+                                 "--ratio", "0.3", "-n", "8", "--plot", str(tmp_path / "p.png"), "--json"])
+    assert result.exit_code == 0, result.output
+    layers = [str(layer) for layer in json.loads(result.stdout)["runs"][0]["layers"]]
+    assert layers != [str(i) for i in range(len(layers))]  # the full layers are not 0, 1, ...
+    assert shown and all(labels == layers for labels in shown), (shown, layers)

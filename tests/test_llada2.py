@@ -167,6 +167,10 @@ def test_ask_on_a_llada2_folder(tmp_path, llada2, tiny_tokenizer):
     result = runner.invoke(app, ["ask", str(doc), "Where?", "--model", str(folder), "-n", "16", "--block-length", "8",
                                  "--editing-threshold", "0.5", "--max-post-steps", "2", "--json"])
     assert result.exit_code == 0, result.output
+    # without token editing LLaDA2.0's loop never reads --max-post-steps: refused, not silently ignored
+    result = runner.invoke(app, ["ask", str(doc), "Where?", "--model", str(folder), "-n", "16", "--block-length", "8",
+                                 "--max-post-steps", "2"])
+    assert result.exit_code == 2 and "--max-post-steps applies to LLaDA2.1's token editing" in result.stderr
     listed = runner.invoke(app, ["models", "--json"])
     assert listed.exit_code == 0 and "llada2" in listed.stdout
 

@@ -110,10 +110,14 @@ class RunSettings:
     def llada2(self, defaults: LLaDA2Options | None = None) -> LLaDA2Options:
         """LLaDA2's options: these settings where given, else ``defaults`` (the model's stored ones)."""
         base = defaults or LLaDA2Options()
-        return replace(base, top_p=self.top_p, top_k=self.top_k,
-                       editing_threshold=base.editing_threshold if self.editing_threshold is None
-                       else self.editing_threshold,
-                       max_post_steps=base.max_post_steps if self.max_post_steps is None else self.max_post_steps)
+        options = replace(base, top_p=self.top_p, top_k=self.top_k,
+                          editing_threshold=base.editing_threshold if self.editing_threshold is None
+                          else self.editing_threshold,
+                          max_post_steps=base.max_post_steps if self.max_post_steps is None else self.max_post_steps)
+        if self.max_post_steps is not None and options.editing_threshold is None:  # LLaDA2.0's loop never reads it
+            raise UsageError("--max-post-steps applies to LLaDA2.1's token editing, which this run does not use: give "
+                             "--editing-threshold too, or leave it out")
+        return options
 
     def check_family(self, name: str) -> None:
         """Refuse, in one line, the settings given (other than their defaults) that the sampler of the model family

@@ -115,6 +115,9 @@ LongOpt = Annotated[str, typer.Option(
     "--long", help="Documents longer than the window: parts (read all of it in overlapping parts, each asked; the "
     "answer from the most confident), truncate (keep start and end, cut the middle: faster, the answer says what "
     "was cut) or rope-scale (NTK-style RoPE base scaling, one prompt beyond the window).")]
+ProfileLongOpt = Annotated[str, typer.Option(
+    "--long", help="Documents longer than the window (profile measures one prompt): truncate (keep start and end, "
+    "cut the middle) or rope-scale (NTK-style RoPE base scaling, one prompt beyond the window).")]
 LayerBudgetsOpt = Annotated[str, typer.Option(
     "--layer-budgets", help="MaskKV layer budgets: auto (the model's calibration profile if present, else uniform), "
     "online (from this input; holds the full cache during the prefill), uniform.")]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
@@ -328,14 +329,14 @@ def plot_png(report: ProfileReport, path: Path) -> Path:
             ax.set_ylabel("layer")
             ax.set_title(f"{run.spec.label}: kept entries per head" if panel == "heads" else "P_h per head")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+            _layer_ticks(ax, run.layer_labels(len(data)))
             fig.colorbar(image, ax=ax)
         elif panel == "layers" and run is not None:
             budgets = run.layer_budgets or []
             layers = list(range(len(budgets)))
             ax.barh(layers, budgets, color=RAMP[4], label="layer budget")
             ax.invert_yaxis()
-            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+            _layer_ticks(ax, run.layer_labels(len(budgets)))
             ax.set_xlabel("entries per head")
             ax.set_ylabel("layer")
             ax.set_title("layer budgets" + (" and I(l)" if run.importance else " (no layer importance used)"))
@@ -363,3 +364,14 @@ def plot_png(report: ProfileReport, path: Path) -> Path:
 
 __all__ = ["MissingExtra", "bar", "heatmap", "layer_chart", "page_chart", "plot_png", "print_report",
            "report_renderables", "require_matplotlib", "runs_table", "write_report"]
+
+
+def _layer_ticks(ax: Any, labels: list[int]) -> None:
+    """The y axis of a per-layer panel: whole-number ticks where the rows are layers 0, 1, ...; else each row named
+    by the model's layer it is (DiffusionGemma's rows are its full-attention layers only)."""
+    from matplotlib.ticker import MaxNLocator
+
+    if labels == list(range(len(labels))):
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    else:
+        ax.set_yticks(range(len(labels)), [str(layer) for layer in labels])
