@@ -98,3 +98,5 @@ def test_empty_note_says_what_the_embedded_model_can_do():
     text = empty_note("answer", embedded=True)
     assert "no answer" in text and "maskkv pull GSAI-ML/LLaDA-8B-Instruct" in text and "magic number" in text
     assert "maskkv pull" not in empty_note("summary", embedded=False)
+    assert "--length" in empty_note("summary", embedded=False)  # summarize has no --gen-length
+    assert "--gen-length" not in empty_note("summary", embedded=False)

@@ -92,7 +92,8 @@ def empty_note(what: str, embedded: bool) -> str:
                  "lead summaries (a part's first sentences, often garbled after the first). For real "
                  f"answers download a real model: `{PULL_HINT}`, then pass --model {REAL_MODEL}.")
     else:
-        text += " Try a longer --gen-length, more --steps, or a larger --budget."
+        longer = "a larger --length" if what == "summary" else "a longer --gen-length"  # summarize's own option
+        text += f" Try {longer}, more --steps, or a larger --budget."
     return text
 
 
