@@ -403,15 +403,20 @@ def test_greedy_in_fp16_keeps_the_self_conditioning_signal_finite(folder, doc):
 
 
 def test_online_layer_budgets_are_refused_before_the_model_runs(folder, doc, tmp_path):
-    """--layer-budgets online was refused only inside the sampler: ask loaded the model first, batch wrote a failed
-    row for every job, serve started and answered every request with a 400. Now one line where the command meets
-    the model, as its other refused settings."""
+    """--layer-budgets online and --long rope-scale were refused only inside the sampler: ask loaded the model
+    first, batch wrote a failed row for every job, serve started and answered every request with a 400. Now one
+    line where the command meets the model, as its other refused settings."""
     (tmp_path / "qs.txt").write_text("What?\nWhere?\n")
     for args in (["ask", str(doc), "What?"], ["batch", "--docs", str(doc), "--questions", str(tmp_path / "qs.txt"),
                                               "--out", str(tmp_path / "out")]):
         result = runner.invoke(app, [*args, "--model", str(folder), "--layer-budgets", "online"])
         assert result.exit_code == 2, result.output
         assert "--layer-budgets online is not available for diffusion_gemma models" in result.stderr
+    assert not (tmp_path / "out" / "answers.jsonl").exists()
+    for args in (["ask", str(doc), "What?"], ["batch", "--docs", str(doc), "--questions", str(tmp_path / "qs.txt"),
+                                              "--out", str(tmp_path / "out")]):
+        result = runner.invoke(app, [*args, "--model", str(folder), "--long", "rope-scale"])
+        assert result.exit_code == 2 and "--long rope-scale is not available for diffusion_gemma" in result.stderr
     assert not (tmp_path / "out" / "answers.jsonl").exists()
 
 

@@ -129,7 +129,7 @@ class RunSettings:
             verb = "is not an option" if len(given) == 1 else "are not options"
             raise UsageError(f"{', '.join(given)} {verb} of the {name} sampler (docs/models.md has what it takes)")
         for setting, value in fam.refuses_values:
-            if getattr(self, setting) == value:
+            if getattr(self, setting, None) == value:
                 flag = FLAGS.get(setting, "--" + setting.replace("_", "-"))
                 raise UsageError(f"{flag} {value} is not available for {name} models (docs/models.md says why)")
         check_policy_family(self.policy, name)
@@ -150,6 +150,13 @@ class RunSettings:
         return GenerationConfig(gen_length=gen_length, steps=steps, block_length=block_length,
                                 temperature=self.temperature, cfg_scale=self.cfg_scale, remasking=self.remasking,
                                 threshold=self.threshold, seed=self.seed)
+
+
+def check_long_family(long: str, name: str) -> None:
+    """Refuse, in one line, a ``--long`` mode the model family ``name`` cannot run (``Family.refuses_values``)."""
+    if ("long", long) in family(name).refuses_values:
+        raise UsageError(f"--long {long} is not available for {name} models (docs/models.md says why); use --long "
+                         "parts or truncate")
 
 
 def check_policy_family(policy: str, name: str) -> None:

@@ -101,8 +101,9 @@ FAMILY_TABLE: dict[str, Family] = {
                                        "top_k", "editing_threshold", "max_post_steps"),
                               # residual entries are not ported to its cache; only the window's encoder queries vote
                               refuses_policies=("maskkv-plus", "maskkv-residual", "prompt-vote", "all-vote"),
-                              # layer importance measured online needs the engine's prefill, which it does not run
-                              refuses_values=(("layer_budgets", "online"),)),
+                              # layer importance measured online needs the engine's prefill, which it does not run;
+                              # its two RoPE kinds are not scaled
+                              refuses_values=(("layer_budgets", "online"), ("long", "rope-scale"))),
 }
 
 

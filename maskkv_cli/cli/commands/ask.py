@@ -67,7 +67,13 @@ def ask(
     quiet, as_json = opts.quiet, opts.as_json
     qs = _questions(question, more, questions_file, lambda message: note(message, quiet, as_json))
     cache = opts.cache()
-    with document_run(document, password, opts, opts.check_generation) as run:
+    def check(folder: Any) -> None:  # before the model loads
+        from maskkv_cli.app.run_settings import check_long_family
+
+        opts.check_generation(folder)
+        check_long_family(long, folder.config.family)
+
+    with document_run(document, password, opts, check) as run:
         live, doc, session = run.live, run.doc, run.session
         gen = opts.generation(session.generation_defaults)
         if len(qs) > 1 and requested != 1 and long != "rope-scale":

@@ -140,6 +140,9 @@ def batch(
     specs = read_jobs_file(jobs, told) if jobs is not None else cross_product(
         list(docs or []), read_questions(questions, told))  # type: ignore[arg-type]
     folder = choose_model(opts.model, opts.yes, quiet, as_json)  # as ask: an ORG/NAME not here is pulled or named
+    from maskkv_cli.app.run_settings import check_long_family
+
+    check_long_family(long, folder.config.family)
     settings = answer_settings(opts, long)
     runner = Runner(devices=names, ray=ray, workers=workers if ray else None, device=opts.device, batch_size=size)
     with _Progress(live_display_on(quiet, as_json)) as progress:
