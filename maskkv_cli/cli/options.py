@@ -77,6 +77,7 @@ length_option = declare("--length")
 batch_size_option = declare("--batch-size")
 repeats_option = declare("--repeats")
 quantize_option = declare("--quantize")
+long_option = declare("--long")
 
 
 ModelOpt = Annotated[str | None, model_option(
@@ -111,13 +112,13 @@ JsonOpt = Annotated[bool, json_option("Print machine-readable JSON only.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", help="No progress display and no notes.")]
 PasswordOpt = Annotated[str | None, typer.Option("--password", help="Password of an encrypted PDF.",
                                                  show_default=False)]
-LongOpt = Annotated[str, typer.Option(
-    "--long", help="Documents longer than the window: parts (read all of it in overlapping parts, each asked; the "
+LongOpt = Annotated[str, long_option(
+    "Documents longer than the window: parts (read all of it in overlapping parts, each asked; the "
     "answer from the most confident), truncate (keep start and end, cut the middle: faster, the answer says what "
     "was cut) or rope-scale (NTK-style RoPE base scaling, one prompt beyond the window).")]
-ProfileLongOpt = Annotated[str, typer.Option(
-    "--long", help="Documents longer than the window (profile measures one prompt): truncate (keep start and end, "
-    "cut the middle) or rope-scale (NTK-style RoPE base scaling, one prompt beyond the window).")]
+ProfileLongOpt = Annotated[str, long_option(
+    "Documents longer than the window (profile measures one prompt): truncate (keep start and end, cut the "
+    "middle) or rope-scale (NTK-style RoPE base scaling, one prompt beyond the window).")]
 LayerBudgetsOpt = Annotated[str, typer.Option(
     "--layer-budgets", help="MaskKV layer budgets: auto (the model's calibration profile if present, else uniform), "
     "online (from this input; holds the full cache during the prefill), uniform.")]
