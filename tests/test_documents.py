@@ -538,6 +538,7 @@ def test_count_tokens_uses_tiktoken_when_cached(
     assert fresh_tokencount == []
 
 
+@pytest.mark.filterwarnings("ignore::maskkv_cli.documents.tokens.TokenCountWarning")  # no tokenizer: an estimate
 def test_a_pipe_named_like_a_document_fails_instead_of_waiting(tmp_path) -> None:
     """A FIFO named ``pipe.txt`` blocked ``load_document`` (and a whole ``ingest_all``) for ever, waiting for a
     writer; it is refused as not a regular file, and an ingest of its folder goes on with the other files."""
