@@ -151,7 +151,7 @@ def test_threshold_commits_several_tokens_per_step(llada2):
     assert len(committed) <= 3 + 3  # a step per block (and a block-finishing pass is not a step)
 
 
-def test_ask_on_a_llada2_folder(tmp_path, llada2, tiny_tokenizer):
+def test_ask_on_a_llada2_folder(tmp_path, llada2, tiny_tokenizer, monkeypatch):
     """The command line end to end: the Ling chat format (the tiny tokenizer has none), the default threshold,
     eviction, and ``maskkv models`` listing the checkpoint."""
     from maskkv_cli.cli import app
@@ -167,9 +167,17 @@ def test_ask_on_a_llada2_folder(tmp_path, llada2, tiny_tokenizer):
     result = runner.invoke(app, ["ask", str(doc), "Where?", "--model", str(folder), "-n", "16", "--block-length", "8",
                                  "--editing-threshold", "0.5", "--max-post-steps", "2", "--json"])
     assert result.exit_code == 0, result.output
-    # without token editing LLaDA2.0's loop never reads --max-post-steps: refused, not silently ignored
-    result = runner.invoke(app, ["ask", str(doc), "Where?", "--model", str(folder), "-n", "16", "--block-length", "8",
-                                 "--max-post-steps", "2"])
+    # without token editing LLaDA2.0's loop never reads --max-post-steps: refused before the weights load, not
+    # silently ignored
+    import maskkv_cli.app.session as session_module
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the weights were loaded before the refusal")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(session_module, "load_checkpoint", no_loading)
+        result = runner.invoke(app, ["ask", str(doc), "Where?", "--model", str(folder), "-n", "16", "--block-length",
+                                     "8", "--max-post-steps", "2"])
     assert result.exit_code == 2 and "--max-post-steps applies to LLaDA2.1's token editing" in result.stderr
     listed = runner.invoke(app, ["models", "--json"])
     assert listed.exit_code == 0 and "llada2" in listed.stdout

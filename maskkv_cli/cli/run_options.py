@@ -115,6 +115,11 @@ class RunOptions:
         settings = self.settings(**(generates or {}))  # with the command's own sampler options (generate's --cfg)
         chosen = choose_model(folder or self.model, self.yes, self.quiet, self.as_json)
         settings.check_family(chosen.config.family)  # options its sampler does not take: refused before loading
+        if chosen.config.family == "llada2":  # LLaDA2's options over the checkpoint's own, checked before loading
+            from maskkv_cli.models.config import read_model_defaults
+            from maskkv_cli.sampling.llada2 import llada2_defaults
+
+            settings.llada2(llada2_defaults(read_model_defaults(chosen.path).sampler))
         for policy in policies:
             check_policy_family(policy, chosen.config.family)
         if generates is not None:
