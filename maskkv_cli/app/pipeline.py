@@ -40,9 +40,9 @@ from maskkv_cli.sampling import Event, GenerationConfig
 from maskkv_cli.sampling.confidence import LOW_CONFIDENCE_STATISTIC, Confidence
 
 __all__ = ["CLAIMS", "Answer", "PartsAnswer", "Prompt", "Session", "add_pages", "answer_row", "ask", "ask_in_parts",
-           "ask_many", "batch_size_for", "choose_part", "claim", "common_source", "confidence_fields", "part_prompts",
-           "parts_answer", "parts_stats", "prepare", "prompt_lengths", "reading_fields", "room_for_text", "room_needed",
-           "says_absent", "spans_pages", "trained_question", "used_every_token"]
+           "ask_many", "batch_size_for", "choose_part", "claim", "common_source", "confidence_fields", "no_room",
+           "part_prompts", "parts_answer", "parts_stats", "prepare", "prompt_lengths", "reading_fields",
+           "room_for_text", "room_needed", "says_absent", "spans_pages", "trained_question", "used_every_token"]
 
 
 @dataclass(frozen=True)
@@ -71,18 +71,23 @@ def room_for_text(session: Session, question: str, gen_length: int) -> int:
 
 
 def room_needed(session: Session, question: str, gen_length: int) -> int:
-    """``room_for_text``, refused in one line when it is not positive: the answer's length and the prompt around
-    the document are named, with the longest answer that leaves the document a token."""
+    """``room_for_text``, refused in one line when it is not positive (``no_room``)."""
     room = room_for_text(session, question, gen_length)
-    if room > 0:
-        return room
+    if room <= 0:
+        raise no_room(session, question, gen_length)
+    return room
+
+
+def no_room(session: Session, question: str, gen_length: int) -> UsageError:
+    """The error of an answer that leaves the document no room: the answer's length and the prompt around the
+    document are named, with the longest answer that leaves the document a token."""
     overhead, window = session.prompt_overhead(question), session.window
     answer = session.response_positions(gen_length)
     longest = session.longest_answer(window - overhead - 1)  # answer positions that leave the document a token
     hint = f"ask for at most {longest} new tokens" if longest > 0 else "shorten the question"
-    raise UsageError(f"an answer of {answer} tokens and the prompt around the document ({overhead} tokens: chat "
-                     f"template and question) take {answer + overhead} of the model's {window}-token window, "
-                     f"leaving no room for the document: {hint}")
+    return UsageError(f"an answer of {answer} tokens and the prompt around the document ({overhead} tokens: chat "
+                      f"template and question) take {answer + overhead} of the model's {window}-token window, "
+                      f"leaving no room for the document: {hint}")
 
 
 def prepare(session: Session, context: str, question: str, gen_length: int, long: str = "truncate") -> Prompt:
@@ -93,8 +98,8 @@ def prepare(session: Session, context: str, question: str, gen_length: int, long
     overhead = session.prompt_overhead(question)
     response = session.response_positions(gen_length)
     room = session.window - overhead - response
-    if long != "rope-scale":  # a cut needs room; RoPE scaling sizes itself for the whole sequence
-        room_needed(session, question, gen_length)
+    if long != "rope-scale" and room <= 0:  # a cut needs room; RoPE scaling sizes itself for the whole sequence
+        raise no_room(session, question, gen_length)
     doc_ids = session.document_ids(context)  # encoded once per document, whatever the number of questions
     # RoPE scaling sizes its factor for the whole sequence; a cut needs only the room.
     total = overhead + len(doc_ids) + response if long == "rope-scale" else None
@@ -239,8 +244,7 @@ def ask_many(
     plans: list[tuple[str, int, int, list[Prompt]]] = []  # kind, document tokens, room, prompts
     for context, question in items:
         ids = session.document_ids(context)
-        room = room_for_text(session, question, gen.gen_length)
-        if long == "parts" and len(ids) > room_needed(session, question, gen.gen_length):
+        if long == "parts" and len(ids) > (room := room_needed(session, question, gen.gen_length)):
             plans.append(("parts", len(ids), room, part_prompts(session, context, ids, room, question)))
         else:
             one = "truncate" if long == "parts" else long  # a text that fits: the one prompt every mode builds

@@ -33,7 +33,7 @@ def family_defaults(generation: dict[str, int], family_name: str) -> dict[str, i
     """A model's stored generation defaults as its family runs them: a sampler without blocks (one that refuses
     ``--block-length``: Dream's) answers in one block, so that any ``--steps`` fits it (blocks of 32 made it refuse
     every step count that is no multiple of the length / 32)."""
-    if "block_length" in family(family_name).refuses:
+    if family(family_name).one_block:
         return {**generation, "block_length": ONE_BLOCK}
     return generation
 

@@ -21,7 +21,6 @@ from maskkv_cli.errors import UsageError
 from maskkv_cli.kv.prefix import PrefixStore
 from maskkv_cli.models.catalog import is_embedded_model
 from maskkv_cli.models.checkpoint import ModelFolder
-from maskkv_cli.models.config import read_model_defaults
 from maskkv_cli.models.families import family
 from maskkv_cli.models.loading import load_checkpoint
 from maskkv_cli.models.protocol import DiffusionLM
@@ -92,7 +91,7 @@ class Session:
         self.tokenizer: Any = use_chat_format(tokenizer_from_folder(folder.path), family(config.family).chat_format)
         self.base_theta = config.rope_theta
         self.dream = dream or DreamOptions()  # Dream's own sampler settings; LLaDA's loop has none
-        defaults = read_model_defaults(folder.path)
+        defaults = folder.defaults
         self.generation_defaults = family_defaults(defaults.generation, config.family)
         self.summary_length = defaults.summary_length
         self.summary_block = defaults.summary_block

@@ -166,7 +166,6 @@ def run_batch(
     from maskkv_cli.app.run_settings import check_policy_family, family_defaults, resolve_generation
     from maskkv_cli.batch.answering import run_settings
     from maskkv_cli.models.checkpoint import ModelFolder
-    from maskkv_cli.models.config import read_model_defaults
     from maskkv_cli.policies.base import check_policy
     from maskkv_cli.sampling.llada import GenerationConfig
 
@@ -179,7 +178,7 @@ def run_batch(
         check_policy_family(policy, model.config.family)
     model_path = model.name
     model_id = model.fingerprint
-    defaults = family_defaults(read_model_defaults(model.path).generation, model.config.family)
+    defaults = family_defaults(model.defaults.generation, model.config.family)
     tell = on_progress or (lambda event: None)
     total = len(specs)
 

@@ -317,18 +317,16 @@ class MemorySettings:
 
     def cases(self) -> list[MemoryCase]:
         from maskkv_cli.defaults import check_quantize
+        from maskkv_cli.models.fingerprint import model_fingerprint
         from maskkv_cli.policies.base import get_policy
+        from maskkv_cli.sampling.llada import GenerationConfig
 
         if self.prompt_len <= 0 or self.gen_length <= 0 or self.budget <= 0:
             raise UsageError("--prompt-length, --gen-length and --budget must be positive")
         if self.threads < 1:
             raise UsageError("--threads must be at least 1")
-        from maskkv_cli.sampling.llada import GenerationConfig
-
         GenerationConfig(self.gen_length, self.gen_length, self.block_length)  # the length in whole blocks
         check_quantize(self.quantize)
-        from maskkv_cli.models.fingerprint import model_fingerprint
-
         model_id = model_fingerprint(self.model) if self.model else None
         out = []
         for name in self.policies:

@@ -115,18 +115,16 @@ class RunOptions:
         settings = self.settings(**(generates or {}))  # with the command's own sampler options (generate's --cfg)
         chosen = choose_model(folder or self.model, self.yes, self.quiet, self.as_json)
         settings.check_family(chosen.config.family)  # options its sampler does not take: refused before loading
-        if chosen.config.family == "llada2":  # LLaDA2's options over the checkpoint's own, checked before loading
-            from maskkv_cli.models.config import read_model_defaults
-            from maskkv_cli.sampling.llada2 import llada2_defaults
+        from maskkv_cli.sampling.llada2 import llada2_defaults
 
-            settings.llada2(llada2_defaults(read_model_defaults(chosen.path).sampler))
+        llada2 = settings.llada2(llada2_defaults(chosen.defaults.sampler))  # over the checkpoint's own: checked now
         for policy in policies:
             check_policy_family(policy, chosen.config.family)
         if generates is not None:
             self.check_generation(chosen, **generates)
         session = load_session(chosen, device, self.dtype, self.quiet, self.as_json, self.device_map,
                                self.yes, dream=settings.dream(), quantize=self.quantization, **more)
-        session.llada2 = settings.llada2(session.stored_llada2)  # the options given over the model's stored defaults
+        session.llada2 = llada2  # the options given over the model's stored defaults
         return session
 
     def generation(self, defaults: dict[str, int], **more: Any) -> Any:
@@ -138,9 +136,8 @@ class RunOptions:
         ones its session reads), so that settings that do not go together (``--gen-length 7 --block-length 4``, a
         negative ``--cfg``) are a usage error before the weights load, not after."""
         from maskkv_cli.app.run_settings import family_defaults
-        from maskkv_cli.models.config import read_model_defaults
 
-        self.generation(family_defaults(read_model_defaults(folder.path).generation, folder.config.family), **more)
+        self.generation(family_defaults(folder.defaults.generation, folder.config.family), **more)
 
     def with_(self, **changes: Any) -> RunOptions:
         return replace(self, **changes)

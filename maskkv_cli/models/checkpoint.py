@@ -18,7 +18,7 @@ from functools import cached_property
 from pathlib import Path
 
 from maskkv_cli.errors import ModelLoadError
-from maskkv_cli.models.config import NAMED_CONFIGS, ModelConfig
+from maskkv_cli.models.config import NAMED_CONFIGS, ModelConfig, ModelDefaults, read_model_defaults
 from maskkv_cli.models.fingerprint import folder_fingerprint
 from maskkv_cli.models.prequantized import PreQuantized
 from maskkv_cli.paths import resolve_model_path
@@ -72,6 +72,12 @@ class ModelFolder:
         bench quality key their rows by it, a calibration profile records it; a plain ``ask`` reads it only to check
         a profile that records one."""
         return folder_fingerprint(self.path)
+
+    @cached_property
+    def defaults(self) -> ModelDefaults:
+        """The checkpoint's stored defaults (``generation_config.json``: ``models.config.read_model_defaults``), read
+        on first use only: the command's checks before loading and its session read the same value."""
+        return read_model_defaults(self.path)
 
     def __str__(self) -> str:
         return self.name

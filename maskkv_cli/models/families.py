@@ -73,6 +73,11 @@ class Family:
     # one at a time and ``bench memory``, which measures the engine's prefill, refuses it
     engine_lanes: bool = True
 
+    @property
+    def one_block(self) -> bool:
+        """Whether its sampler answers in one block (it has no ``--block-length``: Dream's, DiffusionGemma's)."""
+        return "block_length" in self.refuses
+
 
 def _has_experts(data: dict[str, Any]) -> bool:
     return bool(data.get("num_experts")) and int(data["num_experts"]) > 0

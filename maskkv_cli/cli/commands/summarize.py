@@ -57,12 +57,11 @@ def summarize(
     gens: list[Any] = []  # each part's and the final summary's generation settings, made before the model loads
 
     def check(folder: Any) -> None:  # over the model's stored summary length (what its session reads too)
-        from maskkv_cli.models.config import read_model_defaults
         from maskkv_cli.models.families import family
 
-        stored = read_model_defaults(folder.path)
-        one_block = "block_length" in family(folder.config.family).refuses  # Dream's, DiffusionGemma's sampler
-        gens.extend(summary_generations(opts, length, stored.summary_length, stored.summary_block, one_block))
+        stored = folder.defaults
+        gens.extend(summary_generations(opts, length, stored.summary_length, stored.summary_block,
+                                        family(folder.config.family).one_block))
 
     with document_run(document, password, opts, check) as run:
         live, doc, session = run.live, run.doc, run.session
