@@ -73,13 +73,15 @@ class CommittedText:
     A diffusion model fixes its answer a block at a time: a token, once committed, never changes, so the text of
     the longest run of committed tokens from the start is final. It is sent when it grows, less what cannot be sent
     yet: a character whose last bytes are still masked, and an ending that may be the start of a stop string. The
-    pieces joined give the final answer (``finish``), cut at the first stop string.
+    pieces joined give the final answer (``finish``), cut at the first stop string. ``limit``: the most tokens
+    the answer may have (the request's ``max_tokens``; a sampler that fills whole canvases commits more).
     """
 
     def __init__(self, tokenizer: Any, stops: set[int], mask_id: int, stop_strings: Sequence[str],
-                 send: Callable[[str], None] | None) -> None:
+                 send: Callable[[str], None] | None, limit: int | None = None) -> None:
         self.tokenizer, self.stops, self.mask_id = tokenizer, stops, mask_id
         self.stop_strings = tuple(stop_strings)
+        self.limit = limit
         self.send = send
         self.sent = ""
         self.committed = 0  # tokens of the committed prefix last decoded
@@ -88,7 +90,7 @@ class CommittedText:
     def update(self, tokens: Sequence[int]) -> None:
         """The response after a step (the mask id where nothing is committed yet)."""
         prefix: list[int] = []
-        for t in tokens:
+        for t in tokens if self.limit is None else tokens[: self.limit]:
             if t == self.mask_id:
                 break
             prefix.append(t)
@@ -150,10 +152,12 @@ def answer_chat(job: Job[Completion], session: Session, plan: Plan, req: ChatReq
                 embedded: bool, send: Callable[[str], None] | None = None) -> Completion:
     """Answer ``req`` about ``docs`` (runs in the worker thread: the model and tokenizer are used there only).
     Between denoising steps the job is checked (the client gone, the time limit) and, when ``send`` is given, the
-    newly committed text is sent."""
+    newly committed text is sent. An answer is cut to the request's ``max_tokens`` where the sampler ran past it
+    (DiffusionGemma denoises whole canvases)."""
     cfg = session.model.config
     stops = stop_ids(session.tokenizer, cfg)
-    text = CommittedText(session.tokenizer, stops, cfg.mask_token_id, req.stop, send)
+    limit = req.max_tokens
+    text = CommittedText(session.tokenizer, stops, cfg.mask_token_id, req.stop, send, limit)
     in_parts: list[bool] = []  # set when the document is read in parts (``--long parts``)
 
     def on_part(i: int, n: int) -> None:
@@ -169,10 +173,14 @@ def answer_chat(job: Job[Completion], session: Session, plan: Plan, req: ChatReq
     answer = ask(session, context, req.question, plan.gen, plan.cache, long=plan.long, on_event=on_event,
                  on_part=on_part)
     job.check()
-    final, met = text.finish(answer.text)
     tokens = answer.result.tokens[0].tolist()
     ended = next((i for i, t in enumerate(tokens) if t in stops), None)
     used = tokens if ended is None else tokens[:ended]
+    whole = answer.text
+    if limit is not None and len(used) > limit:  # the answer's first max_tokens tokens, ended by the limit
+        used, ended = used[:limit], None
+        whole = decode_answer(session.tokenizer, used, stops, cfg.mask_token_id)
+    final, met = text.finish(whole)
     completion_tokens = sum(1 for t in used if t != cfg.mask_token_id)
     figures = answer_figures(answer, plan, docs, embedded, session, req.question)
     finish = "stop" if met or ended is not None else "length"
