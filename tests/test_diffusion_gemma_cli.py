@@ -420,6 +420,21 @@ def test_online_layer_budgets_are_refused_before_the_model_runs(folder, doc, tmp
     assert not (tmp_path / "out" / "answers.jsonl").exists()
 
 
+def test_profile_and_serve_refuse_rope_scale_before_the_model_loads(folder, doc, monkeypatch):
+    """profile loaded the weights and ran its warm-up before its sampler refused --long rope-scale (a long
+    document); serve loaded them before the same line. Now both refuse where the command meets the model."""
+    import maskkv_cli.cli.model_choice as model_choice
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(model_choice, "load_session", loaded)
+    for args in (["profile", str(doc), "What?"], ["serve", "--port", "0"]):
+        result = runner.invoke(app, [*args, "--model", str(folder), "--long", "rope-scale"])
+        assert result.exit_code == 2, result.output
+        assert "--long rope-scale is not available for diffusion_gemma" in result.stderr
+
+
 def test_profile_pictures_name_the_full_layers_they_show(folder, doc, tmp_path, monkeypatch):
     """DiffusionGemma's per-layer rows are its full-attention layers; --plot's heatmap and layer chart labelled them
     0, 1, ... while the table and the HTML named the model's layers."""

@@ -103,13 +103,14 @@ class RunOptions:
         return self.settings().cache()
 
     def load_session(self, device: str, folder: Any = None, policies: Sequence[str] = (),
-                     generates: dict[str, Any] | None = None, **more: Any) -> Any:
+                     generates: dict[str, Any] | None = None, long: str | None = None, **more: Any) -> Any:
         """Resolve, offer to pull and load the model on ``device`` (already resolved from ``auto``); ``folder``: the
         ``ModelFolder`` the command resolved ``--model`` to already (``cli.model_choice.pull_first``); ``policies``:
         the cache policies the command runs besides ``--policy`` (``profile --policies``), checked against the
         model's family before it loads; ``generates``: the command generates with ``generation(defaults,
-        **generates)``, checked before the weights load (``check_generation``)."""
-        from maskkv_cli.app.run_settings import check_policy_family
+        **generates)``, checked before the weights load (``check_generation``); ``long``: the command's ``--long``,
+        likewise checked against the family."""
+        from maskkv_cli.app.run_settings import check_long_family, check_policy_family
         from maskkv_cli.cli.model_choice import choose_model, load_session
 
         settings = self.settings(**(generates or {}))  # with the command's own sampler options (generate's --cfg)
@@ -120,6 +121,8 @@ class RunOptions:
         llada2 = settings.llada2(llada2_defaults(chosen.defaults.sampler))  # over the checkpoint's own: checked now
         for policy in policies:
             check_policy_family(policy, chosen.config.family)
+        if long is not None:
+            check_long_family(long, chosen.config.family)
         if generates is not None:
             self.check_generation(chosen, **generates)
         session = load_session(chosen, device, self.dtype, self.quiet, self.as_json, self.device_map,

@@ -125,7 +125,7 @@ def profile(
         import time
 
         started = time.perf_counter()
-        session = opts.load_session(device, policies=[spec.policy for spec in specs], generates={})
+        session = opts.load_session(device, policies=[spec.policy for spec in specs], generates={}, long=long)
         load_s = time.perf_counter() - started
         gen = opts.generation(session.generation_defaults)
         live.phase("warm-up")

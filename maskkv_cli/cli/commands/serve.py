@@ -93,10 +93,7 @@ def serve(
         if not _loopback(host) and not api_key:
             note(f"listening on {host} without --api-key: anyone who can reach this port can use the model and read "
                  "the stored documents; set --api-key (or MASKKV_API_KEY)", opts.quiet, False)
-        session = opts.load_session(resolve_device(opts.device))
-        from maskkv_cli.app.run_settings import check_long_family
-
-        check_long_family(long, session.model.config.family)  # at start, not in every request's answer
+        session = opts.load_session(resolve_device(opts.device), long=long)  # --long: at start, not per request
         app = create_app(session, config)
     except BaseException:
         sock.close()
