@@ -120,3 +120,13 @@ def test_eval_passes_the_shared_options(tmp_path: Path, eval_model_args: list[di
     settings = harness_settings(run)  # the harness model takes them as they are
     assert (settings.budget, settings.threshold, settings.editing_threshold, settings.max_post_steps,
             settings.top_k, settings.block_length) == (8, 0.9, 0.5, 2, 4, None)
+
+
+def test_eval_help_offers_no_download_it_does_not_do() -> None:
+    """eval takes no --yes (each rank would download): its --model help said an id is downloaded with --yes or the
+    user's consent, as the commands that load one model do."""
+    def help_text(command: str) -> str:
+        return " ".join(runner.invoke(app, [command, "--help"], terminal_width=200).output.split())
+
+    assert "--yes" not in help_text("eval") and "download an id first with maskkv pull" in help_text("eval")
+    assert "--yes or your consent" in help_text("ask")

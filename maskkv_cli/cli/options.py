@@ -84,6 +84,10 @@ ModelOpt = Annotated[str | None, model_option(
     "Checkpoint folder or a Hugging Face id (ORG/NAME) in the local HF cache; an id not there "
     "is downloaded only with `maskkv pull`, --yes or your consent. Default: MASKKV_MODEL, the config file, else the "
     "embedded tiny model.", "-m", show_default=False)]
+EvalModelOpt = Annotated[str | None, model_option(
+    "Checkpoint folder or a Hugging Face id (ORG/NAME) in the local HF cache (each rank loads it: download an id "
+    "first with `maskkv pull`). Default: MASKKV_MODEL, the config file, else the embedded tiny model.", "-m",
+    show_default=False)]
 PolicyOpt = Annotated[str, typer.Option("--policy", "-p", help="KV-cache policy (see `maskkv policies`).")]
 BudgetOpt = Annotated[int | None, budget_option(
     "Average prompt K/V pairs kept per head per layer [default: 256].", "-b", show_default=False)]

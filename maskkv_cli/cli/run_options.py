@@ -179,8 +179,9 @@ SAMPLER = ("gen_length", "steps", "block_length", "temperature", "threshold", "a
 OUTPUT = ("as_json", "quiet")
 
 
-def run_options(*names: str) -> Callable[[F], F]:
-    """Give the decorated command the shared options ``names`` (see the module doc); it takes ``opts``."""
+def run_options(*names: str, worded: dict[str, Any] | None = None) -> Callable[[F], F]:
+    """Give the decorated command the shared options ``names`` (see the module doc); it takes ``opts``. ``worded``:
+    an option's declaration with the command's own help (``eval``'s ``--model``, which downloads nothing)."""
     unknown = [n for n in names if n not in DECLARED]
     if unknown:
         raise ValueError(f"not a shared option: {', '.join(unknown)}")
@@ -188,7 +189,7 @@ def run_options(*names: str) -> Callable[[F], F]:
     def decorate(fn: F) -> F:
         own = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.name != "opts"]
         shared = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=DECLARED[n][1],
-                                    annotation=DECLARED[n][0]) for n in names]
+                                    annotation=(worded or {}).get(n, DECLARED[n][0])) for n in names]
 
         @functools.wraps(fn)
         def command(*args: Any, **kwargs: Any) -> Any:

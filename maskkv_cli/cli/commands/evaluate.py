@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from maskkv_cli.cli.common import fail, guarded, note
-from maskkv_cli.cli.options import EvalBatchOpt, HarnessTasksOpt
+from maskkv_cli.cli.options import EvalBatchOpt, EvalModelOpt, HarnessTasksOpt
 from maskkv_cli.cli.parsing import out_folder, split_list
 from maskkv_cli.cli.run_options import CACHE, OUTPUT, SAMPLER, RunOptions, run_options
 
@@ -21,7 +21,7 @@ EVAL_MODEL = ("model", "device", "dtype", "quantize")
 
 
 @guarded
-@run_options(*CACHE, *EVAL_SAMPLER, *EVAL_MODEL, *OUTPUT)
+@run_options(*CACHE, *EVAL_SAMPLER, *EVAL_MODEL, *OUTPUT, worded={"model": EvalModelOpt})
 def evaluate(
     tasks: HarnessTasksOpt,
     include_path: Annotated[Path | None, typer.Option(
