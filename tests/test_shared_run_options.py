@@ -126,7 +126,7 @@ def test_eval_help_offers_no_download_it_does_not_do() -> None:
     """eval takes no --yes (each rank would download): its --model help said an id is downloaded with --yes or the
     user's consent, as the commands that load one model do."""
     def help_text(command: str) -> str:
-        return " ".join(runner.invoke(app, [command, "--help"], terminal_width=200).output.split())
+        return " ".join(runner.invoke(app, [command, "--help"]).output.replace("│", " ").split())  # unwrapped
 
     assert "--yes" not in help_text("eval") and "download an id first with maskkv pull" in help_text("eval")
     assert "--yes or your consent" in help_text("ask")
