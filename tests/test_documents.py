@@ -357,6 +357,19 @@ def test_clean_drops_repeated_headers_and_footers() -> None:
     ]
 
 
+def test_clean_keeps_sentences_that_repeat_at_the_pages_edges() -> None:
+    """A page total or a fact restated at the foot of pages is body text: digits ignored, "Total for this page: 980
+    units." was taken for a footer on every page, and a needle ending two of four pages was dropped from both (the
+    answer then "not in the document"). Short lines without a sentence's end still go."""
+    bodies = ["About apples.", "About pears.", "About plums.", "About figs."]
+    totals = [f"Running title\n{b}\nTotal for this page: {n} units.\nPage {n}" for n, b in enumerate(bodies, 1)]
+    assert clean_text(totals, unwrap_lines=False) == [f"{b}\nTotal for this page: {n} units." for n, b in
+                                                      enumerate(bodies, 1)]
+    fact = "The special magic number for lemon is 7123."
+    pages = [f"{b}\n{fact}" if n % 2 else b + "\nMore." for n, b in enumerate(bodies)]
+    assert sum(fact in page for page in clean_text(pages, unwrap_lines=False)) == 2
+
+
 def test_clean_keeps_headers_with_fewer_than_three_pages() -> None:
     pages = ["Header\nbody one", "Header\nbody two"]
     assert clean_text(pages, unwrap_lines=False) == pages

@@ -55,12 +55,18 @@ def _edge_line_index(lines: list[str], last: bool) -> int | None:
     return None
 
 
+def _reads_as_sentence(line: str) -> bool:
+    """Whether a line is a sentence of the body (four words or more, ending as a sentence ends): such a line may
+    repeat at a page's edge ("Total for this page: 980 units.", a fact restated) and is never taken for a header."""
+    return len(line.split()) >= 4 and line.rstrip("\"'”’)]").endswith((".", "!", "?"))
+
+
 def _drop_repeated_edges(pages: list[str]) -> list[str]:
     """Remove running headers and footers.
 
     A first (or last) non-empty line is dropped when the same line, with digits ignored,
     starts (or ends) at least half of the non-empty pages, given at least three of them.
-    A page's last remaining line is never dropped.
+    A page's last remaining line is never dropped, nor a line that reads as a sentence.
     """
     split = [page.split("\n") for page in pages]
     filled = [i for i, page in enumerate(pages) if page.strip()]
@@ -75,7 +81,8 @@ def _drop_repeated_edges(pages: list[str]) -> list[str]:
                 if sum(1 for line in split[i] if line.strip()) >= 2:
                     idx = _edge_line_index(split[i], last)
                     assert idx is not None
-                    keys[i] = _line_key(split[i][idx])
+                    if not _reads_as_sentence(split[i][idx]):
+                        keys[i] = _line_key(split[i][idx])
             counts = Counter(keys.values())
             repeated = {k for k, n in counts.items() if n >= 2 and 2 * n >= len(filled)}
             for i, key in keys.items():
