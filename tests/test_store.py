@@ -160,6 +160,51 @@ def test_ingest_caches_by_content(tmp_path: Path) -> None:
     assert len(store.list()) == 2
 
 
+def test_the_same_bytes_under_another_name_are_read_as_what_they_are(tmp_path: Path) -> None:
+    """A PDF copied to ``.txt`` was read as Windows-1252 text (two pages of PDF syntax), and once stored that
+    reading was handed back for the PDF itself, its note naming the other file. A PDF is a PDF whatever its name;
+    the same bytes as Markdown and as text are each read as what they are named; a stored note names this file."""
+    from pdfs import make_pdf
+
+    store = DocumentStore(tmp_path / "store")
+    pdf = tmp_path / "report.pdf"
+    pdf.write_bytes(make_pdf([["The special magic number for lemon is 7123."], ["Second page."]]))
+    copy = tmp_path / "report-copy.txt"
+    copy.write_bytes(pdf.read_bytes())
+    as_text, cached = store.ingest(copy)
+    assert not cached and as_text.kind == "pdf" and len(as_text.pages) == 2 and "7123" in as_text.pages[0].text
+    doc, cached = store.ingest(pdf)
+    assert cached and doc.kind == "pdf" and doc.pages == as_text.pages
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("Caf\xe9 au lait, cr\xe8me br\xfbl\xe9e.\n".encode("latin-1"))
+    assert any("latin.txt is not UTF-8" in w for w in store.ingest(latin)[0].warnings)
+    (tmp_path / "other.txt").write_bytes(latin.read_bytes())
+    notes = store.ingest(tmp_path / "other.txt")[0].warnings
+    assert any("other.txt is not UTF-8" in w for w in notes) and not any("latin.txt" in w for w in notes)
+    (tmp_path / "notes.md").write_bytes(b"# Title\n\nSome text.\n")
+    (tmp_path / "notes.txt").write_bytes((tmp_path / "notes.md").read_bytes())
+    assert store.ingest(tmp_path / "notes.md")[0].kind == "markdown"
+    plain, cached = store.ingest(tmp_path / "notes.txt")
+    assert plain.kind == "text" and not cached
+
+
+def test_a_stored_encrypted_pdf_needs_its_password(tmp_path: Path) -> None:
+    """The store kept an encrypted PDF's text, and handed it back to a second ingest with no password or a wrong
+    one; reading the file itself refuses both."""
+    from pdfs import make_pdf
+
+    store = DocumentStore(tmp_path / "store")
+    path = tmp_path / "secret.pdf"
+    path.write_bytes(make_pdf([["Private figures: 4821."]], password="s3cret", algorithm="RC4-128"))
+    doc, cached = store.ingest(path, password="s3cret")
+    assert not cached and "4821" in doc.text
+    with pytest.raises(DocumentError, match="password-protected"):
+        store.ingest(path)
+    with pytest.raises(DocumentError, match="Wrong password"):
+        store.ingest(path, password="nope")
+    assert store.ingest(path, password="s3cret") == (doc, True)
+
+
 def test_ingest_errors_are_document_errors(tmp_path: Path) -> None:
     store = DocumentStore(tmp_path / "store")
     with pytest.raises(DocumentError, match="File not found"):

@@ -76,6 +76,24 @@ def _unlock(reader: Any, password: str | None, display: str) -> None:
         ) from None
 
 
+def check_password(data: bytes, display: str, password: str | None) -> None:
+    """Refuse ``password`` (DocumentError) where the PDF ``data`` is encrypted and it does not open it, as reading the
+    file would: a stored copy of its text is handed out only to whoever could read the file itself."""
+    if b"/Encrypt" not in data:  # an encrypted PDF names its encryption dictionary in its trailer
+        return
+    from pypdf import PdfReader
+    from pypdf.errors import DependencyError
+
+    with _quiet_pypdf():
+        try:
+            reader = PdfReader(BytesIO(data), strict=False)
+        except DependencyError:
+            raise _aes_error(display) from None
+        except Exception:  # noqa: BLE001 - damaged: the stored copy was read as well as it could be
+            return
+        _unlock(reader, password, display)
+
+
 def _with_inherited(page: Any, node: Any) -> Any:
     """Copy inheritable attributes (resources, boxes, rotation) from ``node``'s ancestors."""
     from pypdf.generic import DictionaryObject

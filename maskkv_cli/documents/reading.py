@@ -30,14 +30,14 @@ SUPPORTED_HINT = ".pdf, .txt, .text, .md, .markdown (or a plain-text file with n
 
 
 def detect_kind(path: Path, head: bytes | None = None) -> str:
-    """Return the document kind for ``path`` from its extension (or, without one, its bytes)."""
+    """Return the document kind for ``path`` from its extension (or, without one, its bytes). Bytes that start
+    as a PDF's do (``%PDF-``) are a PDF under a text extension too (a PDF saved as ``.txt`` is no text to read)."""
     suffix = path.suffix.lower()
+    is_pdf = head is not None and head.lstrip()[:5] == b"%PDF-"
     if suffix in EXTENSIONS:
-        return EXTENSIONS[suffix]
+        return "pdf" if is_pdf else EXTENSIONS[suffix]
     if suffix == "":
-        if head is not None and head.lstrip()[:5] == b"%PDF-":
-            return "pdf"
-        return "text"
+        return "pdf" if is_pdf else "text"
     raise DocumentError(
         f"Cannot read {path}: unsupported file type '{path.suffix}'. "
         f"Supported: {SUPPORTED_HINT}; convert the file to one of these first."

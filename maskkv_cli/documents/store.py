@@ -233,17 +233,26 @@ class DocumentStore:
         """Load ``path`` through the store; return ``(document, came_from_cache)``.
 
         The file is hashed first; a stored copy is returned (with ``source`` set to this
-        path) without parsing the file again.  Otherwise it is loaded and stored.  When the
-        store cannot be written the document is still returned with a warning, unless
-        ``must_store`` (storing is the point, as for ``maskkv ingest``): then it raises.
+        path, its notes naming this file) without parsing the file again, where it was read as
+        the same kind (the same bytes as Markdown and as text are two readings: the latest is
+        stored) and, for an encrypted PDF, ``password`` opens it.  Otherwise it is
+        loaded and stored.  When the store cannot be written the document is still returned with
+        a warning, unless ``must_store`` (storing is the point, as for ``maskkv ingest``): then it
+        raises.
         """
         p, kind, data = read_source(path)
         source = os.path.abspath(p)
         sha = hash_bytes(data)
         cached = self.get(sha)
-        if cached is not None:
+        if cached is not None and cached.kind == kind:
+            if kind == "pdf":
+                from maskkv_cli.documents.pdf import check_password
+
+                check_password(data, p.name, password)
             if cached.source != source:
-                cached = replace(cached, source=source)
+                old, new = cached.name, Path(source).name
+                notes = tuple(w.replace(old, new) for w in cached.warnings) if old and old != new else cached.warnings
+                cached = replace(cached, source=source, warnings=notes)
             return cached, True
         doc = parse_document(data, source=source, kind=kind, password=password)
         try:
