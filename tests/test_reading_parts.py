@@ -179,3 +179,43 @@ def test_rope_scaled_absence_is_qualified() -> None:
     row = row_of(with_read(part(NO_ANSWER, 1.0), ((0, 1000),), "rope-scale", rope=4))
     assert row["claim"] == "absent-unverified"
     assert answer_line(row).startswith("not in the document [read with the RoPE base scaled x4")
+
+
+@pytest.mark.parametrize("which", ["embedded", "dgemma"])
+def test_char_offsets_equal_the_prefix_decoding_in_one_pass(which: str) -> None:
+    """The parts' character spans decoded each window's whole prefix: a book of 3.8M tokens spent minutes before
+    its first part ran. ``char_offsets`` gives the same offsets (here at every position, characters of 1-4 bytes
+    and spaces included) decoding each token a bounded number of times."""
+    from maskkv_cli.prompting.chat import text_ids
+    from maskkv_cli.prompting.fit import SEAM_TOKENS, char_offset, char_offsets
+
+    if which == "embedded":
+        from maskkv_cli.models.catalog import shipped_model
+        from maskkv_cli.prompting.chat import load_tokenizer
+
+        tokenizer = load_tokenizer(shipped_model())
+    else:
+        from dgemma_folder import tokenizer as dgemma_tokenizer
+
+        tokenizer = dgemma_tokenizer()
+    text = ("The café's crème brûlée costs 4,821 ¥ — naïve  façade.\n\n港口 灰色 🚂 left at noon; "
+            "Grüße aus Köln!  The special magic number for lemon is 7123.\t ") * 3
+    ids = text_ids(tokenizer, text)
+    every = list(range(len(ids) + 1))
+    assert char_offsets(tokenizer, ids, every, text) == [char_offset(tokenizer, ids, at, text) for at in every]
+
+    decoded: list[int] = []
+    real = tokenizer.decode
+
+    class Counting:
+        def decode(self, tokens: list[int]) -> str:
+            decoded.append(len(tokens))
+            return real(tokens)
+
+    long_text = text * 8
+    ids = text_ids(tokenizer, long_text)
+    bounds = [start for start, _ in part_windows(len(ids), 40, 10)]
+    assert char_offsets(Counting(), ids, bounds, long_text) == [char_offset(tokenizer, ids, at, long_text)
+                                                                for at in bounds]
+    # each token decoded a few times (a boundary inside a character decodes its prefix again), not once per window
+    assert sum(decoded) <= 3 * len(ids) + 4 * SEAM_TOKENS * len(bounds), (sum(decoded), len(ids), len(bounds))

@@ -31,7 +31,7 @@ from maskkv_cli.prompting.fit import (
     PART_OVERLAP,
     FittedContext,
     Span,
-    char_offset,
+    char_offsets,
     fit_context,
     part_windows,
 )
@@ -174,11 +174,13 @@ def part_prompts(session: Session, context: str, ids: Sequence[int], room: int, 
     sharing ``overlap`` tokens (at most a quarter of the room) with the next, in text order."""
     windows = part_windows(len(ids), room, min(overlap, room // 4))
     chars = len(context)
+    bounds = sorted({at for window in windows for at in window if at < len(ids)})
+    offset = dict(zip(bounds, char_offsets(session.tokenizer, ids, bounds, context), strict=True))
+    offset[len(ids)] = chars
     prompts = []
     for start, end in windows:
         text = session.tokenizer.decode(list(ids[start:end]))
-        span = (char_offset(session.tokenizer, ids, start, context),
-                chars if end == len(ids) else char_offset(session.tokenizer, ids, end, context))
+        span = (offset[start], offset[end])
         fitted = FittedContext(text, end - start, 0, 1, "", (span,), chars, source=(span,), mode="parts")
         prompts.append(Prompt(session.prompt_ids(document_question(text, question)), fitted))
     return prompts

@@ -92,10 +92,42 @@ class FittedContext:
         return covered >= self.chars
 
 
+SEAM_TOKENS = 4  # tokens decoded on each side of a boundary to see that the text splits there (a character's bytes)
+SEAM_SEARCH = 32  # tokens looked back from a position for a boundary where the text splits
+
+
 def char_offset(tokenizer: Any, ids: Sequence[int], at: int, text: str) -> int:
     """Where token ``at`` of ``ids`` (the encoding of ``text``) starts in ``text``: the length of the decoded
     tokens before it (exact for byte-level tokenizers, whose decoding gives the text back), within the text."""
     return min(len(text), len(tokenizer.decode(list(ids[:at])))) if at > 0 else 0
+
+
+def char_offsets(tokenizer: Any, ids: Sequence[int], positions: Sequence[int], text: str) -> list[int]:
+    """``char_offset`` of each of ``positions`` (ascending), decoding each token about once instead of the whole
+    prefix per position (quadratic in the document: minutes for a book's windows). The decoded length up to a
+    position is that up to an anchor plus that of the tokens from the anchor on, an anchor being a boundary where
+    the decoding splits: the tokens around it decoded together give its two sides' texts joined (no character's
+    bytes, no space a decoder drops at a start, no spacing cleaned up across it). After each position the anchor
+    moves to the nearest such boundary at or before it."""
+    out: list[int] = []
+    anchor, before = 0, 0  # the anchor, and the decoded length of the tokens before it
+    for at in positions:
+        if at < anchor:
+            raise ValueError(f"positions must ascend: {at} after {anchor}")
+        out.append(min(len(text), before + (len(tokenizer.decode(list(ids[anchor:at]))) if at > anchor else 0)))
+        for split in range(at, max(anchor, at - SEAM_SEARCH), -1):
+            if _splits_at(tokenizer, ids, split):
+                before += len(tokenizer.decode(list(ids[anchor:split])))
+                anchor = split
+                break
+    return out
+
+
+def _splits_at(tokenizer: Any, ids: Sequence[int], at: int) -> bool:
+    """Whether decoding ``ids`` splits at token ``at``: the tokens around it decoded together are their two sides
+    decoded apart, joined."""
+    left, right = list(ids[max(0, at - SEAM_TOKENS) : at]), list(ids[at : at + SEAM_TOKENS])
+    return tokenizer.decode(left + right) == tokenizer.decode(left) + tokenizer.decode(right)
 
 
 def check_long(mode: str) -> str:
