@@ -210,6 +210,11 @@ def test_bodies_over_the_limits_get_413(client, server):
     (b"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": \"ten\"}", "max_tokens"),
     (b"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 99999}", "max_tokens"),
     (b"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"temperature\": -1}", "temperature"),
+    (b"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"temperature\": 1" + b"0" * 400 + b"}",
+     "temperature"),  # an integer too large for a float: was a 500 (OverflowError)
+    (b"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"maskkv\": {\"ratio\": 1" + b"0" * 400 + b"}}",
+     "maskkv.ratio"),
+    (b"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"n\": true}", "n"),
     (b"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"stream\": \"yes\"}", "stream"),
     (b"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"n\": 2}", "n"),
     (b"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{\"type\": \"function\"}]}", "tools"),

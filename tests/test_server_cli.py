@@ -44,6 +44,14 @@ def test_serve_help_shows_examples_and_the_limits():
         assert words in result.output, words
 
 
+def test_an_unbounded_size_limit_is_refused_as_a_usage_error():
+    """--max-body-mb inf (or 1e400) stopped serve with "error: OverflowError: cannot convert float infinity to
+    integer"."""
+    for option in ("--max-body-mb", "--max-upload-mb"):
+        result = runner.invoke(app, ["serve", option, "inf", "--port", "0"])
+        assert result.exit_code == 2 and "less than or equal to" in result.output and "Overflow" not in result.output
+
+
 def test_an_address_in_use_fails_in_one_line_before_the_model_loads():
     import socket
 

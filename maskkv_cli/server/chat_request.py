@@ -66,8 +66,8 @@ def parse_chat(body: bytes) -> ChatRequest:
         if data.get(key) not in (None, False, [], 0):
             raise bad_request(why, key, "unsupported_parameter")
     n = data.get("n")
-    if n is not None and n != 1:
-        raise bad_request(f"n must be 1 (one answer per request); got {n!r}", "n", "unsupported_parameter")
+    if n is not None and (n != 1 or isinstance(n, bool) or not isinstance(n, int | float)):  # (True == 1)
+        raise bad_request(f"n must be 1 (one answer per request); got {shown(n)}", "n", "unsupported_parameter")
     max_tokens = optional_int(data, "max_completion_tokens", 1) or optional_int(data, "max_tokens", 1)
     stream_options = data.get("stream_options")
     if stream_options is not None and not isinstance(stream_options, dict):
@@ -242,7 +242,7 @@ def optional_int(data: dict[str, Any], key: str, low: int, high: int | None = No
         return None
     top = "" if high is None else f" to {high}"
     if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
-        raise bad_request(f"{prefix}{key} must be an integer from {low}{top}; got {value!r}", prefix + key)
+        raise bad_request(f"{prefix}{key} must be an integer from {low}{top}; got {shown(value)}", prefix + key)
     return value
 
 
@@ -251,10 +251,21 @@ def optional_float(data: dict[str, Any], key: str, low: float, high: float, pref
     value = data.get(key)
     if value is None:
         return None
-    number = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
+    number = math.nan
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:  # an integer of hundreds of digits (JSON numbers are unbounded)
+            number = math.inf if value > 0 else -math.inf
     above = number > low if open_low else number >= low
     below = number < high if open_high else number <= high
     if not (above and below):
         span = f"{'(' if open_low else '['}{low:g}, {high:g}{')' if open_high else ']'}"
-        raise bad_request(f"{prefix}{key} must be a number in {span}; got {value!r}", prefix + key)
+        raise bad_request(f"{prefix}{key} must be a number in {span}; got {shown(value)}", prefix + key)
     return number
+
+
+def shown(value: Any, most: int = 40) -> str:
+    """``repr(value)`` for an error message, cut to ``most`` characters (a number of 400 digits is refused too)."""
+    text = repr(value)
+    return text if len(text) <= most else f"{text[: most - 3]}..."

@@ -15,6 +15,7 @@ from maskkv_cli.prompting.fit import check_long
 from maskkv_cli.runtime.devices import resolve_device
 
 MIB = 1 << 20
+MOST_MIB = 1 << 20  # a size limit of 1 TiB at most (an infinite one cannot be counted in bytes)
 SERVE_PACKAGES = ("starlette", "uvicorn", "multipart")
 
 
@@ -41,10 +42,10 @@ def serve(
                                        "run; more are refused with 429 and Retry-After.")] = 8,
     timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="A request's time limit in seconds, waiting "
                                            "in the queue included (then 504).")] = 300.0,
-    max_body_mb: Annotated[float, typer.Option("--max-body-mb", min=0.001, help="Largest JSON request body, MiB "
-                                               "(then 413).")] = 1.0,
-    max_upload_mb: Annotated[float, typer.Option("--max-upload-mb", min=0.001, help="Largest document upload, MiB "
-                                                 "(then 413).")] = 32.0,
+    max_body_mb: Annotated[float, typer.Option("--max-body-mb", min=0.001, max=MOST_MIB,
+                                               help="Largest JSON request body, MiB (then 413).")] = 1.0,
+    max_upload_mb: Annotated[float, typer.Option("--max-upload-mb", min=0.001, max=MOST_MIB,
+                                                 help="Largest document upload, MiB (then 413).")] = 32.0,
     long: LongOpt = "truncate",
     batch_size: ServeBatchOpt = "auto",
     *,
