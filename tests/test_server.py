@@ -464,3 +464,14 @@ def test_a_405_says_which_methods_are_allowed_and_one_document_named_twice_is_re
     assert twice.status == once.status == 200, twice.body[:300]
     assert twice.json()["usage"]["prompt_tokens"] == once.json()["usage"]["prompt_tokens"]
     assert len(twice.json()["maskkv"]["documents"]) == 1
+
+
+def test_a_truncated_document_s_note_names_what_the_server_can_do(server, client):
+    """The note of a document cut to the window said "the default --long parts reads it all": serve's default is
+    truncate and a request cannot ask for parts."""
+    reply = upload(server, "long.txt", needle_text(30_000).encode())
+    assert reply.status == 200, reply.body
+    answer = client.chat.completions.create(**ask(reply.json()["id"]), max_tokens=8)
+    notes = " ".join(answer.model_extra["maskkv"]["notes"])
+    assert "dropped" in notes and "a server started with --long parts reads it all" in notes
+    assert "default --long parts" not in notes

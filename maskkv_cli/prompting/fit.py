@@ -92,6 +92,7 @@ class FittedContext:
         return covered >= self.chars
 
 
+PARTS_HINT = "the default --long parts reads it all"  # how a truncated document's note names the whole reading
 SEAM_TOKENS = 4  # tokens decoded on each side of a boundary to see that the text splits there (a character's bytes)
 SEAM_SEARCH = 32  # tokens looked back from a position for a boundary where the text splits
 
@@ -165,5 +166,5 @@ def fit_context(tokenizer: Any, context: str, budget: int, mode: str, head_dim: 
     read = ((0, min(len(head_text), chars)), (max(0, chars - len(tail_text)), chars))
     return FittedContext(head_text + "\n...\n" + tail_text, budget, n - budget, 1,
                          f"document is {n} tokens, the window leaves {budget}: kept the first {head} and last "
-                         f"{tail} tokens, dropped {n - budget} from the middle (the default --long parts reads "
-                         f"it all)", read, chars, source=read, mode=mode)
+                         f"{tail} tokens, dropped {n - budget} from the middle ({PARTS_HINT})", read, chars,
+                         source=read, mode=mode)

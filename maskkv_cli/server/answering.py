@@ -16,6 +16,7 @@ from maskkv_cli.documents import Document
 from maskkv_cli.engine.plan import CacheConfig
 from maskkv_cli.errors import UsageError
 from maskkv_cli.prompting import decode_answer, stop_ids
+from maskkv_cli.prompting.fit import PARTS_HINT
 from maskkv_cli.reports.pagemap import PageMap, map_pages
 from maskkv_cli.sampling import Event, GenerationConfig
 from maskkv_cli.server.chat_request import ChatRequest
@@ -24,6 +25,8 @@ from maskkv_cli.server.runner import Job
 
 __all__ = ["Completion", "CommittedText", "Plan", "answer_chat", "plan_request"]
 
+# a request cannot ask for parts (``chat_request.LONG_MODES``) and serve's default is truncate: how it reads it all
+SERVER_PARTS_HINT = "a server started with --long parts reads it all"
 REPLACEMENT = "\ufffd"  # what a decoder shows for the first bytes of a character whose last bytes are still masked
 
 
@@ -195,7 +198,7 @@ def answer_figures(answer: Answer, plan: Plan, docs: Sequence[Document], embedde
     row = answer_row(answer, embedded, question)  # (its claim is judged against the question, as ask's)
     row.pop("answer")  # the text is the choice's message
     fitted = answer.fitted
-    notes = [n for n in [fitted.rule if fitted else None, *answer.notes] if n]
+    notes = [n.replace(PARTS_HINT, SERVER_PARTS_HINT) for n in [fitted.rule if fitted else None, *answer.notes] if n]
     figures: dict[str, Any] = {"policy": plan.cache.policy, **row, "notes": notes,
                                "documents": [{"id": d.sha256, "filename": d.name, "pages": len(d.pages)}
                                              for d in docs]}
