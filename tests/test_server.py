@@ -146,6 +146,7 @@ def test_models_health_and_the_documents_list(client, server, document_id):
     models = client.models.list().data
     assert [m.id for m in models] == ["tiny-llada"]
     assert "maskkv" in models[0].model_extra["maskkv"]["policies"]
+    assert models[0].model_extra["maskkv"]["budget"] == 256  # the budget a request gets (was null)
     listed = request(server, "GET", "/v1/documents", headers={"Authorization": f"Bearer {API_KEY}"}).json()
     assert {"id": document_id, "filename": "harbor.txt"}.items() <= listed["data"][0].items()
     again = upload(server, "harbor.txt", needle_text().encode()).json()

@@ -203,12 +203,15 @@ class Server:
         return JSONResponse({"status": "ok", "model": self.model, "queue": self.runner.snapshot()})
 
     async def models(self, request: Request) -> Response:
-        from maskkv_cli.policies.base import policy_names
+        from maskkv_cli.defaults import DEFAULT_BUDGET
+        from maskkv_cli.policies.base import get_policy, policy_names
 
         s = self.config.settings
+        evicts = get_policy(s.policy).evicts  # the budget a request gets: the server's, else the default's
+        budget = DEFAULT_BUDGET if s.budget is None and s.ratio is None and evicts else s.budget
         return JSONResponse({"object": "list", "data": [{
             "id": self.model, "object": "model", "created": 0, "owned_by": "maskkv",
-            EXTENSION_KEY: {"policies": policy_names(), "policy": s.policy, "budget": s.budget, "ratio": s.ratio,
+            EXTENSION_KEY: {"policies": policy_names(), "policy": s.policy, "budget": budget, "ratio": s.ratio,
                             "window": self.session.window, "max_tokens": s.gen_length or
                             self.session.generation_defaults.get("gen_length"), "embedded": self.embedded}}]})
 
