@@ -164,6 +164,27 @@ def test_an_upload_keeps_no_path_and_takes_only_documents(server):
     assert_openai_error(upload(server, "broken.pdf", b"%PDF-1.4 not really a pdf"), 400, "unreadable_document")
 
 
+def test_an_upload_keeps_a_name_in_any_script_and_the_latest_name_of_its_bytes(server):
+    """Every non-ASCII character of an upload's name became "_" ("報告.md" stored as "_.md"); an upload of stored
+    bytes under another name answered with the new name while GET /v1/documents listed the old one."""
+    text = b"# Notes\n\nThe special magic number for kelp is 5531.\n"
+    first = upload(server, "résumé 報告.md", text).json()
+    assert first["filename"] == "résumé 報告.md"
+    again = upload(server, "renamed.md", text).json()
+    assert again["already_stored"] and again["id"] == first["id"] and again["filename"] == "renamed.md"
+    listed = request(server, "GET", "/v1/documents", headers={"Authorization": f"Bearer {API_KEY}"}).json()
+    assert [d["filename"] for d in listed["data"] if d["id"] == first["id"]] == ["renamed.md"]
+
+
+def test_an_encrypted_upload_is_told_of_the_password_field(server):
+    """The refusal of an encrypted PDF told an API client to pass --password."""
+    from pdfs import make_pdf
+
+    error = assert_openai_error(upload(server, "locked.pdf", make_pdf([["Secret."]], password="pw")), 400,
+                                "unreadable_document")
+    assert "form field password" in error["message"] and "--password" not in error["message"]
+
+
 # ------------------------------------------------------------------------------------------- refusals
 
 

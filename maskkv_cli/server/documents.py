@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import tempfile
+import unicodedata
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -18,14 +19,21 @@ from maskkv_cli.server.errors import APIError, bad_request, not_found
 
 __all__ = ["entry_json", "ingest_upload", "list_documents", "resolve_documents", "safe_filename", "upload_field"]
 
-UNSAFE = re.compile(r"[^A-Za-z0-9._ -]+")
+UNSAFE = re.compile(r"[^\w. -]+")  # letters and digits of any script stay (a name of Chinese characters is no "_")
 SUPPORTED = ", ".join(EXTENSIONS)
 
 
 def safe_filename(name: str) -> str:
-    """The upload's file name without folders or odd characters, keeping its extension (which says its kind)."""
-    base = UNSAFE.sub("_", Path(name.replace("\\", "/")).name).strip(" .")
+    """The upload's file name without folders or odd characters (controls, punctuation a shell or a file system
+    reads), keeping its letters in any script and its extension (which says its kind)."""
+    base = UNSAFE.sub("_", Path(unicodedata.normalize("NFC", name).replace("\\", "/")).name).strip(" .")
     return base[-120:] or "document.txt"
+
+
+def api_words(message: str) -> str:
+    """A document's error in the API's terms: a PDF's password is the upload's form field, not ``--password``."""
+    return (message.replace("the value passed with --password", "the form field password")
+            .replace("with --password", "as the form field password (curl -F password=...)"))
 
 
 def created_at(iso: str) -> int:
@@ -58,8 +66,13 @@ def ingest_upload(store: DocumentStore, filename: str, data: bytes, password: st
         path.write_bytes(data)
         try:
             doc, already = store.ingest(path, password=password, must_store=True)
+            if already:  # stored under the name of this upload, as GET /v1/documents will list it
+                store.put(doc)
         except DocumentError as exc:
-            raise bad_request(str(exc), "file", "unreadable_document") from None
+            raise bad_request(api_words(str(exc)), "file", "unreadable_document") from None
+        except OSError as exc:
+            raise MaskKVError(f"could not save {name} to the document store in {store.folder} "
+                              f"({exc.strerror or exc})") from None
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return {"id": doc.sha256, "object": "document", "filename": doc.name, "kind": doc.kind, "pages": len(doc.pages),
