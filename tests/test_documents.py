@@ -344,6 +344,13 @@ def test_clean_normalises_odd_whitespace() -> None:
     assert clean_text([raw], unwrap_lines=False) == ["a b c\nde f gh i\n\njfik"]
 
 
+def test_clean_keeps_the_joiners_words_and_emoji_are_spelt_with() -> None:
+    """U+200C and U+200D were dropped as zero-width spaces: "می‌خواهم" lost its non-joiner and a family emoji
+    became three people."""
+    persian, family = "می‌خواهم", "👨‍👩‍👧"
+    assert clean_text([f"{persian} {family}​!"], unwrap_lines=False) == [f"{persian} {family}!"]
+
+
 def test_clean_drops_repeated_headers_and_footers() -> None:
     words = ["apples", "pears", "plums", "figs", "limes"]
     pages = [f"ACME Corp — Quarterly 2024\nPage {n}\nAbout {w}.\nMore on {w}.\n- {n} -" for n, w in

@@ -10,7 +10,9 @@ from itertools import pairwise
 __all__ = ["clean_text"]
 
 
-_ZERO_WIDTH = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad"), None)
+# Invisible characters no word is spelt with (zero-width space, word joiner, BOM, soft hyphen). The zero-width
+# (non-)joiners stay: Persian and Indic words and emoji sequences (a family, a flag) are spelt with them.
+_ZERO_WIDTH = dict.fromkeys(map(ord, "\u200b\u2060\ufeff\u00ad"), None)
 _SPACES = dict.fromkeys(map(ord, "\u00a0\u2007\u202f\u205f\u3000\u1680\u000b"), " ")
 _SPACES.update(dict.fromkeys(range(0x2000, 0x200B), " "))
 _LIGATURES = {ord("\ufb00"): "ff", ord("\ufb01"): "fi", ord("\ufb02"): "fl", ord("\ufb03"): "ffi",
