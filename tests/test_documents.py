@@ -260,6 +260,16 @@ def test_text_form_feeds_are_pages(tmp_path: Path) -> None:
     assert [(p.number, p.text) for p in doc.pages] == [(1, "one"), (2, "second page"), (4, "fourth page")]
 
 
+def test_one_form_feed_after_a_long_text_does_not_make_it_one_page(tmp_path: Path) -> None:
+    """A 4 MB text ending in one form feed was one page of 4.4M characters (every answer "page 1 of 1"): text
+    between form feeds longer than any printed page is paged as a text without them, with a note."""
+    paragraphs = [f"Paragraph {i}: " + "lorem ipsum dolor sit amet " * 12 for i in range(400)]
+    doc = load_document(write(tmp_path, "long.txt", "\n\n".join(paragraphs) + "\n\f"))
+    plain = load_document(write(tmp_path, "plain.txt", "\n\n".join(paragraphs) + "\n"))
+    assert len(doc.pages) == len(plain.pages) > 30 and doc.text == plain.text
+    assert any("form feeds are no page breaks" in w for w in doc.warnings)
+
+
 def test_text_long_file_split_at_paragraphs(tmp_path: Path) -> None:
     paragraphs = [f"Paragraph {i}: " + "lorem ipsum dolor sit amet " * (10 + i % 7) for i in range(60)]
     text = "\n\n".join(p.strip() for p in paragraphs)

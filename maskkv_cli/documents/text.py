@@ -11,6 +11,9 @@ from maskkv_cli.documents.model import Page
 from maskkv_cli.errors import DocumentError
 
 TEXT_PAGE_CHARS = 3000  # target size of a "page" of a text file without form feeds
+# the most characters between two form feeds that are read as a page (pdftotext's pages hold a few thousand): one
+# form feed after megabytes of text does not make them one page
+FORM_FEED_PAGE_CHARS = 10 * TEXT_PAGE_CHARS
 
 __all__ = ["TEXT_PAGE_CHARS", "load_text", "split_text_pages"]
 
@@ -151,11 +154,16 @@ def load_text(data: bytes, display: str, kind: str) -> tuple[list[Page], list[st
     text, notes = decode_text(data, display)
     if not text.strip():
         raise DocumentError(f"{display} contains only whitespace; pass a file that contains text.")
-    form_feeds = "\f" in text
+    pieces = text.split("\f")
+    longest = max(len(piece) for piece in pieces)
+    form_feeds = len(pieces) > 1 and longest <= FORM_FEED_PAGE_CHARS
     if form_feeds:
-        raw_pages = text.split("\f")
+        raw_pages = pieces
     else:
-        raw_pages = split_text_pages(normalise_whitespace(text, keep_indent=True), kind)
+        if len(pieces) > 1:
+            notes.append(f"{display}: its form feeds are no page breaks (the text between two is {longest} "
+                         f"characters long): cut into pages of about {TEXT_PAGE_CHARS} characters instead")
+        raw_pages = split_text_pages(normalise_whitespace(text.replace("\f", "\n\n"), keep_indent=True), kind)
     cleaned = clean_text(
         raw_pages,
         unwrap_lines=False,
