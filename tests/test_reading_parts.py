@@ -219,3 +219,13 @@ def test_char_offsets_equal_the_prefix_decoding_in_one_pass(which: str) -> None:
                                                                 for at in bounds]
     # each token decoded a few times (a boundary inside a character decodes its prefix again), not once per window
     assert sum(decoded) <= 3 * len(ids) + 4 * SEAM_TOKENS * len(bounds), (sum(decoded), len(ids), len(bounds))
+
+
+def test_the_pages_total_counts_the_blank_pages_between() -> None:
+    """A PDF whose even pages are blank: "read pages 1, 59 of 30" counted the pages with text only."""
+    from maskkv_cli.app.pipeline import add_pages
+
+    pages = [(n, 10 * i, 10 * i + 10) for i, n in enumerate(range(1, 60, 2))]  # pages 1, 3, ..., 59 hold text
+    row = {"read": {"spans": [[0, 10], [290, 300]]}, "source": {"spans": [[0, 10]]}}
+    add_pages(row, pages)
+    assert row["read"]["pages"] == [1, 59] and row["read"]["pages_total"] == 59

@@ -409,8 +409,10 @@ def add_pages(row: dict[str, Any], pages: Sequence[tuple[int, int, int]]) -> Non
     if read is None:
         return
     seen = spans_pages(read["spans"], pages)
+    # the total in the file's numbering: its blank pages hold no text but count (it said "pages 1, 59 of 30" where
+    # the even pages of 60 are blank)
     read.update(pages=seen, pages_not_read=[number for number, _, _ in pages if number not in seen],
-                pages_total=len(pages))
+                pages_total=max((number for number, _, _ in pages), default=0))
     for source in [row["source"], *row.get("parts", [])]:
         source["pages"] = spans_pages(source["spans"], pages)
 
