@@ -527,3 +527,18 @@ def test_results_files_are_readable_as_open_makes_them(tmp_path: Path, corpus: d
     run_batch([JobSpec("j0", str(corpus["notes"]), "Where?")], settings, str(tiny_dir), tmp_path / "out")
     for name in ("config.json", "summary.md", "answers.jsonl"):
         assert (tmp_path / "out" / name).stat().st_mode & 0o777 == open_file_mode() & 0o666, name
+
+
+def test_duplicate_jobs_are_named_with_the_job_answered_for_them(tmp_path: Path, corpus: dict[str, Path],
+                                                                 tiny_dir: Path) -> None:
+    """Two files of the same bytes: the copy's jobs were run once, under the first file's ids, and summary.md said
+    only "1 duplicate job(s) in the input were run once", no id a user could look up."""
+    copy = tmp_path / "notes-copy.txt"
+    copy.write_bytes(corpus["notes"].read_bytes())
+    jobs = _jobs_file(tmp_path / "jobs.jsonl", [corpus["notes"], copy], QUESTIONS[:1])
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["batch", str(jobs), "--out", str(out), "--model", str(tiny_dir), "--json", *FAST])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["duplicates"] == 1 and summary["same_as"] == {"notes-copy-0": "notes-0"}
+    assert "`notes-copy-0` (as `notes-0`)" in (out / "summary.md").read_text()

@@ -276,25 +276,25 @@ def job_key(document_sha: str, question: str, model_id: str, dtype: str, device_
 
 
 def plan_jobs(specs: list[JobSpec], shas: dict[str, str], settings_for: Callable[[JobSpec], AnswerSettings],
-              model_id: str, dtype: str, device_kind: str, quantize: str = "none") -> tuple[list[Job], int]:
+              model_id: str, dtype: str, device_kind: str, quantize: str = "none") -> tuple[list[Job], dict[str, str]]:
     """Resolve each spec's settings (``settings_for``); ``shas`` maps a document path to its content hash ("" when
-    unreadable, then the path stands in for it). Returns the jobs, each key once, and how many duplicates were
-    dropped (the same document content, question and settings twice)."""
+    unreadable, then the path stands in for it). Returns the jobs, each key once, and the id of each job dropped as
+    a duplicate (the same document content, question and settings as an earlier one) with the id answered for it."""
     jobs: list[Job] = []
-    seen: set[str] = set()
-    duplicates = 0
+    seen: dict[str, str] = {}  # key -> the id of the job that runs it
+    same_as: dict[str, str] = {}
     for spec in specs:
         settings = settings_for(spec)
         sha = shas.get(spec.document, "")
         key = job_key(sha or f"unreadable:{spec.document}", spec.question, model_id, dtype, device_kind, settings,
                       quantize)
         if key in seen:
-            duplicates += 1
+            same_as[spec.id] = seen[key]
             continue
-        seen.add(key)
+        seen[key] = spec.id
         jobs.append(Job(key=key, id=spec.id, document=spec.document, document_sha=sha, question=spec.question,
                         settings=settings))
-    return jobs, duplicates
+    return jobs, same_as
 
 
 def job_settings(spec: JobSpec, base: AnswerSettings, generation: Callable[[int | None], tuple[int, int, int]]

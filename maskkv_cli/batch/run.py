@@ -26,6 +26,8 @@ from maskkv_cli.runtime.devices import machine_info, resolve_device
 if TYPE_CHECKING:
     from maskkv_cli.models.checkpoint import ModelFolder
 
+DUPLICATES_NAMED = 20  # duplicate jobs summary.md names (then "and N more"; --json gives them all)
+
 
 @dataclass(frozen=True)
 class Runner:
@@ -77,10 +79,12 @@ class BatchResult:
     untrained: int = 0  # the embedded model asked a question of another form than it was trained on
     batch_sizes: list[int] = field(default_factory=list)  # the batch sizes the jobs run now were answered at
     batch_note: str = ""  # how an automatic batch size was chosen (the first worker's line)
+    same_as: dict[str, str] = field(default_factory=dict)  # a duplicate job's id -> the id answered for it
 
     def as_dict(self) -> dict[str, Any]:
         return {"out": str(self.folder), "jobs": self.total, "ok": self.ok, "failed": self.failed,
                 "reused": self.reused, "ran": self.ran, "answered": self.answered, "duplicates": self.duplicates,
+                "same_as": self.same_as,
                 "seconds": round(self.seconds, 3), "jobs_per_minute": round(self.jobs_per_minute, 2),
                 "runner": self.runner, "batch_sizes": self.batch_sizes, "low_confidence": self.low,
                 "untrained_questions": self.untrained,
@@ -196,7 +200,7 @@ def run_batch(
         GenerationConfig(*triple)  # an impossible combination is a usage error now, not a failure of every job
         return triple
 
-    jobs, duplicates = plan_jobs(list(specs), shas, lambda s: job_settings(s, settings, generation), model_id,
+    jobs, same_as = plan_jobs(list(specs), shas, lambda s: job_settings(s, settings, generation), model_id,
                                  resolve_dtype(dtype, device_kind, quantize), device_kind, quantize)
     started = time.perf_counter()
     # a row kept from an earlier run is named by this run's id and path for its job (same key: same content,
@@ -263,7 +267,7 @@ def run_batch(
         answered_rows = [folder.rows[j.key] for j in jobs if j.key in folder.rows and not folder.rows[j.key]["error"]]
         result = BatchResult(folder=out, total=len(jobs), ok=counts["ok"], failed=counts["failed"],
                              reused=sum(1 for job in jobs if job.key in folder.finished), ran=counts["ran"],
-                             duplicates=duplicates, seconds=seconds,
+                             duplicates=len(same_as), same_as=same_as, seconds=seconds,
                              jobs_per_minute=counts["answered"] / seconds * 60 if first_sent and seconds > 0 else 0.0,
                              failures=failures, runner=pool_label(pool, runner), answered=counts["answered"],
                              low=sum(1 for r in answered_rows if (r.get("confidence") or {}).get("low")
@@ -327,7 +331,11 @@ def summary_markdown(result: BatchResult, config: dict[str, Any], rows: list[dic
              f"({result.jobs_per_minute:.1f} jobs per minute)" if result.ran else "- this run: no job was left to run",
              ""]
     if result.duplicates:
-        lines += [f"- {result.duplicates} duplicate job(s) in the input were run once", ""]
+        pairs = [f"`{dropped}` (as `{kept}`)" for dropped, kept in list(result.same_as.items())[:DUPLICATES_NAMED]]
+        more = f" and {result.duplicates - len(pairs)} more" if result.duplicates > len(pairs) else ""
+        lines += [f"- {result.duplicates} duplicate job(s) in the input (the same document content, question and "
+                  f"settings as another) were run once, their answer under the other's id: {', '.join(pairs)}{more}",
+                  ""]
     failed = [r for r in rows if r.get("error")]
     if failed:
         lines += ["## Failed", "", "| id | document | error |", "|---|---|---|"]
