@@ -221,6 +221,17 @@ def test_binary_with_nul_bytes(tmp_path: Path) -> None:
     assert_error(write(tmp_path, "blob.txt", b"ELF\x00\x01\x02binary\x00\x00"), "blob.txt", "looks binary")
 
 
+def test_utf32_utf16_without_its_mark_and_a_stray_nul_are_read(tmp_path: Path) -> None:
+    """UTF-32 with its marker was decoded as UTF-16 (its marker starts as UTF-16's) and refused as binary; UTF-16
+    without a marker, and a text with one NUL byte, were refused as binary."""
+    text = "The special magic number for lemon is 7123. Caf\u00e9 \u6e2f.\n" * 5
+    for name, data in (("u32.txt", text.encode("utf-32")), ("le.txt", text.encode("utf-16-le")),
+                       ("be.txt", text.encode("utf-16-be")), ("nul.txt", text.encode() + b"\x00" + text.encode())):
+        doc = load_document(write(tmp_path, name, data))
+        assert doc.text.count("7123") == (10 if name == "nul.txt" else 5) and "\u6e2f" in doc.text, name
+    assert any("read as UTF-16-LE" in w for w in load_document(tmp_path / "le.txt").warnings)
+
+
 def test_binary_with_control_characters(tmp_path: Path) -> None:
     data = bytes(range(1, 9)) * 40 + b"a little text"
     assert_error(write(tmp_path, "junk", data), "junk", "looks binary")

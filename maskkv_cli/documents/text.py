@@ -23,11 +23,28 @@ _FENCE = re.compile(r"^\s{0,3}(```|~~~)")
 
 
 def _looks_binary(data: bytes) -> bool:
+    """More than 5% of the first 64 KiB are NUL or other control bytes (a stray NUL in a text is dropped later)."""
     sample = data[: 1 << 16]
-    if b"\x00" in sample:
-        return True
     controls = len(sample) - len(sample.translate(None, _BINARY_CONTROLS))
     return controls > 0.05 * len(sample)
+
+
+def _utf16_without_marker(data: bytes) -> str | None:
+    """The UTF-16 variant of text saved without its byte-order marker, told by its NUL bytes (the high byte of
+    every Latin character) all on one side of each pair; None when it does not read so."""
+    sample = data[: 1 << 16]
+    if len(data) % 2 or len(sample) < 4:
+        return None
+    even, odd = sample[0::2], sample[1::2]
+    for encoding, zeros, other in (("utf-16-le", odd, even), ("utf-16-be", even, odd)):
+        if zeros.count(0) >= 0.3 * len(zeros) and other.count(0) <= 0.02 * len(other):
+            try:
+                text = data.decode(encoding)
+            except UnicodeDecodeError:
+                continue
+            if _mostly_printable(text):
+                return encoding
+    return None
 
 
 def _mostly_printable(text: str) -> bool:
@@ -42,6 +59,15 @@ def decode_text(data: bytes, display: str) -> tuple[str, list[str]]:
     """The text of a file's bytes: UTF-8 (with or without its marker), UTF-16 with its marker, else Windows-1252 or
     Latin-1 with a note saying so; binary data and undecodable text are a ``DocumentError``."""
     notes: list[str] = []
+    if data.startswith((codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)):  # (its marker starts as UTF-16's does)
+        try:
+            text = data.decode("utf-32")
+        except UnicodeDecodeError:
+            raise DocumentError(f"{display} starts with a UTF-32 marker but is not valid UTF-32; re-save it as UTF-8 "
+                                "and try again.") from None
+        if not _mostly_printable(text):
+            raise DocumentError(f"{display} looks binary, not text; pass a text, Markdown or PDF file.")
+        return text, notes
     if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
         try:
             text = data.decode("utf-16")
@@ -58,10 +84,15 @@ def decode_text(data: bytes, display: str) -> tuple[str, list[str]]:
         if "\ufffd" in text and "\ufffd".encode() not in data:
             notes.append(f"{display} has bytes that are not valid UTF-8; they were replaced with '\ufffd'.")
         return text, notes
+    wide = _utf16_without_marker(data)
+    if wide is not None:
+        notes.append(f"{display} has no byte-order mark; it was read as {wide.upper()}. Convert it to UTF-8 if some "
+                     "characters look wrong.")
+        return data.decode(wide), notes
     if _looks_binary(data):
         raise DocumentError(
-            f"{display} looks binary (it contains NUL or control bytes), not text; "
-            f"pass a text, Markdown or PDF file."
+            f"{display} looks binary (it contains NUL or control bytes), not text; pass a text, Markdown or PDF "
+            "file (text in another encoding: convert it to UTF-8 first, e.g. with iconv)."
         )
     try:
         return data.decode("utf-8"), notes
