@@ -132,3 +132,21 @@ def test_a_page_longer_than_a_part_is_cut_into_pieces_that_fit(text: str, tiny_t
     assert count(text) > 300 and all(p.tokens <= 300 and p.tokens == count(p.text) for p in parts)
     assert "".join(p.text for p in parts[1:]).replace(" ", "") == text.replace(" ", "")
     assert parts[0].text == "short first page." and all(p.first_page == 2 for p in parts[1:])
+
+
+def test_words_between_runs_without_spaces_are_not_cut_into_tiny_parts(tiny_tokenizer) -> None:
+    """A Chinese page with one English sentence in it: the sentence's words became parts of one to three tokens,
+    each summarized on its own ("part 6/19 (pages 2-2, 1 tokens)"). Pieces that fit together are one part."""
+    from maskkv_cli.documents.model import Document, Page
+    from maskkv_cli.prompting.parts import split_parts
+
+    def count(s: str) -> int:
+        return len(tiny_tokenizer.encode(s, add_special_tokens=False))
+
+    han = "河流流过古老的磨坊，守夜人在本子上写下每一艘经过的船。" * 30
+    text = f"{han} The special magic number for lemon is 7123. {han}"
+    doc = Document(source="x.txt", kind="text", pages=(Page(1, text),), sha256="0")
+    parts = split_parts(doc, count, 300)
+    assert all(p.tokens <= 300 for p in parts) and sum(p.tokens < 100 for p in parts) <= 2  # the words and the end
+    assert len(parts) <= -(-count(text) // 300) + 2
+    assert "".join(p.text for p in parts).replace(" ", "") == text.replace(" ", "")

@@ -45,7 +45,8 @@ def pieces(text: str, count: Callable[[str], int], max_tokens: int) -> list[tupl
     """``text`` cut into consecutive pieces of at most ``max_tokens`` each (by ``count``), with their counts: at
     words, in runs of as many words as the text's density gives; a run denser than that is cut again; a text without
     spaces (Chinese, Japanese, one long token run) at characters. Only a single character longer than the limit
-    stays longer."""
+    stays longer. Neighbouring pieces that fit together are joined (a page of long runs without spaces and a few
+    words between them made the words pieces of one or two words each)."""
     words = text.split()
     units, sep = (words, " ") if len(words) > 1 else (list(text.strip()), "")
     step = max(1, len(units) * max_tokens // max(1, count(text)))
@@ -57,7 +58,22 @@ def pieces(text: str, count: Callable[[str], int], max_tokens: int) -> list[tupl
             out.extend(pieces(piece, count, max_tokens))
         else:
             out.append((piece, k))
-    return out
+    return _joined(out, sep, count, max_tokens)
+
+
+def _joined(out: list[tuple[str, int]], sep: str, count: Callable[[str], int],
+            max_tokens: int) -> list[tuple[str, int]]:
+    """``out`` with each piece joined to the one before while both together fit ``max_tokens``."""
+    packed: list[tuple[str, int]] = []
+    for piece, k in out:
+        if packed and packed[-1][1] + k <= max_tokens:
+            joined = f"{packed[-1][0]}{sep}{piece}"
+            n = count(joined)
+            if n <= max_tokens:
+                packed[-1] = (joined, n)
+                continue
+        packed.append((piece, k))
+    return packed
 
 
 # A lead summary (what the embedded model is trained to write for ``part_instruction``): the first sentences of
