@@ -315,3 +315,23 @@ def test_a_device_this_machine_lacks_is_a_one_line_error_before_loading(monkeypa
     doc.write_text("The special magic number for apple is 4366.\n")
     result = run("ask", str(doc), "What?", "--model", tiny_dir, "--device", name)
     one_line_error(result, 2, message)
+
+
+def test_the_live_panel_s_elapsed_time_runs_through_a_silent_phase():
+    """The panel was drawn from a table rendered at the last event: through a long phase without events (cutting a
+    book into parts: minutes) it showed the same elapsed time, as if hung."""
+    import io
+    import re
+    import time
+
+    from rich.console import Console
+
+    from maskkv_cli.cli.render import LiveRun
+
+    out = io.StringIO()
+    with LiveRun(Console(file=out, force_terminal=True, width=80), enabled=True) as live:
+        live.phase("tokenize", "question 1/1")
+        time.sleep(1.0)  # no event at all
+    frames = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())  # the terminal's codes out
+    shown = set(re.findall(r"elapsed\s+(\d+\.\d) s", frames))
+    assert len(shown) >= 2, shown

@@ -118,7 +118,9 @@ class LiveRun:
         if self.enabled:
             from rich.live import Live
 
-            self.live = Live(self._render(), console=self.console, refresh_per_second=8, transient=True)
+            # the panel itself is the renderable: Live's refresh thread draws it anew 8 times a second, so the
+            # elapsed time runs on through a long silent phase (cutting a book into parts) instead of freezing
+            self.live = Live(self, console=self.console, refresh_per_second=8, transient=True)
             self.live.start()
         return self
 
@@ -144,9 +146,12 @@ class LiveRun:
             table.add_row("KV cache", self.cache)
         return table
 
+    def __rich__(self) -> Table:
+        return self._render()
+
     def refresh(self) -> None:
         if self.live is not None:
-            self.live.update(self._render())
+            self.live.refresh()
 
     def phase(self, name: str, detail: str = "") -> None:
         self.phase_name, self.detail = name, detail
