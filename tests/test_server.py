@@ -201,6 +201,14 @@ def test_a_wrong_or_missing_key_gets_401_and_probes_need_none(server):
     assert page.status == 200 and page.headers["content-type"].startswith("text/html")
 
 
+def test_a_413_states_its_limit_as_given():
+    """--max-body-mb 0.01 was stated as "0.00999928 MiB"."""
+    from maskkv_cli.server.app import too_large
+
+    assert "limit of 10,485 bytes;" in too_large(int(0.01 * 2**20), upload=False).message
+    assert "limit of 32 MiB;" in too_large(32 * 2**20, upload=True).message
+
+
 def test_bodies_over_the_limits_get_413(client, server):
     with pytest.raises(openai.APIStatusError) as caught:
         client.chat.completions.create(model="x", messages=[{"role": "user", "content": "x" * (MAX_BODY + 10)}])

@@ -56,8 +56,8 @@ def plan_request(req: ChatRequest, defaults: RunSettings, long: str, session: Se
             changes[name] = value
     settings = replace(defaults, **changes)
     if req.max_tokens is not None and req.max_tokens > session.window:
-        raise bad_request(f"max_tokens must be at most {session.window} (the model's window); got {req.max_tokens}",
-                          "max_tokens")
+        raise bad_request(f"max_tokens must be at most {session.window} (the model's window, which the prompt "
+                          f"shares); got {req.max_tokens}", "max_tokens")
     try:
         if req.max_tokens is None:
             gen = settings.generation(session.generation_defaults)

@@ -78,7 +78,8 @@ class BodyTooLarge(Exception):
 def too_large(limit: int, upload: bool) -> APIError:
     what = ("the upload is over the server's limit of" if upload else "the request body is over the server's limit of")
     flag = "--max-upload-mb" if upload else "--max-body-mb"
-    return APIError(413, f"{what} {limit / (1 << 20):g} MiB; send less, or start the server with a larger {flag}",
+    size = f"{limit / (1 << 20):.4g} MiB" if limit >= 1 << 20 else f"{limit:,} bytes"  # (not "0.00999928 MiB")
+    return APIError(413, f"{what} {size}; send less, or start the server with a larger {flag}",
                     code="request_too_large")
 
 
