@@ -476,6 +476,7 @@ def test_a_document_read_in_parts_streams_the_answer_it_gives_without_stream(ses
         answer = plain.json()["choices"][0]["message"]["content"]
         assert plain.json()["maskkv"]["read"]["parts"] > 1
         assert plain.json()["maskkv"]["claim"] == "answer"  # judged against the question, as ask judges it
+        assert "read in" in plain.json()["maskkv"]["page_map"]["note"]  # (was "could not be tokenized again")
         streamed = post_json(url, "/v1/chat/completions", {**body, "stream": True})
         pieces = [json.loads(line[6:]) for line in streamed.body.decode().splitlines()
                   if line.startswith("data: {")]

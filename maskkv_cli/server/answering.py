@@ -202,7 +202,10 @@ def answer_figures(answer: Answer, plan: Plan, docs: Sequence[Document], embedde
     figures: dict[str, Any] = {"policy": plan.cache.policy, **row, "notes": notes,
                                "documents": [{"id": d.sha256, "filename": d.name, "pages": len(d.pages)}
                                              for d in docs]}
-    if len(docs) == 1 and fitted is not None:
+    if len(docs) == 1 and fitted is not None and fitted.parts > 1:
+        figures["page_map"] = {"mapped": False, "note": f"the document was read in {fitted.parts} parts; the page map "
+                                                        "covers a document read in one prompt"}
+    elif len(docs) == 1 and fitted is not None:
         records = sorted(answer.result.records, key=lambda r: r.layer)
         mapped = map_pages(session.tokenizer, docs[0], fitted.text, question, records, answer.prompt_len,
                            fitted.dropped)
