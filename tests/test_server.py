@@ -277,7 +277,7 @@ def test_unknown_documents_routes_and_methods_are_openai_errors(server, client):
                                 headers={"Authorization": f"Bearer {API_KEY}"}), 405)
 
 
-def test_nothing_a_request_does_stops_the_server(server, client, document_id, monkeypatch):
+def test_nothing_a_request_does_stops_the_server(server, client, document_id, monkeypatch, caplog):
     before = health(server)["queue"]
     parts = urlsplit(server)
     for garbage in (b"\x00\x01\x02 not http\r\n\r\n",
@@ -300,9 +300,24 @@ def test_nothing_a_request_does_stops_the_server(server, client, document_id, mo
     import maskkv_cli.server.app as app_module
 
     monkeypatch.setattr(app_module, "list_documents", broken)
-    error = assert_openai_error(request(server, "GET", "/v1/documents",
-                                        headers={"Authorization": f"Bearer {API_KEY}"}), 500)
+    import logging
+
+    class Kept(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            served.append(record.getMessage())
+
+    served: list[str] = []
+    caplog.clear()
+    logging.getLogger("uvicorn").addHandler(keeper := Kept())  # uvicorn's loggers do not reach the root's
+    try:
+        error = assert_openai_error(request(server, "GET", "/v1/documents",
+                                            headers={"Authorization": f"Bearer {API_KEY}"}), 500)
+        time.sleep(0.5)  # (the server logged it again after the answer had gone)
+    finally:
+        logging.getLogger("uvicorn").removeHandler(keeper)
     assert "RuntimeError: the engine broke" in error["message"]
+    logged = [r.getMessage() for r in caplog.records]  # once (uvicorn logged it again, a second traceback)
+    assert logged.count("request failed") == 1 and not any("Exception in ASGI" in m for m in served), served
     monkeypatch.undo()
     answer = client.chat.completions.create(**ask(document_id))
     assert answer.choices[0].message.content == NEEDLE_ANSWER

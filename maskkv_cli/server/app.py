@@ -86,7 +86,8 @@ def too_large(limit: int, upload: bool) -> APIError:
 class Gate:
     """ASGI middleware: a /v1 request needs the API key (when one is set, as ``Authorization: Bearer KEY``, compared
     in constant time); a body may not exceed its route's limit (uploads have their own), whether it declares its
-    length or not."""
+    length or not. An exception no handler took (a bug) is answered here as the API's 500, logged once (Starlette's
+    last handler answers it too, then raises it again for the server to log a second time)."""
 
     def __init__(self, app: Any, api_key: str | None, max_body: int, max_upload: int) -> None:
         self.app = app
@@ -121,7 +122,19 @@ class Gate:
                     raise BodyTooLarge(limit)
             return message
 
-        await self.app(scope, counted, send)
+        started = False
+
+        async def sending(message: Any) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, sending)
+        except Exception as exc:
+            if started:  # a stream already under way: nothing can be answered any more
+                raise
+            await error_response(job_error(exc))(scope, receive, send)
 
     def authorized(self, headers: dict[str, bytes]) -> bool:
         value = headers.get("authorization", b"")
