@@ -201,7 +201,7 @@ def run_batch(
         return triple
 
     jobs, same_as = plan_jobs(list(specs), shas, lambda s: job_settings(s, settings, generation), model_id,
-                                 resolve_dtype(dtype, device_kind, quantize), device_kind, quantize)
+                              resolve_dtype(dtype, device_kind, quantize), device_kind, quantize)
     started = time.perf_counter()
     # a row kept from an earlier run is named by this run's id and path for its job (same key: same content,
     # question and settings; the id or the file's place may have changed since)
