@@ -435,3 +435,23 @@ def test_ask_says_which_profile_it_uses_or_why_it_ignores_one(tiny_dir, tmp_path
     used = runner.invoke(app, args)
     assert used.exit_code == 0, used.output
     assert f"using calibration profile {path} for layer budgets" in used.stderr and "ignoring" not in used.stderr
+
+
+def test_calibrate_and_demo_check_their_folder_before_the_work(tmp_path, tiny_dir, monkeypatch):
+    """A calibration folder that cannot be made (its config "folder" is a file) failed after the whole measurement
+    with "error: NotADirectoryError: ..."; demo likewise after its runs. Now one line before anything runs."""
+    import maskkv_cli.engine.importance as importance
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    monkeypatch.setenv("MASKKV_CONFIG", str(blocker / "config.toml"))
+    monkeypatch.setattr(importance, "measure_importance", lambda *a, **k: pytest.fail("measured"))
+    result = runner.invoke(app, ["calibrate", "--model", str(tiny_dir), "--samples", "1", "--max-tokens", "32"])
+    assert result.exit_code == 1 and "cannot write the calibration profile in" in result.stderr
+    assert "set MASKKV_CONFIG" in result.stderr and "NotADirectoryError" not in result.stderr
+    monkeypatch.setenv("MASKKV_HOME", str(blocker))
+    import maskkv_cli.cli.commands.demo as demo
+
+    monkeypatch.setattr(demo, "load_session", lambda *a, **k: pytest.fail("loaded"))
+    result = runner.invoke(app, ["demo"])
+    assert result.exit_code == 1 and "cannot write the demo's document in" in result.stderr

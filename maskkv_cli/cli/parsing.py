@@ -84,6 +84,21 @@ def unwritable(folder: Path) -> str | None:
         return reason(exc)
 
 
+def writable_folder(folder: Path, what: str, hint: str) -> Path:
+    """``folder``, made where missing, when a file can be written in it; else a one-line error naming ``what`` goes
+    there and the OS's reason, with ``hint`` (checked before a command's work, not when its result is saved)."""
+    from maskkv_cli.errors import MaskKVError
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        why = unwritable(folder)
+    except OSError as exc:
+        why = reason(exc)
+    if why is not None:
+        raise MaskKVError(f"cannot write {what} in {folder} ({why}); {hint}")
+    return folder
+
+
 def out_folder(path: Path | None, option: str = "--out") -> Path | None:
     """``path``, where a results folder can be made or reused: a file in its place, or in the place of a folder
     above it, a folder that cannot be made there (a read-only or virtual file system) or one that is not writable

@@ -111,6 +111,11 @@ def calibrate(
     if gen_length is not None and gen_length < 0:
         raise UsageError("--gen-length must not be negative")
     weights = resolve_quantize(quantize)
+    from maskkv_cli.cli.parsing import writable_folder
+    from maskkv_cli.models.calibration import profile_dir
+
+    writable_folder(profile_dir(), "the calibration profile", "set MASKKV_CONFIG to a file in a folder you can "
+                    "write (profiles are kept beside it)")  # before the measurement, not after it
     checkpoint = choose_model(model, yes, quiet, as_json)  # an ORG/NAME not here: pulled with --yes or consent
     texts = read_texts(docs) if docs else builtin_corpus()
 

@@ -62,11 +62,15 @@ def demo(
     if length < 1:
         raise fail(f"--length must be a positive number of tokens, got {length}", 2)
     weights = resolve_quantize(quantize)
+    from maskkv_cli.cli.parsing import writable_folder
+
+    demo_folder = writable_folder(maskkv_home() / "demo", "the demo's document", "set MASKKV_HOME to a folder you "
+                                  "can write")
     started = time.perf_counter()
     session = load_session(model, device, "auto", quiet, as_json, yes=yes, quantize=weights)
     load_s = time.perf_counter() - started
     task = generate_tasks("niah_single", 1, length, seed=seed, count_tokens=session.count_tokens)[0]
-    doc = atomic_write_text(maskkv_home() / "demo" / "demo.txt", task.context)
+    doc = atomic_write_text(demo_folder / "demo.txt", task.context)
     gen = RunSettings(seed=seed).generation(session.generation_defaults)
     caches = [(policy, RunSettings(policy=policy, budget=b, seed=seed).cache())
               for policy, b in ((DEFAULT_POLICY, budget), ("full", None))]
