@@ -190,6 +190,9 @@ def test_bench_quality_rows_are_keyed_by_the_quantization(tmp_path: Path, tiny_d
     assert quant.exit_code == 0, quant.output
     (row_plain,), (row_quant,) = json.loads(plain.stdout)["results"], json.loads(quant.stdout)["results"]
     assert row_plain["key"] != row_quant["key"]
+    # the rows and the summary say which weights they are of (only config.json did)
+    assert (row_plain["quantize"], row_quant["quantize"]) == ("none", "int8") and row_quant["dtype"] == "float32"
+    assert "float32, int8 weights)" in (out / "summary.md").read_text()
 
 
 def test_the_server_names_a_quantized_model_apart() -> None:

@@ -155,6 +155,8 @@ def _case_row(group: TaskGroup, case: Case, key: str, scores: list[float], secon
         "prefill_s": round(sum(prefill) / len(prefill), 5) if prefill else None,
         "model": settings["model"],
         "model_id": settings["model_id"],
+        "dtype": settings["dtype"],
+        "quantize": settings.get("quantize", "none"),  # rows of runs with other weights can share a folder
         "seed": settings["seed"],
         "gen_length": gen.gen_length,
         "steps": gen.steps,

@@ -78,13 +78,19 @@ def _own_lengths(rows: Sequence[dict[str, Any]], gen: dict[str, Any]) -> str:
     return f" (LongBench answer lengths, one token per step: {', '.join(own)})" if own else ""
 
 
+def weights_label(quantize: str) -> str:
+    """How a report names quantized weights after the dtype ("" for none)."""
+    return "" if quantize in ("none", None) else f", {quantize} weights"
+
+
 def summary_markdown(rows: Sequence[dict[str, Any]], settings: dict[str, Any],
                      paired: Sequence[dict[str, Any]] = ()) -> str:
     gen = settings.get("generation", {})
     lines = [
         "# maskkv bench quality",
         "",
-        f"- model: `{settings.get('model')}` ({settings.get('model_id')}, {settings.get('dtype')})",
+        f"- model: `{settings.get('model')}` ({settings.get('model_id')}, {settings.get('dtype')}"
+        f"{weights_label(settings.get('quantize', 'none'))})",
         f"- tasks: {settings.get('source', {}).get('kind')} {settings.get('tasks')}; samples per cell: "
         f"{settings.get('samples')}; seed {settings.get('seed')}",
         f"- generation: {gen.get('gen_length')} tokens, {gen.get('steps')} steps, blocks of "

@@ -295,7 +295,8 @@ def quality(
         sys.stderr.write(_paired_line(run.paired) + "\n")
     if not quiet:
         reused = f", {run.reused} rows reused" if run.reused else ""
-        sys.stderr.write(f"results: {run.folder}{reused}\n")
+        quantized = f" ({weights} weights)" if weights != "none" else ""
+        sys.stderr.write(f"results: {run.folder}{reused}{quantized}\n")
 
 
 @guarded
