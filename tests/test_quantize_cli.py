@@ -4,6 +4,7 @@ weights, ``--json`` stats carry them, the keys of results tell quantized runs ap
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -289,3 +290,24 @@ def test_ask_a_pdf_with_int4_weights_on_llada2_and_llada(tmp_path: Path, tiny_di
         assert result.exit_code == 0, result.output
         stats = json.loads(result.stdout)["answers"][0]["stats"]
         assert stats["quantization"] == "int4" and stats["steps_run"] > 0
+
+
+def test_int4_keeps_layers_its_kernels_cannot_pack_and_says_so(tmp_path: Path, tiny_tokenizer: Any) -> None:
+    """A layer of an output width no multiple of 16 crashed the load ("_convert_weight_to_int4pack_cpu : expect N to
+    be dividable by 16"); one of an input width no group size divides was kept unquantized without a word while the
+    run line said "int4 weights". Both stay unquantized now, named in a note, and the plan counts them so."""
+    from maskkv_cli.models.config import named_config
+    from maskkv_cli.models.loading import build_model, save_model
+
+    cfg = named_config("tiny").with_(vocab_size=len(tiny_tokenizer), mlp_hidden_size=100)  # up/gate: 100 outputs
+    folder = save_model(build_model(cfg).init_weights(seed=3, std=0.25).eval(), tmp_path / "odd", tiny_tokenizer)
+    base = ["generate", "Hello", "--model", str(folder), "--quantize", "int4", "-n", "8"]
+    shown = runner.invoke(app, base)
+    assert shown.exit_code == 0, shown.output
+    assert re.search(r"note: int4: \d+ of \d+ layers keep their bfloat16 weights", shown.stderr), shown.stderr
+    result = runner.invoke(app, [*base, "--json"])
+    assert result.exit_code == 0, result.output
+    stats = json.loads(result.stdout)["stats"]
+    plan = runner.invoke(app, ["plan", "--model", str(folder), "--quantize", "int4", "--json"])
+    assert plan.exit_code == 0, plan.output
+    assert json.loads(plan.stdout)["rows"][0]["weights"] == stats["weights_bytes"]

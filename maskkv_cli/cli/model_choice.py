@@ -146,5 +146,14 @@ def load_session(model: str | ModelFolder | None, device: str, dtype: str, quiet
     from maskkv_cli.app.session import Session
 
     folder = choose_model(model, yes, quiet, as_json)
-    return Session(folder, device=resolve_device(device), dtype=None if dtype == "auto" else dtype,
-                   device_map=device_map, dream=dream, quantize=quantize)
+    session = Session(folder, device=resolve_device(device), dtype=None if dtype == "auto" else dtype,
+                      device_map=device_map, dream=dream, quantize=quantize)
+    from maskkv_cli.models.quantize import targets, unquantized_targets
+
+    left = unquantized_targets(session.model)  # type: ignore[arg-type]
+    if left:
+        shown = ", ".join(left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
+        dtype_name = str(session.model.dtype).removeprefix("torch.")
+        note(f"{quantize}: {len(left)} of {len(targets(session.model))} layers keep their {dtype_name} weights (the "  # type: ignore[arg-type]
+             f"int4 kernels pack inputs in groups of 32 and outputs by 16): {shown}", quiet, as_json)
+    return session

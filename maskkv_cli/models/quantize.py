@@ -18,7 +18,8 @@ The formats (torchao's tensor subclasses; each product still goes through ``rows
   (its formats plain, preshuffled, plain_int32 and tile_packed_to_4d all need mslk / tinygemm on a GPU), and
   ``IntxWeightOnlyConfig`` keeps int4 in one byte per value (``unpacked_to_int8``) or needs torchao's C++ CPU
   kernels; so the CPU's packed int4 weight-only path is the prototype config. A layer whose input width no group
-  size divides stays unquantized (and is named by ``quantized_layers``).
+  size divides, or whose output width is no multiple of 16, stays unquantized (and is named by
+  ``quantized_layers``).
 - ``int4`` on CUDA: ``Int4WeightOnlyConfig`` with the ``tile_packed_to_4d`` format (``Int4TilePackedTo4dTensor``,
   PyTorch's own tinygemm kernel ``aten._weight_int4pack_mm``): bf16 only, compute capability 8.0 or newer
   (``check_supported`` says so before loading). Not run on a GPU by this project's tests.
@@ -49,10 +50,11 @@ from maskkv_cli.models.rows import Linear
 
 __all__ = ["MODES", "QuantizeError", "SplitLinear", "check_mode", "check_supported", "loading_quantizer",
            "mark_prequantized", "quantization_of", "quantize_model", "quantized_layers", "tensor_bytes",
-           "weights_bytes"]
+           "unquantized_targets", "weights_bytes"]
 
 MODES = tuple(m for m in QUANTIZE_CHOICES if m != "none")  # ("int8", "int4")
 INSTALL = "pip install -e '.[quant]'"
+INT4_ROWS = 16  # the int4 kernels pack output rows by sixteens ("expect N to be dividable by 16" otherwise)
 INT4_GROUPS = (128, 64, 32)  # the group sizes the CPU int4 kernel takes, largest (fewest scale bytes) first
 
 
@@ -117,20 +119,23 @@ def torchao_modules() -> tuple[ModuleType, ModuleType]:
     return quantization, int4
 
 
-def int4_group(in_features: int) -> int | None:
-    """The int4 group size for a layer of ``in_features`` inputs (None: no group size divides it)."""
+def int4_group(in_features: int, out_features: int | None = None) -> int | None:
+    """The int4 group size for a layer of ``in_features`` inputs and ``out_features`` outputs (None: the layer stays
+    unquantized: no group size divides its input width, or its output width is no multiple of ``INT4_ROWS``)."""
+    if out_features is not None and out_features % INT4_ROWS:
+        return None
     return next((g for g in INT4_GROUPS if in_features % g == 0), None)
 
 
 def quantize_weight_of(layer: nn.Linear, mode: str) -> bool:
     """Replace ``layer.weight`` by its ``mode`` form in place (torchao's ``quantize_`` on this one layer); False
-    when the layer stays as it is (int4 and no group size divides its input width)."""
+    when the layer stays as it is (int4 and a width its kernels cannot pack: ``int4_group``)."""
     quantization, int4 = torchao_modules()
     config: Any
     if mode == "int8":
         config = quantization.Int8WeightOnlyConfig(set_inductor_config=False)
     else:
-        group = int4_group(layer.in_features)
+        group = int4_group(layer.in_features, layer.out_features)
         if group is None:
             return False
         if layer.weight.device.type == "cuda":  # tinygemm's layout, PyTorch's ``_weight_int4pack_mm`` (bf16)
@@ -329,6 +334,20 @@ def held_bytes(model: nn.Module, block: int | None = None) -> int:
 def quantization_of(model: nn.Module) -> str:
     """The model's weight quantization: "int8", "int4" or "none"."""
     return str(getattr(model, "quantization", None) or "none")
+
+
+def unquantized_targets(model: nn.Module) -> list[str]:
+    """The layers ``quantize_model`` was to quantize that hold an unquantized weight (int4 and a width its kernels
+    cannot pack: ``int4_group``), by name; none where the model is not quantized."""
+    if quantization_of(model) == "none":
+        return []
+    left = []
+    for name in targets(model):
+        layer = model.get_submodule(name)
+        parts = layer.parts if isinstance(layer, SplitLinear) else [layer]
+        if not all(is_quantized(part.weight) for part in parts):
+            left.append(name)
+    return left
 
 
 def quantized_layers(model: nn.Module) -> tuple[list[str], list[str]]:

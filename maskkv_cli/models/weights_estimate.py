@@ -28,7 +28,7 @@ from torch import nn
 
 from maskkv_cli.errors import UsageError
 from maskkv_cli.models.meta import meta_device
-from maskkv_cli.models.quantize import INT4_GROUPS, MODES, targets
+from maskkv_cli.models.quantize import MODES, int4_group, targets
 
 if TYPE_CHECKING:
     from maskkv_cli.models.config import ModelConfig
@@ -39,9 +39,9 @@ __all__ = ["INT8_ROW_BYTES", "WeightsEstimate", "int4_group_of", "quantized_matr
 INT8_ROW_BYTES = 5  # per output row of an int8 weight: an fp32 scale and an int8 zero point
 
 
-def int4_group_of(in_features: int) -> int | None:
-    """The int4 group size of a weight with ``in_features`` input columns (None: none divides it)."""
-    return next((g for g in INT4_GROUPS if in_features % g == 0), None)
+def int4_group_of(in_features: int, out_features: int | None = None) -> int | None:
+    """The int4 group size of an (out, in) weight (None: it stays unquantized), as loading quantizes it."""
+    return int4_group(in_features, out_features)
 
 
 def quantized_matrix_bytes(out_features: int, in_features: int, mode: str | None, element_bytes: int) -> int:
@@ -49,7 +49,7 @@ def quantized_matrix_bytes(out_features: int, in_features: int, mode: str | None
     ``element_bytes`` per value)."""
     if mode == "int8":
         return out_features * (in_features + INT8_ROW_BYTES)
-    group = int4_group_of(in_features) if mode == "int4" else None
+    group = int4_group_of(in_features, out_features) if mode == "int4" else None
     if group is None:  # unquantized, or int4 where no group size divides the input width
         return out_features * in_features * element_bytes
     return out_features * in_features // 2 + (in_features // group) * out_features * 2 * element_bytes
