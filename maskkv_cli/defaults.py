@@ -95,6 +95,17 @@ def configured_quantize() -> str:
     return check_quantize(value, f'`quantize = "{value}"` in {config_file()}')
 
 
+def quantize_origin(given: str | None) -> str:
+    """Where a run's quantization was set, as a message names it: ``--quantize X`` (``given``), else
+    ``MASKKV_QUANTIZE=X`` or the config file's line (a refusal then points at what the user wrote)."""
+    if given is not None:
+        return f"--quantize {given}"
+    if os.environ.get("MASKKV_QUANTIZE"):
+        return f"MASKKV_QUANTIZE={os.environ['MASKKV_QUANTIZE']}"
+    value = _config_value("quantize")
+    return f'`quantize = "{value}"` in {config_file()}' if value is not None else "--quantize none"
+
+
 def resolve_quantize(given: str | None) -> str:
     """The weight quantization of a run: ``--quantize`` when given, else the user's default
     (``configured_quantize``)."""

@@ -75,7 +75,8 @@ def test_a_torchao_int8_checkpoint_runs_as_quantize_int8(tmp_path: Path, config:
         load_model(pre, quantize="int4")
 
 
-def test_the_cli_reports_the_checkpoints_own_quantization(tmp_path: Path, tiny_model: Any, tiny_tokenizer: Any) -> None:
+def test_the_cli_reports_the_checkpoints_own_quantization(tmp_path: Path, tiny_model: Any, tiny_tokenizer: Any,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     pre = save_torchao(tiny_model, tmp_path / "int8")
     tiny_tokenizer.save_pretrained(str(pre))
     doc = tmp_path / "doc.txt"
@@ -84,6 +85,14 @@ def test_the_cli_reports_the_checkpoints_own_quantization(tmp_path: Path, tiny_m
                                  "8", "--block-length", "8", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["answers"][0]["stats"]["quantization"] == "int8"
+    # a default quantization of another mode (the config file's) is named, not "--quantize", and refused in one line
+    config = tmp_path / "config.toml"
+    config.write_text('quantize = "int4"\n')
+    monkeypatch.setenv("MASKKV_CONFIG", str(config))
+    refused = runner.invoke(app, ["ask", str(doc), "What?", "--model", str(pre)])
+    assert refused.exit_code == 2 and refused.stderr.count("\n") == 1
+    assert f'holds int8 weights already (torchao, Int8WeightOnlyConfig) and `quantize = "int4"` in {config} asks' \
+           in refused.stderr
 
 
 REFUSED = [

@@ -100,8 +100,13 @@ def test_bad_values_are_one_line(tmp_path: Path, tiny_dir: Path, monkeypatch: py
     monkeypatch.delenv("MASKKV_CONFIG")
     result = runner.invoke(app, ["ask", str(doc), QUESTION, "--model", str(tiny_dir), "--quantize", "int8",
                                  "--device-map", "cpu,cpu"])
-    assert result.exit_code == 1 and result.stderr.count("\n") == 1
-    assert "--quantize int8 with --device-map is not supported" in result.stderr
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert "--quantize int8: quantized weights with --device-map are not supported" in result.stderr
+    # set by the environment, the refusal names it (it said "leave --quantize out" of a command without one)
+    monkeypatch.setenv("MASKKV_QUANTIZE", "int8")
+    result = runner.invoke(app, ["ask", str(doc), QUESTION, "--model", str(tiny_dir), "--device-map", "cpu,cpu"])
+    assert result.exit_code == 2 and "error: MASKKV_QUANTIZE=int8: quantized weights with --device-map" in result.stderr
+    assert "give --quantize none" in result.stderr
 
 
 def test_without_torchao_the_error_names_the_extra(tmp_path: Path, tiny_dir: Path,

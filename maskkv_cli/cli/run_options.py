@@ -121,6 +121,7 @@ class RunOptions:
         llada2 = settings.llada2(llada2_defaults(chosen.defaults.sampler))  # over the checkpoint's own: checked now
         for policy in policies:
             check_policy_family(policy, chosen.config.family)
+        self.check_quantization(chosen)
         if long is not None:
             check_long_family(long, chosen.config.family)
         if generates is not None:
@@ -129,6 +130,25 @@ class RunOptions:
                                self.yes, dream=settings.dream(), quantize=self.quantization, **more)
         session.llada2 = llada2  # the options given over the model's stored defaults
         return session
+
+    def check_quantization(self, folder: Any) -> None:
+        """Refuse, before loading, a quantization the run cannot have: with ``--device-map``, or other than the one
+        a pre-quantized checkpoint (``folder``) holds; the message names where it was set (``--quantize``, the
+        environment or the config file: a default the user set long ago is no flag to "leave out")."""
+        from maskkv_cli.defaults import quantize_origin
+        from maskkv_cli.errors import UsageError
+
+        mode = self.quantization
+        if mode == "none":
+            return
+        origin = quantize_origin(self.quantize)
+        if self.device_map:
+            raise UsageError(f"{origin}: quantized weights with --device-map are not supported (each layer is packed "
+                             "for the device it is read on); run on one device, or give --quantize none")
+        pre = folder.prequantized
+        if pre is not None and pre.mode is not None and mode != pre.mode:
+            raise UsageError(f"{folder.name} holds {pre.mode} weights already ({pre.detail}) and {origin} asks for "
+                             f"{mode}: give --quantize {pre.mode} or none, or load the model's bf16 release")
 
     def generation(self, defaults: dict[str, int], **more: Any) -> Any:
         """The ``GenerationConfig`` of these options, gaps filled from the model's ``defaults``."""
