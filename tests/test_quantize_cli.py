@@ -67,11 +67,18 @@ def test_generate_summarize_and_profile_take_the_flag(tmp_path: Path, tiny_dir: 
     result = runner.invoke(app, ["summarize", str(_doc(tmp_path)), "--model", str(tiny_dir), "--length", "8",
                                  "--quantize", "int4", "--json"])
     assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["quantization"] == "int4"  # summarize and profile did not say it anywhere
+    shown = runner.invoke(app, ["summarize", str(_doc(tmp_path)), "--model", str(tiny_dir), "--length", "8",
+                                "--quantize", "int4"])
+    assert re.search(r"note: int4 weights [\d.]+ [KM]iB", shown.stderr), shown.stderr
     result = runner.invoke(app, ["profile", str(_doc(tmp_path)), QUESTION, "--model", str(tiny_dir), *SHORT,
                                  "--policies", "full", "--quantize", "int4", "--json", "--no-warmup"])
     assert result.exit_code == 0, result.output
-    assert loaded == ["int8", "int4", "int4"]
+    assert loaded == ["int8", "int4", "int4", "int4"]
     assert '"quantization": "int4"' in result.stdout
+    shown = runner.invoke(app, ["profile", str(_doc(tmp_path)), QUESTION, "--model", str(tiny_dir), *SHORT,
+                                "--policies", "full", "--quantize", "int4", "--no-warmup"])
+    assert "on cpu, int4 weights" in " ".join(shown.stdout.split())  # (the line wraps at the console's width)
 
 
 def test_the_config_file_and_the_environment_set_the_default(tmp_path: Path, tiny_dir: Path,

@@ -230,9 +230,11 @@ def page_chart(run: RunProfile, width: int = 30) -> RenderableType:
 
 def report_renderables(report: ProfileReport, width: int, color: bool) -> list[RenderableType]:
     """Everything ``maskkv profile`` prints, in order."""
+    quantized = getattr(report.runs[0].stats, "quantization", "none") if report.runs else "none"
+    weights = f", {quantized} weights" if quantized != "none" else ""
     out: list[RenderableType] = [
         Text(f"{report.document['source']}: {report.document['pages']} pages, {report.document['chars']} chars; "
-             f"model {model_label(report.model)} on {report.device}", style="dim"),
+             f"model {model_label(report.model)} on {report.device}{weights}", style="dim"),
         runs_table(report),
     ]
     answers = Text()

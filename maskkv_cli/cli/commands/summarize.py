@@ -107,14 +107,20 @@ def summarize(
     embedded = session.embedded
     show_parts = len(summaries) > 1 and (absent or adds_nothing(final.text, written))
     notes = _notes(length, lead, show_parts, final_tokens < summary_tokens(length, 8), embedded)
+    stats = final.result.stats
+    weights = {"quantization": stats.quantization, "weights_bytes": stats.weights_bytes}
     if as_json:
         typer.echo(json.dumps({"document": str(document), "pages": len(doc.pages), "summary": final.text,
                                **confidence_fields(final, "summary", embedded), "shown": "parts" if show_parts
                                else "summary", "length": {"words": length, "tokens": final_tokens},
-                               "notes": notes, "parts": summaries}))
+                               "notes": notes, "parts": summaries, **weights}))
         return
     for message in notes:
         note(message, quiet, as_json)
+    if stats.quantization != "none":  # (ask's run line names them; summarize prints no run line)
+        from maskkv_cli.runtime.sizes import human_size
+
+        note(f"{stats.quantization} weights {human_size(stats.weights_bytes, binary=True)}", quiet, as_json)
     if not show_parts:
         echo_answer(final.text, final.confidence, "summary", embedded, quiet)
         return
