@@ -280,6 +280,7 @@ def test_plan_table_folder_and_errors(tiny_dir: Path) -> None:
     assert json.loads(folder.output)["source"] == str(tiny_dir)
     for args, words in ((["--model", "no-such-model"], "named config"),
                         (["--model", "tiny", "--quantize", "int3"], "int3"),
+                        (["--model", "tiny", "--quantize", "none"], "named by their dtype, e.g. bf16"),
                         (["--model", "tiny", "--context", "100", "--gen-length", "128"], "no prompt"),
                         (["--context", "1k"], "needs --model")):
         bad = _plan(*args)

@@ -112,7 +112,8 @@ class PlanRow:
 def parse_formats(values: list[str]) -> list[str]:
     unknown = [v for v in values if v not in FORMATS]
     if unknown:
-        raise UsageError(f"unknown weight format {unknown[0]!r}; choose from {', '.join(FORMATS)}")
+        hint = " (unquantized weights are named by their dtype, e.g. bf16)" if unknown[0] == "none" else ""
+        raise UsageError(f"unknown weight format {unknown[0]!r}; choose from {', '.join(FORMATS)}{hint}")
     return values
 
 

@@ -112,6 +112,9 @@ def calibrate(
         raise UsageError("--gen-length must not be negative")
     weights = resolve_quantize(quantize)
     from maskkv_cli.cli.parsing import writable_folder
+    from maskkv_cli.defaults import check_dtype
+
+    check_dtype(dtype)  # before the model is chosen and the inputs tokenized
     from maskkv_cli.models.calibration import profile_dir
 
     writable_folder(profile_dir(), "the calibration profile", "set MASKKV_CONFIG to a file in a folder you can "
