@@ -66,6 +66,13 @@ def test_jobs_from_jsonl_csv_and_cross_product(tmp_path: Path, corpus: dict[str,
     (tmp_path / "notes.rst").write_text("Notes\n")
     with pytest.raises(UsageError, match="a jobs file is .jsonl or .csv; to ask about documents: --docs"):
         read_jobs_file(tmp_path / "notes.rst")  # a document given where the jobs file goes
+    # a comma in a field not quoted cut the question at it ("Tell me"), the rest dropped without a word; an id of 0
+    # became the line number
+    (tmp_path / "comma.csv").write_text("document,question\nstory.pdf,Tell me, who comes?\n")
+    with pytest.raises(UsageError, match=r"comma.csv:2: 3 fields for 2 columns; put a field that holds a comma"):
+        read_jobs_file(tmp_path / "comma.csv")
+    (tmp_path / "zero.jsonl").write_text('{"id": 0, "document": "a.txt", "question": "Q"}\n')
+    assert read_jobs_file(tmp_path / "zero.jsonl")[0].id == "0"
     specs = cross_product([str(tmp_path / "*.pdf"), str(corpus["notes"])], ["Q1", "Q2"])
     assert [(Path(s.document).name, s.question) for s in specs] == [
         ("broken.pdf", "Q1"), ("broken.pdf", "Q2"), ("story.pdf", "Q1"), ("story.pdf", "Q2"), ("notes.txt", "Q1"),
@@ -234,6 +241,9 @@ def test_cli_errors_are_one_line(tmp_path: Path, corpus: dict[str, Path]) -> Non
     assert result.exit_code == 2 and "--docs needs --questions" in result.stderr
     result = runner.invoke(app, ["batch", "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "give a jobs file" in result.stderr
+    result = runner.invoke(app, ["batch", str(tmp_path / "none.jsonl"), "--questions", str(tmp_path / "q.txt"),
+                                 "--out", str(tmp_path / "o")])  # (--questions was ignored beside a jobs file)
+    assert result.exit_code == 2 and "--questions goes with --docs" in result.stderr
     result = runner.invoke(app, ["batch", str(tmp_path / "none.jsonl")])
     assert result.exit_code == 2 and "--out" in result.stderr
     result = runner.invoke(app, ["batch", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "o"), "--workers",

@@ -168,7 +168,9 @@ def _spec(row: dict[str, Any], where: str, default_id: str, base: Path) -> JobSp
         from maskkv_cli.policies.base import check_policy
 
         check_policy(policy, f"{where}: ")
-    return JobSpec(id=str(row.get("id") or "").strip() or default_id, document=str(path), question=question,
+    given = row.get("id")  # (an id of 0 is an id: ``or`` took it for none)
+    job_id = ("" if given is None else str(given)).strip() or default_id
+    return JobSpec(id=job_id, document=str(path), question=question,
                    policy=policy, budget=_positive_int(row.get("budget"), "budget", where),
                    gen_length=_positive_int(row.get("gen_length"), "gen_length", where))
 
@@ -200,6 +202,9 @@ def read_jobs_file(path: Path, on_note: Callable[[str], None] | None = None) -> 
         if not reader.fieldnames or not {"document", "question"} <= {f.strip() for f in reader.fieldnames}:
             raise UsageError(f"{path}: the CSV header must name at least the columns document and question")
         for n, row in enumerate(reader, 1):
+            if row.get(None):  # csv's key for the fields past the header's: a comma in a field not quoted
+                raise UsageError(f"{path}:{reader.line_num}: {len(reader.fieldnames) + len(row[None])} fields for "
+                                 f"{len(reader.fieldnames)} columns; put a field that holds a comma in double quotes")
             clean = {str(k).strip(): v for k, v in row.items() if k is not None}
             specs.append(_spec(clean, f"{path}:{reader.line_num}", str(n), base))
     else:

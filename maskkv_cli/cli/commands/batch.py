@@ -125,6 +125,8 @@ def batch(
         raise fail("give a jobs file (.jsonl or .csv) or --docs PATTERN with --questions FILE, not both", 2)
     if docs is not None and questions is None:
         raise fail("--docs needs --questions FILE (one question per line)", 2)
+    if jobs is not None and questions is not None:  # a jobs file holds its questions: --questions was ignored
+        raise fail("--questions goes with --docs; a jobs file names each job's question itself", 2)
     check_long(long)
     opts.cache()  # as ask: a bad budget, ratio or mode stops here
     size = parse_batch_size(batch_size)
