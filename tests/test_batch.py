@@ -552,3 +552,29 @@ def test_duplicate_jobs_are_named_with_the_job_answered_for_them(tmp_path: Path,
     summary = json.loads(result.stdout)
     assert summary["duplicates"] == 1 and summary["same_as"] == {"notes-copy-0": "notes-0"}
     assert "`notes-copy-0` (as `notes-0`)" in (out / "summary.md").read_text()
+
+
+def test_a_ray_address_is_checked_and_an_unreachable_one_refused_at_once(tmp_path: Path) -> None:
+    """--ray nonsense was a raw ValueError (exit 1) after the documents were read; --ray HOST:PORT with nothing
+    there waited for ever (Ray's client retries without end)."""
+    import socket
+    import time
+
+    from maskkv_cli.batch.ray_pool import connect, ray_address
+
+    assert ray_address("auto") is None and ray_address("10.0.0.2:6379") == ("10.0.0.2", 6379)
+    assert ray_address("ray://head:10001") == ("head", 10001)
+    for bad in ("nonsense", "localhost", "host:port", "host:0"):
+        with pytest.raises(UsageError, match="--ray takes auto, HOST:PORT"):
+            ray_address(bad)
+    result = runner.invoke(app, ["batch", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "o"), "--ray",
+                                 "nonsense"])
+    assert result.exit_code == 2 and "--ray takes auto" in result.stderr
+    pytest.importorskip("ray")
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(UsageError, match=f"cannot reach the Ray cluster at 127.0.0.1:{port}"):
+        connect(f"127.0.0.1:{port}")
+    assert time.monotonic() - started < 30

@@ -44,16 +44,42 @@ class BatchActor:
         return self.worker.run(message, text)
 
 
+REACH_S = 5.0  # how long a cluster's address may take to accept a connection (Ray itself retries for ever)
+
+
+def ray_address(address: str) -> tuple[str, int] | None:
+    """The (host, port) of a ``--ray`` address (``HOST:PORT`` or ``ray://HOST:PORT``), None for ``auto``; any other
+    form is a usage error (Ray's own was a ValueError after the documents were read)."""
+    if address == "auto":
+        return None
+    rest = address.removeprefix("ray://")
+    host, _, port = rest.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"--ray takes auto, HOST:PORT or ray://HOST:PORT (a running cluster's address); got "
+                         f"{address!r}")
+    return host.strip("[]"), int(port)
+
+
 def connect(address: str, **init_args: Any) -> bool:
     """Join the cluster at ``address`` ("auto": the one on this machine, else a new local one); True when this
-    call started the connection (and the caller should shut it down)."""
+    call started the connection (and the caller should shut it down). An address where nothing accepts a connection
+    within ``REACH_S`` is refused at once: Ray's client waits for it without end."""
     ray = import_ray()
     if ray.is_initialized():
         return False
-    target = None if address == "auto" else address
+    place = ray_address(address)
+    if place is not None:
+        import socket
+
+        try:
+            socket.create_connection(place, timeout=REACH_S).close()
+        except OSError as exc:
+            raise UsageError(f"cannot reach the Ray cluster at {address} ({exc.strerror or exc}); start it with "
+                             "`ray start --head` or pass --ray auto") from None
     try:
-        ray.init(address=target, include_dashboard=False, log_to_driver=False, **init_args)
-    except ConnectionError as exc:
+        ray.init(address=None if place is None else address, include_dashboard=False, log_to_driver=False,
+                 **init_args)
+    except (ConnectionError, ValueError) as exc:
         raise UsageError(f"cannot reach the Ray cluster at {address}: {exc}; start it with `ray start --head` "
                          "or pass --ray auto") from None
     return True

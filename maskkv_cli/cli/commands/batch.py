@@ -132,8 +132,9 @@ def batch(
     size = parse_batch_size(batch_size)
     names = parse_devices(devices, workers, ray)
     if ray:
-        from maskkv_cli.batch.ray_pool import import_ray
+        from maskkv_cli.batch.ray_pool import import_ray, ray_address
 
+        ray_address(ray)  # a malformed address: said before anything is read
         import_ray()  # without the extra: say so before reading any document
 
     def told(message: str) -> None:
