@@ -209,6 +209,22 @@ def test_rerun_skips_finished_repairs_a_torn_line_and_retries_failures(tmp_path:
     assert "- this run: no job was left to run\n" in summary and "jobs per minute" not in summary
 
 
+
+def test_a_job_whose_document_came_back_leaves_no_failure_row(tmp_path: Path, corpus: dict[str, Path],
+                                                              tiny_dir: Path) -> None:
+    """A job failed for a missing document, then answered once the file was there: answers.jsonl kept both rows for
+    good (the failure's key came from the path, the answer's from the bytes), a failure for a job that has its
+    answer."""
+    later = tmp_path / "later.txt"
+    spec = [JobSpec("j", str(later), "What is the special magic number for apple?")]
+    settings = AnswerSettings(policy="maskkv", budget=8, gen_length=8, steps=8, block_length=8)
+    assert run_batch(spec, settings, str(tiny_dir), tmp_path / "out").failed == 1
+    later.write_bytes(corpus["notes"].read_bytes())
+    assert run_batch(spec, settings, str(tiny_dir), tmp_path / "out").ok == 1
+    rows, _ = read_rows(tmp_path / "out" / "answers.jsonl")
+    assert [(r["id"], r["error"]) for r in rows] == [("j", None)]
+
+
 def test_one_driver_per_folder(tmp_path: Path) -> None:
     with AnswersFolder(tmp_path).open([]), pytest.raises(UsageError, match="another maskkv batch"):
         AnswersFolder(tmp_path).open([])

@@ -68,15 +68,19 @@ class AnswersFolder:
     def open(self, planned: Iterable[str], names: Mapping[str, Mapping[str, Any]] | None = None) -> AnswersFolder:
         """``planned``: the keys of this run's jobs. ``names``: per key, the fields that name its job in this run
         (its id and document path), written over those of a row kept from an earlier run, where the job had the
-        same content, question and settings but may have had another id or place."""
+        same content, question and settings but may have had another id or place. A failed row of a job this run
+        names again (the same id and document) under another key is dropped too: its document was missing or
+        damaged then and reads otherwise now (its key came from the path, or from the old bytes), so this run's row
+        replaces it."""
         self.path.mkdir(parents=True, exist_ok=True)
         self._take_lock()
         wanted = set(planned)
+        jobs = {(fields.get("id"), fields.get("document")) for fields in (names or {}).values()}
         on_disk, broken = read_rows(self.answers)
         kept: dict[str, dict[str, Any]] = {}
         for row in on_disk:
             key = row["key"]
-            if row.get("error") and key in wanted:
+            if row.get("error") and (key in wanted or (row.get("id"), row.get("document")) in jobs):
                 continue  # a planned job that failed runs again
             if key in kept and not kept[key].get("error") and row.get("error"):
                 continue
