@@ -178,3 +178,21 @@ def test_a_cut_short_weights_file_or_a_missing_vocabulary_is_named_and_models_st
     by_path = {str(f.resolve()): f for f in (cut, no_vocabulary, tiny_dir)}
     loads = {by_path[name].name: m["loadable"] for name, m in listed.items() if name in by_path}
     assert loads == {"cut": False, "novocab": False, tiny_dir.name: True}, listed
+
+
+def test_a_device_this_torch_cannot_use_is_one_clear_error(tiny_dir, monkeypatch) -> None:
+    """``Session(path, device="cuda")`` on a CPU-only build raised torch's "pin_memory=True requires a CUDA or other
+    accelerator backend"; ``device="gpu"`` torch's list of device names. The command line's check, as a
+    ``UsageError``."""
+    import pytest
+    import torch
+
+    import maskkv_cli as mk
+    from maskkv_cli.errors import UsageError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for call in (lambda: mk.Session(str(tiny_dir), device="cuda"), lambda: mk.load_model(str(tiny_dir), device="cuda")):
+        with pytest.raises(UsageError, match="finds no CUDA GPU on this machine"):
+            call()
+    with pytest.raises(UsageError, match="unknown device 'gpu'"):
+        mk.Session(str(tiny_dir), device="gpu")

@@ -71,7 +71,9 @@ class Session:
         if layer_devices and quantize:
             raise QuantizeError(f"--quantize {quantize} with --device-map is not supported (each layer is packed "
                                 "for the device it is read on); run on one device, or leave --quantize out")
-        self.device = layer_devices[0] if layer_devices else torch.device(device)
+        from maskkv_cli.runtime.devices import check_device
+
+        self.device = layer_devices[0] if layer_devices else torch.device(check_device(str(device)))
         load_on = "cpu" if layer_devices else self.device
         self.model: DiffusionLM = load_checkpoint(folder.path, folder.config, device=load_on, dtype=dtype or
                                                   ("bf16" if self.device.type == "cuda" else None), quantize=quantize,
