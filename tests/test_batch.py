@@ -207,6 +207,12 @@ def test_rerun_skips_finished_repairs_a_torn_line_and_retries_failures(tmp_path:
     assert (again.reused, again.ran) == (4, 0)
     summary = (tmp_path / "out" / "summary.md").read_text()  # not "0 jobs answered in 0.0 s (0.0 jobs per minute)"
     assert "- this run: no job was left to run\n" in summary and "jobs per minute" not in summary
+    assert "policy maskkv, budget 8," in summary
+    from maskkv_cli.batch.run import _budget_label
+
+    assert _budget_label({"policy": "maskkv", "budget": None, "ratio": None}) == "256 (default)"  # (said "default")
+    assert _budget_label({"policy": "full", "budget": None, "ratio": None}) == "none (the whole prompt kept)"
+    assert _budget_label({"policy": "snapkv", "budget": None, "ratio": 0.25}) == "0.25 of each prompt"
 
 
 

@@ -315,6 +315,19 @@ def _read_cell(row: dict[str, Any]) -> str:
     return what
 
 
+def _budget_label(config: dict[str, Any]) -> str:
+    """The run's budget as its rows record it: the one given, the ratio, else the default (256) for a policy that
+    evicts (summary.md said "budget default" over rows of 256)."""
+    from maskkv_cli.defaults import DEFAULT_BUDGET
+    from maskkv_cli.policies.base import get_policy
+
+    if config.get("budget"):
+        return str(config["budget"])
+    if config.get("ratio"):
+        return f"{config['ratio']} of each prompt"
+    return f"{DEFAULT_BUDGET} (default)" if get_policy(config["policy"]).evicts else "none (the whole prompt kept)"
+
+
 def summary_markdown(result: BatchResult, config: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     """Counts, the failures with their errors, and every answer (questions and answers cut to 120 characters)."""
     def cell(text: Any) -> str:
@@ -322,7 +335,7 @@ def summary_markdown(result: BatchResult, config: dict[str, Any], rows: list[dic
         return value if len(value) <= 120 else value[:117] + "..."
 
     lines = ["# maskkv batch", "",
-             f"- model: `{config['model']}`; policy {config['policy']}, budget {config['budget'] or 'default'}, "
+             f"- model: `{config['model']}`; policy {config['policy']}, budget {_budget_label(config)}, "
              f"seed {config['seed']}",
              f"- runner: {result.runner}",
              f"- jobs: {result.total}; answered: {result.ok} ({result.reused} from earlier runs); failed: "
