@@ -274,6 +274,10 @@ def test_cli_errors_are_one_line(tmp_path: Path, corpus: dict[str, Path]) -> Non
     result = runner.invoke(app, ["batch", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "o"), "--devices",
                                  "cpu,gpu0"])
     assert result.exit_code == 2 and "unknown device 'gpu0'" in result.stderr
+    for empty in ("", " , "):  # ('' ran in this process without a word)
+        result = runner.invoke(app, ["batch", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "o"),
+                                     "--devices", empty])
+        assert result.exit_code == 2 and "--devices is empty" in result.stderr
 
 
 def test_ray_missing_names_the_extra(tmp_path: Path, corpus: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:

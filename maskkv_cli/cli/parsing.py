@@ -182,6 +182,8 @@ def choose_focus(specs: Sequence[RunSpec], choice: str) -> int:
 
 def parse_devices(devices: str | None, workers: int | None, ray: str | None) -> tuple[str, ...]:
     """``--devices``/``--workers`` as one device name per worker process (empty: run in this process)."""
+    if devices is not None and not devices.strip(", "):  # ('' ran in this process, as if not given)
+        raise UsageError("--devices is empty; give e.g. cuda:0,cuda:1")
     if devices and workers:
         raise UsageError("give --devices or --workers, not both")
     if workers is not None and workers <= 0:
@@ -192,8 +194,6 @@ def parse_devices(devices: str | None, workers: int | None, ray: str | None) -> 
         return ()
     if devices:
         names = tuple(d.strip() for d in devices.split(",") if d.strip())
-        if not names:
-            raise UsageError("--devices is empty; give e.g. cuda:0,cuda:1")
         for name in names:
             check_device(name)
         return names
