@@ -22,8 +22,8 @@ from maskkv_cli.models.diffusion_gemma import DiffusionGemma, parameter_count
 from maskkv_cli.models.diffusion_gemma_config import FULL, SLIDING
 from maskkv_cli.models.diffusion_gemma_config import named_config as dgemma_config
 from maskkv_cli.models.loading import load_model, save_model
-from maskkv_cli.models.quantize import weights_bytes
-from maskkv_cli.models.weights_estimate import int4_group_of, quantized_matrix_bytes, weights_estimate
+from maskkv_cli.models.quantize import int4_group, weights_bytes
+from maskkv_cli.models.weights_estimate import quantized_matrix_bytes, weights_estimate
 
 FAMILIES = ("tiny", "llada2-tiny", "llada-moe-tiny", "dream-tiny")
 DG = dgemma_config("diffusiongemma-tiny")  # 2 sliding + 2 full layers, window 8, canvas 8
@@ -63,7 +63,7 @@ def test_one_matrix_as_torchao_stores_it(out_in: tuple[int, int], mode: str) -> 
     layer = Linear(inp, out, bias=False).to(torch.bfloat16)
     quantize_weight_of(layer, mode)
     assert quantized_matrix_bytes(out, inp, mode, 2) == tensor_bytes(layer.weight)
-    assert (int4_group_of(inp) is None) == (inp == 48)
+    assert (int4_group(inp) is None) == (inp == 48)
 
 
 def test_diffusion_gemma_weights() -> None:

@@ -34,14 +34,9 @@ if TYPE_CHECKING:
     from maskkv_cli.models.config import ModelConfig
     from maskkv_cli.models.diffusion_gemma_config import DiffusionGemmaConfig
 
-__all__ = ["INT8_ROW_BYTES", "WeightsEstimate", "int4_group_of", "quantized_matrix_bytes", "weights_estimate"]
+__all__ = ["INT8_ROW_BYTES", "WeightsEstimate", "quantized_matrix_bytes", "weights_estimate"]
 
 INT8_ROW_BYTES = 5  # per output row of an int8 weight: an fp32 scale and an int8 zero point
-
-
-def int4_group_of(in_features: int, out_features: int | None = None) -> int | None:
-    """The int4 group size of an (out, in) weight (None: it stays unquantized), as loading quantizes it."""
-    return int4_group(in_features, out_features)
 
 
 def quantized_matrix_bytes(out_features: int, in_features: int, mode: str | None, element_bytes: int) -> int:
@@ -49,7 +44,7 @@ def quantized_matrix_bytes(out_features: int, in_features: int, mode: str | None
     ``element_bytes`` per value)."""
     if mode == "int8":
         return out_features * (in_features + INT8_ROW_BYTES)
-    group = int4_group_of(in_features, out_features) if mode == "int4" else None
+    group = int4_group(in_features, out_features) if mode == "int4" else None  # as loading quantizes it
     if group is None:  # unquantized, or int4 where no group size divides the input width
         return out_features * in_features * element_bytes
     return out_features * in_features // 2 + (in_features // group) * out_features * 2 * element_bytes
