@@ -29,9 +29,9 @@ def _looks_binary(data: bytes) -> bool:
     return controls > 0.05 * len(sample)
 
 
-def _utf16_without_marker(data: bytes) -> str | None:
-    """The UTF-16 variant of text saved without its byte-order marker, told by its NUL bytes (the high byte of
-    every Latin character) all on one side of each pair; None when it does not read so."""
+def _utf16_without_marker(data: bytes) -> tuple[str, str] | None:
+    """(the UTF-16 variant, the text) of text saved without its byte-order marker, told by its NUL bytes (the high
+    byte of every Latin character) all on one side of each pair; None when it does not read so."""
     sample = data[: 1 << 16]
     if len(data) % 2 or len(sample) < 4:
         return None
@@ -43,7 +43,7 @@ def _utf16_without_marker(data: bytes) -> str | None:
             except UnicodeDecodeError:
                 continue
             if _mostly_printable(text):
-                return encoding
+                return encoding, text
     return None
 
 
@@ -59,26 +59,18 @@ def decode_text(data: bytes, display: str) -> tuple[str, list[str]]:
     """The text of a file's bytes: UTF-8 (with or without its marker), UTF-16 with its marker, else Windows-1252 or
     Latin-1 with a note saying so; binary data and undecodable text are a ``DocumentError``."""
     notes: list[str] = []
-    if data.startswith((codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)):  # (its marker starts as UTF-16's does)
-        try:
-            text = data.decode("utf-32")
-        except UnicodeDecodeError:
-            raise DocumentError(f"{display} starts with a UTF-32 marker but is not valid UTF-32; re-save it as UTF-8 "
-                                "and try again.") from None
-        if not _mostly_printable(text):
-            raise DocumentError(f"{display} looks binary, not text; pass a text, Markdown or PDF file.")
-        return text, notes
-    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        try:
-            text = data.decode("utf-16")
-        except UnicodeDecodeError:
-            raise DocumentError(
-                f"{display} starts with a UTF-16 marker but is not valid UTF-16; "
-                "re-save it as UTF-8 and try again."
-            ) from None
-        if not _mostly_printable(text):
-            raise DocumentError(f"{display} looks binary, not text; pass a text, Markdown or PDF file.")
-        return text, notes
+    # UTF-32's marker first: it starts as UTF-16's does
+    for codec, markers in (("UTF-32", (codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)),
+                           ("UTF-16", (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE))):
+        if data.startswith(markers):
+            try:
+                text = data.decode(codec.lower())
+            except UnicodeDecodeError:
+                raise DocumentError(f"{display} starts with a {codec} marker but is not valid {codec}; re-save it as "
+                                    "UTF-8 and try again.") from None
+            if not _mostly_printable(text):
+                raise DocumentError(f"{display} looks binary, not text; pass a text, Markdown or PDF file.")
+            return text, notes
     if data.startswith(codecs.BOM_UTF8):
         text = data.decode("utf-8-sig", errors="replace")
         if "\ufffd" in text and "\ufffd".encode() not in data:
@@ -86,9 +78,9 @@ def decode_text(data: bytes, display: str) -> tuple[str, list[str]]:
         return text, notes
     wide = _utf16_without_marker(data)
     if wide is not None:
-        notes.append(f"{display} has no byte-order mark; it was read as {wide.upper()}. Convert it to UTF-8 if some "
-                     "characters look wrong.")
-        return data.decode(wide), notes
+        notes.append(f"{display} has no byte-order mark; it was read as {wide[0].upper()}. Convert it to UTF-8 if "
+                     "some characters look wrong.")
+        return wide[1], notes
     if _looks_binary(data):
         raise DocumentError(
             f"{display} looks binary (it contains NUL or control bytes), not text; pass a text, Markdown or PDF "
