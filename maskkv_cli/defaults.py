@@ -84,15 +84,21 @@ def check_dtype(value: str) -> str:
     return value
 
 
-def configured_quantize() -> str:
-    """``MASKKV_QUANTIZE``, else ``quantize = ...`` in the config file, else "none"; checked, the message naming
-    where a bad value was set."""
+def _quantize_setting() -> tuple[str, str] | None:
+    """The user's default quantization and where it is set, as a message names it: ``MASKKV_QUANTIZE``, else
+    ``quantize = ...`` in the config file; None where neither sets one."""
     if os.environ.get("MASKKV_QUANTIZE"):
-        return check_quantize(os.environ["MASKKV_QUANTIZE"], f"MASKKV_QUANTIZE={os.environ['MASKKV_QUANTIZE']}")
+        value = os.environ["MASKKV_QUANTIZE"]
+        return value, f"MASKKV_QUANTIZE={value}"
     value = _config_value("quantize")
-    if value is None:
-        return "none"
-    return check_quantize(value, f'`quantize = "{value}"` in {config_file()}')
+    return None if value is None else (value, f'`quantize = "{value}"` in {config_file()}')
+
+
+def configured_quantize() -> str:
+    """The user's default quantization (``_quantize_setting``), else "none"; checked, the message naming where a
+    bad value was set."""
+    setting = _quantize_setting()
+    return "none" if setting is None else check_quantize(*setting)
 
 
 def quantize_origin(given: str | None) -> str:
@@ -100,10 +106,8 @@ def quantize_origin(given: str | None) -> str:
     ``MASKKV_QUANTIZE=X`` or the config file's line (a refusal then points at what the user wrote)."""
     if given is not None:
         return f"--quantize {given}"
-    if os.environ.get("MASKKV_QUANTIZE"):
-        return f"MASKKV_QUANTIZE={os.environ['MASKKV_QUANTIZE']}"
-    value = _config_value("quantize")
-    return f'`quantize = "{value}"` in {config_file()}' if value is not None else "--quantize none"
+    setting = _quantize_setting()
+    return "--quantize none" if setting is None else setting[1]
 
 
 def resolve_quantize(given: str | None) -> str:
