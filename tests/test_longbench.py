@@ -76,6 +76,21 @@ def test_long_prompt_is_cut_in_the_middle_to_fit_the_window(session: Session):
     assert "Short text about Paris." in session.tokenizer.decode(prompts[1])
 
 
+@pytest.mark.parametrize("gen_length", [8, 32, 50])
+def test_every_cut_prompt_fits_the_window_beside_its_answer(session: Session, gen_length: int):
+    """The template around a cut text can take a few tokens more than the two counted apart: cut again."""
+    pages = ("Prices rose by 4% in März; the café closed. ", "数字是 4821。河流向北流。 ", "🙂 emoji, 👍🏽 ",
+             "The river runs past the old mill. ")
+    tasks = [task(" ".join(pages[i % 4] * (150 + 37 * i) for i in range(n)), q) for n in (1, 2, 3, 4)
+             for q in ("Where is the tower?", "Wo ist der Turm?")]
+    for dataset in ("hotpotqa", "trec"):
+        spec = prompt_spec(dataset)
+        assert spec is not None
+        prompts, cut = encode_longbench(session, tasks, spec, gen_length)
+        assert cut == len(tasks)
+        assert max(len(p) for p in prompts) <= session.window - gen_length
+
+
 def test_raw_tasks_start_with_bos_and_have_no_chat_header(session: Session):
     spec = prompt_spec("trec")
     assert spec is not None

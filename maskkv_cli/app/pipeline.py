@@ -93,7 +93,12 @@ def no_room(session: Session, question: str, gen_length: int) -> UsageError:
 def prepare(session: Session, context: str, question: str, gen_length: int, long: str = "truncate") -> Prompt:
     """Fit ``context`` into what the window leaves beside the question and ``gen_length`` response tokens, and
     build the chat prompt of document then question. ``long``: ``truncate`` or ``rope-scale`` (one prompt; a text
-    that fits is the same under every mode)."""
+    that fits is the same under every mode).
+
+    The room is the window less the prompt of an empty document and the response, but the prompt holding the text
+    can take a few tokens more than the two counted apart: tokens merge differently where the text meets the
+    question, a cut text carries its ``...`` marker, and a decoded cut re-encodes longer where it split a
+    character. Such a prompt is fitted again to the room less the excess, so that no prompt runs past the window."""
     cfg = session.model.config
     overhead = session.prompt_overhead(question)
     response = session.response_positions(gen_length)
@@ -103,9 +108,17 @@ def prepare(session: Session, context: str, question: str, gen_length: int, long
     doc_ids = session.document_ids(context)  # encoded once per document, whatever the number of questions
     # RoPE scaling sizes its factor for the whole sequence; a cut needs only the room.
     total = overhead + len(doc_ids) + response if long == "rope-scale" else None
-    fitted = fit_context(session.tokenizer, context, room, long, cfg.head_dim, session.base_theta, session.window,
-                         total, doc_ids)
-    ids = session.prompt_ids(document_question(fitted.text, question))
+    limit = overhead + room  # the tokens the prompt may take
+    while True:
+        fitted = fit_context(session.tokenizer, context, room, long, cfg.head_dim, session.base_theta,
+                             session.window, total, doc_ids)
+        ids = session.prompt_ids(document_question(fitted.text, question))
+        over = len(ids) - limit
+        if over <= 0 or fitted.rope_factor != 1:  # (a RoPE-scaled prompt is past the window by design)
+            break
+        room -= over  # fitted again to the room less what the prompt took beyond it
+        if room <= 0:
+            raise no_room(session, question, gen_length)
     shares = family(cfg.family).document_prefix  # the family computes a document's prefix once for its questions
     document_len = session.document_prompt_len(fitted.text, ids) if shares else 0
     return Prompt(ids, fitted, document_len)
@@ -157,7 +170,7 @@ def ask_in_parts(
 ) -> PartsAnswer:
     """Ask ``question`` of every window of ``room`` tokens of ``context`` (token ``ids``), each sharing ``overlap``
     tokens (at most a quarter of the room) with the next, and answer from the part(s) ``choose_part`` picks."""
-    prompts = part_prompts(session, context, ids, room, question, overlap)
+    prompts, room = part_prompts(session, context, ids, room, question, overlap)
     answers: list[Answer] = []
     for i, prompt in enumerate(prompts, 1):
         if on_part is not None:
@@ -169,9 +182,23 @@ def ask_in_parts(
 
 
 def part_prompts(session: Session, context: str, ids: Sequence[int], room: int, question: str,
-                 overlap: int = PART_OVERLAP) -> list[Prompt]:
+                 overlap: int = PART_OVERLAP) -> tuple[list[Prompt], int]:
     """The prompts of ``question`` about each window of ``room`` tokens of ``context`` (token ``ids``), each window
-    sharing ``overlap`` tokens (at most a quarter of the room) with the next, in text order."""
+    sharing ``overlap`` tokens (at most a quarter of the room) with the next, in text order; and the room they were
+    made with: ``room``, or less where a prompt took more than ``room`` tokens beside the question (as ``prepare``
+    says why): the windows are laid out again over that much less, until every prompt fits."""
+    limit = session.prompt_overhead(question) + room  # the tokens each prompt may take
+    while True:
+        prompts = _part_prompts(session, context, ids, room, question, overlap)
+        over = max(len(p.ids) for p in prompts) - limit
+        if over <= 0:
+            return prompts, room
+        room -= over  # (part_windows refuses a room used up)
+
+
+def _part_prompts(session: Session, context: str, ids: Sequence[int], room: int, question: str,
+                  overlap: int) -> list[Prompt]:
+    """``part_prompts``' prompts of windows of ``room`` tokens, however long each prompt comes out."""
     windows = part_windows(len(ids), room, min(overlap, room // 4))
     chars = len(context)
     bounds = sorted({at for window in windows for at in window if at < len(ids)})
@@ -247,7 +274,8 @@ def ask_many(
     for context, question in items:
         ids = session.document_ids(context)
         if long == "parts" and len(ids) > (room := room_needed(session, question, gen.gen_length)):
-            plans.append(("parts", len(ids), room, part_prompts(session, context, ids, room, question)))
+            prompts, room = part_prompts(session, context, ids, room, question)
+            plans.append(("parts", len(ids), room, prompts))
         else:
             one = "truncate" if long == "parts" else long  # a text that fits: the one prompt every mode builds
             plans.append(("one", 0, 0, [prepare(session, context, question, gen.gen_length, one)]))

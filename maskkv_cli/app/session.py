@@ -197,7 +197,9 @@ class Session:
         """Answer the prompt ``ids``. ``document_len``: its leading ids that are a document's (``pipeline.prepare``):
         a block-causal model computes that document's whole blocks once for every question asked of it, DiffusionGemma
         its encoder's cache of them (``sampling.diffusion_gemma.DocumentCache``).
-        ``rope_factor``: the prompt's RoPE base scaling (``--long rope-scale``)."""
+        ``rope_factor``: the prompt's RoPE base scaling (``--long rope-scale``); at 1 the prompt and the answer's
+        positions must fit the window (``check_window``)."""
+        self.check_window(len(ids), gen.gen_length, rope_factor)
         plan = self._plan(ids, gen, cache, document_len, rope_factor)
         prompt = torch.tensor([ids], dtype=torch.long, device=self.device)
         if self.engine is not None:
@@ -217,6 +219,8 @@ class Session:
         n = len(prompts)
         doc_lens = list(document_lens) if document_lens is not None else [0] * n
         factors = list(rope_factors) if rope_factors is not None else [1.0] * n
+        for ids, factor in zip(prompts, factors, strict=True):
+            self.check_window(len(ids), gen.gen_length, factor)
         choice = importance_choice(self.folder, cache)  # the calibration profile looked up once for them all
         plans = [self._plan(list(ids), gen, cache, doc, f, choice) for ids, doc, f in zip(prompts, doc_lens, factors,
                                                                                            strict=True)]
@@ -298,12 +302,17 @@ class Session:
                on_event: Callable[[Event], None] | None = None) -> Answer:
         """The answer to a plain prompt (the chat template around ``question``), which must fit the window with the
         answer's positions (a document is fitted by ``pipeline.ask`` instead)."""
-        ids = self.prompt_ids(question)
-        answer = self.response_positions(gen.gen_length)
-        if len(ids) + answer > self.window:
-            most = self.longest_answer(self.window - len(ids))
-            hint = (f"ask for at most {most} new tokens, or shorten the prompt" if most > 0 else
-                    "shorten the prompt (maskkv ask reads a document of any length)")
-            raise UsageError(f"the prompt ({len(ids)} tokens) and an answer of {answer} tokens take "
-                             f"{len(ids) + answer} of the model's {self.window}-token window: {hint}")
-        return self.answer_ids(ids, gen, cache, on_event)
+        return self.answer_ids(self.prompt_ids(question), gen, cache, on_event)
+
+    def check_window(self, prompt_len: int, gen_length: int, rope_factor: float = 1.0) -> None:
+        """Refuse a prompt of ``prompt_len`` tokens that, with the positions of an answer of ``gen_length`` tokens,
+        runs past the model's window, unless its RoPE is scaled for a longer sequence (``rope_factor`` above 1):
+        positions the model was not trained on give garbage without a word."""
+        answer = self.response_positions(gen_length)
+        if rope_factor != 1 or prompt_len + answer <= self.window:
+            return
+        most = self.longest_answer(self.window - prompt_len)
+        hint = (f"ask for at most {most} new tokens, or shorten the prompt" if most > 0 else
+                "shorten the prompt (maskkv ask reads a document of any length)")
+        raise UsageError(f"the prompt ({prompt_len} tokens) and an answer of {answer} tokens take "
+                         f"{prompt_len + answer} of the model's {self.window}-token window: {hint}")
