@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,14 @@ def test_jobs_from_jsonl_csv_and_cross_product(tmp_path: Path, corpus: dict[str,
         read_jobs_file(tmp_path / "comma.csv")
     (tmp_path / "zero.jsonl").write_text('{"id": 0, "document": "a.txt", "question": "Q"}\n')
     assert read_jobs_file(tmp_path / "zero.jsonl")[0].id == "0"
+    # two jobs of one id gave two rows of that id, and summary.md's "same as" named either
+    (tmp_path / "twice.jsonl").write_text('{"id": "a", "document": "a.txt", "question": "Q"}\n'
+                                          '{"id": "a", "document": "b.txt", "question": "Q"}\n')
+    with pytest.raises(UsageError, match=r"twice.jsonl:2: the id 'a' is also the id of the job at .*twice.jsonl:1"):
+        read_jobs_file(tmp_path / "twice.jsonl")
+    (tmp_path / "twice.csv").write_text("id,document,question\n,a.txt,Q\n1,b.txt,Q\n")
+    with pytest.raises(UsageError, match=r"twice.csv:3: the id '1' is also the id of the job at .*twice.csv:2"):
+        read_jobs_file(tmp_path / "twice.csv")  # the first job's id is its row's number
     specs = cross_product([str(tmp_path / "*.pdf"), str(corpus["notes"])], ["Q1", "Q2"])
     assert [(Path(s.document).name, s.question) for s in specs] == [
         ("broken.pdf", "Q1"), ("broken.pdf", "Q2"), ("story.pdf", "Q1"), ("story.pdf", "Q2"), ("notes.txt", "Q1"),
@@ -604,3 +613,21 @@ def test_a_ray_address_is_checked_and_an_unreachable_one_refused_at_once(tmp_pat
     with pytest.raises(UsageError, match=f"cannot reach the Ray cluster at 127.0.0.1:{port}"):
         connect(f"127.0.0.1:{port}")
     assert time.monotonic() - started < 30
+
+
+def test_a_job_s_own_gen_length_that_does_not_fit_names_the_job() -> None:
+    """It said "--gen-length 10 must be a multiple of --block-length 8" for a jobs file's gen_length."""
+    from maskkv_cli.batch.jobs import job_settings
+
+    def generation(gen_length: int | None) -> tuple[int, int, int]:
+        triple = resolve_generation({}, gen_length, None, 8)
+        GenerationConfig(*triple)
+        return triple
+
+    base = AnswerSettings(policy="maskkv", gen_length=None, steps=None, block_length=8)
+    assert job_settings(JobSpec("j0", "a.txt", "Q", gen_length=16), base, generation).gen_length == 16
+    with pytest.raises(UsageError, match=r"^job 'j1': its gen_length 10 must be a multiple of --block-length 8$"):
+        job_settings(JobSpec("j1", "a.txt", "Q", gen_length=10), base, generation)
+    bad = replace(base, gen_length=10)
+    with pytest.raises(UsageError, match=r"^--gen-length 10 must be a multiple"):  # the option's own: named so
+        job_settings(JobSpec("j2", "a.txt", "Q"), bad, generation)

@@ -197,6 +197,7 @@ def read_jobs_file(path: Path, on_note: Callable[[str], None] | None = None) -> 
     text = _read_list(path, "jobs file", on_note)
     base = path.resolve().parent
     specs: list[JobSpec] = []
+    wheres: list[str] = []  # where each job is in the file
     if path.suffix.lower() == ".csv":
         reader = csv.DictReader(io.StringIO(text, newline=""))  # a quoted field may hold line breaks
         if not reader.fieldnames or not {"document", "question"} <= {f.strip() for f in reader.fieldnames}:
@@ -206,7 +207,8 @@ def read_jobs_file(path: Path, on_note: Callable[[str], None] | None = None) -> 
                 raise UsageError(f"{path}:{reader.line_num}: {len(reader.fieldnames) + len(row[None])} fields for "
                                  f"{len(reader.fieldnames)} columns; put a field that holds a comma in double quotes")
             clean = {str(k).strip(): v for k, v in row.items() if k is not None}
-            specs.append(_spec(clean, f"{path}:{reader.line_num}", str(n), base))
+            wheres.append(f"{path}:{reader.line_num}")
+            specs.append(_spec(clean, wheres[-1], str(n), base))
     else:
         # lines end at "\n" only: str.splitlines would also cut at U+2028, U+0085 and the like, which JSON strings
         # may hold as they are
@@ -221,10 +223,23 @@ def read_jobs_file(path: Path, on_note: Callable[[str], None] | None = None) -> 
                 raise UsageError(f"{path}:{n}: not a JSON object ({exc.msg}); one job per line{hint}") from None
             if not isinstance(row, dict):
                 raise UsageError(f"{path}:{n}: not a JSON object; one job per line")
-            specs.append(_spec(row, f"{path}:{n}", str(n), base))
+            wheres.append(f"{path}:{n}")
+            specs.append(_spec(row, wheres[-1], str(n), base))
     if not specs:
         raise UsageError(f"{path} holds no jobs")
+    _unique_ids(specs, wheres)
     return specs
+
+
+def _unique_ids(specs: list[JobSpec], wheres: list[str]) -> None:
+    """Refuse a jobs file in which two jobs have one id: the id names a job's row in the results and in
+    ``summary.md``, and which answer is whose would be lost."""
+    first: dict[str, str] = {}
+    for spec, where in zip(specs, wheres, strict=True):
+        if spec.id in first:
+            raise UsageError(f"{where}: the id {spec.id!r} is also the id of the job at {first[spec.id]}; give "
+                             "each job its own id (or leave the ids out: a job is then named by its line)")
+        first[spec.id] = where
 
 
 def read_questions(path: Path, on_note: Callable[[str], None] | None = None) -> list[str]:
@@ -306,7 +321,13 @@ def job_settings(spec: JobSpec, base: AnswerSettings, generation: Callable[[int 
                  ) -> AnswerSettings:
     """The run's settings with the job's overrides; ``generation(gen_length)`` resolves the (gen_length, steps,
     block_length) triple the answer will use, so that the key holds the values and not the defaults."""
-    gen_length, steps, block = generation(spec.gen_length if spec.gen_length is not None else base.gen_length)
+    if spec.gen_length is None:
+        gen_length, steps, block = generation(base.gen_length)
+    else:
+        try:
+            gen_length, steps, block = generation(spec.gen_length)
+        except UsageError as exc:  # the job's own length, named as the jobs file names it
+            raise UsageError(f"job {spec.id!r}: {exc}".replace("--gen-length", "its gen_length")) from None
     return replace(base, policy=spec.policy or base.policy,
                    budget=spec.budget if spec.budget is not None else base.budget,
                    ratio=None if spec.budget is not None else base.ratio,
