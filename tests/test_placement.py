@@ -30,6 +30,10 @@ def test_split_layers_contiguous_and_even():
 def test_parse_device_map():
     assert parse_device_map(None, 4) is None
     assert parse_device_map("cpu,cpu", 4) == [CPU] * 4
+    assert parse_device_map(" cpu , cpu ", 4) == [CPU] * 4
+    for spec, entry in (("cpu,,cpu", 2), ("cpu,cpu,", 3), (" ,cpu", 1)):  # a device left out changed the split
+        with pytest.raises(UsageError, match=f"--device-map {spec}: entry {entry} is empty; give one device per"):
+            parse_device_map(spec, 4)
     if torch.cuda.device_count() < 2:
         assert parse_device_map("auto", 4) is None
     with pytest.raises(UsageError, match="--device-map cpu,nonsense-device: unknown device 'nonsense-device'; use"):

@@ -35,8 +35,12 @@ def parse_device_map(spec: str | None, n_layers: int) -> list[torch.device] | No
     if spec == "auto":
         count = torch.cuda.device_count()
         return split_layers(n_layers, [torch.device(f"cuda:{i}") for i in range(count)]) if count > 1 else None
+    entries = [d.strip() for d in spec.split(",")]
+    if any(entries) and not all(entries):  # a device left out: the layers would be split over one device fewer
+        raise UsageError(f"--device-map {spec}: entry {entries.index('') + 1} is empty; give one device per entry, "
+                         "separated by commas (e.g. cuda:0,cuda:1)")
     try:
-        devices = [torch.device(check_device(d.strip())) for d in spec.split(",") if d.strip()]
+        devices = [torch.device(check_device(d)) for d in entries if d]
     except UsageError as exc:
         raise UsageError(f"--device-map {spec}: {exc}") from None
     return split_layers(n_layers, devices)
