@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from maskkv_cli.app import arguments
 from maskkv_cli.app.session import Answer, Session
 from maskkv_cli.engine.plan import CacheConfig
 from maskkv_cli.errors import UsageError
@@ -139,6 +140,7 @@ def ask(
     """Answer ``question`` about ``context``: fit, prompt, sample. ``on_prompt`` sees each prompt before its
     prefill starts; ``on_event`` gets the sampler's progress; ``on_part(i, n)`` is told when part ``i`` of ``n``
     starts (a text read in parts). The answer carries the fitted context and what was read."""
+    arguments.question_arguments("ask", gen, cache, [(context, question)])
     if long == "parts":
         ids = session.document_ids(context)
         room = room_needed(session, question, gen.gen_length)
@@ -270,6 +272,8 @@ def ask_many(
     """Answer each ``(context, question)`` as ``ask`` does, every prompt of every question (each part of a text
     read in parts) denoised up to ``batch_size`` together (``Session.answer_many``): each answer is the one
     ``ask`` gives it alone. ``on_answer(i, answer)`` as each item's answer is complete."""
+    arguments.question_arguments("ask_many", gen, cache, items)
+    batch_size = arguments.batch_size("ask_many", batch_size)
     plans: list[tuple[str, int, int, list[Prompt]]] = []  # kind, document tokens, room, prompts
     for context, question in items:
         ids = session.document_ids(context)

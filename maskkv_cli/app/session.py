@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from maskkv_cli.app import arguments
 from maskkv_cli.app.run_settings import family_defaults
 from maskkv_cli.engine.batch_memory import auto_batch_size, batch_memory, free_bytes, model_geometry
 from maskkv_cli.engine.batch_work import batch_work
@@ -199,7 +200,7 @@ class Session:
         its encoder's cache of them (``sampling.diffusion_gemma.DocumentCache``).
         ``rope_factor``: the prompt's RoPE base scaling (``--long rope-scale``); at 1 the prompt and the answer's
         positions must fit the window (``check_window``)."""
-        self.check_window(len(ids), gen.gen_length, rope_factor)
+        self.check_prompt("Session.answer_ids", ids, gen, cache, rope_factor)
         plan = self._plan(ids, gen, cache, document_len, rope_factor)
         prompt = torch.tensor([ids], dtype=torch.long, device=self.device)
         if self.engine is not None:
@@ -210,7 +211,7 @@ class Session:
         return self._answer(ids, plan, result)
 
     def answer_many(self, prompts: Sequence[list[int]], gen: GenerationConfig, cache: CacheConfig,
-                    batch_size: int, on_answer: Callable[[int, Answer], None] | None = None,
+                    batch_size: int = 1, on_answer: Callable[[int, Answer], None] | None = None,
                     document_lens: Sequence[int] | None = None,
                     rope_factors: Sequence[float] | None = None) -> list[Answer]:
         """Answer every prompt, up to ``batch_size`` of them denoised together (``sampling/stream.py``); each
@@ -219,8 +220,9 @@ class Session:
         n = len(prompts)
         doc_lens = list(document_lens) if document_lens is not None else [0] * n
         factors = list(rope_factors) if rope_factors is not None else [1.0] * n
+        batch_size = arguments.batch_size("Session.answer_many", batch_size)
         for ids, factor in zip(prompts, factors, strict=True):
-            self.check_window(len(ids), gen.gen_length, factor)
+            self.check_prompt("Session.answer_many", ids, gen, cache, factor)
         choice = importance_choice(self.folder, cache)  # the calibration profile looked up once for them all
         plans = [self._plan(list(ids), gen, cache, doc, f, choice) for ids, doc, f in zip(prompts, doc_lens, factors,
                                                                                            strict=True)]
@@ -233,7 +235,7 @@ class Session:
             if on_answer is not None:
                 on_answer(i, done[i])
 
-        sample_many(self.model, jobs, max(1, batch_size), self.sampler_options(), on_result=finished)
+        sample_many(self.model, jobs, batch_size, self.sampler_options(), on_result=finished)
         return [done[i] for i in range(n)]
 
     def batch_size(self, requested: int | None, prompt_lens: Sequence[int], gen: GenerationConfig,
@@ -303,6 +305,15 @@ class Session:
         """The answer to a plain prompt (the chat template around ``question``), which must fit the window with the
         answer's positions (a document is fitted by ``pipeline.ask`` instead)."""
         return self.answer_ids(self.prompt_ids(question), gen, cache, on_event)
+
+    def check_prompt(self, where: str, ids: Sequence[int], gen: GenerationConfig, cache: CacheConfig,
+                     rope_factor: float = 1.0) -> None:
+        """Refuse what ``answer_ids`` cannot answer (``app/arguments.py``): ids that are no tokens of the model,
+        settings of the wrong kind, a prompt past the window (``check_window``)."""
+        arguments.token_ids(where, ids, self.model.config.vocab_size)
+        arguments.require(where, "gen", gen, GenerationConfig, "a GenerationConfig")
+        arguments.require(where, "cache", cache, CacheConfig, "a CacheConfig")
+        self.check_window(len(ids), gen.gen_length, rope_factor)
 
     def check_window(self, prompt_len: int, gen_length: int, rope_factor: float = 1.0) -> None:
         """Refuse a prompt of ``prompt_len`` tokens that, with the positions of an answer of ``gen_length`` tokens,
