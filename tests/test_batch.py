@@ -615,6 +615,34 @@ def test_a_ray_address_is_checked_and_an_unreachable_one_refused_at_once(tmp_pat
     assert time.monotonic() - started < 30
 
 
+def test_quiet_and_json_leave_ray_s_own_log_lines_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--quiet printed Ray's "Started a local Ray instance." and its token warning."""
+    import logging
+
+    ray = pytest.importorskip("ray")
+    from maskkv_cli.batch import ray_pool
+
+    levels: list[int] = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **options: levels.append(options["logging_level"]))
+    assert ray_pool.connect("auto", quiet=True) and ray_pool.connect("auto")
+    assert levels == [logging.ERROR, logging.INFO]
+    (tmp_path / "a.txt").write_text("The special magic number for apple is 4821.\n")
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text('{"document": "a.txt", "question": "Q?"}\n')
+    asked: list[bool] = []
+
+    def connect(address: str, quiet: bool = False) -> bool:
+        asked.append(quiet)
+        raise UsageError("no cluster here")
+
+    monkeypatch.setattr(ray_pool, "connect", connect)
+    for extra, quiet in (([], False), (["--quiet"], True), (["--json"], True)):
+        result = runner.invoke(app, ["batch", str(jobs), "--out", str(tmp_path / "o"), "--ray", "auto", *extra])
+        assert result.exit_code == 2 and "no cluster here" in result.stderr
+        assert asked.pop() is quiet
+
+
 def test_a_job_s_own_gen_length_that_does_not_fit_names_the_job() -> None:
     """It said "--gen-length 10 must be a multiple of --block-length 8" for a jobs file's gen_length."""
     from maskkv_cli.batch.jobs import job_settings

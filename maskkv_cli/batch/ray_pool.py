@@ -9,6 +9,7 @@ lost event, ``dispatch`` retries it on another actor (at most twice) and the poo
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import replace
 from typing import Any
@@ -60,10 +61,11 @@ def ray_address(address: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-def connect(address: str, **init_args: Any) -> bool:
+def connect(address: str, quiet: bool = False, **init_args: Any) -> bool:
     """Join the cluster at ``address`` ("auto": the one on this machine, else a new local one); True when this
     call started the connection (and the caller should shut it down). An address where nothing accepts a connection
-    within ``REACH_S`` is refused at once: Ray's client waits for it without end."""
+    within ``REACH_S`` is refused at once: Ray's client waits for it without end. ``quiet``: Ray logs errors only
+    (not "Started a local Ray instance", nor its warnings)."""
     ray = import_ray()
     if ray.is_initialized():
         return False
@@ -78,7 +80,7 @@ def connect(address: str, **init_args: Any) -> bool:
                              "`ray start --head` or pass --ray auto") from None
     try:
         ray.init(address=None if place is None else address, include_dashboard=False, log_to_driver=False,
-                 **init_args)
+                 logging_level=logging.ERROR if quiet else logging.INFO, **init_args)
     except (ConnectionError, ValueError) as exc:
         raise UsageError(f"cannot reach the Ray cluster at {address}: {exc}; start it with `ray start --head` "
                          "or pass --ray auto") from None

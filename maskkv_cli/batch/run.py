@@ -38,6 +38,7 @@ class Runner:
     workers: int | None = None  # with ray: how many actors (default: one per GPU, else per CPU)
     device: str = "auto"  # this process's device when neither of the above
     batch_size: int | None = 1  # jobs of equal settings a worker denoises together; None: as many as fit (auto)
+    quiet: bool = False  # Ray's own log lines (its start, its warnings) left out: errors only
 
     @property
     def label(self) -> str:
@@ -132,7 +133,7 @@ def make_pool(runner: Runner, spec: WorkerSpec) -> tuple[Pool, str]:
     if runner.ray:
         from maskkv_cli.batch.ray_pool import RayPool, connect
 
-        connect(runner.ray)  # joins the cluster unless this process already has
+        connect(runner.ray, quiet=runner.quiet)  # joins the cluster unless this process already has
         pool = RayPool(spec, runner.workers)
         return pool, "cuda" if pool.gpus else "cpu"
     if runner.devices:

@@ -147,7 +147,8 @@ def batch(
 
     check_long_family(long, folder.config.family)
     settings = answer_settings(opts, long)
-    runner = Runner(devices=names, ray=ray, workers=workers if ray else None, device=opts.device, batch_size=size)
+    runner = Runner(devices=names, ray=ray, workers=workers if ray else None, device=opts.device, batch_size=size,
+                    quiet=quiet or as_json)
     with _Progress(live_display_on(quiet, as_json)) as progress:
         result = run_batch(specs, settings, folder, out, runner=runner, dtype=opts.dtype, password=password,
                            on_progress=progress, quantize=opts.quantization)

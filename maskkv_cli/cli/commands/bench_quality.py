@@ -266,7 +266,8 @@ def quality(
 
         path, message, known = default_model(model)
         note(message, quiet, as_json)
-        pool, device_kind = make_pool(Runner(devices=worker_devices, ray=ray, workers=workers if ray else None),
+        pool, device_kind = make_pool(Runner(devices=worker_devices, ray=ray, workers=workers if ray else None,
+                                             quiet=quiet or as_json),
                                       WorkerSpec(path, dtype=None if dtype == "auto" else dtype, quantize=weights))
         session = PlanningSession(known or path, None if dtype == "auto" else dtype, device_kind, weights)
         cell_runner = pooled_cells(pool)
