@@ -50,19 +50,39 @@ def test_every_part_s_prompt_fits_the_window_beside_the_answer(session, gen_leng
             assert covered == len(text)
 
 
-def test_the_library_refuses_ids_past_the_window_unless_their_rope_is_scaled(session) -> None:
+def test_a_text_kept_whole_under_rope_scaling_runs_past_the_window_by_design(session) -> None:
+    """Up to a few times the window LongLLaDA's rule scales by 1: such a prompt is past the window on purpose, and
+    was fitted again and again until no room was left ("... take 33 of the model's 2128-token window, leaving no
+    room for the document")."""
+    text = ""
+    while len(session.document_ids(text)) < 1.6 * session.window:
+        text += PAGES[0] + PAGES[3]
+    prompt = prepare(session, text, QUESTIONS[0], 8, "rope-scale")
+    assert prompt.fitted.mode == "rope-scale" and prompt.fitted.rope_factor == 1 and prompt.fitted.dropped == 0
+    assert session.window < len(prompt.ids) + 8 < 5000
     from maskkv_cli.engine.plan import CacheConfig
-    from maskkv_cli.errors import UsageError
     from maskkv_cli.sampling import GenerationConfig
 
     gen = GenerationConfig(gen_length=8, steps=8, block_length=8)
-    ids = session.prompt_ids("x " * (session.window - 30))
-    assert len(ids) + 8 > session.window
-    cache = CacheConfig(policy="full")
+    answer = session.answer_ids(prompt.ids, gen, CacheConfig(policy="maskkv", budget=64), rope_factor=1)
+    assert answer.prompt_len == len(prompt.ids)
+
+
+def test_the_library_refuses_ids_past_what_their_rope_factor_reaches(session) -> None:
+    from maskkv_cli.engine.plan import CacheConfig
+    from maskkv_cli.errors import UsageError
+    from maskkv_cli.prompting.fit import rope_scale_factor
+    from maskkv_cli.sampling import GenerationConfig
+
+    gen = GenerationConfig(gen_length=8, steps=8, block_length=8)
+    ids = [5] * 6000  # the rule scales 6000 positions of the embedded model by 2
+    cfg = session.model.config
+    assert rope_scale_factor(cfg.head_dim, session.base_theta, session.window, len(ids) + 8) == 2
+    cache = CacheConfig(policy="maskkv", budget=64)
     with pytest.raises(UsageError, match=f"{len(ids) + 8} of the model's {session.window}-token window"):
-        session.answer_ids(ids, gen, cache)
+        session.answer_ids(ids, gen, cache)  # 5000 ids on the 2128-token model answered junk without a word
     with pytest.raises(UsageError, match="-token window"):
         session.answer_many([ids[:50], ids], gen, cache, 2)
-    fits = ids[: session.window - 8]
-    assert session.answer_ids(fits, gen, cache).prompt_len == len(fits)
-    assert session.answer_ids(ids, gen, cache, rope_factor=2.0).prompt_len == len(ids)  # scaled for it
+    assert session.answer_ids(ids, gen, cache, rope_factor=2).prompt_len == len(ids)  # scaled for it
+    with pytest.raises(UsageError, match="-token window: shorten the prompt"):  # a plain prompt is never scaled
+        session.answer("x " * session.window, gen, cache)

@@ -115,7 +115,7 @@ def prepare(session: Session, context: str, question: str, gen_length: int, long
                              session.window, total, doc_ids)
         ids = session.prompt_ids(document_question(fitted.text, question))
         over = len(ids) - limit
-        if over <= 0 or fitted.rope_factor != 1:  # (a RoPE-scaled prompt is past the window by design)
+        if over <= 0 or fitted.mode == "rope-scale":  # (kept whole under RoPE scaling: past the window by design)
             break
         room -= over  # fitted again to the room less what the prompt took beyond it
         if room <= 0:

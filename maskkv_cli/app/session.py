@@ -28,7 +28,7 @@ from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import get_policy
 from maskkv_cli.prompting import chat_prompt_ids, decode_answer, document_question, stop_ids
 from maskkv_cli.prompting.chat import text_ids, tokenizer_from_folder, use_chat_format
-from maskkv_cli.prompting.fit import FittedContext
+from maskkv_cli.prompting.fit import FittedContext, rope_scale_factor
 from maskkv_cli.sampling import DreamOptions, Event, GenerationConfig, GenerationResult, SamplerOptions, sample
 from maskkv_cli.sampling.confidence import Confidence, answer_confidence
 from maskkv_cli.sampling.diffusion_gemma import diffusion_gemma_defaults
@@ -304,7 +304,9 @@ class Session:
                on_event: Callable[[Event], None] | None = None) -> Answer:
         """The answer to a plain prompt (the chat template around ``question``), which must fit the window with the
         answer's positions (a document is fitted by ``pipeline.ask`` instead)."""
-        return self.answer_ids(self.prompt_ids(question), gen, cache, on_event)
+        ids = self.prompt_ids(question)
+        self.check_window(len(ids), gen.gen_length, reach=False)  # a plain prompt is never RoPE-scaled
+        return self.answer_ids(ids, gen, cache, on_event)
 
     def check_prompt(self, where: str, ids: Sequence[int], gen: GenerationConfig, cache: CacheConfig,
                      rope_factor: float = 1.0) -> None:
@@ -315,15 +317,19 @@ class Session:
         arguments.require(where, "cache", cache, CacheConfig, "a CacheConfig")
         self.check_window(len(ids), gen.gen_length, rope_factor)
 
-    def check_window(self, prompt_len: int, gen_length: int, rope_factor: float = 1.0) -> None:
+    def check_window(self, prompt_len: int, gen_length: int, rope_factor: float = 1.0, reach: bool = True) -> None:
         """Refuse a prompt of ``prompt_len`` tokens that, with the positions of an answer of ``gen_length`` tokens,
-        runs past the model's window, unless its RoPE is scaled for a longer sequence (``rope_factor`` above 1):
-        positions the model was not trained on give garbage without a word."""
+        runs past the model's window (``reach`` False), or (``reach``) further than its RoPE factor reaches: the
+        factor LongLLaDA's rule gives that length (``--long rope-scale``'s; 1 up to a few times the window) is the
+        least it needs. Positions the model cannot tell apart give garbage without a word."""
         answer = self.response_positions(gen_length)
-        if rope_factor != 1 or prompt_len + answer <= self.window:
+        total = prompt_len + answer
+        if total <= self.window:
+            return
+        if reach and rope_factor >= rope_scale_factor(self.model.config.head_dim, self.base_theta, self.window, total):
             return
         most = self.longest_answer(self.window - prompt_len)
         hint = (f"ask for at most {most} new tokens, or shorten the prompt" if most > 0 else
                 "shorten the prompt (maskkv ask reads a document of any length)")
-        raise UsageError(f"the prompt ({prompt_len} tokens) and an answer of {answer} tokens take "
-                         f"{prompt_len + answer} of the model's {self.window}-token window: {hint}")
+        raise UsageError(f"the prompt ({prompt_len} tokens) and an answer of {answer} tokens take {total} of the "
+                         f"model's {self.window}-token window: {hint}")
