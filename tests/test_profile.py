@@ -357,3 +357,17 @@ def test_the_table_shows_each_run_s_confidence_and_the_warm_up_apart(pdf, tiny_d
 
 def test_profile_reads_one_prompt_so_parts_are_refused(pdf, tiny_dir):
     one_line_error(run(pdf, "Q?", "--model", tiny_dir, "--long", "parts", *FAST), 2, "profile measures one prompt")
+
+
+def test_a_report_off_a_terminal_is_laid_out_whole(tiny_dir, tmp_path):
+    """Written to a file or a pipe it was laid out 80 columns wide: cells cut ("LOW 0.…", "716.0 K…") and the
+    answer's note of what was read cut off ("pages 3-4 were cut (--long truncat…")."""
+    doc = tmp_path / "long.txt"
+    doc.write_text("".join(f"Page {i} says the river runs past the mill. " * 30 + "\f" for i in range(1, 31)))
+    result = runner.invoke(app, ["profile", str(doc), "Where does the river run past?", "--model", str(tiny_dir),
+                                 "--policies", "maskkv-residual,snapkv", "--budgets", "32", *FAST],
+                           env={"COLUMNS": None})
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.stdout
+    note = re.search(r"^  maskkv-residual@32: .*$", result.stdout, re.M)
+    assert note is not None and note.group(0).rstrip().endswith("]"), note  # the read note whole

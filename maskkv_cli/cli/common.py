@@ -69,6 +69,21 @@ def guarded(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+REPORT_WIDTH = 220  # the width a command's tables are laid out in off a terminal (a file or a pipe)
+
+
+def report_console() -> Any:
+    """The Rich console a command prints its tables on (stdout): the terminal's width (or ``COLUMNS``'), or off a
+    terminal ``REPORT_WIDTH``, where Rich would lay a table out 80 columns wide and cut its cells ("LOW 0.…",
+    "716.0 K…")."""
+    import os
+
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal or os.environ.get("COLUMNS") else Console(width=REPORT_WIDTH)
+
+
 def note(message: str | None, quiet: bool, as_json: bool) -> None:
     if message and not quiet and not as_json:
         sys.stderr.write(f"note: {message}\n")

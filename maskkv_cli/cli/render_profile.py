@@ -82,7 +82,7 @@ def runs_table(report: ProfileReport) -> Table:
     for name, justify in (("run", "left"), ("prefill", "right"), ("step", "right"), ("tok/s", "right"),
                           ("total", "right"), ("peak mem", "right"), ("KV kept", "right"), ("smaller", "right"),
                           ("conf.", "right")):
-        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]  # (narrow: a cell wraps, nothing is cut)
     base = first.stats
     for i, run in enumerate(report.runs):
         s = run.stats
@@ -242,9 +242,8 @@ def report_renderables(report: ProfileReport, width: int, color: bool) -> list[R
     for run in report.runs:
         shown = answer_line(run.row) if run.row else run.answer
         line = " ".join((shown or "(no answer)").split()) or "(empty)"
-        room = max(10, width - len(run.spec.label) - 4)
         answers.append(f"  {run.spec.label}: ", style="bold")
-        answers.append((line[: room - 1] + "…" if len(line) > room else line) + "\n")
+        answers.append(line + "\n")  # whole: it carries what was read ("pages 3-4 were cut")
         if run.row:
             context = context_line(run.row, empty_note("answer", is_embedded_model(report.model)))
             answers.append(f"    {context}\n", style="bold red" if context.startswith("LOW") else "dim")

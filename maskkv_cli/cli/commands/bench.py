@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from maskkv_cli.cli.common import fail, guarded
+from maskkv_cli.cli.common import fail, guarded, report_console
 from maskkv_cli.cli.options import (
     BenchBlockOpt,
     BenchGenOpt,
@@ -74,13 +74,10 @@ def _print_table(title: str, head: list[str], body: list[list[str]], keep: tuple
                  left: tuple[str, ...] = ("method", "note", "peak reached in")) -> None:
     """A Rich table of the chosen columns; off a terminal it is laid out wide instead of folded to 80."""
     from rich import box
-    from rich.console import Console
     from rich.table import Table
 
     cols = [j for j, name in enumerate(head) if keep is None or name in keep]
-    console = Console(stderr=False)
-    if not console.is_terminal:
-        console = Console(stderr=False, width=220)
+    console = report_console()
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
     for j in cols:
         table.add_column(head[j], justify="left" if head[j] in left else "right", no_wrap=head[j] != "note")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from maskkv_cli.cli.common import guarded, note
+from maskkv_cli.cli.common import guarded, note, report_console
 from maskkv_cli.cli.options import (
     CalibrationSamplesOpt,
     DeviceOpt,
@@ -183,7 +183,6 @@ def _default_gen_length(folder: Path) -> int:
 
 def _print_table(importance: tuple[float, ...], inputs: int, tokens: int, layers: tuple[int, ...]) -> None:
     """I(l) per measured layer (``layers``: their indices in the model), the first and last as the boundary."""
-    from rich.console import Console
     from rich.table import Table
 
     top = max(importance) or 1.0
@@ -196,4 +195,4 @@ def _print_table(importance: tuple[float, ...], inputs: int, tokens: int, layers
         bar = "#" * round(24 * value / top)
         label = f"{layer}" + (" (boundary)" if i in (0, last) else "")
         table.add_row(label, f"{value:.4f}", bar)
-    Console().print(table)
+    report_console().print(table)

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from maskkv_cli.cli.common import guarded
+from maskkv_cli.cli.common import guarded, report_console
 from maskkv_cli.cli.options import JsonOpt, budgets_option, gen_length_option, model_option, quantize_option
 from maskkv_cli.cli.parsing import parse_counts, split_list
 
@@ -49,12 +49,9 @@ def _notes(model: Any, rows: list[Any]) -> list[str]:
 
 def _print(model: Any, rows: list[Any], sizes: tuple[int, ...]) -> None:
     from rich import box
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=200)
+    console = report_console()
     gen = rows[0].gen_length
     table = Table(title=f"maskkv plan: {model.name} ({gen}-token response, GiB)", title_justify="left",
                   box=box.SIMPLE_HEAD)

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from maskkv_cli.cli.common import fail, guarded, live_display_on, note, note_once
+from maskkv_cli.cli.common import fail, guarded, live_display_on, note, note_once, report_console
 from maskkv_cli.cli.options import (
     HeatmapOpt,
     HtmlOpt,
@@ -147,7 +147,7 @@ def profile(
     if as_json:
         typer.echo(json.dumps(report.as_dict()))
         return
-    print_report(Console(), report)
+    print_report(report_console(), report)
     for path in (plot, html):
         if path is not None:
             note(f"wrote {path}", quiet, as_json)
