@@ -229,3 +229,17 @@ def test_the_pages_total_counts_the_blank_pages_between() -> None:
     row = {"read": {"spans": [[0, 10], [290, 300]]}, "source": {"spans": [[0, 10]]}}
     add_pages(row, pages)
     assert row["read"]["pages"] == [1, 59] and row["read"]["pages_total"] == 59
+
+
+def test_a_low_confidence_never_reads_as_the_cut_in_a_cell() -> None:
+    """summary.md's cell and profile's column rounded 0.9453 to "0.95" beside LOW, while the answer's own line
+    said 0.94."""
+    from maskkv_cli.cli.render_profile import confidence_cell
+
+    low = {"confidence": Confidence(mean=0.968, min=0.9453, tokens=4).as_dict()}
+    assert low["confidence"]["low"]
+    assert cell_confidence(low) == "LOW 0.96 / 0.94"
+    assert confidence_cell(low).plain == "LOW 0.94"
+    assert "min 0.94 over 4 tokens" in context_line(low | {"claim": "answer"}, "")
+    sure = {"confidence": Confidence(mean=0.999, min=0.987, tokens=4).as_dict()}
+    assert cell_confidence(sure) == "1.00 / 0.99" and confidence_cell(sure).plain == "0.99"

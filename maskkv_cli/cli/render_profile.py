@@ -19,7 +19,7 @@ from rich.text import Text
 from maskkv_cli.errors import MaskKVError
 from maskkv_cli.models.catalog import empty_note, is_embedded_model, model_label
 from maskkv_cli.policies.base import uses_importance
-from maskkv_cli.reports.answers import answer_line, context_line
+from maskkv_cli.reports.answers import answer_line, context_line, under_cut
 from maskkv_cli.reports.pagemap import OUTSIDE, PageCount, group_pages
 from maskkv_cli.reports.profile_report import ProfileReport, RunProfile, quantize
 from maskkv_cli.runtime.fileio import atomic_write_bytes, open_file_mode
@@ -117,8 +117,8 @@ def confidence_cell(row: dict) -> Text:
         return Text("n/a")
     if not conf:
         return Text("-")
-    if conf["low"]:
-        return Text(f"LOW {conf['min']:.2f}", style="bold red")
+    if conf["low"]:  # rounded down as the answers' line rounds it: 0.945 is no 0.95
+        return Text(f"LOW {under_cut(conf['min']):.2f}", style="bold red")
     return Text(f"{conf['min']:.2f}")
 
 

@@ -16,10 +16,15 @@ from maskkv_cli.app.pipeline import says_absent
 from maskkv_cli.defaults import PULL_HINT, REAL_MODEL
 from maskkv_cli.documents.model import pages_label
 
-__all__ = ["answer_line", "cell_confidence", "confidence_words", "context_line", "read_words",
+__all__ = ["answer_line", "cell_confidence", "confidence_words", "context_line", "read_words", "under_cut",
            "untrained_note"]
 
 NO_ANSWER_SHOWN = "(no answer, see the note below)"
+
+
+def under_cut(value: float) -> float:
+    """A probability shown beside LOW, rounded down to two places, so that it never reads as the cut itself."""
+    return math.floor(value * 100) / 100
 
 
 def confidence_words(conf: dict[str, Any] | None, advice: str = "check the answer in the document") -> str:
@@ -30,7 +35,7 @@ def confidence_words(conf: dict[str, Any] | None, advice: str = "check the answe
         return "confidence: none (no answer tokens)"
     low = bool(conf["low"])
     chosen = "mean" if conf.get("statistic") == "mean" else "min"
-    shown = {k: math.floor(conf[k] * 100) / 100 if low and k == chosen else conf[k] for k in ("mean", "min")}
+    shown = {k: under_cut(conf[k]) if low and k == chosen else conf[k] for k in ("mean", "min")}
     numbers = f"mean {shown['mean']:.2f}, min {shown['min']:.2f} over {conf['tokens']} tokens"
     if low:
         why = "the mean" if chosen == "mean" else "a token"
@@ -116,4 +121,6 @@ def cell_confidence(row: dict[str, Any]) -> str:
     conf = row.get("confidence")
     if not conf:
         return "-"
-    return f"{'LOW ' if conf['low'] else ''}{conf['mean']:.2f} / {conf['min']:.2f}"
+    if conf["low"]:  # (rounded down: "LOW 0.97 / 0.95" read as a pass)
+        return f"LOW {under_cut(conf['mean']):.2f} / {under_cut(conf['min']):.2f}"
+    return f"{conf['mean']:.2f} / {conf['min']:.2f}"
