@@ -107,6 +107,18 @@ def test_html_report(pdf, tiny_dir, tmp_path):
     assert json.loads(data)["runs"][0]["label"] == f"{DEFAULT_POLICY}@16"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp file left
     assert f"wrote {target}" in result.stderr
+    # the answer as the terminal words it, with its confidence (it showed the raw text alone, no confidence)
+    assert "<th>confidence</th>" in page and "LOW CONFIDENCE (mean" in page
+    assert re.search(r"<td class='note'>LOW 0\.\d\d</td>", page)
+
+
+def test_html_report_words_an_absence_as_the_terminal_does(pdf, tmp_path):
+    """The embedded model asked another form of question: the page said "not in the document" as a finding."""
+    target = tmp_path / "who.html"
+    result = run(pdf, "Who wrote it?", "--budgets", "16", "--html", target, *FAST)
+    assert result.exit_code == 0, result.output
+    page = target.read_text(encoding="utf-8")
+    assert "only answers questions of the form" in page and "<td>n/a</td>" in page
 
 
 def test_plot_png(pdf, tiny_dir, tmp_path):

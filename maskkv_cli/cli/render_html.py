@@ -7,8 +7,17 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from maskkv_cli.cli.render_profile import MAX_PAGE_ROWS, RAMP, number_text, ratio_text, seconds_text, write_report
-from maskkv_cli.models.catalog import model_label
+from maskkv_cli.cli.render_profile import (
+    MAX_PAGE_ROWS,
+    RAMP,
+    confidence_cell,
+    number_text,
+    ratio_text,
+    seconds_text,
+    write_report,
+)
+from maskkv_cli.models.catalog import empty_note, is_embedded_model, model_label
+from maskkv_cli.reports.answers import answer_line, context_line
 from maskkv_cli.reports.pagemap import OUTSIDE, group_pages
 from maskkv_cli.reports.profile_report import ProfileReport, quantize
 from maskkv_cli.runtime.sizes import human_size
@@ -47,6 +56,26 @@ def _bar_html(fraction: float, color: str, width: int = 240) -> str:
     return f'<span class="bar" style="width:{px}px;background:{color}"></span>'
 
 
+def _confidence_html(row: dict) -> str:
+    """The confidence cell, as the terminal's table shows it (``LOW`` in red under the cut)."""
+    cell = confidence_cell(row) if row else None
+    text = cell.plain if cell is not None else "-"
+    style = " class='note'" if text.startswith("LOW") else ""
+    return f"<td{style}>{html.escape(text)}</td>"
+
+
+def _answer_html(report: ProfileReport, row: dict, answer: str) -> str:
+    """The answer as the terminal's answers section words it (what an absence or an untrained question means),
+    with the line that goes with it (its confidence, what was read, or why there is no answer)."""
+    e = html.escape
+    if not row:
+        return f"<td style='text-align:left'>{e(answer)}</td>"
+    shown = " ".join((answer_line(row) or "(no answer)").split()) or "(empty)"
+    context = context_line(row, empty_note("answer", is_embedded_model(report.model)))
+    style = "note" if context.startswith("LOW") else "dim"
+    return f"<td style='text-align:left'>{e(shown)}<span class='{style}' style='display:block'>{e(context)}</span></td>"
+
+
 def report_html(report: ProfileReport) -> str:
     """A self-contained page (inline CSS, HTML tables for the pictures, the JSON data embedded)."""
     e = html.escape
@@ -67,7 +96,7 @@ def report_html(report: ProfileReport) -> str:
                     f"{td(f'{s.total_s:.2f} s', s.total_s, base.total_s)}"
                     f"{td(human_size(s.peak_mem_bytes, binary=True), s.peak_mem_bytes, base.peak_mem_bytes)}"
                     f"{td(kv, s.kv_bytes, base.kv_bytes)}<td>{f'{s.compression:.1f}x' if s.kv_bytes else '-'}</td>"
-                    f"<td style='text-align:left'>{e(run.answer[:200])}</td></tr>")
+                    f"{_confidence_html(run.row)}{_answer_html(report, run.row, run.answer)}</tr>")
     doc = report.document
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
@@ -76,7 +105,8 @@ def report_html(report: ProfileReport) -> str:
         f"<p class='dim'>{doc['pages']} pages, {doc['chars']} chars; model {e(model_label(report.model))} on "
         f"{e(report.device)}; question: {e(report.question)}</p>",
         "<h2>runs</h2><table class='runs'><tr><th>run</th><th>prefill</th><th>step</th><th>tokens/s</th>"
-        "<th>end to end</th><th>peak memory</th><th>KV kept / full</th><th>smaller</th><th>answer</th></tr>",
+        "<th>end to end</th><th>peak memory</th><th>KV kept / full</th><th>smaller</th><th>confidence</th>"
+        "<th>answer</th></tr>",
         *rows, "</table>", f"<p class='dim'>{e(report.memory_note)}; ratios against the first row</p>",
     ]
     parts += [f"<p class='note'>{e(n)}</p>" for n in report.notes]
