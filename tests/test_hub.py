@@ -290,3 +290,25 @@ def test_cli_pull_takes_the_page_address(server):
     result = runner.invoke(app, ["pull", f"{server.endpoint}/{REPO}/tree/main"])
     assert result.exit_code == 0, result.output
     assert result.stdout.strip().endswith(COMMIT) and f"use it with --model {REPO}" in result.stderr
+
+
+def test_models_lists_a_folder_whose_config_is_no_config_and_goes_on(tmp_path, hf_env):
+    """One remembered folder whose config.json held a list ended `maskkv models` with "AttributeError: 'list'
+    object has no attribute 'get'" (a dtype list: Rich's NotRenderableError), no table at all."""
+    import json as _json
+
+    from maskkv_cli.models.catalog import remember_folder
+    from maskkv_cli.paths import maskkv_home
+
+    shapes = {"listed": [1, 2], "odd-dtype": {"model_type": "llada", "torch_dtype": ["x"]}}
+    for name, config in shapes.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(_json.dumps(config))
+        remember_folder(tmp_path / name)
+    shown = runner.invoke(app, ["models"])
+    assert shown.exit_code == 0, shown.output
+    listed = {m["path"]: m for m in json.loads(runner.invoke(app, ["models", "--json"]).stdout)["models"]}
+    assert "is not a model config (a JSON object), it holds a list" in listed[str(tmp_path / "listed")]["problem"]
+    assert listed[str(tmp_path / "odd-dtype")]["dtype"] is None
+    (maskkv_home() / "models.json").write_text('["/x"]')  # the list of folders itself of another shape
+    assert runner.invoke(app, ["models"]).exit_code == 0

@@ -125,13 +125,17 @@ def inspect(folder: Path, name: str, source: str) -> LocalModel:
     dtype = None
     try:
         raw = json.loads((folder / "config.json").read_text())
-        dtype = raw.get("torch_dtype") or raw.get("dtype")
+        named = raw.get("torch_dtype") or raw.get("dtype") if isinstance(raw, dict) else None
+        dtype = named if isinstance(named, str) else None
     except (OSError, ValueError):
         pass
     try:
         cfg = read_config(folder)
     except MaskKVError as exc:
         return LocalModel(name, folder, source, size_bytes=size, dtype=dtype, problem=str(exc))
+    except Exception as exc:  # noqa: BLE001 - any file on disk: a listing names its problem and goes on
+        return LocalModel(name, folder, source, size_bytes=size, dtype=dtype,
+                          problem=f"unreadable config.json ({type(exc).__name__}: {exc})")
     try:
         pre = read_prequantized(folder)
         check_prequantized(folder, cfg, pre, None)  # a pre-quantized format maskkv does not run is the problem
@@ -152,7 +156,8 @@ def remembered_folders() -> list[Path]:
         data = json.loads((maskkv_home() / REMEMBERED).read_text())
     except (OSError, ValueError):
         return []
-    return [Path(p) for p in data.get("folders", []) if isinstance(p, str)]
+    folders = data.get("folders", []) if isinstance(data, dict) else []  # (a file of another shape: none)
+    return [Path(p) for p in folders if isinstance(p, str)] if isinstance(folders, list) else []
 
 
 def remember_folder(folder: Path) -> None:

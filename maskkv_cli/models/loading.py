@@ -69,9 +69,11 @@ def read_folder_config(folder: Path) -> tuple[ModelConfig, PreQuantized | None]:
         data = json.loads((folder / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ModelLoadError(f"cannot read {folder / 'config.json'}: {reason(exc)}") from None
-    pre = read_prequantized(folder, data) if isinstance(data, dict) else None
-    if isinstance(data, dict):
-        data = {**_generation_ids(folder), **data}  # config.json's own ids win
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{folder / 'config.json'} is not a model config (a JSON object), it holds a "
+                             f"{type(data).__name__}")
+    pre = read_prequantized(folder, data)
+    data = {**_generation_ids(folder), **data}  # config.json's own ids win
     return config_from_hf(data, source=str(folder / "config.json")), pre
 
 
