@@ -178,10 +178,22 @@ def test_a_run_is_not_resumed_as_another_model(tmp_path):
     from maskkv_cli.errors import UsageError
 
     train(replace(small(tmp_path, 4), stop_after=1))
-    with pytest.raises(UsageError, match=r"holds a run of another model: it was started with --d-model 32 \(now 64\)"):
-        train(replace(small(tmp_path, 4), d_model=64))
+    with pytest.raises(UsageError, match=r"holds a run of another model: it was started with --d-model 32 \(now 64\);"):
+        train(replace(small(tmp_path, 4), d_model=64))  # (not "--mlp-hidden-size 96": no such option)
     state = torch.load(tmp_path / "run" / "trainer_state.pt", weights_only=False)
     assert state["step"] == 1
+
+
+def test_a_run_that_diverges_stops_and_saves_nothing(tmp_path):
+    """A learning rate of 1e30 made every weight NaN: the run went on printing "loss": NaN (no JSON), exit 0, and
+    saved the NaN model as the final one."""
+    from dataclasses import replace
+
+    from maskkv_cli.errors import MaskKVError
+
+    with pytest.raises(MaskKVError, match=r"training diverged at step \d+ \(.*\); nothing of it was saved .*smaller"):
+        train(replace(small(tmp_path, 4), lr=1e30))
+    assert not (tmp_path / "run" / "final").exists()
 
 
 def _masked_counts(model, full_mask, seed=0):
@@ -321,7 +333,13 @@ def test_cli_passes_training_options_and_refuses_bad_ones(tmp_path, monkeypatch)
                          (["--summary-lengths", "0-9"], "--summary-lengths"),
                          (["--distractors", "x"], "--distractors"),
                          (["--steps", "0"], "positive integers: --steps 0"),
-                         (["--stop-after", "0"], "--stop-after 0"), (["--lr", "0"], "--lr must be positive"),
+                         (["--stop-after", "0"], "--stop-after 0"), (["--lr", "0"], "--lr must be a positive"),
+                         (["--lr", "inf"], "--lr must be a positive number, got inf"),
+                         (["--position-window", "10"], "--position-window must be longer than --max-len"),
+                         (["--window", "4096"], "--window is the window of the model --install installs"),
+                         (["--install", "--window", "10"], "--window must be at least --max-len"),
+                         (["--install", "--window", "-1"], "--window must be at least --max-len"),
+                         (["--hard-absent-every", "5"], "give --kinds with absent_pair too"),
                          (["--min-len", "600"], "--min-len <= --max-len"),
                          (["--d-model", "136"], "multiple of twice --heads")):
         result = CliRunner().invoke(app, [*base, *bad])

@@ -196,8 +196,16 @@ class TrainOptions:
         bad = [f"{flag} {value}" for flag, value in positive.items() if value < 1]
         if bad:
             raise UsageError(f"these must be positive integers: {', '.join(bad)}")
-        if not self.lr > 0:
-            raise UsageError(f"--lr must be positive, got {self.lr}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise UsageError(f"--lr must be a positive number, got {self.lr}")
+        if self.position_window is not None and self.position_window <= self.max_len:
+            raise UsageError(f"--position-window must be longer than --max-len ({self.max_len}): positions are "
+                             f"spread over it beyond the training contexts; got {self.position_window}")
+        if self.window is not None and not self.install:
+            raise UsageError("--window is the window of the model --install installs: give it with --install")
+        if self.window is not None and self.window < self.max_len:
+            raise UsageError(f"--window must be at least --max-len ({self.max_len}), the longest context the model "
+                             f"is trained on; got {self.window}")
         if self.min_len > self.max_len or self.curriculum_steps < 0:
             raise UsageError(f"need --min-len <= --max-len and --curriculum-steps >= 0, got {self.min_len}, "
                              f"{self.max_len} and {self.curriculum_steps}")
@@ -231,6 +239,9 @@ class TrainOptions:
             raise UsageError(f"--full-mask must be a probability between 0 and 1, got {self.full_mask}")
         if self.hard_absent_every < 0:
             raise UsageError(f"--hard-absent-every must be >= 0 (0: off), got {self.hard_absent_every}")
+        if self.hard_absent_every and ABSENT_PAIR not in mix:
+            raise UsageError(f"--hard-absent-every draws the {ABSENT_PAIR} tasks' keys: give --kinds with "
+                             f"{ABSENT_PAIR} too")
         if self.identity_loss < 0:
             raise UsageError(f"--identity-loss must be >= 0, got {self.identity_loss}")
         if self.summary_block is not None and (self.summary_block < 1 or self.summary_len % self.summary_block):

@@ -11,6 +11,7 @@ steps, and a run resumes from the last one.
 from __future__ import annotations
 
 import json
+import math
 import random
 import subprocess
 import time
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from maskkv_cli.documents.corpus import load_corpus
-from maskkv_cli.errors import UsageError
+from maskkv_cli.errors import MaskKVError, UsageError
 from maskkv_cli.models.config import named_config
 from maskkv_cli.models.llada import LLaDA
 from maskkv_cli.models.loading import load_model, save_model
@@ -142,14 +143,26 @@ MODEL_OPTIONS = ("seed", "vocab_size", "d_model", "n_layers", "n_heads", "mlp_hi
                  "grow_layers")
 
 
+DERIVED = {"vocab_size": "a vocabulary of", "mlp_hidden_size": "an MLP width of"}  # no options of their own
+
+
 def check_resume(cfg: TrainConfig, saved: dict[str, Any], out: Path) -> None:
     """Refuse to resume the run saved in ``out`` (its options ``saved``) with options that decide another model: the
     checkpoint would go on as the old model while training.json recorded the new options."""
-    changed = [f"--{name.replace('_', '-')} {saved[name]} (now {getattr(cfg, name)})" for name in MODEL_OPTIONS
-               if name in saved and saved[name] != getattr(cfg, name)]
+    changed = [f"{DERIVED.get(name, '--' + name.replace('_', '-'))} {saved[name]} (now {getattr(cfg, name)})"
+               for name in MODEL_OPTIONS if name in saved and saved[name] != getattr(cfg, name)
+               and not (name == "mlp_hidden_size" and saved.get("d_model") != cfg.d_model)]  # (it follows --d-model)
     if changed:
         raise UsageError(f"{out} holds a run of another model: it was started with {', '.join(changed)}; resume it "
                          "with the same model options, or choose another --out")
+
+
+def diverged(step: int, what: str, ckpt: Path) -> MaskKVError:
+    """The error of a run whose training diverged at ``step``: nothing of it is saved (no final model, the last
+    checkpoint stays as it was), since a model of NaN weights would load and answer nothing."""
+    kept = f"the last checkpoint, {ckpt}, is kept" if (ckpt / "config.json").is_file() else "no checkpoint was saved"
+    return MaskKVError(f"training diverged at step {step} ({what}); nothing of it was saved ({kept}): try a smaller "
+                       "--lr")
 
 
 def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None) -> Path:
@@ -239,11 +252,13 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
             full_mask = cfg.summary_full_mask
         loss = diffusion_loss(model, ids, keep, rows, gen, full_mask, positions, cfg.identity_loss,
                               cfg.summary_block if summary else None)
+        losses.append(float(loss.detach()))
+        if not math.isfinite(losses[-1]):
+            raise diverged(step + 1, f"the loss is {losses[-1]}", ckpt)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)  # frozen parameters have no grad: skipped
         opt.step()
-        losses.append(float(loss.detach()))
         done = step + 1
         ev = None
         if done % cfg.eval_every == 0 or done == cfg.steps:
@@ -261,6 +276,8 @@ def train(cfg: TrainConfig, on_event: Callable[[TrainEvent], None] | None = None
             confusion = None
         stop = done == cfg.steps or (cfg.stop_after is not None and done >= cfg.stop_after)
         if done % cfg.ckpt_every == 0 or stop:
+            if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):  # never saved over a good one
+                raise diverged(done, "a weight is no longer a finite number", ckpt)
             save_model(model, ckpt, tok)
             with atomic_file(state_file) as handle:
                 torch.save({"step": done, "optimizer": opt.state_dict(), "rng": rng.getstate(),
