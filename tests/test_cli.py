@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -205,6 +206,16 @@ def test_demo_runs_on_a_given_model(tiny_dir):
         in shown.stdout
     kv = [line.split(", KV ")[1] for line in shown.stdout.splitlines() if ", KV " in line]
     assert len(kv) == 2 and kv[0].endswith("x smaller)") and kv[1].endswith("(all kept)")  # nothing evicted: no "1.0x"
+
+
+def test_demo_of_a_document_read_in_parts_says_so(tiny_dir):
+    """It said "(2038 prompt tokens" for a text read in two overlapping parts (their prompts summed) beside the
+    cache of one part ("KV ... of 8.0 MiB")."""
+    shown = runner.invoke(app, ["demo", "--model", str(tiny_dir), "--length", "1200"])
+    assert shown.exit_code == 0, shown.output
+    match = re.search(r"\((\d+) tokens, read in (\d+) parts, a text from the package", shown.stdout)
+    assert match and int(match.group(1)) > 1024 and int(match.group(2)) > 1, shown.stdout
+    assert f"{match.group(2)} prompts of " in shown.stdout and " per part" in shown.stdout
 
 
 def test_decode_drops_control_characters(tiny_tokenizer):

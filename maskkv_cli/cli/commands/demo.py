@@ -89,8 +89,10 @@ def demo(
                                          "confidence": a.confidence.as_dict() if a.confidence else None,
                                          "stats": a.result.stats.as_dict()} for p, a, s in runs]}))
         return
-    typer.echo(f"document: {doc} ({runs[0][1].prompt_len} prompt tokens, a text from the package with one fact "
-               f"hidden in it)")
+    parts = runs[0][1].fitted.parts
+    size = (f"{len(session.document_ids(task.context))} tokens, read in {parts} parts" if parts > 1 else
+            f"{runs[0][1].prompt_len} prompt tokens")  # (the parts' prompts overlap: their sum is no size)
+    typer.echo(f"document: {doc} ({size}, a text from the package with one fact hidden in it)")
     typer.echo(f"question: {task.input}")
     typer.echo(f"expected: {task.answers[0]}")
     labels = [f"{policy} (budget {answer.budget})" if answer.budget else policy for policy, answer, _ in runs]
@@ -101,7 +103,7 @@ def demo(
                 if conf else ", no answer")
         typer.echo(f"{label:>{width}}: {answer.text!r} {'correct' if correct else 'wrong'}{sure}")
         if not quiet:
-            typer.echo(f"{'':>{width}}  {one_line_stats(answer.result.stats)}")
+            typer.echo(f"{'':>{width}}  {one_line_stats(answer.result.stats, answer.fitted.parts)}")
     if not quiet:
         typer.echo(f"timed after a warm-up run of each ({warmup_s:.2f} s for both: one-time costs, not counted); "
                    f"model load {load_s:.2f} s")
