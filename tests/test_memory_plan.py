@@ -250,6 +250,9 @@ def test_plan_json_rows() -> None:
     data = json.loads(result.output)
     rows = data["rows"]
     assert data["estimate"] is True and data["family"] == "diffusion_gemma"
+    # the kept cache is the budget per head on average; the buffers pad to each layer's longest head (they showed
+    # 1.5x the plan's figure on the embedded model without a word)
+    assert any("pads each layer's cache to its longest head" in note for note in data["notes"])
     assert [(r["format"], r["context"], r["budget"]) for r in rows][:3] == [("bf16", 8192, None), ("bf16", 8192, 64),
                                                                           ("bf16", 8192, 256)]
     assert len(rows) == 3 * 2 * 3  # formats x contexts x (full + 2 budgets)

@@ -37,6 +37,11 @@ def _notes(model: Any, rows: list[Any]) -> list[str]:
     else:
         lines.append(f"activations include one {QUERY_CHUNK}-query chunk's fp32 attention scores (held by a kernel "
                      "that forms them; flash kernels do not)")
+    if any(r.policy == "maskkv" and r.budget is not None and r.budget < r.prompt for r in rows):
+        lines.append("maskkv rows keep the budget per head on average; the engine pads each layer's cache to its "
+                     "longest head (one attention call a layer), so heads of uneven budgets hold more: up to the "
+                     "longest head's budget x heads a layer (1.5x the average on the embedded model; "
+                     "docs/performance.md, Ragged heads)")
     if any(r.format == "int4" and r.weights_implemented for r in rows):
         lines.append("int4: the bytes of the CPU's packing (models/quantize.py); on a GPU maskkv packs int4 for "
                      "PyTorch's tinygemm kernel (tile_packed_to_4d, bf16 only), whose bytes are not measured here")
