@@ -70,6 +70,15 @@ def configured_model() -> str | None:
     return _config_value("model")
 
 
+def model_origin() -> str | None:
+    """Where the user's default model (``configured_model``) is set, as a message names it: ``MASKKV_MODEL=X``, else
+    the config file's line; None where neither sets one."""
+    if os.environ.get("MASKKV_MODEL"):
+        return f"MASKKV_MODEL={os.environ['MASKKV_MODEL']}"
+    value = _config_value("model")
+    return None if value is None else f'`model = "{value}"` in {config_file()}'
+
+
 def check_quantize(value: str, where: str = "--quantize") -> str:
     """``value`` when it is one of ``QUANTIZE_CHOICES`` (``where``: how the message names its origin)."""
     if value not in QUANTIZE_CHOICES:

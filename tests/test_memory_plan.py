@@ -285,9 +285,27 @@ def test_plan_table_folder_and_errors(tiny_dir: Path) -> None:
                         (["--model", "tiny", "--quantize", "int3"], "int3"),
                         (["--model", "tiny", "--quantize", "none"], "named by their dtype, e.g. bf16"),
                         (["--model", "tiny", "--context", "100", "--gen-length", "128"], "no prompt"),
-                        (["--context", "1k"], "needs --model")):
+                        (["--context", "1k"], "needs --model"),
+                        (["--model", "tiny", "--gpu-sizes", ""], "--gpu-sizes is empty; give e.g. --gpu-sizes 24,80"),
+                        (["--model", "tiny", "--context", ""], "--context is empty; give e.g. --context 8k,32k")):
         bad = _plan(*args)
         assert bad.exit_code != 0 and words in bad.output and "Traceback" not in bad.output
+
+
+def test_plan_names_where_a_default_model_it_cannot_read_was_set(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """It said "model folder ... does not exist" without a word of MASKKV_MODEL or the config file's line."""
+    config = tmp_path / "config.toml"
+    config.write_text(f'model = "{tmp_path / "gone"}"\n')
+    monkeypatch.setenv("MASKKV_CONFIG", str(config))
+    bad = _plan()
+    assert bad.exit_code == 2 and f'`model = "{tmp_path / "gone"}"` in {config} names no model plan can read' \
+        in bad.output
+    monkeypatch.setenv("MASKKV_MODEL", "/nowhere")
+    bad = _plan()
+    assert bad.exit_code == 2 and "MASKKV_MODEL=/nowhere names no model plan can read" in bad.output
+    assert "named config" in _plan("--model", "/nowhere").output and "MASKKV_MODEL" not in _plan(
+        "--model", "/nowhere").output  # a --model given is named as itself
 
 
 def test_committed_canvases_join_the_cache() -> None:

@@ -36,11 +36,12 @@ def parse_count(text: str, option: str = "") -> int:
     return int(value)
 
 
-def parse_counts(text: str, option: str, unique: bool = False) -> tuple[int, ...]:
-    """A comma list of counts (``64,256``, ``1k,2k``); ``unique`` drops repeats, keeping the first."""
+def parse_counts(text: str, option: str, unique: bool = False, example: str = "64,256") -> tuple[int, ...]:
+    """A comma list of counts (``64,256``, ``1k,2k``); ``unique`` drops repeats, keeping the first; ``example``: a
+    value of the option for the message of an empty one."""
     counts = tuple(parse_count(part, option) for part in split_list(text))
     if not counts:
-        raise UsageError(f"{option} is empty; give e.g. {option} 64,256")
+        raise UsageError(f"{option} is empty; give e.g. {option} {example}")
     return tuple(dict.fromkeys(counts)) if unique else counts
 
 

@@ -196,7 +196,7 @@ def speed(
         model=model, device=dev, dtype=check_dtype(dtype), none_steps=none_steps, seed=seed, threads=threads,
         limit=limit,
         step_modes=("eager", "compile") if compile_ else tuple(split_list(step_modes)),
-        batch_sizes=parse_counts(batch_sizes, "--batch-sizes", unique=True), repeats=repeats,
+        batch_sizes=parse_counts(batch_sizes, "--batch-sizes", unique=True, example="1,8"), repeats=repeats,
         quantize=tuple(split_list(quantize)))
     if case_timeout is not None and case_timeout < 0:
         raise UsageError("--case-timeout must be 0 (none) or a positive number of seconds")

@@ -63,7 +63,7 @@ _FALLBACK = "/".join(str(FALLBACK_GENERATION[k]) for k in ("gen_length", "steps"
 
 def parse_lengths(lengths: str | None) -> tuple[int, ...]:
     """``--lengths`` as distinct counts in the order given, or the default lengths."""
-    return DEFAULT_LENGTHS if lengths is None else parse_counts(lengths, "--lengths", unique=True)
+    return DEFAULT_LENGTHS if lengths is None else parse_counts(lengths, "--lengths", unique=True, example="1k,4k")
 
 
 def _cell(row: dict[str, Any]) -> str:

@@ -109,19 +109,25 @@ def plan(
 
         maskkv plan -m ~/models/LLaDA2.1-mini --quantize bf16,int4 --budgets 64,256,1024 --json
     """
-    from maskkv_cli.defaults import configured_model
+    from maskkv_cli.defaults import configured_model, model_origin
     from maskkv_cli.engine.memory_table import memory_table, parse_formats, resolve_plan_model, row_dict
-    from maskkv_cli.errors import UsageError
+    from maskkv_cli.errors import MaskKVError, UsageError
 
     name = model or configured_model()
     if not name:
         raise UsageError("plan needs --model: a named config (e.g. llada2-mini, diffusiongemma-26b-a4b), a checkpoint "
                          "folder or an ORG/NAME in the local cache")
-    sizes = parse_counts(gpu_sizes, "--gpu-sizes", unique=True)
+    sizes = parse_counts(gpu_sizes, "--gpu-sizes", unique=True, example="24,80")
     if any(s > 1 << 20 for s in sizes):
         raise UsageError("--gpu-sizes are in GiB, e.g. 16,24,80")
-    chosen = resolve_plan_model(name)
-    rows = memory_table(chosen, list(parse_counts(context, "--context", unique=True)),
+    try:
+        chosen = resolve_plan_model(name)
+    except MaskKVError as exc:  # a default set elsewhere is named where it was set
+        origin = None if model else model_origin()
+        if origin is None:
+            raise
+        raise type(exc)(f"{origin} names no model plan can read ({exc}); fix it, or pass --model") from None
+    rows = memory_table(chosen, list(parse_counts(context, "--context", unique=True, example="8k,32k")),
                         parse_formats(list(dict.fromkeys(split_list(quantize)))) if quantize.strip() else [],
                         list(parse_counts(budgets, "--budgets", unique=True)), gen_length, sizes)
     if not rows:
