@@ -70,3 +70,16 @@ def test_cli_device_map(tiny_dir, tmp_path):
                                       "-n", "8", "--steps", "4", "--block-length", "8", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["answers"][0]["stats"]["steps_run"] == 4
+
+
+def test_device_map_auto_with_fewer_than_two_gpus_says_it_runs_on_one_device(tmp_path):
+    """It ran on the CPU without a word, while --help says "auto (every visible GPU)"."""
+    if torch.cuda.device_count() > 1:
+        pytest.skip("two GPUs here: auto spreads the model")
+    doc = tmp_path / "doc.txt"
+    doc.write_text("The special magic number for apple is 4821.\n")
+    result = CliRunner().invoke(app, ["ask", str(doc), "What is the special magic number for apple?",
+                                      "--device-map", "auto", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert (f"note: --device-map auto: {torch.cuda.device_count()} GPU(s) visible, so the model is not spread over "
+            "devices; it runs on cpu") in result.stderr

@@ -148,6 +148,11 @@ def load_session(model: str | ModelFolder | None, device: str, dtype: str, quiet
     folder = choose_model(model, yes, quiet, as_json)
     session = Session(folder, device=resolve_device(device), dtype=None if dtype == "auto" else dtype,
                       device_map=device_map, dream=dream, quantize=quantize)
+    if device_map == "auto" and getattr(session.model, "layer_devices", None) is None:  # fewer than two GPUs
+        import torch
+
+        note(f"--device-map auto: {torch.cuda.device_count()} GPU(s) visible, so the model is not spread over "
+             f"devices; it runs on {session.device}", quiet, as_json)
     from maskkv_cli.models.quantize import targets, unquantized_targets
 
     left = unquantized_targets(session.model)  # type: ignore[arg-type]
