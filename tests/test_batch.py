@@ -659,3 +659,20 @@ def test_a_job_s_own_gen_length_that_does_not_fit_names_the_job() -> None:
     bad = replace(base, gen_length=10)
     with pytest.raises(UsageError, match=r"^--gen-length 10 must be a multiple"):  # the option's own: named so
         job_settings(JobSpec("j2", "a.txt", "Q"), bad, generation)
+
+
+def test_the_batch_size_note_of_groups_of_several_sizes_says_it_is_the_first_group_s(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import maskkv_cli.batch.run as batch_run
+    from maskkv_cli.batch.run import BatchResult
+
+    (tmp_path / "a.txt").write_text("The special magic number for apple is 4821.\n")
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text('{"document": "a.txt", "question": "Q?"}\n')
+    line = "batch size auto: 4 (all 4 prompts at once; 64 would fit)"
+    for sizes, shown in (([4], f"note: {line}"), ([2, 4], f"note: the first group: {line}")):
+        done = BatchResult(tmp_path, 1, 1, 0, 0, 1, 0, 1.0, 60.0, answered=1, batch_sizes=sizes, batch_note=line)
+        monkeypatch.setattr(batch_run, "run_batch", lambda *args, done=done, **kwargs: done)
+        result = runner.invoke(app, ["batch", str(jobs), "--out", str(tmp_path / "o")])
+        assert result.exit_code == 0, result.output
+        assert shown in result.stderr

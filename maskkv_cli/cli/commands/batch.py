@@ -155,8 +155,9 @@ def batch(
     if as_json:
         typer.echo(json.dumps(result.as_dict()))
     elif not quiet:
-        if result.batch_note:
-            sys.stderr.write(f"note: {result.batch_note}\n")
+        if result.batch_note:  # (the first group's line: the others chose by the same rule, for their prompts)
+            first = "the first group: " if len(result.batch_sizes) > 1 else ""
+            sys.stderr.write(f"note: {first}{result.batch_note}\n")
         sizes = ",".join(str(n) for n in result.batch_sizes)
         rate = (f" at {result.jobs_per_minute:.1f} jobs/min" + (f" (batch size {sizes})" if sizes else "")
                 if result.answered else "")
