@@ -86,3 +86,32 @@ def test_the_library_refuses_ids_past_what_their_rope_factor_reaches(session) ->
     assert session.answer_ids(ids, gen, cache, rope_factor=2).prompt_len == len(ids)  # scaled for it
     with pytest.raises(UsageError, match="-token window: shorten the prompt"):  # a plain prompt is never scaled
         session.answer("x " * session.window, gen, cache)
+
+
+def test_a_text_whose_joined_prompt_runs_past_the_window_is_read_in_parts_not_cut(session) -> None:
+    """A text counted to fit (its tokens within the room) whose prompt, joined to the question, takes a token or
+    two more: --long parts reads it whole in parts instead of cutting its middle."""
+    from maskkv_cli.app.pipeline import one_prompt, room_needed
+
+    question, gen = QUESTIONS[0], 16
+    room = room_needed(session, question, gen)
+    text = ""
+    while len(session.document_ids(text + PAGES[0])) <= room:
+        text += PAGES[0]
+    while len(session.document_ids(text + "x")) <= room:
+        text += "x"
+    assert len(session.document_ids(text)) <= room  # it fits by its count
+    cut = prepare(session, text, question, gen, "truncate")
+    if not cut.fitted.dropped:
+        pytest.skip("this tokenizer joins this text and question within the room")
+    assert one_prompt(session, text, question, gen, "parts") is None  # read in parts, not cut
+    assert one_prompt(session, text, question, gen, "truncate") == cut
+    from maskkv_cli.app.pipeline import ask
+    from maskkv_cli.engine.plan import CacheConfig
+    from maskkv_cli.sampling import GenerationConfig
+
+    answer = ask(session, text, question, GenerationConfig(gen_length=gen, steps=gen, block_length=gen),
+                 CacheConfig(policy="maskkv", budget=64))
+    assert answer.fitted.parts >= 2 and answer.fitted.complete and answer.fitted.dropped == 0
+    assert all(len(part.result.tokens) and part.prompt_len + gen <= session.window
+               for part in answer.parts)  # type: ignore[attr-defined]

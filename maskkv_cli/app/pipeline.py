@@ -42,7 +42,7 @@ from maskkv_cli.sampling.confidence import LOW_CONFIDENCE_STATISTIC, Confidence
 
 __all__ = ["CLAIMS", "Answer", "PartsAnswer", "Prompt", "Session", "add_pages", "answer_row", "ask", "ask_in_parts",
            "ask_many", "batch_size_for", "choose_part", "claim", "common_source", "confidence_fields", "no_room",
-           "part_prompts", "parts_answer", "parts_stats", "prepare", "prompt_lengths", "reading_fields",
+           "one_prompt", "part_prompts", "parts_answer", "parts_stats", "prepare", "prompt_lengths", "reading_fields",
            "room_for_text", "room_needed", "says_absent", "spans_pages", "trained_question", "used_every_token"]
 
 
@@ -141,19 +141,28 @@ def ask(
     prefill starts; ``on_event`` gets the sampler's progress; ``on_part(i, n)`` is told when part ``i`` of ``n``
     starts (a text read in parts). The answer carries the fitted context and what was read."""
     arguments.question_arguments("ask", gen, cache, [(context, question)])
-    if long == "parts":
-        ids = session.document_ids(context)
-        room = room_needed(session, question, gen.gen_length)
-        if len(ids) > room:
-            return ask_in_parts(session, context, ids, room, question, gen, cache, on_event=on_event,
-                                on_prompt=on_prompt, on_part=on_part)
-        long = "truncate"  # it fits: the one prompt every mode builds
-    prompt = prepare(session, context, question, gen.gen_length, long)
+    prompt = one_prompt(session, context, question, gen.gen_length, long)
+    if prompt is None:
+        return ask_in_parts(session, context, session.document_ids(context),
+                            room_needed(session, question, gen.gen_length), question, gen, cache, on_event=on_event,
+                            on_prompt=on_prompt, on_part=on_part)
     if on_prompt is not None:
         on_prompt(prompt)
     answer = session.answer_ids(prompt.ids, gen, cache, on_event, document_len=prompt.document_len,
                                 rope_factor=prompt.fitted.rope_factor)
     return replace(answer, fitted=prompt.fitted)
+
+
+def one_prompt(session: Session, context: str, question: str, gen_length: int, long: str) -> Prompt | None:
+    """The one prompt of ``question`` about ``context`` under ``long`` (``prepare``), or None where ``long`` is
+    ``parts`` and the text does not fit the window whole: it is read in parts then, never cut (a text whose count
+    fits but whose joined prompt runs past the window included)."""
+    if long != "parts":
+        return prepare(session, context, question, gen_length, long)
+    if len(session.document_ids(context)) > room_needed(session, question, gen_length):
+        return None
+    prompt = prepare(session, context, question, gen_length, "truncate")  # the one prompt every mode builds
+    return None if prompt.fitted.dropped else prompt
 
 
 def ask_in_parts(
@@ -220,7 +229,7 @@ def parts_answer(context: str, n_tokens: int, room: int, answers: Sequence[Answe
     """The answer to a question read in parts, from its parts' answers in text order (each with its ``fitted``)."""
     chosen, source = choose_part(answers)
     windows = part_windows(n_tokens, room, min(overlap, room // 4))
-    shared = windows[0][1] - windows[1][0]
+    shared = windows[0][1] - windows[1][0] if len(windows) > 1 else 0
     rule = (f"document is {n_tokens} tokens, longer than the {room} the window leaves: read in {len(answers)} parts "
             f"of up to {room} tokens, each sharing {shared} with the next")
     fitted = replace(chosen.fitted, rule=rule, read=((0, len(context)),), parts=len(answers),
@@ -276,13 +285,14 @@ def ask_many(
     batch_size = arguments.batch_size("ask_many", batch_size)
     plans: list[tuple[str, int, int, list[Prompt]]] = []  # kind, document tokens, room, prompts
     for context, question in items:
-        ids = session.document_ids(context)
-        if long == "parts" and len(ids) > (room := room_needed(session, question, gen.gen_length)):
-            prompts, room = part_prompts(session, context, ids, room, question)
+        prompt = one_prompt(session, context, question, gen.gen_length, long)
+        if prompt is None:
+            ids = session.document_ids(context)
+            prompts, room = part_prompts(session, context, ids, room_needed(session, question, gen.gen_length),
+                                         question)
             plans.append(("parts", len(ids), room, prompts))
         else:
-            one = "truncate" if long == "parts" else long  # a text that fits: the one prompt every mode builds
-            plans.append(("one", 0, 0, [prepare(session, context, question, gen.gen_length, one)]))
+            plans.append(("one", 0, 0, [prompt]))
     flat = [(i, prompt) for i, plan in enumerate(plans) for prompt in plan[3]]
     got: dict[int, list[Answer | None]] = {i: [None] * len(plan[3]) for i, plan in enumerate(plans)}
     position = {k: sum(1 for j, _ in flat[:k] if j == i) for k, (i, _) in enumerate(flat)}
