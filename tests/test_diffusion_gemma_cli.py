@@ -455,3 +455,18 @@ def test_profile_pictures_name_the_full_layers_they_show(folder, doc, tmp_path, 
     layers = [str(layer) for layer in json.loads(result.stdout)["runs"][0]["layers"]]
     assert layers != [str(i) for i in range(len(layers))]  # the full layers are not 0, 1, ...
     assert shown and all(labels == layers for labels in shown), (shown, layers)
+
+
+def test_a_setting_of_its_generation_config_the_sampler_cannot_take_names_the_file(folder, doc, tmp_path):
+    """max_denoising_steps 0 in generation_config.json said "DiffusionGemma sampling: max_new_tokens and
+    max_denoising_steps must be positive", naming no file, at the first answer."""
+    import shutil
+
+    copy = tmp_path / "dgemma"
+    shutil.copytree(folder, copy)
+    config = copy / "generation_config.json"
+    data = json.loads(config.read_text()) if config.is_file() else {}
+    config.write_text(json.dumps({**data, "max_denoising_steps": 0}))
+    result = runner.invoke(app, ["ask", str(doc), QUESTION, "--model", str(copy), "-n", "8"])
+    assert result.exit_code == 1 and f"error: {config}: DiffusionGemma sampling: max_new_tokens and " \
+        "max_denoising_steps must be positive; fix or remove it" in result.stderr, result.output

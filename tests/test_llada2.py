@@ -179,8 +179,23 @@ def test_ask_on_a_llada2_folder(tmp_path, llada2, tiny_tokenizer, monkeypatch):
         result = runner.invoke(app, ["ask", str(doc), "Where?", "--model", str(folder), "-n", "16", "--block-length",
                                      "8", "--max-post-steps", "2"])
     assert result.exit_code == 2 and "--max-post-steps applies to LLaDA2.1's token editing" in result.stderr
+    # a top-p or top-k its filter cannot take: a RuntimeError after loading (0, -2), or taken without a word (1.5)
+    with monkeypatch.context() as patched:
+        patched.setattr(session_module, "load_checkpoint", no_loading)
+        for flags, message in ((["--top-p", "0"], "--top-p must be in (0, 1], got 0.0"),
+                               (["--top-p", "1.5"], "--top-p must be in (0, 1], got 1.5"),
+                               (["--top-k", "0"], "--top-k must be positive, got 0"),
+                               (["--top-k", "-2"], "--top-k must be positive, got -2")):
+            result = runner.invoke(app, ["ask", str(doc), "Where?", "--model", str(folder), "-t", "0.5", *flags])
+            assert result.exit_code == 2 and f"error: {message}" in result.stderr, result.output
     listed = runner.invoke(app, ["models", "--json"])
     assert listed.exit_code == 0 and "llada2" in listed.stdout
+    # a threshold out of range in the checkpoint's own generation_config.json was refused as "--threshold must be in
+    # [0, 1], got 1.5" even with --threshold 0.9 given: the file and its key are named
+    (folder / "generation_config.json").write_text(json.dumps({"threshold": 1.5}))
+    result = runner.invoke(app, ["ask", str(doc), "Where?", "--model", str(folder), "--threshold", "0.9"])
+    assert result.exit_code == 1 and (f"error: {folder / 'generation_config.json'}: threshold must be in [0, 1], "
+                                      "got 1.5; fix or remove it") in result.stderr, result.output
 
 
 def test_pull_a_llada2_checkpoint_from_the_local_hub(tmp_path, llada2, tiny_tokenizer, monkeypatch):

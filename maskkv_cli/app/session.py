@@ -98,10 +98,11 @@ class Session:
         self.generation_defaults = family_defaults(defaults.generation, config.family)
         self.summary_length = defaults.summary_length
         self.summary_block = defaults.summary_block
-        self.llada2 = llada2_defaults(defaults.sampler)  # LLaDA2's sampler settings (its loop only reads them)
+        stored = str(folder.path / "generation_config.json")  # (named by a refusal of its settings)
+        self.llada2 = llada2_defaults(defaults.sampler, stored)  # LLaDA2's sampler settings (its loop only reads them)
         self.stored_llada2 = self.llada2  # the model's own (``generation_config.json``), what options go over
         # DiffusionGemma's: its schedule from generation_config.json, and the cache of its last document's prefix
-        self.diffusion_gemma = diffusion_gemma_defaults(defaults.denoising)
+        self.diffusion_gemma = diffusion_gemma_defaults(defaults.denoising, stored)
         self.stored_diffusion_gemma = self.diffusion_gemma
         self._documents: dict[str, list[int]] = {}  # text -> token ids (``document_ids``), oldest first
         self._probes: dict[str, list[int]] = {}  # the last document's empty-question prompt (``document_prompt_len``)

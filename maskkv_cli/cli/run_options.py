@@ -118,7 +118,8 @@ class RunOptions:
         settings.check_family(chosen.config.family)  # options its sampler does not take: refused before loading
         from maskkv_cli.sampling.llada2 import llada2_defaults
 
-        llada2 = settings.llada2(llada2_defaults(chosen.defaults.sampler))  # over the checkpoint's own: checked now
+        llada2 = settings.llada2(llada2_defaults(chosen.defaults.sampler, str(chosen.path / "generation_config.json")))
+        # (the options over the checkpoint's own: both checked now)
         for policy in policies:
             check_policy_family(policy, chosen.config.family)
         self.check_quantization(chosen)

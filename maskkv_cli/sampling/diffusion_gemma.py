@@ -37,7 +37,7 @@ from torch import Tensor
 
 from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.engine.selection import LayerRecord
-from maskkv_cli.errors import UsageError
+from maskkv_cli.errors import ModelLoadError, UsageError
 from maskkv_cli.models.diffusion_gemma import DiffusionGemma, PromptCache
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.models.quantize import held_bytes, quantization_of
@@ -107,14 +107,18 @@ class DiffusionGemmaOptions:
     documents: DocumentCache | None = field(default=None, compare=False)
 
 
-def diffusion_gemma_defaults(stored: dict[str, Any]) -> DiffusionGemmaOptions:
+def diffusion_gemma_defaults(stored: dict[str, Any], source: str = "generation_config.json") -> DiffusionGemmaOptions:
     """The options a checkpoint's generation_config.json sets (``models.config.ModelDefaults.denoising``), with a
-    document cache of their own."""
+    document cache of their own; settings the sampler cannot take are refused naming the file (``source``)."""
     known = {k: stored[k] for k in ("max_denoising_steps", "t_min", "t_max", "entropy_bound", "stability_threshold",
                                     "confidence_threshold") if k in stored}
     for k in ("max_denoising_steps", "stability_threshold"):
         if k in known:
             known[k] = int(known[k])
+    try:  # checked now, by the sampler's own rules, not at the first answer
+        DiffusionGemmaSampling(**known)
+    except UsageError as exc:
+        raise ModelLoadError(f"{source}: {exc}; fix or remove it") from None
     return DiffusionGemmaOptions(**known, documents=DocumentCache())
 
 

@@ -55,15 +55,20 @@ class DreamGenerationConfig:
             raise UsageError("--gen-length and --steps must be positive")
         if self.alg not in DREAM_ALGS:
             raise UsageError(f"--alg must be one of {', '.join(DREAM_ALGS)}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise UsageError(f"--top-p must be in (0, 1], got {self.top_p}")
-        if self.top_k is not None and self.top_k <= 0:
-            raise UsageError(f"--top-k must be positive, got {self.top_k}")
+        check_filters(self.top_p, self.top_k)
         non_negative(self.temperature, "--temperature")
 
     @property
     def n_blocks(self) -> int:
         return 1
+
+
+def check_filters(top_p: float | None, top_k: int | None) -> None:
+    """Refuse a ``--top-p`` outside (0, 1] or a ``--top-k`` below 1 (``filter_logits`` would fail on them)."""
+    if top_p is not None and not 0 < top_p <= 1:
+        raise UsageError(f"--top-p must be in (0, 1], got {top_p}")
+    if top_k is not None and top_k <= 0:
+        raise UsageError(f"--top-k must be positive, got {top_k}")
 
 
 @dataclass(frozen=True)

@@ -36,11 +36,11 @@ import torch
 from torch import Tensor
 
 from maskkv_cli.engine.plan import CachePlan
-from maskkv_cli.errors import UsageError
+from maskkv_cli.errors import ModelLoadError, UsageError
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.runtime.stats import RunStats, now
 from maskkv_cli.sampling.common import Event, GenerationResult, StepMeter
-from maskkv_cli.sampling.dream import filter_logits
+from maskkv_cli.sampling.dream import check_filters, filter_logits
 from maskkv_cli.sampling.driver import Loop, drive
 from maskkv_cli.sampling.forward import BlockForward, StepRequest, finish_rows
 from maskkv_cli.sampling.llada import GenerationConfig, transfer_schedule
@@ -68,12 +68,20 @@ class LLaDA2Options:
             value = getattr(self, name)
             if value is not None and not 0.0 <= value <= 1.0:
                 raise UsageError(f"--{name.replace('_', '-')} must be in [0, 1], got {value}")
-        if self.max_post_steps < 0 or self.minimal_topk < 1:
-            raise UsageError("--max-post-steps must be >= 0 (and minimal_topk >= 1)")
+        if self.max_post_steps < 0:
+            raise UsageError(f"--max-post-steps must be >= 0, got {self.max_post_steps}")
+        if self.minimal_topk < 1:
+            raise UsageError(f"LLaDA2's minimal_topk must be at least 1, got {self.minimal_topk}")
+        check_filters(self.top_p, self.top_k)
 
 
-def llada2_defaults(stored: dict[str, float]) -> LLaDA2Options:
-    """The options a checkpoint's generation_config.json sets (``models.config.ModelDefaults.sampler``)."""
+def llada2_defaults(stored: dict[str, float], source: str = "generation_config.json") -> LLaDA2Options:
+    """The options a checkpoint's generation_config.json sets (``models.config.ModelDefaults.sampler``); a value
+    they cannot take is refused naming the file (``source``) and its key, which no option of a run can fix."""
+    for key in ("threshold", "editing_threshold"):
+        value = stored.get(key)
+        if value is not None and not 0.0 <= value <= 1.0:
+            raise ModelLoadError(f"{source}: {key} must be in [0, 1], got {value}; fix or remove it")
     post = stored.get("max_post_steps")
     return LLaDA2Options(threshold=stored.get("threshold"), editing_threshold=stored.get("editing_threshold"),
                          max_post_steps=DEFAULT_MAX_POST_STEPS if post is None else int(post))
