@@ -361,3 +361,17 @@ def test_ask_reads_a_questions_file_as_batch_does(tmp_path):
     result = runner.invoke(app, ["ask", str(doc), "--questions", str(marked), "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["answers"][0]["question"] == "What is the special magic number for apple?"
+
+
+def test_quiet_keeps_the_low_confidence_line_of_summarize_and_generate(tiny_dir, tmp_path):
+    """docs/models.md: the LOW CONFIDENCE mark is part of the answer and --quiet keeps it; summarize and generate
+    dropped it (ask kept it)."""
+    doc = tmp_path / "doc.txt"
+    doc.write_text("The river runs past the old mill. The keeper writes every night. " * 6)
+    for args in (["summarize", str(doc), "--length", "10"], ["generate", "Hello there", "-n", "8"]):
+        loud = runner.invoke(app, [*args, "--model", str(tiny_dir)])
+        quiet = runner.invoke(app, [*args, "--model", str(tiny_dir), "--quiet"])
+        assert loud.exit_code == quiet.exit_code == 0, quiet.output
+        assert "LOW CONFIDENCE" in loud.stderr  # the random test model guesses
+        low = [line for line in loud.stderr.splitlines() if line.startswith("LOW CONFIDENCE")]
+        assert low and low[0] in quiet.stderr.splitlines()

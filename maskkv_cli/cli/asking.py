@@ -99,12 +99,13 @@ def document_run(document: Path, password: str | None, opts: RunOptions,
 
 
 def echo_answer(text: str, confidence: Any, what: str, embedded: bool, quiet: bool, document: bool = True) -> None:
-    """One answer on stdout and its confidence line on stderr; an empty answer is a note on stderr instead (even
-    with --quiet, since it stands for the answer). ``document``: whether the answer was about a document."""
+    """One answer on stdout and its confidence line on stderr; an empty answer is a note on stderr instead. That note
+    and a LOW CONFIDENCE line are part of the answer and stay with --quiet (as ``ask`` keeps them).
+    ``document``: whether the answer was about a document."""
     from maskkv_cli.cli.render import answer_lines
 
     out, line = answer_lines(text, confidence, what, embedded, document)
     if out is not None:
         typer.echo(out)
-    if out is None or not quiet:
+    if out is None or not quiet or line.startswith("LOW CONFIDENCE"):
         typer.echo(line, err=True)
