@@ -375,3 +375,22 @@ def test_quiet_keeps_the_low_confidence_line_of_summarize_and_generate(tiny_dir,
         assert "LOW CONFIDENCE" in loud.stderr  # the random test model guesses
         low = [line for line in loud.stderr.splitlines() if line.startswith("LOW CONFIDENCE")]
         assert low and low[0] in quiet.stderr.splitlines()
+
+
+def test_summarize_with_a_length_that_leaves_too_little_room_names_the_longest_that_fits(tiny_dir, tmp_path):
+    """It said "--length 100 leaves no room for the document in the 256-token window" and no more; a --length the
+    parts had room for but the final pass over their summaries had not failed after every part had run."""
+    doc = tmp_path / "doc.txt"
+    doc.write_text("The river runs past the old mill. The keeper writes every night. " * 200)
+    result = runner.invoke(app, ["summarize", str(doc), "--length", "600", "--model", str(tiny_dir)])
+    assert result.exit_code == 2, result.output
+    found = re.search(r"error: --length 600 leaves \d+ tokens of the (\d+)-token window for the text beside the "
+                      r"summary \(each part, and the final pass over the parts' summaries, need at least 64\): give "
+                      r"at most --length (\d+)$", result.stderr.strip())
+    assert found, result.stderr
+    longest = found.group(2)
+    doc.write_text("The river runs past the old mill. The keeper writes every night.")  # one part: quick
+    fits = runner.invoke(app, ["summarize", str(doc), "--length", longest, "--model", str(tiny_dir), "--json"])
+    assert fits.exit_code == 0, fits.output
+    more = runner.invoke(app, ["summarize", str(doc), "--length", str(int(longest) + 1), "--model", str(tiny_dir)])
+    assert more.exit_code == 2 and "give at most --length" in more.stderr

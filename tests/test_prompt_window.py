@@ -115,3 +115,20 @@ def test_a_text_whose_joined_prompt_runs_past_the_window_is_read_in_parts_not_cu
     assert answer.fitted.parts >= 2 and answer.fitted.complete and answer.fitted.dropped == 0
     assert all(len(part.result.tokens) and part.prompt_len + gen <= session.window
                for part in answer.parts)  # type: ignore[attr-defined]
+
+
+def test_a_long_answer_that_leaves_parts_of_a_few_tokens_is_refused(session) -> None:
+    """An answer of 200 tokens on a 256-token window read a 1,120-token text in 66 parts of a few tokens each."""
+    from maskkv_cli.app.pipeline import MIN_PART_ROOM, one_prompt
+    from maskkv_cli.errors import UsageError
+
+    question = QUESTIONS[0]
+    gen = session.window - session.prompt_overhead(question) - (MIN_PART_ROOM - 1)
+    text = texts()[0]
+    with pytest.raises(UsageError, match=rf"leave {MIN_PART_ROOM - 1} tokens of the model's {session.window}-token "
+                                         rf"window for each part of the document, too few to read it in parts "
+                                         rf"\(at least {MIN_PART_ROOM}\): ask for at most {gen - 1} new tokens, or "
+                                         "give --long truncate"):
+        one_prompt(session, text, question, gen, "parts")
+    assert one_prompt(session, text, question, gen - 1, "parts") is None  # read in parts of 64 tokens
+    assert one_prompt(session, text, question, gen, "truncate").fitted.dropped > 0  # a cut needs no parts

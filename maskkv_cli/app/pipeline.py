@@ -40,10 +40,11 @@ from maskkv_cli.runtime.stats import RunStats
 from maskkv_cli.sampling import Event, GenerationConfig
 from maskkv_cli.sampling.confidence import LOW_CONFIDENCE_STATISTIC, Confidence
 
-__all__ = ["CLAIMS", "Answer", "PartsAnswer", "Prompt", "Session", "add_pages", "answer_row", "ask", "ask_in_parts",
-           "ask_many", "batch_size_for", "choose_part", "claim", "common_source", "confidence_fields", "no_room",
-           "one_prompt", "part_prompts", "parts_answer", "parts_stats", "prepare", "prompt_lengths", "reading_fields",
-           "room_for_text", "room_needed", "says_absent", "spans_pages", "trained_question", "used_every_token"]
+__all__ = ["CLAIMS", "MIN_PART_ROOM", "Answer", "PartsAnswer", "Prompt", "Session", "add_pages", "answer_row", "ask",
+           "ask_in_parts", "ask_many", "batch_size_for", "choose_part", "claim", "common_source", "confidence_fields",
+           "no_room", "one_prompt", "part_prompts", "parts_answer", "parts_stats", "prepare", "prompt_lengths",
+           "reading_fields", "room_for_text", "room_needed", "says_absent", "spans_pages", "trained_question",
+           "used_every_token"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,12 @@ class PartsAnswer(Answer):
     """An answer read from a text in parts: the chosen answer, and every part's own answer in text order."""
 
     parts: list[Answer] = field(default_factory=list)
+
+
+# The fewest tokens of text a part of a document read in parts may hold: below it a long answer beside a short window
+# reads a text in dozens to hundreds of parts of a few tokens each (an answer of 200 tokens on a 256-token window:
+# 66 prompts for a text of 1,120 tokens), each too short to hold a fact. ``summarize`` holds its parts to it too.
+MIN_PART_ROOM = 64
 
 
 def room_for_text(session: Session, question: str, gen_length: int) -> int:
@@ -156,13 +163,23 @@ def ask(
 def one_prompt(session: Session, context: str, question: str, gen_length: int, long: str) -> Prompt | None:
     """The one prompt of ``question`` about ``context`` under ``long`` (``prepare``), or None where ``long`` is
     ``parts`` and the text does not fit the window whole: it is read in parts then, never cut (a text whose count
-    fits but whose joined prompt runs past the window included)."""
+    fits but whose joined prompt runs past the window included), each part at least ``MIN_PART_ROOM`` tokens."""
     if long != "parts":
         return prepare(session, context, question, gen_length, long)
-    if len(session.document_ids(context)) > room_needed(session, question, gen_length):
-        return None
-    prompt = prepare(session, context, question, gen_length, "truncate")  # the one prompt every mode builds
-    return None if prompt.fitted.dropped else prompt
+    room = room_needed(session, question, gen_length)
+    if len(session.document_ids(context)) <= room:
+        prompt = prepare(session, context, question, gen_length, "truncate")  # the one prompt every mode builds
+        if not prompt.fitted.dropped:
+            return prompt
+    if room < MIN_PART_ROOM:
+        overhead, window = session.prompt_overhead(question), session.window
+        longest = session.longest_answer(window - overhead - MIN_PART_ROOM)
+        hint = f"ask for at most {longest} new tokens" if longest > 0 else "shorten the question"
+        raise UsageError(f"an answer of {session.response_positions(gen_length)} tokens and the prompt around the "
+                         f"document ({overhead} tokens) leave {room} tokens of the model's {window}-token window for "
+                         f"each part of the document, too few to read it in parts (at least {MIN_PART_ROOM}): "
+                         f"{hint}, or give --long truncate")
+    return None
 
 
 def ask_in_parts(

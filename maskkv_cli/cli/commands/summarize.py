@@ -40,7 +40,7 @@ def summarize(
 
     check_source(document)  # a wrong path fails at once, before anything heavy is imported or loaded
 
-    from maskkv_cli.app.pipeline import says_absent, used_every_token
+    from maskkv_cli.app.pipeline import MIN_PART_ROOM, says_absent, used_every_token
     from maskkv_cli.prompting.parts import (
         adds_nothing,
         merge_instruction,
@@ -68,10 +68,10 @@ def summarize(
         lead = bool(session.summary_length)
         gen, final_gen = gens
         gen_tokens, final_tokens = gen.gen_length, final_gen.gen_length
-        room = (session.window - session.prompt_overhead(part_instruction(length))
-                - session.response_positions(gen.gen_length))
-        if room < 64:
-            raise fail(f"--length {length} leaves no room for the document in the {session.window}-token window", 2)
+        room = _room(session, length, gen)
+        least = min(room, _room(session, length, final_gen, merge=not lead))
+        if least < MIN_PART_ROOM:  # refused before any part runs
+            raise fail(_too_long(session, opts, length, least), 2)
         parts = split_parts(doc, session.count_tokens, room)
         summaries = []
         for i, part in enumerate(parts, 1):
@@ -137,6 +137,34 @@ def summarize(
         what = "the mean" if conf["statistic"] == "mean" else "a token"
         typer.echo(f"LOW CONFIDENCE in the summaries of {pages_label(low)} ({what} below {conf['threshold']:.2f}): "
                    "the model is probably guessing, check them in the document", err=True)
+
+
+def _room(session: Any, length: int, gen: Any, merge: bool = False) -> int:
+    """Tokens of text a prompt holds beside the instruction for a summary of ``length`` words and its ``gen``: a
+    part's, or (``merge``) the final pass's over the parts' summaries."""
+    from maskkv_cli.prompting.parts import merge_instruction, part_instruction
+
+    instruction = merge_instruction(length) if merge else part_instruction(length)
+    return session.window - session.prompt_overhead(instruction) - session.response_positions(gen.gen_length)
+
+
+def _too_long(session: Any, opts: RunOptions, length: int, room: int) -> str:
+    """Why ``--length`` leaves the parts (or the final pass over their summaries) too little room (``room``, the
+    lesser of the two), with the longest
+    ``--length`` that leaves both enough (a model that writes summaries of one trained length has none: its
+    summaries take what they take)."""
+    from maskkv_cli.app.pipeline import MIN_PART_ROOM
+
+    why = (f"--length {length} leaves {max(room, 0)} tokens of the {session.window}-token window for the text "
+           f"beside the summary (each part, and the final pass over the parts' summaries, need at least "
+           f"{MIN_PART_ROOM})")
+    if session.summary_length:
+        return f"{why}: this model's summaries take {session.summary_length} tokens whatever --length"
+    for words in range(length - 1, 0, -1):
+        gen, final = summary_generations(opts, words, None, None)
+        if min(_room(session, words, gen), _room(session, words, final, merge=True)) >= MIN_PART_ROOM:
+            return f"{why}: give at most --length {words}"
+    return f"{why}: the model's window is too short to summarize in parts"
 
 
 def summary_generations(opts: RunOptions, length: int, summary_length: int | None,
