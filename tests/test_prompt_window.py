@@ -60,6 +60,11 @@ def test_a_text_kept_whole_under_rope_scaling_runs_past_the_window_by_design(ses
     prompt = prepare(session, text, QUESTIONS[0], 8, "rope-scale")
     assert prompt.fitted.mode == "rope-scale" and prompt.fitted.rope_factor == 1 and prompt.fitted.dropped == 0
     assert session.window < len(prompt.ids) + 8 < 5000
+    from maskkv_cli.prompting.fit import unscaled_reach
+
+    reach = unscaled_reach(session.model.config.head_dim, session.base_theta, session.window)
+    assert f"kept whole with RoPE unscaled (LongLLaDA's rule scales it from about {reach:,} positions on for this " \
+        "model)" in prompt.fitted.rule  # it said "RoPE base scaled x1"
     from maskkv_cli.engine.plan import CacheConfig
     from maskkv_cli.sampling import GenerationConfig
 

@@ -179,6 +179,11 @@ def test_rope_scaled_absence_is_qualified() -> None:
     row = row_of(with_read(part(NO_ANSWER, 1.0), ((0, 1000),), "rope-scale", rope=4))
     assert row["claim"] == "absent-unverified"
     assert answer_line(row).startswith("not in the document [read with the RoPE base scaled x4")
+    # kept whole past the window with the factor 1 LongLLaDA's rule gives up to a few times it: a finding, it said
+    unscaled = row_of(with_read(part(NO_ANSWER, 1.0), ((0, 1000),), "rope-scale", rope=1))
+    assert unscaled["claim"] == "absent-unverified"
+    assert answer_line(unscaled).startswith("not in the document [read beyond the window the model was trained on, "
+                                            "its RoPE unscaled; --long parts reads it within the window]")
 
 
 @pytest.mark.parametrize("which", ["embedded", "dgemma"])

@@ -426,7 +426,7 @@ def claim(answer: Answer, question: str, embedded: bool) -> str:
     fitted = answer.fitted
     if fitted is not None and not fitted.complete:
         return "absent-in-read"
-    if not embedded or (fitted is not None and fitted.rope_factor > 1):
+    if not embedded or (fitted is not None and fitted.mode == "rope-scale"):  # read past the window, scaled or not
         return "absent-unverified"
     return "absent"
 

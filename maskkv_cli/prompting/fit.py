@@ -51,6 +51,12 @@ def rope_scale_factor(head_dim: int, theta: float, train_len: int, target_len: i
     return max(1, math.ceil(new_base / theta))
 
 
+def unscaled_reach(head_dim: int, theta: float, train_len: int) -> int:
+    """The sequence length up to which ``rope_scale_factor`` keeps the factor 1: where its new base reaches
+    ``theta``."""
+    return math.floor(2 * math.pi * theta ** (critical_dimension(head_dim, theta, train_len) / head_dim))
+
+
 def part_windows(n: int, size: int, overlap: int) -> list[tuple[int, int]]:
     """Token windows ``[start, end)`` of ``size`` tokens over ``n`` tokens, each sharing ``overlap`` with the next;
     the last ends at ``n`` (it may share more with the one before). One window when ``n <= size``."""
@@ -152,10 +158,12 @@ def fit_context(tokenizer: Any, context: str, budget: int, mode: str, head_dim: 
         return FittedContext(context, n, 0, 1, "", whole, chars, source=whole)
     if mode == "rope-scale":
         factor = rope_scale_factor(head_dim, theta, train_len, total_len or n)
+        scaled = (f"RoPE base scaled x{factor} (NTK-style, LongLLaDA rule)" if factor > 1 else
+                  f"kept whole with RoPE unscaled (LongLLaDA's rule scales it from about "
+                  f"{unscaled_reach(head_dim, theta, train_len):,} positions on for this model)")
         return FittedContext(context, n, 0, factor,
-                             f"document is {n} tokens, longer than the {train_len}-token window: RoPE base scaled "
-                             f"x{factor} (NTK-style, LongLLaDA rule); quality may drop far beyond the window",
-                             whole, chars, source=whole, mode=mode)
+                             f"document is {n} tokens, longer than the {train_len}-token window: {scaled}; quality "
+                             "may drop far beyond the window", whole, chars, source=whole, mode=mode)
     if mode == "parts":
         raise ValueError("a context longer than the window is read in parts by pipeline.ask, not fitted")
     if budget <= 0:

@@ -83,6 +83,9 @@ def answer_line(row: dict[str, Any]) -> str | None:
         if (row.get("rope_factor") or 1) > 1:
             why = (f"read with the RoPE base scaled x{row['rope_factor']}, beyond the window the model was trained "
                    "on; --long parts reads it within the window")
+        elif read.get("mode") == "rope-scale":
+            why = ("read beyond the window the model was trained on, its RoPE unscaled; --long parts reads it within "
+                   "the window")
         else:
             why = "the model's claim: maskkv has not measured how reliably this model says so"
         return f"{text} [{why}]"
