@@ -433,6 +433,11 @@ def test_profile_and_serve_refuse_rope_scale_before_the_model_loads(folder, doc,
         result = runner.invoke(app, [*args, "--model", str(folder), "--long", "rope-scale"])
         assert result.exit_code == 2, result.output
         assert "--long rope-scale is not available for diffusion_gemma" in result.stderr
+    # profile takes one prompt: the two refusals sent the user from one to the other ("use --long parts or truncate"
+    # for rope-scale, "--long truncate or rope-scale" for parts); both now offer what both allow
+    for long in ("rope-scale", "parts"):
+        result = runner.invoke(app, ["profile", str(doc), "What?", "--model", str(folder), "--long", long])
+        assert result.exit_code == 2 and result.stderr.strip().endswith("--long truncate"), result.output
 
 
 def test_profile_pictures_name_the_full_layers_they_show(folder, doc, tmp_path, monkeypatch):

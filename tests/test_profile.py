@@ -367,8 +367,15 @@ def test_the_table_shows_each_run_s_confidence_and_the_warm_up_apart(pdf, tiny_d
     assert "no warm-up (--no-warmup): the first row includes one-time costs" in cold
 
 
-def test_profile_reads_one_prompt_so_parts_are_refused(pdf, tiny_dir):
-    one_line_error(run(pdf, "Q?", "--model", tiny_dir, "--long", "parts", *FAST), 2, "profile measures one prompt")
+def test_profile_reads_one_prompt_so_parts_are_refused(pdf, tiny_dir, monkeypatch):
+    import maskkv_cli.cli.model_choice as model_choice
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the model was loaded before the refusal")
+
+    monkeypatch.setattr(model_choice, "load_session", loaded)
+    one_line_error(run(pdf, "Q?", "--model", tiny_dir, "--long", "parts", *FAST), 2,
+                   "profile measures one prompt (ask reads a long document in parts): --long truncate or rope-scale")
 
 
 def test_a_report_off_a_terminal_is_laid_out_whole(tiny_dir, tmp_path):

@@ -152,11 +152,23 @@ class RunSettings:
                                 threshold=self.threshold, seed=self.seed)
 
 
-def check_long_family(long: str, name: str) -> None:
-    """Refuse, in one line, a ``--long`` mode the model family ``name`` cannot run (``Family.refuses_values``)."""
-    if ("long", long) in family(name).refuses_values:
+ONE_PROMPT = ("truncate", "rope-scale")  # the --long modes of a command that measures one prompt (profile)
+PROFILES_ONE_PROMPT = "profile measures one prompt (ask reads a long document in parts)"  # why it takes no other
+
+
+def check_long_family(long: str, name: str, modes: tuple[str, ...] | None = None, why: str = "") -> None:
+    """Refuse, in one line, a ``--long`` mode the model family ``name`` cannot run (``Family.refuses_values``), or
+    one the command does not take (``modes``: those it takes, all by default; ``why``: why it takes no other); the
+    message offers the modes both allow."""
+    from maskkv_cli.prompting.fit import LONG_MODES
+
+    refused = family(name).refuses_values
+    allowed = " or ".join(m for m in (modes or LONG_MODES) if ("long", m) not in refused)
+    if ("long", long) in refused:
         raise UsageError(f"--long {long} is not available for {name} models (docs/models.md says why); use --long "
-                         "parts or truncate")
+                         f"{allowed}")
+    if modes is not None and long not in modes:
+        raise UsageError(f"{why}: --long {allowed}")
 
 
 def check_policy_family(policy: str, name: str) -> None:

@@ -103,13 +103,15 @@ class RunOptions:
         return self.settings().cache()
 
     def load_session(self, device: str, folder: Any = None, policies: Sequence[str] = (),
-                     generates: dict[str, Any] | None = None, long: str | None = None, **more: Any) -> Any:
+                     generates: dict[str, Any] | None = None, long: str | None = None,
+                     long_modes: tuple[tuple[str, ...], str] | None = None, **more: Any) -> Any:
         """Resolve, offer to pull and load the model on ``device`` (already resolved from ``auto``); ``folder``: the
         ``ModelFolder`` the command resolved ``--model`` to already (``cli.model_choice.pull_first``); ``policies``:
         the cache policies the command runs besides ``--policy`` (``profile --policies``), checked against the
         model's family before it loads; ``generates``: the command generates with ``generation(defaults,
         **generates)``, checked before the weights load (``check_generation``); ``long``: the command's ``--long``,
-        likewise checked against the family."""
+        likewise checked against the family, and against ``long_modes`` (the modes the command takes, and why no
+        other) where it takes only some."""
         from maskkv_cli.app.run_settings import check_long_family, check_policy_family
         from maskkv_cli.cli.model_choice import choose_model, load_session
 
@@ -124,7 +126,8 @@ class RunOptions:
             check_policy_family(policy, chosen.config.family)
         self.check_quantization(chosen)
         if long is not None:
-            check_long_family(long, chosen.config.family)
+            modes, why = long_modes or (None, "")
+            check_long_family(long, chosen.config.family, modes, why)
         if generates is not None:
             self.check_generation(chosen, **generates)
         session = load_session(chosen, device, self.dtype, self.quiet, self.as_json, self.device_map,

@@ -218,7 +218,7 @@ def profile_document(
     import time
 
     from maskkv_cli.app.pipeline import answer_row, ask
-    from maskkv_cli.app.run_settings import RunSettings
+    from maskkv_cli.app.run_settings import ONE_PROMPT, PROFILES_ONE_PROMPT, RunSettings, check_long_family
     from maskkv_cli.models.catalog import is_embedded_model
 
     if not specs:
@@ -228,9 +228,7 @@ def profile_document(
         return RunSettings(policy=spec.policy, budget=spec.budget, ratio=spec.ratio, seed=seed,
                            layer_budgets=layer_budgets).cache()
 
-    if long == "parts":
-        raise UsageError("profile measures one prompt: --long truncate or rope-scale (ask reads a long document in "
-                         "parts)")
+    check_long_family(long, session.model.config.family, ONE_PROMPT, PROFILES_ONE_PROMPT)
     warmup_s = None
     if warmup:
         started = time.perf_counter()

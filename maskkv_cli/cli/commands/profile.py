@@ -125,7 +125,10 @@ def profile(
         import time
 
         started = time.perf_counter()
-        session = opts.load_session(device, policies=[spec.policy for spec in specs], generates={}, long=long)
+        from maskkv_cli.app.run_settings import ONE_PROMPT, PROFILES_ONE_PROMPT
+
+        session = opts.load_session(device, policies=[spec.policy for spec in specs], generates={}, long=long,
+                                    long_modes=(ONE_PROMPT, PROFILES_ONE_PROMPT))
         load_s = time.perf_counter() - started
         gen = opts.generation(session.generation_defaults)
         live.phase("warm-up")
