@@ -170,6 +170,11 @@ def test_a_cut_short_weights_file_or_a_missing_vocabulary_is_named_and_models_st
     (no_vocabulary / "tokenizer.json").unlink()
     assert (no_vocabulary / "tokenizer_config.json").is_file()
     assert "no tokenizer vocabulary" in (inspect(no_vocabulary, "novocab", "folder").problem or "")
+    from maskkv_cli.prompting.chat import tokenizer_from_folder  # the loader says it in the same words
+
+    with pytest.raises(ModelLoadError, match=r"model folder .*novocab has no tokenizer vocabulary \(tokenizer.json, "
+                                             r"tokenizer.model, vocab.json, vocab.txt\)"):
+        tokenizer_from_folder(no_vocabulary)
     for folder in (cut, no_vocabulary, tiny_dir):
         remember_folder(folder)
     result = CliRunner().invoke(app, ["models", "--json"])

@@ -38,8 +38,8 @@ def tokenizer_from_folder(folder: Path) -> Any:
     """``load_tokenizer`` of a folder already resolved (a session's ``ModelFolder.path``)."""
     from transformers import AutoTokenizer
 
-    if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        raise ModelLoadError(f"model folder {folder} has no tokenizer files (tokenizer.json, tokenizer_config.json)")
+    if not any((folder / f).is_file() for f in VOCABULARY_FILES):  # (the rule ``maskkv models`` lists them by)
+        raise ModelLoadError(f"model folder {folder} has no tokenizer vocabulary ({', '.join(VOCABULARY_FILES)})")
     from transformers.utils import logging as hf_logging
 
     level = hf_logging.get_verbosity()
