@@ -159,6 +159,16 @@ def test_cli_picks_the_family_from_config(tmp_path, dream, tiny_tokenizer):
     assert result.exit_code == 0, result.output
     answer = json.loads(result.stdout)["answers"][0]
     assert answer["stats"]["kv_bytes"] < answer["stats"]["kv_full_bytes"] and answer["stats"]["steps_run"] <= 4
+    # a folder without a chat template (the test tokenizer brings LLaDA's) gets Dream's own format, Qwen2's ChatML
+    from maskkv_cli.app.session import Session
+
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    session = Session(folder)
+    prompt = session.tokenizer.decode(session.prompt_ids("Where?"))
+    assert prompt.replace(" ", "").startswith("<|im_start|>system") and "<|start_header_id|>" not in prompt
 
 
 def test_profile_shows_kv_heads_for_gqa(tmp_path, dream, tiny_tokenizer):

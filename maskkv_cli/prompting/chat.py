@@ -84,8 +84,17 @@ GEMMA_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<|turn>model\\n' }}{%- endif -%}"
 )
-CHAT_FORMATS = ("llada", "ling", "gemma")
-TEMPLATES = {"ling": LING_TEMPLATE, "gemma": GEMMA_TEMPLATE}
+# Qwen2's ChatML (Dream's text stack, a Qwen2.5 model): ``<|im_start|>ROLE\n...<|im_end|>\n`` per message, a default
+# system turn where the messages bring none, and ``<|im_start|>assistant\n`` to answer. A released Dream checkpoint
+# brings its own template, which wins; this one is for folders without it.
+CHATML_TEMPLATE = (
+    "{%- if messages[0]['role'] != 'system' -%}{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"
+    "{%- endif -%}"
+    "{%- for m in messages -%}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
+)
+CHAT_FORMATS = ("llada", "ling", "gemma", "chatml")
+TEMPLATES = {"ling": LING_TEMPLATE, "gemma": GEMMA_TEMPLATE, "chatml": CHATML_TEMPLATE}
 
 
 def use_chat_format(tokenizer: Any, chat_format: str) -> Any:
