@@ -199,8 +199,8 @@ class Session:
         """Answer the prompt ``ids``. ``document_len``: its leading ids that are a document's (``pipeline.prepare``):
         a block-causal model computes that document's whole blocks once for every question asked of it, DiffusionGemma
         its encoder's cache of them (``sampling.diffusion_gemma.DocumentCache``).
-        ``rope_factor``: the prompt's RoPE base scaling (``--long rope-scale``); at 1 the prompt and the answer's
-        positions must fit the window (``check_window``)."""
+        ``rope_factor``: the prompt's RoPE base scaling (``--long rope-scale``); a prompt past the window needs at
+        least the factor LongLLaDA's rule gives its length (``check_window``)."""
         self.check_prompt("Session.answer_ids", ids, gen, cache, rope_factor)
         plan = self._plan(ids, gen, cache, document_len, rope_factor)
         prompt = torch.tensor([ids], dtype=torch.long, device=self.device)
