@@ -315,3 +315,10 @@ def test_committed_canvases_join_the_cache() -> None:
     growing = g.kv_per_token * 2
     assert three.terms["cache: growing layers"] - one.terms["cache: growing layers"] == growing * 2 * DG.canvas_length
     assert three.terms["cache: capped layers"] == one.terms["cache: capped layers"]
+
+
+def test_plan_s_table_is_never_cut_off_a_terminal() -> None:
+    """With COLUMNS=100 (docs/guide.md's setting) the table's cells were cut ("cont…", "maskkv@…")."""
+    for env in ({"COLUMNS": "100"}, {"COLUMNS": None}):
+        shown = CliRunner().invoke(app, ["plan", "--model", "llada2-mini", "--context", "8k,32k"], env=env)
+        assert shown.exit_code == 0 and "…" not in shown.output and "maskkv@256" in shown.output, shown.output

@@ -69,19 +69,34 @@ def guarded(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-REPORT_WIDTH = 220  # the width a command's tables are laid out in off a terminal (a file or a pipe)
+REPORT_WIDTH = 220  # the most columns a table written off a terminal (a file or a pipe) is laid out in
 
 
 def report_console() -> Any:
-    """The Rich console a command prints its tables on (stdout): the terminal's width (or ``COLUMNS``'), or off a
-    terminal ``REPORT_WIDTH``, where Rich would lay a table out 80 columns wide and cut its cells ("LOW 0.…",
-    "716.0 K…")."""
-    import os
-
+    """The Rich console a command prints its tables on (stdout); print them with ``print_wide``."""
     from rich.console import Console
 
-    console = Console()
-    return console if console.is_terminal or os.environ.get("COLUMNS") else Console(width=REPORT_WIDTH)
+    return Console()
+
+
+def print_wide(console: Any, renderable: Any) -> None:
+    """Print ``renderable`` on ``console``. Off a terminal Rich lays a table out in 80 columns (or ``COLUMNS``) and
+    cuts its cells to fit ("LOW 0.…", "716.0 K…"): there a table is laid out as wide as it needs, up to
+    ``REPORT_WIDTH`` (text wraps at the width, losing nothing)."""
+    from rich.table import Table
+
+    if console.is_terminal or not isinstance(renderable, Table):
+        console.print(renderable)
+        return
+    from rich.measure import Measurement
+
+    needed = Measurement.get(console, console.options.update_width(REPORT_WIDTH), renderable).maximum
+    width = console.width
+    console.width = max(width, needed)  # (print's own width is capped at the console's)
+    try:
+        console.print(renderable)
+    finally:
+        console.width = width
 
 
 def note(message: str | None, quiet: bool, as_json: bool) -> None:

@@ -274,9 +274,11 @@ def report_renderables(report: ProfileReport, width: int, color: bool) -> list[R
 
 
 def print_report(console: Console, report: ProfileReport) -> None:
+    from maskkv_cli.cli.common import print_wide
+
     color = console.color_system is not None
     for item in report_renderables(report, console.width, color):
-        console.print(item)
+        print_wide(console, item)
         console.print()
 
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from maskkv_cli.cli.common import fail, guarded, report_console
+from maskkv_cli.cli.common import fail, guarded, print_wide, report_console
 from maskkv_cli.cli.options import (
     BenchBlockOpt,
     BenchGenOpt,
@@ -83,7 +83,7 @@ def _print_table(title: str, head: list[str], body: list[list[str]], keep: tuple
         table.add_column(head[j], justify="left" if head[j] in left else "right", no_wrap=head[j] != "note")
     for cells in body:
         table.add_row(*(cells[j] for j in cols))
-    console.print(table)
+    print_wide(console, table)
 
 
 SPEED_COLUMNS = ("prompt", "method", "weights", "batch", "prefill s", "step ms", "total s", "tok/s", "s/seq",

@@ -22,7 +22,7 @@ from maskkv_cli.bench.quality_plan import (
     DEFAULT_SAMPLES,
     FALLBACK_GENERATION,
 )
-from maskkv_cli.cli.common import guarded, note, report_console
+from maskkv_cli.cli.common import guarded, note, print_wide, report_console
 from maskkv_cli.cli.model_choice import load_session
 from maskkv_cli.cli.options import (
     CellBatchOpt,
@@ -140,7 +140,7 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
                       f"{float(row['accuracy']):.1f}", "-" if retention is None else f"{retention:.2f}",
                       "-" if share is None else f"{share:.1%}", f"{float(row.get('seconds_per_sample') or 0):.2f}",
                       end_section=i + 1 == len(ordered) or _cell(ordered[i + 1]) != _cell(row))
-    report_console().print(table)
+    print_wide(report_console(), table)
 
 
 def _paired_line(paired: list[dict[str, Any]]) -> str:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from maskkv_cli.cli.common import guarded, note, report_console
+from maskkv_cli.cli.common import guarded, note, print_wide, report_console
 from maskkv_cli.cli.options import (
     CalibrationSamplesOpt,
     DeviceOpt,
@@ -195,4 +195,4 @@ def _print_table(importance: tuple[float, ...], inputs: int, tokens: int, layers
         bar = "#" * round(24 * value / top)
         label = f"{layer}" + (" (boundary)" if i in (0, last) else "")
         table.add_row(label, f"{value:.4f}", bar)
-    report_console().print(table)
+    print_wide(report_console(), table)

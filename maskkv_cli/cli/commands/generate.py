@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from maskkv_cli.cli.asking import echo_answer
-from maskkv_cli.cli.common import fail, guarded, live_display_on, note_once, report_console
+from maskkv_cli.cli.common import fail, guarded, live_display_on, note_once, print_wide, report_console
 from maskkv_cli.cli.options import CfgOpt, RemaskOpt
 from maskkv_cli.cli.run_options import CACHE, MODEL, OUTPUT, SAMPLER, RunOptions, run_options
 from maskkv_cli.runtime.devices import resolve_device
@@ -61,4 +61,4 @@ def generate(
         return
     echo_answer(answer.text, answer.confidence, "answer", embedded, quiet, document=False)
     if not quiet:
-        report_console().print(stats_table(stats))
+        print_wide(report_console(), stats_table(stats))

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from maskkv_cli.cli.common import guarded, report_console
+from maskkv_cli.cli.common import guarded, print_wide, report_console
 from maskkv_cli.cli.options import JsonOpt, budgets_option, gen_length_option, model_option, quantize_option
 from maskkv_cli.cli.parsing import parse_counts, split_list
 
@@ -69,7 +69,7 @@ def _print(model: Any, rows: list[Any], sizes: tuple[int, ...]) -> None:
                                                                                     else "*"), cache,
                       *(f"{v / GIB:.2f}" for v in (r.weights, r.cache_kept, r.cache_peak, r.activations, r.total)),
                       *("yes" if r.fits[str(s)] else "no" for s in sizes))
-    console.print(table)
+    print_wide(console, table)
     for line in _notes(model, rows):
         typer.echo(f"  {line}")
 
