@@ -4,6 +4,7 @@ not one from inside the tokenizer or torch."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from maskkv_cli.app.pipeline import ask, ask_many
 from maskkv_cli.engine.plan import CacheConfig
@@ -54,3 +55,68 @@ def test_ids_must_be_tokens_of_the_model(session) -> None:
     with pytest.raises(TypeError, match="^Session.answer_many: cache must be a CacheConfig, got str$"):
         session.answer_many([[5, 6]], GEN, "full")
     assert session.answer_ids((5, 6, vocab - 1), GEN, CACHE).prompt_len == 3  # any sequence of ids
+
+
+def test_a_session_takes_device_auto_as_the_commands_do() -> None:
+    """Session(path, device="auto") and load_model(device="auto") said "unknown device 'auto'; use auto, ..."."""
+    from maskkv_cli.app.session import Session
+    from maskkv_cli.models.loading import load_model
+
+    path = str(shipped_model())
+    assert Session(path, device="auto").device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert load_model(path, device="auto") is not None
+
+
+def test_session_answer_checks_its_question_and_a_rope_factor(session) -> None:
+    """Session.answer answered None, b"hi", ["hi"], 42 and "" (the prompts "", "<bytes>", "['hi']", "42"); a
+    rope_factor of 0, -1 or nan gave an empty answer or an internal "non-finite values"."""
+    for bad in (None, b"hi", ["hi"], 42):
+        with pytest.raises(TypeError, match=f"^Session.answer: question must be a str, got {type(bad).__name__}$"):
+            session.answer(bad, GEN, CACHE)
+    with pytest.raises(UsageError, match="^Session.answer: the question is empty$"):
+        session.answer("  ", GEN, CACHE)
+    with pytest.raises(TypeError, match="^Session.answer: gen must be a GenerationConfig, got dict$"):
+        session.answer("Q?", {"gen_length": 8}, CACHE)
+    for bad in (0, -1.0, float("nan"), 0.5):
+        with pytest.raises(UsageError, match="rope_factor must be a finite number of at least 1"):
+            session.answer_ids([5, 6, 7], GEN, CACHE, rope_factor=bad)
+
+
+def test_cache_and_policy_options_of_the_wrong_kind_are_refused_when_made() -> None:
+    """CacheConfig(options=None) failed at the first prompt ("'NoneType' object has no attribute 'importance'"); a
+    residual_spread of -1, nan or 2 was ignored and "a" failed in a comparison."""
+    from maskkv_cli.policies.base import PolicyOptions
+
+    for bad in (None, {"alpha": 0.2}):
+        with pytest.raises(TypeError, match="^CacheConfig: options must be a PolicyOptions"):
+            CacheConfig(options=bad)  # type: ignore[arg-type]
+    for bad in (-1, float("nan"), 2.0, "a", True):
+        with pytest.raises(UsageError, match="residual_spread must be a share of the prompt in \\[0, 1\\]"):
+            PolicyOptions(residual_spread=bad)  # type: ignore[arg-type]
+    assert PolicyOptions(residual_spread=0.5).residual_spread == 0.5
+
+
+def test_the_library_does_not_fail_over_the_command_line_s_config_file(session, tmp_path, monkeypatch) -> None:
+    """A config file the commands refuse (an unknown key) failed a library ask, through a calibration hint."""
+    config = tmp_path / "config.toml"
+    config.write_text('modle = "x"\n')
+    monkeypatch.setenv("MASKKV_CONFIG", str(config))
+    text = "Intro. The special magic number for pear is 1937. End."
+    assert ask(session, text, "What is the special magic number for pear?", GEN,
+               CacheConfig(policy="maskkv", budget=8)).text is not None
+
+
+def test_a_huge_temperature_never_commits_the_mask_token() -> None:
+    """At a temperature of 1000 (-log u)^T underflows, a token of logit -inf gave 0/0 = nan and argmax took it: the
+    mask token was committed."""
+    from maskkv_cli.sampling.llada import add_gumbel_noise
+
+    logits = torch.zeros(1, 4, 50)
+    logits[..., 5] = float("-inf")
+    for temperature in (30.0, 1000.0, 1e10):
+        for seed in range(20):
+            noisy = add_gumbel_noise(logits, temperature, torch.Generator().manual_seed(seed))
+            assert not noisy.isnan().any() and not (noisy.argmax(-1) == 5).any()
+    plain = add_gumbel_noise(logits, 1.0, torch.Generator().manual_seed(0))
+    u = torch.rand(logits.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(plain, logits.double().exp() / (-torch.log(u)))  # the reference trick, as it was

@@ -5,6 +5,7 @@ self")."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from numbers import Integral
 from typing import Any
@@ -49,3 +50,12 @@ def token_ids(where: str, ids: Any, vocab_size: int) -> None:
     if ids and (min(ids) < 0 or max(ids) >= vocab_size):
         bad = min(ids) if min(ids) < 0 else max(ids)
         raise UsageError(f"{where}: token id {bad} is not in the model's vocabulary (0 to {vocab_size - 1})")
+
+
+def rope_factor(where: str, factor: Any) -> None:
+    """A RoPE base factor: a finite number of at least 1 (0, a negative or nan gave an empty answer, or an internal
+    "prompt preference contains non-finite values")."""
+    if isinstance(factor, bool) or not isinstance(factor, int | float):
+        raise TypeError(f"{where}: rope_factor must be a number, got {type(factor).__name__}")
+    if not (math.isfinite(factor) and factor >= 1):
+        raise UsageError(f"{where}: rope_factor must be a finite number of at least 1, got {factor}")

@@ -72,9 +72,9 @@ class Session:
         if layer_devices and quantize:
             raise QuantizeError(f"--quantize {quantize} with --device-map is not supported (each layer is packed "
                                 "for the device it is read on); run on one device, or leave --quantize out")
-        from maskkv_cli.runtime.devices import check_device
+        from maskkv_cli.runtime.devices import resolve_device
 
-        self.device = layer_devices[0] if layer_devices else torch.device(check_device(str(device)))
+        self.device = layer_devices[0] if layer_devices else torch.device(resolve_device(str(device)))
         load_on = "cpu" if layer_devices else self.device
         self.model: DiffusionLM = load_checkpoint(folder.path, folder.config, device=load_on, dtype=dtype or
                                                   ("bf16" if self.device.type == "cuda" else None), quantize=quantize,
@@ -305,6 +305,10 @@ class Session:
                on_event: Callable[[Event], None] | None = None) -> Answer:
         """The answer to a plain prompt (the chat template around ``question``), which must fit the window with the
         answer's positions (a document is fitted by ``pipeline.ask`` instead)."""
+        arguments.require("Session.answer", "question", question, str, "a str")
+        arguments.require("Session.answer", "gen", gen, GenerationConfig, "a GenerationConfig")
+        if not question.strip():
+            raise UsageError("Session.answer: the question is empty")
         ids = self.prompt_ids(question)
         self.check_window(len(ids), gen.gen_length, reach=False)  # a plain prompt is never RoPE-scaled
         return self.answer_ids(ids, gen, cache, on_event)
@@ -316,6 +320,7 @@ class Session:
         arguments.token_ids(where, ids, self.model.config.vocab_size)
         arguments.require(where, "gen", gen, GenerationConfig, "a GenerationConfig")
         arguments.require(where, "cache", cache, CacheConfig, "a CacheConfig")
+        arguments.rope_factor(where, rope_factor)
         self.check_window(len(ids), gen.gen_length, rope_factor)
 
     def check_window(self, prompt_len: int, gen_length: int, rope_factor: float = 1.0, reach: bool = True) -> None:

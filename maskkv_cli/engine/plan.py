@@ -51,6 +51,9 @@ class CacheConfig:
     layer_budgets: str = "auto"  # MaskKV: auto (calibration profile if any), online, uniform
 
     def __post_init__(self) -> None:
+        if not isinstance(self.options, PolicyOptions):  # (None or a dict failed at the first prompt, deep inside)
+            raise TypeError(f"CacheConfig: options must be a PolicyOptions (e.g. PolicyOptions(alpha=0.2)), got "
+                            f"{type(self.options).__name__}")
         if self.budget is not None and self.ratio is not None:
             raise UsageError("give either --budget or --ratio, not both")
         if self.budget is not None:
@@ -182,9 +185,14 @@ def calibrate_hint(model: ModelFolder) -> str:
     """The command that makes ``model``'s calibration profile. The embedded model, where no other default model is
     configured, is what ``maskkv calibrate`` alone calibrates: its folder inside the installed package is no name to
     type. Any other model is named as it was given."""
+    from maskkv_cli.errors import MaskKVError
     from maskkv_cli.models.catalog import is_embedded_model
 
-    if is_embedded_model(str(model.path)) and not configured_model():
+    try:
+        configured = configured_model()
+    except MaskKVError:  # a config file the command line refuses: no reason to fail a library call over a hint
+        configured = None
+    if is_embedded_model(str(model.path)) and not configured:
         return "run `maskkv calibrate`"
     return f"run `maskkv calibrate --model {model.name}`"
 

@@ -207,9 +207,9 @@ def load_checkpoint(folder: Path, cfg: ModelConfig, device: str | torch.device =
 
     A checkpoint quantized before it was saved (``quantization_config``, ``models/prequantized.py``) loads as it is
     when maskkv runs its format (torchao int8), else is refused in one line before any weight is read."""
-    from maskkv_cli.runtime.devices import check_device
+    from maskkv_cli.runtime.devices import resolve_device
 
-    check_device(str(device))  # a device this PyTorch cannot use: one line (torch's own spoke of pinned memory)
+    device = resolve_device(str(device))  # auto, or a device this PyTorch can use (torch's own spoke of pinned memory)
     pre = read_prequantized(folder) if isinstance(prequantized, _ReadIt) else prequantized
     quantize = check_prequantized(folder, cfg, pre, quantize)
     if quantize is None:

@@ -48,6 +48,11 @@ class PolicyOptions:
                                  f"{1 if name == 'pool_kernel' else 0}, got {value!r}")
         if self.pool_mode not in POOL_MODES:
             raise UsageError(f"policy option pool_mode must be one of {', '.join(POOL_MODES)}, got {self.pool_mode!r}")
+        spread = self.residual_spread
+        if spread is not None and (isinstance(spread, bool) or not isinstance(spread, int | float)
+                                   or not 0.0 <= spread <= 1.0):  # (a share of the prompt; 0 turns it off)
+            raise UsageError(f"policy option residual_spread must be a share of the prompt in [0, 1] (0: off), got "
+                             f"{spread!r}")
         if self.importance is not None and not all(
                 isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
                 for v in self.importance):
