@@ -124,12 +124,16 @@ def transfer_schedule(masked: int, steps: int) -> TransferSchedule:
 
 
 def add_gumbel_noise(logits: Tensor, temperature: float, rng: torch.Generator | None) -> Tensor:
-    """Reference sampling trick: exp(logits) / (-log u)^T in float64; temperature 0 returns logits."""
+    """Reference sampling trick: exp(logits) / (-log u)^T in float64; temperature 0 returns logits. At a temperature
+    of about 20 and more (-log u)^T can underflow to 0, and a token that cannot be chosen (a logit of -inf, the mask
+    token) gave 0 / 0 = nan, which argmax took: such a token stays at 0 (no nan arises below that temperature, so
+    nothing else changes)."""
     if temperature == 0:
         return logits
     logits = logits.to(torch.float64)
     u = torch.rand(logits.shape, dtype=torch.float64, device=logits.device, generator=rng)
-    return logits.exp() / (-torch.log(u)) ** temperature
+    noisy = logits.exp() / (-torch.log(u)) ** temperature
+    return noisy.masked_fill(noisy.isnan(), 0.0)
 
 
 def generate(
