@@ -47,7 +47,7 @@ def _config_value(name: str) -> str | None:
     if not path.is_file():
         return None
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # (a UTF-8 mark, as some editors write, read)
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise UsageError(f"cannot read config file {path}: {reason(exc)} (it must be UTF-8 TOML)") from None
     unknown = sorted(set(data) - set(CONFIG_KEYS))

@@ -37,12 +37,18 @@ def shipped_model_folder() -> Path | None:
 
 
 def hf_cache_dir() -> Path:
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
+    """The Hugging Face hub cache, found as huggingface_hub finds it: ``HF_HUB_CACHE`` (or the older
+    ``HUGGINGFACE_HUB_CACHE``), else ``HF_HOME/hub``, else the XDG cache's; ``~`` and ``$VAR`` in them expanded."""
+    def expanded(value: str) -> str:
+        return os.path.expandvars(os.path.expanduser(value))
+
+    cache = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if cache:
+        return Path(expanded(cache))
     home = os.environ.get("HF_HOME") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "huggingface"
     )
-    return Path(home) / "hub"
+    return Path(expanded(home)) / "hub"
 
 
 def resolve_model_path(name_or_path: str | os.PathLike[str]) -> Path:

@@ -128,6 +128,8 @@ def note_once(message: str | None, quiet: bool, as_json: bool) -> None:
             shown = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
         except (OSError, ValueError):
             shown = []
+        if not isinstance(shown, list):  # (a file of another shape: started afresh, as an unreadable one)
+            shown = []
         if key in shown:
             return
         try:

@@ -78,10 +78,11 @@ def run_pull(repo_id: str, revision: str | None, quiet: bool, as_json: bool) -> 
 
 
 def ensure_model(model: str, yes: bool, quiet: bool, as_json: bool,
-                 folder: ModelFolder | None = None) -> ModelFolder:
+                 folder: ModelFolder | None = None, origin: str | None = None) -> ModelFolder:
     """Make sure ``--model`` is on this machine and resolve it, once: the ``ModelFolder`` the command passes down.
     A folder is remembered for ``maskkv models``; an ORG/NAME id not in the cache is pulled with --yes or after
-    asking on a terminal, else the error gives the pull command. ``folder``: ``model`` resolved already."""
+    asking on a terminal, else the error gives the pull command. ``folder``: ``model`` resolved already;
+    ``origin``: where a default model was set (``defaults.model_origin``), named by the error."""
     from pathlib import Path
 
     from maskkv_cli.errors import ModelNotDownloaded
@@ -95,8 +96,9 @@ def ensure_model(model: str, yes: bool, quiet: bool, as_json: bool,
             yes = typer.confirm(f"{exc.repo_id} is not on this machine. Download it now (`maskkv pull "
                                 f"{exc.repo_id}`)?", default=False, err=True)
         if not yes:
-            raise fail(f"model {exc.repo_id} is not on this machine; download it with `maskkv pull {exc.repo_id}` "
-                       f"(or add --yes to download it now)") from None
+            named = f" ({origin})" if origin else ""
+            raise fail(f"model {exc.repo_id}{named} is not on this machine; download it with `maskkv pull "
+                       f"{exc.repo_id}` (or add --yes to download it now)") from None
         run_pull(exc.repo_id, None, quiet, as_json)
         return ModelFolder.of(model)  # the snapshot just pulled
     from maskkv_cli.models.catalog import shipped_model
@@ -125,9 +127,11 @@ def choose_model(model: str | ModelFolder | None, yes: bool, quiet: bool, as_jso
 
     if isinstance(model, ModelFolder):
         return model
+    from maskkv_cli.defaults import model_origin
+
     name, message, folder = default_model(model)
     note(message, quiet, as_json)
-    return ensure_model(name, yes, quiet, as_json, folder)
+    return ensure_model(name, yes, quiet, as_json, folder, None if model else model_origin())
 
 
 def pull_first(model: str | None, yes: bool, quiet: bool, as_json: bool) -> tuple[ModelFolder, str | None]:
@@ -136,7 +140,9 @@ def pull_first(model: str | None, yes: bool, quiet: bool, as_json: bool) -> tupl
     from maskkv_cli.models.catalog import default_model
 
     name, message, folder = default_model(model)
-    return ensure_model(name, yes, quiet, as_json, folder), message
+    from maskkv_cli.defaults import model_origin
+
+    return ensure_model(name, yes, quiet, as_json, folder, None if model else model_origin()), message
 
 
 def load_session(model: str | ModelFolder | None, device: str, dtype: str, quiet: bool, as_json: bool,

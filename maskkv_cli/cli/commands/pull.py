@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from maskkv_cli.cli.common import fail, guarded
+from maskkv_cli.cli.common import fail, guarded, print_wide, report_console
 from maskkv_cli.cli.model_choice import run_pull
 from maskkv_cli.cli.options import JsonOpt, QuietOpt
 from maskkv_cli.runtime.sizes import human_size
@@ -92,18 +92,17 @@ def models(as_json: JsonOpt = False) -> None:
     if as_json:
         typer.echo(json.dumps({"models": [m.as_dict() for m in found]}))
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False)
     for col in ("model", "family", "params", "size", "dtype", "loads"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")  # a long path folds onto the next line, never cut
     for m in found:
         params = f"{m.params / 1e9:.2f}B" if m.params and m.params >= 1e8 else (f"{m.params / 1e6:.1f}M"
                                                                               if m.params else "-")
         table.add_row(m.name, m.family or "-", params, human_size(m.size_bytes), m.dtype or "-",
                       ("yes" + (f" ({m.note})" if m.note else "")) if m.loadable else f"no: {m.problem}")
-    Console(width=max(100, Console().width)).print(table)
+    print_wide(report_console(), table)  # (piped, the loads column was cut: '…/snapsho…')
     if not any(m.source == "hf-cache" for m in found):
         from maskkv_cli.defaults import PULL_HINT
 
