@@ -164,16 +164,28 @@ def test_an_upload_keeps_no_path_and_takes_only_documents(server):
     assert_openai_error(upload(server, "broken.pdf", b"%PDF-1.4 not really a pdf"), 400, "unreadable_document")
 
 
-def test_an_upload_keeps_a_name_in_any_script_and_the_latest_name_of_its_bytes(server):
+def test_an_upload_keeps_a_name_in_any_script_and_stored_bytes_keep_theirs(server, store_root, tmp_path):
     """Every non-ASCII character of an upload's name became "_" ("報告.md" stored as "_.md"); an upload of stored
-    bytes under another name answered with the new name while GET /v1/documents listed the old one."""
+    bytes under another name answered with the new name while GET /v1/documents listed the old one, and then
+    rewrote the stored entry's path to its deleted temporary file (a document ingested from disk lost its path: the
+    CLI's `ingest --remove NAME` no longer found it). The stored entry stays; the answer gives its name."""
+    from maskkv_cli.documents.store import DocumentStore
+
     text = b"# Notes\n\nThe special magic number for kelp is 5531.\n"
     first = upload(server, "résumé 報告.md", text).json()
     assert first["filename"] == "résumé 報告.md"
     again = upload(server, "renamed.md", text).json()
-    assert again["already_stored"] and again["id"] == first["id"] and again["filename"] == "renamed.md"
+    assert again["already_stored"] and again["id"] == first["id"] and again["filename"] == "résumé 報告.md"
     listed = request(server, "GET", "/v1/documents", headers={"Authorization": f"Bearer {API_KEY}"}).json()
-    assert [d["filename"] for d in listed["data"] if d["id"] == first["id"]] == ["renamed.md"]
+    assert [d["filename"] for d in listed["data"] if d["id"] == first["id"]] == ["résumé 報告.md"]
+    entry = next(e for e in DocumentStore(store_root).list() if e.sha256 == first["id"])
+    assert entry.source == "<upload>/résumé 報告.md"  # not the temporary file it was read from
+    on_disk = tmp_path / "reef.txt"
+    on_disk.write_bytes(b"The special magic number for reef is 8802.\n")
+    DocumentStore(store_root).ingest(on_disk, must_store=True)  # as `maskkv ingest` stores it
+    copy = upload(server, "copy-of-reef.txt", on_disk.read_bytes()).json()
+    assert copy["already_stored"] and copy["filename"] == "reef.txt"
+    assert next(e for e in DocumentStore(store_root).list() if e.sha256 == copy["id"]).source == str(on_disk)
 
 
 def test_an_encrypted_upload_is_told_of_the_password_field(server):

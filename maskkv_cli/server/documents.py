@@ -8,6 +8,7 @@ import re
 import shutil
 import tempfile
 import unicodedata
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,9 @@ def list_documents(store: DocumentStore) -> dict[str, Any]:
     return {"object": "list", "data": [entry_json(e) for e in store.list()]}
 
 
+UPLOADED = "<upload>"  # the folder an uploaded document's stored source names (``maskkv ingest --list`` shows it)
+
+
 def ingest_upload(store: DocumentStore, filename: str, data: bytes, password: str | None) -> dict[str, Any]:
     """Read an uploaded file as ``maskkv ingest`` reads one (same checks, same errors) and store it; the answer
     carries the document's ``id``. Runs in a thread: parsing a PDF takes a while."""
@@ -66,7 +70,11 @@ def ingest_upload(store: DocumentStore, filename: str, data: bytes, password: st
         path.write_bytes(data)
         try:
             doc, already = store.ingest(path, password=password, must_store=True)
-            if already:  # stored under the name of this upload, as GET /v1/documents will list it
+            if already:  # the entry stays as it is (a file ingested from disk keeps its path): answered by its name
+                stored = store.get(doc.sha256)
+                doc = stored if stored is not None else doc
+            else:  # named by the upload, not by the temporary file it was read from (gone once this returns)
+                doc = replace(doc, source=f"{UPLOADED}/{name}")
                 store.put(doc)
         except DocumentError as exc:
             raise bad_request(api_words(str(exc)), "file", "unreadable_document") from None
