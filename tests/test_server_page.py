@@ -82,5 +82,27 @@ def test_the_page_asks_an_uploaded_document_in_headless_chromium(page, served, t
     assert rows == ["1", "2", "question / template"]
     assert "entries kept in all" in page.inner_text("#pagemap-note")
 
+    # a question the embedded model was not trained on: its "not in the document" says nothing, and the page said it
+    # as an answer, with no note
+    page.fill("#question", "Who keeps the harbor?")
+    page.click("#ask")
+    page.wait_for_selector("#status:has-text('answered in')")
+    assert page.inner_text("#answer").strip() == "(no answer, see the note below)"
+    assert "only answers questions of the form" in page.inner_text("#notes")
+
+    assert not problems, problems
+    # an encrypted PDF: the page has the password field the refusal names
+    from pdfs import make_pdf
+
+    locked = tmp_path / "locked.pdf"
+    locked.write_bytes(make_pdf([["The special magic number for pier is 2718."]], password="pw"))
+    page.set_input_files("#file", str(locked))
+    page.click("#upload")
+    page.wait_for_selector("#error:has-text('password')")
+    problems.clear()  # (the browser logs the refused upload's 400)
+    page.fill("#pdf-password", "pw")
+    page.click("#upload")
+    page.wait_for_selector("#upload-status:has-text('stored: locked.pdf')")
+
     assert not problems, problems
     assert requested and all(url.startswith(served) for url in requested), requested  # no CDN, nothing external

@@ -15,8 +15,10 @@ from maskkv_cli.app.session import Session
 from maskkv_cli.documents import Document
 from maskkv_cli.engine.plan import CacheConfig
 from maskkv_cli.errors import UsageError
+from maskkv_cli.models.catalog import empty_note
 from maskkv_cli.prompting import decode_answer, stop_ids
 from maskkv_cli.prompting.fit import PARTS_HINT
+from maskkv_cli.reports.answers import answer_line, context_line
 from maskkv_cli.reports.pagemap import PageMap, map_pages
 from maskkv_cli.sampling import Event, GenerationConfig
 from maskkv_cli.server.chat_request import ChatRequest
@@ -196,10 +198,13 @@ def answer_figures(answer: Answer, plan: Plan, docs: Sequence[Document], embedde
     and dropped tokens, RoPE factor, run statistics with the KV bytes kept and full), the policy, the documents,
     the notes, and the page map of what the cache kept."""
     row = answer_row(answer, embedded, question)  # (its claim is judged against the question, as ask's)
+    # the answer as `maskkv ask` shows it (None: none to show, as the embedded model's "not in the document" to a
+    # question it was not trained on) and the line that goes with it: a client shows these, not the bare text
+    words = {"shown": answer_line(row), "context": context_line(row, empty_note("answer", embedded))}
     row.pop("answer")  # the text is the choice's message
     fitted = answer.fitted
     notes = [n.replace(PARTS_HINT, SERVER_PARTS_HINT) for n in [fitted.rule if fitted else None, *answer.notes] if n]
-    figures: dict[str, Any] = {"policy": plan.cache.policy, **row, "notes": notes,
+    figures: dict[str, Any] = {"policy": plan.cache.policy, **row, **words, "notes": notes,
                                "documents": [{"id": d.sha256, "filename": d.name, "pages": len(d.pages)}
                                              for d in docs]}
     if len(docs) == 1 and fitted is not None and fitted.parts > 1:
