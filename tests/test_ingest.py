@@ -405,3 +405,18 @@ def test_a_stored_document_is_found_by_a_relative_path_or_by_a_copy_stored_under
     assert store.find("b/final.txt").sha256 == entry.sha256
     with pytest.raises(MaskKVError, match="No stored document matches"):
         store.find("nope.txt")
+
+
+def test_ingesting_an_edited_file_again_names_its_earlier_versions(tmp_path: Path) -> None:
+    """The earlier version stayed in the store without a word, beside the new one of the same path."""
+    src = tmp_path / "notes.txt"
+    src.write_text("The special magic number for apple is 4821. Version one.\n")
+    first = runner.invoke(app, ["ingest", str(src), "--json"])
+    old = json.loads(first.stdout)["documents"][0]["sha256"]
+    src.write_text("The special magic number for apple is 9999. Version two.\n")
+    again = runner.invoke(app, ["ingest", str(src)])
+    assert again.exit_code == 0, again.output
+    assert (f"note: notes.txt: 1 earlier version(s) of this file are stored too ({old[:12]}); `maskkv ingest "
+            f"--remove {old[:12]}` removes one") in again.stderr
+    assert runner.invoke(app, ["ingest", "--remove", old[:12]]).exit_code == 0
+    assert "earlier version" not in runner.invoke(app, ["ingest", str(src)]).stderr  # none left

@@ -123,7 +123,8 @@ def test_remove_errors(tmp_path: Path) -> None:
     two = make_doc("abcdef" + "1" * 58, "/two/notes.txt")
     store.put(one)
     store.put(two)
-    with pytest.raises(UsageError, match=r"'abcdef' matches 2 stored documents: abcdef000000 \(notes.txt\)"):
+    with pytest.raises(UsageError, match=r"'abcdef' matches 2 stored documents: abcdef000000 \(notes.txt, stored "
+                                         r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\), .*; give the hash of the one to remove"):
         store.remove("abcdef")
     with pytest.raises(UsageError, match="matches 2 stored documents"):
         store.remove("notes.txt")
@@ -138,6 +139,20 @@ def test_remove_errors(tmp_path: Path) -> None:
         store.remove("  ")
     assert store.remove("abcdef1").source == "/two/notes.txt"
     assert store.remove("/one/notes.txt").sha256 == one.sha256
+
+
+def test_a_path_of_an_edited_file_removes_the_version_of_its_present_bytes(tmp_path: Path) -> None:
+    """Two versions of one edited file: '--remove notes.txt' asked for "a longer hash" (both given in full)."""
+    store = DocumentStore(tmp_path / "store")
+    src = tmp_path / "notes.txt"
+    src.write_text("Version one.\n")
+    old, _ = store.ingest(src)
+    src.write_text("Version two.\n")
+    new, _ = store.ingest(src)
+    assert {e.sha256 for e in store.list()} == {old.sha256, new.sha256}
+    assert store.remove(str(src)).sha256 == new.sha256  # the path names the file as it is
+    src.unlink()
+    assert store.remove(str(src)).sha256 == old.sha256  # the one left
 
 
 def test_ingest_caches_by_content(tmp_path: Path) -> None:

@@ -196,13 +196,17 @@ class DocumentStore:
         for entry in entries:
             if key in (entry.name, entry.source) or absolute == entry.source:
                 matches[entry.sha256] = entry
-        if not matches and os.path.isfile(absolute):  # the file itself, stored under another name or place
+        if (not matches or len(matches) > 1) and os.path.isfile(absolute):
+            # the file itself: stored under another name or place, or (a path that names several versions of an
+            # edited file) the version of its present bytes
             try:
                 with open(absolute, "rb") as handle:
                     sha = hash_bytes(handle.read())
             except OSError:
                 sha = ""
-            matches.update((e.sha256, e) for e in entries if e.sha256 == sha)
+            present = {e.sha256: e for e in entries if e.sha256 == sha}
+            if present:
+                matches = present
         if not matches:
             if _HEX_RE.fullmatch(key) and len(key) < MIN_PREFIX:
                 raise UsageError(
@@ -214,8 +218,10 @@ class DocumentStore:
                 "hashes and names."
             )
         if len(matches) > 1:
-            found = ", ".join(f"{e.short} ({e.name})" for e in matches.values())
-            raise UsageError(f"'{key}' matches {len(matches)} stored documents: {found}; give a longer hash.")
+            found = ", ".join(f"{e.short} ({e.name}, stored {e.ingested_at[:19].replace('T', ' ')})"
+                              for e in matches.values())
+            raise UsageError(f"'{key}' matches {len(matches)} stored documents: {found}; give the hash of the one to "
+                             "remove.")
         return next(iter(matches.values()))
 
     def remove(self, key: str) -> StoreEntry:

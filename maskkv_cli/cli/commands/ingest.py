@@ -107,6 +107,17 @@ def _line(outcome: Any) -> str:
     return f"{outcome.path}: {pages}, {doc.n_chars} chars, {outcome.tokens} tokens; {state} as {doc.sha256[:12]}"
 
 
+def _older_versions(store: Any, doc: Any) -> str | None:
+    """A note naming the other stored versions of the file ``doc`` was read from (an edited file ingested again keeps
+    the earlier versions), with how to remove them; None when there are none."""
+    older = [e for e in store.list() if e.source == doc.source and e.sha256 != doc.sha256]
+    if not older:
+        return None
+    hashes = ", ".join(e.short for e in older)
+    return (f"{doc.name}: {len(older)} earlier version(s) of this file are stored too ({hashes}); `maskkv ingest "
+            f"--remove {older[0].short}` removes one")
+
+
 def _tokenizer(model: str | None) -> tuple[Any, str | None]:
     """The tokenizer tokens are counted with, and how to say so: ``--model``'s, else the model ``ask`` uses by default
     (``MASKKV_MODEL``, the config file, else the embedded one), so that both count alike; (None, None) when there is
@@ -219,6 +230,7 @@ def ingest(
                 for w in doc.warnings:
                     note(w, quiet, as_json)
                 sys.stdout.write(_line(outcome) + "\n")
+                note(_older_versions(store, doc), quiet, as_json)
         except KeyboardInterrupt:
             interrupted = True
     for outcome in skipped_outcomes(found):
