@@ -730,3 +730,20 @@ def test_warm_up_at_the_cases_own_length_is_one_stopped_prefill(monkeypatch, bat
     assert row["warmup_own_length"] is True and row["steps_run"] == 8
     # the case's own prefill in between, a single one stopped after step 0 (a batch: stopped at its first mark)
     assert runs == ([(16, 4), (48, 1), (48, 8)] if batch == 1 else [(16, -2), (48, -2), (48, -2)])
+
+
+def test_a_bench_table_in_a_narrow_terminal_folds_its_cells_and_cuts_none(monkeypatch) -> None:
+    """In a 100-column terminal the memory table dropped its method column and cut numbers ("45.2 M…", "31.…")."""
+    from rich.console import Console
+
+    import maskkv_cli.cli.commands.bench as bench_command
+
+    console = Console(width=100, force_terminal=True, record=True, color_system=None)
+    monkeypatch.setattr(bench_command, "report_console", lambda: console)
+    head = ["method", "loaded", "peak", "above weights", "KV kept", "KV full", "saving", "vs full", "target", "note"]
+    body = [["maskkv@16", "267.2 MiB", "317.1 MiB", "49.9 MiB", "0.6 MiB", "0.0 MiB", "2.9%", "0.713", "missed",
+             "layer 1: q projection + RoPE"]] * 2
+    bench_command._print_table("maskkv bench memory", head, body)
+    shown = console.export_text()
+    assert "…" not in shown and shown.count("maskkv") >= 2 and max(map(len, shown.splitlines())) <= 100
+    assert "317.1" in shown and "0.713" in shown

@@ -80,7 +80,8 @@ def _print_table(title: str, head: list[str], body: list[list[str]], keep: tuple
     console = report_console()
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
     for j in cols:
-        table.add_column(head[j], justify="left" if head[j] in left else "right", no_wrap=head[j] != "note")
+        # (in a terminal too narrow for every column a cell folds onto more lines: no value is cut)
+        table.add_column(head[j], justify="left" if head[j] in left else "right", overflow="fold")
     for cells in body:
         table.add_row(*(cells[j] for j in cols))
     print_wide(console, table)
