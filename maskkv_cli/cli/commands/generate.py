@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from maskkv_cli.cli.asking import echo_answer
-from maskkv_cli.cli.common import fail, guarded, live_display_on, note_once, print_wide, report_console
+from maskkv_cli.cli.common import fail, guarded, live_display_on, note_once, print_wide
 from maskkv_cli.cli.options import CfgOpt, RemaskOpt
 from maskkv_cli.cli.run_options import CACHE, MODEL, OUTPUT, SAMPLER, RunOptions, run_options
 from maskkv_cli.runtime.devices import resolve_device
@@ -60,5 +60,7 @@ def generate(
                                "model": session.model_path, "budget": answer.budget, "stats": stats.as_dict()}))
         return
     echo_answer(answer.text, answer.confidence, "answer", embedded, quiet, document=False)
-    if not quiet:
-        print_wide(report_console(), stats_table(stats))
+    if not quiet:  # the run's figures on stderr, as ask's: `generate ... > answer.txt` keeps the answer alone
+        from rich.console import Console
+
+        print_wide(Console(stderr=True), stats_table(stats))
