@@ -283,7 +283,9 @@ def test_an_unknown_task_is_refused_before_the_model_loads(offline: Path, tasks_
     result = CliRunner().invoke(app, ["eval", "--model", str(shipped_model()), "--tasks", "local_gsm,nope",
                                       "--include-path", str(tasks_dir), "--no-builtin-tasks"])
     assert result.exit_code == 2, result.output
-    assert "unknown task(s) nope: not among the harness's tasks or in" in result.stderr
+    # --no-builtin-tasks: only the include path was searched (it said "not among the harness's tasks or in ...")
+    assert (f"unknown task(s) nope: not in {tasks_dir} (--no-builtin-tasks left the harness's own tasks out)"
+            in result.stderr), result.stderr
 
 
 def test_eval_refuses_bad_numbers_and_an_output_file_before_it_runs(tmp_path: Path,
@@ -296,6 +298,7 @@ def test_eval_refuses_bad_numbers_and_an_output_file_before_it_runs(tmp_path: Pa
     for args, message in ((["--mc-samples", "0"], "--mc-samples must be at least 1"),
                           (["--mc-samples", "-1"], "--mc-samples must be at least 1"),
                           (["--limit", "0"], "--limit must be a count"), (["--limit", "-1"], "--limit must be"),
+                          (["--batch-size", "0"], "--batch-size must be a positive number or auto, got '0'"),
                           (["-o", str(afile)], "is a file, not a folder")):
         result = CliRunner().invoke(app, ["eval", "--tasks", "x", *args])
         assert result.exit_code == 2 and message in result.stderr, (args, result.output)

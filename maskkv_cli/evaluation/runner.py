@@ -46,9 +46,11 @@ def run_eval(tasks: list[str], model_args: dict[str, Any], *, include_path: str 
                           include_defaults=builtin_tasks)
     unknown = [t for t in tasks if not manager.match_tasks([t])]
     if unknown:  # before the model loads (minutes for a real checkpoint)
-        where = "" if include_path is None else f" or in {include_path}"
-        raise UsageError(f"unknown task(s) {', '.join(unknown)}: not among the harness's tasks{where} "
-                         "(`python -m maskkv_cli.evaluation ls tasks` lists them)")
+        searched = ([] if not builtin_tasks else ["among the harness's tasks"]) + (
+            [] if include_path is None else [f"in {include_path}"])
+        hint = ("`python -m maskkv_cli.evaluation ls tasks` lists them" if builtin_tasks else
+                "--no-builtin-tasks left the harness's own tasks out")
+        raise UsageError(f"unknown task(s) {', '.join(unknown)}: not {' or '.join(searched)} ({hint})")
     path, _ = resolve_default_model(model_args.get("model"))
     args = {**model_args, "model": path}
     folder = None if output is None else Path(output).expanduser() / sanitize_model_name(str(path))

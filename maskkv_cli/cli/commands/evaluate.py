@@ -72,6 +72,13 @@ def evaluate(
         raise fail(f"--mc-samples must be at least 1, got {mc_samples}", 2)
     if limit is not None and not limit > 0:
         raise fail(f"--limit must be a count of documents, or a share of them below 1; got {limit:g}", 2)
+    from maskkv_cli.errors import UsageError
+    from maskkv_cli.evaluation.engine_adapter import batch_size_arg
+
+    try:
+        batch_size_arg(batch_size)  # (the harness's model argument; named here as the option the user gave)
+    except UsageError:
+        raise fail(f"--batch-size must be a positive number or auto, got {batch_size!r}", 2) from None
     out_folder(output, "--output")  # a file in its place fails now, not after the whole evaluation
     _quiet_harness(quiet or as_json)
     from maskkv_cli.evaluation.runner import run_eval
