@@ -420,3 +420,14 @@ def test_ingesting_an_edited_file_again_names_its_earlier_versions(tmp_path: Pat
             f"--remove {old[:12]}` removes one") in again.stderr
     assert runner.invoke(app, ["ingest", "--remove", old[:12]]).exit_code == 0
     assert "earlier version" not in runner.invoke(app, ["ingest", str(src)]).stderr  # none left
+
+
+def test_a_folder_with_no_document_is_no_success(tmp_path: Path) -> None:
+    """An empty folder (or one of .csv files) said "no files to ingest" and exited 0: a script could not tell."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "tables").mkdir()
+    (tmp_path / "tables" / "t.csv").write_text("a,b\n")
+    for folder in ("empty", "tables"):
+        result = runner.invoke(app, ["ingest", str(tmp_path / folder)])
+        assert result.exit_code == 1 and f"error: no document to ingest in {tmp_path / folder}: maskkv reads .pdf" \
+            in result.stderr, result.output

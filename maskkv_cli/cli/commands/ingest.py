@@ -251,3 +251,5 @@ def ingest(
                    "kept: run the same command again to ingest the rest", 130)
     if tally.failed:
         raise typer.Exit(1)
+    if not found.files:  # a wrong folder, or one of other kinds of file: a script must see that nothing was stored
+        raise fail(f"no document to ingest in {', '.join(map(str, paths))}: maskkv reads {FOLDER_HINT} files", 1)
