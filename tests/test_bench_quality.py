@@ -319,3 +319,17 @@ def test_digit_mixing_counts_places_taken_from_a_distractor() -> None:
     assert digit_mixing(" 12", "34", ["1"]) == (2, 1)  # the second place: no distractor has a 2 there
     assert digit_mixing("4786", "4786815", ["4786815"]) == (0, 0)  # cut short: no place differs
     assert digit_mixing("3310", "3310", ["3310"]) == (0, 0)
+
+
+def test_summary_of_a_tasks_file_shows_its_lengths_its_counts_and_its_haystack() -> None:
+    """A LongBench file's rows showed "| hotpotqa | None | full |" in the no-answer table, the header "samples per
+    cell: 50" where each dataset had one record, and a haystack run named no haystack file."""
+    rows = [{"task": "hotpotqa", "length": None, "policy": "full", "budget": None, "n": 1, "accuracy": 0.0,
+             "no_answers": 1}]
+    text = summary_markdown(rows, {"model": "m", "generation": {}, "samples": 50, "source": {"kind": "file",
+                                                                                              "name": "lb.jsonl"}})
+    assert "| hotpotqa | - | full | - | 1 | 1 |" in text and "| None |" not in text
+    assert "- tasks: file lb.jsonl" in text and "samples per cell: up to 50 (a cell's n is how many it had)" in text
+    full = [dict(rows[0], n=50)]
+    assert "samples per cell: 50;" in summary_markdown(full, {"model": "m", "generation": {}, "samples": 50,
+                                                              "source": {"kind": "corpus", "name": ""}})

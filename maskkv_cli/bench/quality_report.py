@@ -59,7 +59,7 @@ def table_cells(row: dict[str, Any]) -> list[str]:
     """One row of the table as text, in the order of ``TABLE_HEADERS``."""
     return [
         str(row["task"]),
-        "-" if row.get("length") is None else str(row["length"]),
+        _length(row),
         str(row["policy"]),
         "-" if row.get("budget") is None else str(row["budget"]),
         str(row["n"]),
@@ -83,6 +83,26 @@ def weights_label(quantize: str) -> str:
     return "" if quantize in ("none", None) else f", {quantize} weights"
 
 
+def _length(row: dict[str, Any]) -> str:
+    """A cell's context length as its tables show it: ``-`` for tasks of their own lengths (a LongBench file's)."""
+    return "-" if row.get("length") is None else str(row["length"])
+
+
+def _source(settings: dict[str, Any]) -> str:
+    """Where the tasks came from: the kind, and the file it names (a haystack or a tasks file)."""
+    source = settings.get("source", {})
+    return f"{source.get('kind')} {source['name']}" if source.get("name") else str(source.get("kind"))
+
+
+def _samples(rows: Sequence[dict[str, Any]], settings: dict[str, Any]) -> str:
+    """The samples asked per cell, or where cells had fewer (a tasks file of fewer records) up to that many."""
+    asked = settings.get("samples")
+    counts = {int(row["n"]) for row in rows if row.get("n") is not None}
+    if not counts or counts == {asked}:
+        return str(asked)
+    return f"up to {asked} (a cell's n is how many it had)"
+
+
 def summary_markdown(rows: Sequence[dict[str, Any]], settings: dict[str, Any],
                      paired: Sequence[dict[str, Any]] = ()) -> str:
     gen = settings.get("generation", {})
@@ -91,8 +111,8 @@ def summary_markdown(rows: Sequence[dict[str, Any]], settings: dict[str, Any],
         "",
         f"- model: `{settings.get('model')}` ({settings.get('model_id')}, {settings.get('dtype')}"
         f"{weights_label(settings.get('quantize', 'none'))})",
-        f"- tasks: {settings.get('source', {}).get('kind')} {settings.get('tasks')}; samples per cell: "
-        f"{settings.get('samples')}; seed {settings.get('seed')}",
+        f"- tasks: {_source(settings)} {settings.get('tasks')}; samples per cell: {_samples(rows, settings)}; seed "
+        f"{settings.get('seed')}",
         f"- generation: {gen.get('gen_length')} tokens, {gen.get('steps')} steps, blocks of "
         f"{gen.get('block_length')}, greedy" + _own_lengths(rows, gen),
         "- accuracy: 100 x mean score (exact match for the synthetic tasks, LongBench metric per dataset); "
@@ -128,7 +148,7 @@ def distractor_markdown(rows: Sequence[dict[str, Any]]) -> str:
         other = int(row["distractor_answers"])
         budget = "-" if row.get("budget") is None else str(row["budget"])
         digits = [row.get("wrong_digits"), row.get("distractor_digits")]
-        lines.append(f"| {row['task']} | {row['length']} | {row['policy']} | {budget} | {wrong} | {other} | "
+        lines.append(f"| {row['task']} | {_length(row)} | {row['policy']} | {budget} | {wrong} | {other} | "
                      f"{wrong - other} | " + " | ".join("-" if d is None else str(d) for d in digits) + " |")
     return "\n".join(lines) + "\n"
 
@@ -148,7 +168,7 @@ def no_answer_markdown(rows: Sequence[dict[str, Any]]) -> str:
     totals: dict[tuple[str, str], list[int]] = {}
     for row in counted:
         budget = "-" if row.get("budget") is None else str(row["budget"])
-        lines.append(f"| {row['task']} | {row['length']} | {row['policy']} | {budget} | {row['n']} | "
+        lines.append(f"| {row['task']} | {_length(row)} | {row['policy']} | {budget} | {row['n']} | "
                      f"{row['no_answers']} |")
         total = totals.setdefault((row["policy"], budget), [0, 0])
         total[0] += int(row["no_answers"])
