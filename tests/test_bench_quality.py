@@ -333,3 +333,19 @@ def test_summary_of_a_tasks_file_shows_its_lengths_its_counts_and_its_haystack()
     full = [dict(rows[0], n=50)]
     assert "samples per cell: 50;" in summary_markdown(full, {"model": "m", "generation": {}, "samples": 50,
                                                               "source": {"kind": "corpus", "name": ""}})
+
+
+def test_a_haystack_it_cannot_read_is_named_with_what_it_takes(tmp_path: Path) -> None:
+    """An encrypted PDF said "pass its password with --password" (bench has no such option); a name that is neither
+    a file nor a named source said "File not found" without the sources."""
+    from pdfs import make_pdf
+
+    from maskkv_cli.bench.quality_sources import read_haystack
+    from maskkv_cli.errors import UsageError
+
+    locked = tmp_path / "locked.pdf"
+    locked.write_bytes(make_pdf([["The harbor opens at dawn."]], password="pw"))
+    with pytest.raises(UsageError, match=r"--haystack .*locked.pdf is password-protected: bench takes no password"):
+        read_haystack(locked)
+    with pytest.raises(UsageError, match=r"--haystack bogus-source: no such file, nor a named source \(corpus, "):
+        read_haystack("bogus-source")

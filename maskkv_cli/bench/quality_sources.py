@@ -60,6 +60,7 @@ def read_haystack(path: str | Path) -> tuple[list[str] | None, TaskSource]:
     stdlib-train, stdlib-heldout, ...) unless a file of that name exists, else a user's document (PDF, text or
     Markdown). ``corpus`` gives None (the default haystack, so its rows are the default run's)."""
     from maskkv_cli.documents import load_document
+    from maskkv_cli.errors import DocumentError
     from maskkv_cli.tasks.sources import SOURCES, load_source, source_digest
 
     name = str(path)
@@ -71,7 +72,15 @@ def read_haystack(path: str | Path) -> tuple[list[str] | None, TaskSource]:
         except ValueError as exc:
             raise UsageError(f"--haystack: {exc}") from None
         return paragraphs, TaskSource("source", name, source_digest(paragraphs))
-    doc = load_document(path)
+    if not Path(name).expanduser().exists():
+        raise UsageError(f"--haystack {name}: no such file, nor a named source ({', '.join(SOURCES)})")
+    try:
+        doc = load_document(path)
+    except DocumentError as exc:
+        if "password" in str(exc):  # (its words name --password, which bench quality does not take)
+            raise UsageError(f"--haystack {name} is password-protected: bench takes no password; give it a "
+                             "document it can read (a decrypted copy)") from None
+        raise
     paragraphs = split_paragraphs(doc.text)
     if not paragraphs:
         raise UsageError(f"--haystack {path} contains no text")
