@@ -370,6 +370,14 @@ def test_bench_reuse_on_a_diffusion_gemma_shape():
                               gen_length=8, budget=8, repeats=1))
     assert row["answers_equal"] == 2 and row["prefix_bytes"] > 0
     assert 0 < row["reused_prefill_s"] and 0 < row["separate_prefill_s"] < row["separate_s"]
+    assert row["budget"] == 8
+    # a policy with no budget was titled none@256 with "budget": 256; a count below 1 named no option
+    shown = runner.invoke(app, ["bench", "reuse", "--config", "diffusiongemma-tiny", "--doc-tokens", "40",
+                                "--questions-per-doc", "2", "-n", "8", "--repeats", "1", "--policy", "none",
+                                "--json"])
+    assert shown.exit_code == 0 and json.loads(shown.stdout)["budget"] is None, shown.output
+    bad = runner.invoke(app, ["bench", "reuse", "--config", "diffusiongemma-tiny", "--questions-per-doc", "0"])
+    assert bad.exit_code == 2 and "these must be positive: --questions-per-doc 0" in bad.stderr
 
 
 def test_bench_memory_refuses_it_in_one_line(folder, tmp_path):

@@ -58,7 +58,13 @@ class ReuseCase:
     seed: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The case's fields; the budget None for a policy that keeps no budget (none, full)."""
+        from maskkv_cli.policies import get_policy
+
+        out = asdict(self)
+        if not get_policy(self.policy).evicts:
+            out["budget"] = None
+        return out
 
 
 def _run(model: Any, prompts: list[torch.Tensor], doc: list[int], case: ReuseCase,
@@ -138,9 +144,12 @@ def run_reuse(case: ReuseCase) -> dict[str, Any]:
     """Measure ``case`` in this process (see the module doc); the row of figures."""
     from maskkv_cli.models.diffusion_gemma_config import NAMED_CONFIGS as GEMMA_CONFIGS
 
-    if min(case.doc_tokens, case.questions, case.question_tokens, case.gen_length, case.repeats, case.threads) < 1:
-        raise UsageError("document tokens, questions, question tokens, gen length, repeats and threads must be "
-                         "positive")
+    given = {"--doc-tokens": case.doc_tokens, "--questions-per-doc": case.questions,
+             "question tokens": case.question_tokens, "--gen-length": case.gen_length, "--repeats": case.repeats,
+             "--threads": case.threads}
+    bad = [f"{name} {value}" for name, value in given.items() if value < 1]
+    if bad:
+        raise UsageError(f"these must be positive: {', '.join(bad)}")
     torch.set_num_threads(case.threads)
     gemma = case.config in GEMMA_CONFIGS
     model = _gemma_model(case) if gemma else load_bench_model(case.config, None, torch.device("cpu"), case.dtype,
