@@ -431,3 +431,16 @@ def test_a_folder_with_no_document_is_no_success(tmp_path: Path) -> None:
         result = runner.invoke(app, ["ingest", str(tmp_path / folder)])
         assert result.exit_code == 1 and f"error: no document to ingest in {tmp_path / folder}: maskkv reads .pdf" \
             in result.stderr, result.output
+
+
+def test_ingest_says_when_the_default_model_it_would_count_with_is_not_there(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """With MASKKV_MODEL naming nothing it said the embedded tokenizer was "the model ask uses by default", and the
+    next ask refused the default."""
+    monkeypatch.setenv("MASKKV_MODEL", str(tmp_path / "nope"))
+    doc = tmp_path / "a.txt"
+    doc.write_text("The special magic number for apple is 4821.\n")
+    result = runner.invoke(app, ["ingest", str(doc)])
+    assert result.exit_code == 0, result.output
+    assert f"since MASKKV_MODEL={tmp_path / 'nope'} names no usable model (ask refuses it until it is fixed)" \
+        in result.stderr and "the model ask uses by default" not in result.stderr

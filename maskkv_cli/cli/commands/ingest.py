@@ -127,14 +127,17 @@ def _tokenizer(model: str | None) -> tuple[Any, str | None]:
     from maskkv_cli.errors import ModelLoadError
     from maskkv_cli.paths import resolve_model_path, shipped_model_folder
 
+    unusable = None  # where a default model that is not there was set (ask refuses it; counting does not need it)
     if model:
         folder = resolve_model_path(model)
     else:
         try:
             configured = configured_model()
             folder = resolve_model_path(configured) if configured else shipped_model_folder()
-        except ModelLoadError:  # a default model that is not there: ask says so; counting does not need it
-            folder = shipped_model_folder()
+        except ModelLoadError:
+            from maskkv_cli.defaults import model_origin
+
+            folder, unusable = shipped_model_folder(), model_origin()
         if folder is None:
             return None, None
     tokenizer = folder_tokenizer(folder)
@@ -144,6 +147,9 @@ def _tokenizer(model: str | None) -> tuple[Any, str | None]:
         tokenizer = load_tokenizer(folder)
     if model:
         return tokenizer, None
+    if unusable:
+        return tokenizer, (f"the tokenizer of {folder.name}, since {unusable} names no usable model (ask refuses "
+                           "it until it is fixed)")
     return tokenizer, f"the tokenizer of {folder.name} (the model ask uses by default, so ask counts the same)"
 
 
