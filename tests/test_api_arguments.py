@@ -31,6 +31,9 @@ def test_ask_names_the_argument_of_the_wrong_type(session) -> None:
         ask(session, "text", "Q?", 16, CACHE)
     with pytest.raises(TypeError, match="^ask_many: question must be a str, got int$"):
         ask_many(session, [("text", "Q?"), ("text", 3)], GEN, CACHE)
+    for bad in (("text", "Q?", "more"), "text", ("text",)):  # was "too many values to unpack" and the like
+        with pytest.raises(TypeError, match="^ask_many: each item must be a \\(context, question\\) pair, got "):
+            ask_many(session, [bad], GEN, CACHE)
 
 
 def test_a_batch_size_below_one_is_refused_not_taken_as_one(session) -> None:

@@ -25,7 +25,10 @@ def question_arguments(where: str, gen: Any, cache: Any, items: Sequence[tuple[A
     from maskkv_cli.engine.plan import CacheConfig
     from maskkv_cli.sampling.llada import GenerationConfig
 
-    for context, question in items:
+    for item in items:
+        if isinstance(item, str | bytes) or not isinstance(item, Sequence) or len(item) != 2:
+            raise TypeError(f"{where}: each item must be a (context, question) pair, got {item!r:.60}")
+        context, question = item
         require(where, "context", context, str, "a str (the document's text)")
         require(where, "question", question, str, "a str")
     require(where, "gen", gen, GenerationConfig, "a GenerationConfig")
