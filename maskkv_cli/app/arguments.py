@@ -45,9 +45,11 @@ def batch_size(where: str, size: Any) -> int:
 
 def token_ids(where: str, ids: Any, vocab_size: int) -> None:
     """A prompt's ids: a sequence of ints, each a token of a vocabulary of ``vocab_size``."""
-    if isinstance(ids, str | bytes) or not isinstance(ids, Sequence):
+    if type(ids) is not list and (isinstance(ids, str | bytes) or not isinstance(ids, Sequence)):
         raise TypeError(f"{where}: ids must be a list of token ids, got {type(ids).__name__}")
-    odd = next((i for i in ids if not isinstance(i, Integral) or isinstance(i, bool)), None)
+    # (plain ints checked by their type alone: the abstract Integral check costs ~20 us a prompt of 80 ids, on every
+    # prompt of a batch)
+    odd = next((i for i in ids if type(i) is not int and (not isinstance(i, Integral) or isinstance(i, bool))), None)
     if odd is not None:
         raise TypeError(f"{where}: ids must be ints, got {type(odd).__name__} {odd!r}")
     if ids and (min(ids) < 0 or max(ids) >= vocab_size):
