@@ -170,15 +170,16 @@ def resolve_importance(
     profile, reason = find_profile(model)
     if profile is not None:
         return replace(options, importance=profile.importance), f"using calibration profile {path} for layer budgets"
-    hint = calibrate_hint(model)
     if reason is not None:
-        return options, f"ignoring calibration profile {path}: {reason}; uniform layer budgets ({hint} to redo it)"
+        return options, (f"ignoring calibration profile {path}: {reason}; uniform layer budgets "
+                         f"({calibrate_hint(model)} to redo it)")
     from maskkv_cli.models.catalog import is_embedded_model
 
     if is_embedded_model(str(model.path)):  # measured: a profile costs it its needles at small budgets
         return options, ("no calibration profile for this model: uniform layer budgets, which keep the embedded "
                          "model's needles better than its calibrated profile at small budgets (docs/tiny-model.md)")
-    return options, f"no calibration profile for this model: uniform layer budgets ({hint} to create one)"
+    return options, (f"no calibration profile for this model: uniform layer budgets ({calibrate_hint(model)} to "
+                     "create one)")
 
 
 def calibrate_hint(model: ModelFolder) -> str:
