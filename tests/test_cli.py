@@ -395,3 +395,7 @@ def test_summarize_with_a_length_that_leaves_too_little_room_names_the_longest_t
     assert fits.exit_code == 0, fits.output
     more = runner.invoke(app, ["summarize", str(doc), "--length", str(int(longest) + 1), "--model", str(tiny_dir)])
     assert more.exit_code == 2 and "give at most --length" in more.stderr
+    # with --steps given, a shorter length whose blocks the steps do not divide is no length to offer (it was the
+    # error of that length's steps instead)
+    steps = runner.invoke(app, ["summarize", str(doc), "--length", "600", "--steps", "30", "--model", str(tiny_dir)])
+    assert steps.exit_code == 2 and "give at most --length" in steps.stderr, steps.output

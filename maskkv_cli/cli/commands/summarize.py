@@ -160,8 +160,13 @@ def _too_long(session: Any, opts: RunOptions, length: int, room: int) -> str:
            f"{MIN_PART_ROOM})")
     if session.summary_length:
         return f"{why}: this model's summaries take {session.summary_length} tokens whatever --length"
+    from maskkv_cli.errors import UsageError
+
     for words in range(length - 1, 0, -1):
-        gen, final = summary_generations(opts, words, None, None)
+        try:
+            gen, final = summary_generations(opts, words, None, None)
+        except UsageError:  # (a length the other options do not go with, e.g. --steps: not one to offer)
+            continue
         if min(_room(session, words, gen), _room(session, words, final, merge=True)) >= MIN_PART_ROOM:
             return f"{why}: give at most --length {words}"
     return f"{why}: the model's window is too short to summarize in parts"
