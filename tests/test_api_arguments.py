@@ -123,3 +123,18 @@ def test_a_huge_temperature_never_commits_the_mask_token() -> None:
     plain = add_gumbel_noise(logits, 1.0, torch.Generator().manual_seed(0))
     u = torch.rand(logits.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     assert torch.equal(plain, logits.double().exp() / (-torch.log(u)))  # the reference trick, as it was
+
+
+def test_generate_takes_a_policy_by_name_and_refuses_ids_outside_the_vocabulary(session) -> None:
+    """generate(..., "maskkv") said "'str' object has no attribute 'uses_cache'"; an id past the vocabulary gave
+    torch's "index out of range in self"."""
+    from maskkv_cli.policies.base import get_policy
+    from maskkv_cli.sampling import generate
+
+    prompt = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]])
+    by_name = generate(session.model, prompt, GEN, "snapkv", 4)
+    by_object = generate(session.model, prompt, GEN, get_policy("snapkv"), 4)
+    assert torch.equal(by_name.tokens, by_object.tokens)
+    vocab = session.model.config.vocab_size
+    with pytest.raises(UsageError, match=f"^generate: token id {vocab} is not in the model's vocabulary"):
+        generate(session.model, torch.tensor([[5, vocab]]), GEN, "full")

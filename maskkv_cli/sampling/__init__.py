@@ -18,6 +18,7 @@ from torch import Tensor
 
 from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.engine.step_runner import StepOptions
+from maskkv_cli.errors import UsageError
 from maskkv_cli.models.families import family
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import Policy
@@ -111,12 +112,21 @@ def sample(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, plan: Cach
     return drive(model, *open_generation(model, prompt, gen, plan, on_event, options))
 
 
-def generate(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, policy: Policy, budget: int | None = None,
-             on_event: Callable[[Event], None] | None = None, online_importance: bool = False,
-             step_options: StepOptions | None = None, dream: DreamOptions | None = None,
-             llada2: LLaDA2Options | None = None) -> GenerationResult:
-    """Denoise ``gen.gen_length`` tokens after ``prompt`` (B, M) with ``policy`` at ``budget``, with the loop of
-    the model's family (docs/api.md; ``maskkv_cli.generate``): the cache plan built from the policy and budget."""
+def generate(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, policy: Policy | str,
+             budget: int | None = None, on_event: Callable[[Event], None] | None = None,
+             online_importance: bool = False, step_options: StepOptions | None = None,
+             dream: DreamOptions | None = None, llada2: LLaDA2Options | None = None) -> GenerationResult:
+    """Denoise ``gen.gen_length`` tokens after ``prompt`` (B, M) with ``policy`` (a ``Policy``, or its name) at
+    ``budget``, with the loop of the model's family (docs/api.md; ``maskkv_cli.generate``): the cache plan built
+    from the policy and budget. Ids outside the model's vocabulary are refused (torch said "index out of range")."""
+    if isinstance(policy, str):  # (a name failed with "'str' object has no attribute 'uses_cache'")
+        from maskkv_cli.policies.base import get_policy
+
+        policy = get_policy(policy)
+    vocab = model.config.vocab_size
+    if prompt.numel() and (int(prompt.min()) < 0 or int(prompt.max()) >= vocab):
+        bad = int(prompt.min()) if int(prompt.min()) < 0 else int(prompt.max())
+        raise UsageError(f"generate: token id {bad} is not in the model's vocabulary (0 to {vocab - 1})")
     plan = CachePlan.build(model, policy, budget, prompt.shape[-1], online=online_importance,
                            step_options=step_options, block_length=gen.block_length)
     return sample(model, prompt, gen, plan, on_event, dream, llada2)
