@@ -43,6 +43,9 @@ def test_a_batch_size_below_one_is_refused_not_taken_as_one(session) -> None:
         with pytest.raises(UsageError, match=f"^Session.answer_many: batch_size must be at least 1, got {size}$"):
             session.answer_many([[5, 6, 7]], GEN, CACHE, size)
     assert len(session.answer_many([[5, 6, 7]], GEN, CACHE)) == 1  # 1 by default, as ask_many's
+    with pytest.raises(UsageError, match="^Session.answer_many: 2 prompts take as many document_lens and "
+                                         "rope_factors, got 1 and 2$"):
+        session.answer_many([[5, 6], [7, 8]], GEN, CACHE, document_lens=[0])
 
 
 def test_ids_must_be_tokens_of_the_model(session) -> None:

@@ -221,6 +221,9 @@ class Session:
         n = len(prompts)
         doc_lens = list(document_lens) if document_lens is not None else [0] * n
         factors = list(rope_factors) if rope_factors is not None else [1.0] * n
+        if len(doc_lens) != n or len(factors) != n:  # (zip's "argument 2 is shorter than argument 1")
+            raise UsageError(f"Session.answer_many: {n} prompts take as many document_lens and rope_factors, got "
+                             f"{len(doc_lens)} and {len(factors)}")
         batch_size = arguments.batch_size("Session.answer_many", batch_size)
         for ids, factor in zip(prompts, factors, strict=True):
             self.check_prompt("Session.answer_many", ids, gen, cache, factor)
