@@ -141,3 +141,14 @@ def test_generate_takes_a_policy_by_name_and_refuses_ids_outside_the_vocabulary(
     vocab = session.model.config.vocab_size
     with pytest.raises(UsageError, match=f"^generate: token id {vocab} is not in the model's vocabulary"):
         generate(session.model, torch.tensor([[5, vocab]]), GEN, "full")
+
+
+def test_a_dtype_the_model_does_not_run_in_is_named() -> None:
+    """load_model(dtype=torch.int8) failed in torch.finfo with a TypeError."""
+    from maskkv_cli.errors import ModelLoadError
+    from maskkv_cli.models.loading import load_model, parse_dtype
+
+    assert parse_dtype(torch.bfloat16) == torch.bfloat16
+    with pytest.raises(ModelLoadError, match="^dtype torch.int8 is not one the model runs in: choose one of "
+                                             "torch.float32, torch.bfloat16, torch.float16"):
+        load_model(str(shipped_model()), dtype=torch.int8)

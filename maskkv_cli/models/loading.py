@@ -48,6 +48,10 @@ def parse_dtype(dtype: str | torch.dtype | None, device: torch.device | str = "c
     (50-80x the time of the unquantized fp32 product on this project's AMD EPYC CPU, against 1.7-2.4x in bf16;
     docs/models.md)."""
     if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():  # (torch.int8 failed in torch.finfo; int8 weights are --quantize's)
+            raise ModelLoadError(f"dtype {dtype} is not one the model runs in: choose one of "
+                                 f"{', '.join(str(d) for d in dict.fromkeys(DTYPES.values()))} (quantize='int8' "
+                                 "quantizes the weights)")
         return dtype
     if dtype in (None, "auto"):
         cpu = torch.device(device).type == "cpu"
