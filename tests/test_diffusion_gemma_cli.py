@@ -232,6 +232,8 @@ def test_calibrate_measures_the_full_layers_and_maskkv_splits_its_budget_by_them
     assert profile["tokens"] == 2 * C
     again = runner.invoke(app, args)
     assert json.loads(again.stdout)["importance"] == profile["importance"]
+    shown = " ".join(runner.invoke(app, args[:-1]).stdout.split())  # the table says whose tokens these are
+    assert f"over 2 inputs, {2 * C} canvas tokens (each input's prompt encoded, then one random canvas)" in shown
     prompt = pipeline.prepare(session, DOC, QUESTION, GEN)
     answer = session.answer_ids(prompt.ids, _gen(), CacheConfig(policy="maskkv", budget=4),
                                 document_len=prompt.document_len)

@@ -170,7 +170,8 @@ def calibrate(
     if as_json:
         typer.echo(json.dumps({**profile.to_dict(), "path": str(saved)}))
         return
-    _print_table(profile.importance, result.inputs, result.tokens, cfg.evicted_layers)
+    _print_table(profile.importance, result.inputs, result.tokens, cfg.evicted_layers,
+                 "canvas tokens (each input's prompt encoded, then one random canvas)" if canvas else "tokens")
     typer.echo(f"saved calibration profile to {saved}")
 
 
@@ -181,13 +182,15 @@ def _default_gen_length(folder: Path) -> int:
     return read_model_defaults(folder).generation.get("gen_length", DEFAULT_GEN_LENGTH)
 
 
-def _print_table(importance: tuple[float, ...], inputs: int, tokens: int, layers: tuple[int, ...]) -> None:
-    """I(l) per measured layer (``layers``: their indices in the model), the first and last as the boundary."""
+def _print_table(importance: tuple[float, ...], inputs: int, tokens: int, layers: tuple[int, ...],
+                 counted: str = "tokens") -> None:
+    """I(l) per measured layer (``layers``: their indices in the model), the first and last as the boundary;
+    ``counted``: what the tokens the mean ran over are (DiffusionGemma's: its canvases')."""
     from rich.table import Table
 
     top = max(importance) or 1.0
     last = len(importance) - 1
-    table = Table(title=f"layer importance I(l) over {inputs} inputs, {tokens} tokens", title_justify="left")
+    table = Table(title=f"layer importance I(l) over {inputs} inputs, {tokens} {counted}", title_justify="left")
     table.add_column("layer", justify="right")
     table.add_column("I(l)", justify="right")
     table.add_column("", no_wrap=True)
