@@ -11,6 +11,7 @@ from numbers import Integral
 from typing import Any
 
 from maskkv_cli.errors import UsageError
+from maskkv_cli.sampling.common import check_vocabulary
 
 
 def require(where: str, name: str, value: Any, kind: type | tuple[type, ...], what: str) -> None:
@@ -52,9 +53,8 @@ def token_ids(where: str, ids: Any, vocab_size: int) -> None:
     odd = next((i for i in ids if type(i) is not int and (not isinstance(i, Integral) or isinstance(i, bool))), None)
     if odd is not None:
         raise TypeError(f"{where}: ids must be ints, got {type(odd).__name__} {odd!r}")
-    if ids and (min(ids) < 0 or max(ids) >= vocab_size):
-        bad = min(ids) if min(ids) < 0 else max(ids)
-        raise UsageError(f"{where}: token id {bad} is not in the model's vocabulary (0 to {vocab_size - 1})")
+    if ids:
+        check_vocabulary(where, min(ids), max(ids), vocab_size)
 
 
 def rope_factor(where: str, factor: Any) -> None:

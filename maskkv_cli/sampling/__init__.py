@@ -18,11 +18,10 @@ from torch import Tensor
 
 from maskkv_cli.engine.plan import CachePlan
 from maskkv_cli.engine.step_runner import StepOptions
-from maskkv_cli.errors import UsageError
 from maskkv_cli.models.families import family
 from maskkv_cli.models.protocol import DiffusionLM
 from maskkv_cli.policies.base import Policy
-from maskkv_cli.sampling.common import Event, GenerationResult, StepMeter
+from maskkv_cli.sampling.common import Event, GenerationResult, StepMeter, check_vocabulary
 from maskkv_cli.sampling.diffusion_gemma import DiffusionGemmaOptions, diffusion_gemma_loop, diffusion_gemma_run
 from maskkv_cli.sampling.dream import (
     DreamGenerationConfig,
@@ -123,10 +122,8 @@ def generate(model: DiffusionLM, prompt: Tensor, gen: GenerationConfig, policy: 
         from maskkv_cli.policies.base import get_policy
 
         policy = get_policy(policy)
-    vocab = model.config.vocab_size
-    if prompt.numel() and (int(prompt.min()) < 0 or int(prompt.max()) >= vocab):
-        bad = int(prompt.min()) if int(prompt.min()) < 0 else int(prompt.max())
-        raise UsageError(f"generate: token id {bad} is not in the model's vocabulary (0 to {vocab - 1})")
+    if prompt.numel():
+        check_vocabulary("generate", int(prompt.min()), int(prompt.max()), model.config.vocab_size)
     plan = CachePlan.build(model, policy, budget, prompt.shape[-1], online=online_importance,
                            step_options=step_options, block_length=gen.block_length)
     return sample(model, prompt, gen, plan, on_event, dream, llada2)

@@ -53,6 +53,14 @@ class GenerationResult:
     plan: CachePlan | None = None  # how the prompt cache was run (policy, budget, importance source, ...)
 
 
+def check_vocabulary(where: str, lowest: int, highest: int, vocab_size: int) -> None:
+    """Refuse prompt ids whose lowest and highest are not both tokens of a vocabulary of ``vocab_size`` (the
+    embedding's lookup said only "index out of range in self")."""
+    if lowest < 0 or highest >= vocab_size:
+        bad = lowest if lowest < 0 else highest
+        raise UsageError(f"{where}: token id {bad} is not in the model's vocabulary (0 to {vocab_size - 1})")
+
+
 def masked_sequence(model: DiffusionLM, prompt: Tensor, gen_length: int) -> tuple[Tensor, int]:
     """``[prompt ; gen_length masks]`` on the model's device (a 1-D prompt is one row) and the prompt length."""
     if prompt.dim() == 1:
