@@ -63,20 +63,27 @@ def _config_value(name: str) -> str | None:
     return value
 
 
+def _setting(variable: str, key: str) -> tuple[str, str] | None:
+    """A default the user set and where, as a message names it: the environment ``variable`` (``NAME=VALUE``), else
+    ``key = ...`` in the config file (its line and the file); None where neither sets it."""
+    if os.environ.get(variable):
+        value = os.environ[variable]
+        return value, f"{variable}={value}"
+    value = _config_value(key)
+    return None if value is None else (value, f'`{key} = "{value}"` in {config_file()}')
+
+
 def configured_model() -> str | None:
     """``MASKKV_MODEL``, else ``model = ...`` in the config file, else None."""
-    if os.environ.get("MASKKV_MODEL"):
-        return os.environ["MASKKV_MODEL"]
-    return _config_value("model")
+    setting = _setting("MASKKV_MODEL", "model")
+    return None if setting is None else setting[0]
 
 
 def model_origin() -> str | None:
     """Where the user's default model (``configured_model``) is set, as a message names it: ``MASKKV_MODEL=X``, else
     the config file's line; None where neither sets one."""
-    if os.environ.get("MASKKV_MODEL"):
-        return f"MASKKV_MODEL={os.environ['MASKKV_MODEL']}"
-    value = _config_value("model")
-    return None if value is None else f'`model = "{value}"` in {config_file()}'
+    setting = _setting("MASKKV_MODEL", "model")
+    return None if setting is None else setting[1]
 
 
 def check_quantize(value: str, where: str = "--quantize") -> str:
@@ -93,20 +100,10 @@ def check_dtype(value: str) -> str:
     return value
 
 
-def _quantize_setting() -> tuple[str, str] | None:
-    """The user's default quantization and where it is set, as a message names it: ``MASKKV_QUANTIZE``, else
-    ``quantize = ...`` in the config file; None where neither sets one."""
-    if os.environ.get("MASKKV_QUANTIZE"):
-        value = os.environ["MASKKV_QUANTIZE"]
-        return value, f"MASKKV_QUANTIZE={value}"
-    value = _config_value("quantize")
-    return None if value is None else (value, f'`quantize = "{value}"` in {config_file()}')
-
-
 def configured_quantize() -> str:
-    """The user's default quantization (``_quantize_setting``), else "none"; checked, the message naming where a
-    bad value was set."""
-    setting = _quantize_setting()
+    """The user's default quantization (``MASKKV_QUANTIZE``, else the config file's), else "none"; checked, the
+    message naming where a bad value was set."""
+    setting = _setting("MASKKV_QUANTIZE", "quantize")
     return "none" if setting is None else check_quantize(*setting)
 
 
@@ -115,7 +112,7 @@ def quantize_origin(given: str | None) -> str:
     ``MASKKV_QUANTIZE=X`` or the config file's line (a refusal then points at what the user wrote)."""
     if given is not None:
         return f"--quantize {given}"
-    setting = _quantize_setting()
+    setting = _setting("MASKKV_QUANTIZE", "quantize")
     return "--quantize none" if setting is None else setting[1]
 
 
