@@ -12,12 +12,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from maskkv_cli.defaults import PULL_HINT, REAL_MODEL, configured_model
+from maskkv_cli.defaults import PULL_HINT, REAL_MODEL, configured_model, model_origin
 from maskkv_cli.errors import MaskKVError, ModelLoadError, ModelNotDownloaded
 from maskkv_cli.models.checkpoint import ModelFolder
 from maskkv_cli.models.loading import check_checkpoint, check_prequantized, read_config, scan_shapes, weight_files
 from maskkv_cli.models.prequantized import read_prequantized
-from maskkv_cli.paths import VOCABULARY_FILES, config_file, hf_cache_dir, maskkv_home, shipped_model_folder
+from maskkv_cli.paths import VOCABULARY_FILES, hf_cache_dir, maskkv_home, shipped_model_folder
 from maskkv_cli.runtime.fileio import atomic_write_text
 
 REMEMBERED = "models.json"
@@ -53,11 +53,9 @@ def default_model(model: str | None) -> tuple[str, str | None, ModelFolder | Non
         except ModelNotDownloaded:
             pass
         except ModelLoadError as exc:
-            if os.environ.get("MASKKV_MODEL"):
-                raise ModelLoadError(f"MASKKV_MODEL={configured} names no usable model ({exc}); set it to a "
-                                     "checkpoint folder or ORG/NAME, unset it, or pass --model") from None
-            raise ModelLoadError(f"`model = \"{configured}\"` in {config_file()} names no usable model ({exc}); fix "
-                                 "or remove that line, or pass --model") from None
+            fix = ("set it to a checkpoint folder or ORG/NAME, unset it" if os.environ.get("MASKKV_MODEL") else
+                   "fix or remove that line")
+            raise ModelLoadError(f"{model_origin()} names no usable model ({exc}); {fix}, or pass --model") from None
         return configured, None, None
     shipped = shipped_model()
     if shipped is not None:
