@@ -122,26 +122,22 @@ def choose_model(model: str | ModelFolder | None, yes: bool, quiet: bool, as_jso
     """``--model``, else the default (saying so when the embedded model is used), made sure to be on this machine
     and resolved (``ensure_model``): the command's one ``ModelFolder``. One given (the command chose it before)
     comes back as it is."""
-    from maskkv_cli.models.catalog import default_model
     from maskkv_cli.models.checkpoint import ModelFolder
 
     if isinstance(model, ModelFolder):
         return model
-    from maskkv_cli.defaults import model_origin
-
-    name, message, folder = default_model(model)
+    folder, message = pull_first(model, yes, quiet, as_json)
     note(message, quiet, as_json)
-    return ensure_model(name, yes, quiet, as_json, folder, None if model else model_origin())
+    return folder
 
 
 def pull_first(model: str | None, yes: bool, quiet: bool, as_json: bool) -> tuple[ModelFolder, str | None]:
     """Offer (or, with --yes, run) the pull of a --model ORG/NAME not on disk before a live panel starts: the
     resolved ``ModelFolder`` to load under the panel, and the default model's note to show there (or None)."""
+    from maskkv_cli.defaults import model_origin
     from maskkv_cli.models.catalog import default_model
 
     name, message, folder = default_model(model)
-    from maskkv_cli.defaults import model_origin
-
     return ensure_model(name, yes, quiet, as_json, folder, None if model else model_origin()), message
 
 
