@@ -10,16 +10,16 @@ from pathlib import Path
 from maskkv_cli.cli.render_profile import (
     MAX_PAGE_ROWS,
     RAMP,
+    answer_words,
     confidence_cell,
     number_text,
     ratio_text,
     seconds_text,
     write_report,
 )
-from maskkv_cli.models.catalog import empty_note, is_embedded_model, model_label
-from maskkv_cli.reports.answers import answer_line, context_line
+from maskkv_cli.models.catalog import model_label
 from maskkv_cli.reports.pagemap import OUTSIDE, group_pages
-from maskkv_cli.reports.profile_report import ProfileReport, quantize
+from maskkv_cli.reports.profile_report import ProfileReport, RunProfile, quantize
 from maskkv_cli.runtime.sizes import human_size
 
 _CSS = """
@@ -64,16 +64,15 @@ def _confidence_html(row: dict) -> str:
     return f"<td{style}>{html.escape(text)}</td>"
 
 
-def _answer_html(report: ProfileReport, row: dict, answer: str) -> str:
-    """The answer as the terminal's answers section words it (what an absence or an untrained question means),
-    with the line that goes with it (its confidence, what was read, or why there is no answer)."""
+def _answer_html(report: ProfileReport, run: RunProfile) -> str:
+    """The answer as the terminal's answers section words it (``answer_words``), with the line that goes with it."""
     e = html.escape
-    if not row:
-        return f"<td style='text-align:left'>{e(answer)}</td>"
-    shown = " ".join((answer_line(row) or "(no answer)").split()) or "(empty)"
-    context = context_line(row, empty_note("answer", is_embedded_model(report.model)))
-    style = "note" if context.startswith("LOW") else "dim"
-    return f"<td style='text-align:left'>{e(shown)}<span class='{style}' style='display:block'>{e(context)}</span></td>"
+    if not run.row:
+        return f"<td style='text-align:left'>{e(run.answer)}</td>"
+    shown, context = answer_words(report, run)
+    style = "note" if context and context.startswith("LOW") else "dim"
+    return (f"<td style='text-align:left'>{e(shown)}<span class='{style}' style='display:block'>{e(context or '')}"
+            "</span></td>")
 
 
 def report_html(report: ProfileReport) -> str:
@@ -96,7 +95,7 @@ def report_html(report: ProfileReport) -> str:
                     f"{td(f'{s.total_s:.2f} s', s.total_s, base.total_s)}"
                     f"{td(human_size(s.peak_mem_bytes, binary=True), s.peak_mem_bytes, base.peak_mem_bytes)}"
                     f"{td(kv, s.kv_bytes, base.kv_bytes)}<td>{f'{s.compression:.1f}x' if s.kv_bytes else '-'}</td>"
-                    f"{_confidence_html(run.row)}{_answer_html(report, run.row, run.answer)}</tr>")
+                    f"{_confidence_html(run.row)}{_answer_html(report, run)}</tr>")
     doc = report.document
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",

@@ -228,6 +228,16 @@ def page_chart(run: RunProfile, width: int = 30) -> RenderableType:
     return Group(*parts)
 
 
+def answer_words(report: ProfileReport, run: RunProfile) -> tuple[str, str | None]:
+    """A run's answer on one line as ``ask`` words it (an absence or a guess said for what it is), and the line that
+    goes with it (its confidence, what was read, or why there is no answer; None for a run without its row)."""
+    shown = answer_line(run.row) if run.row else run.answer
+    line = " ".join((shown or "(no answer)").split()) or "(empty)"
+    if not run.row:
+        return line, None
+    return line, context_line(run.row, empty_note("answer", is_embedded_model(report.model)))
+
+
 def report_renderables(report: ProfileReport, width: int, color: bool) -> list[RenderableType]:
     """Everything ``maskkv profile`` prints, in order."""
     quantized = getattr(report.runs[0].stats, "quantization", "none") if report.runs else "none"
@@ -240,12 +250,10 @@ def report_renderables(report: ProfileReport, width: int, color: bool) -> list[R
     answers = Text()
     answers.append("answers\n", style="bold")
     for run in report.runs:
-        shown = answer_line(run.row) if run.row else run.answer
-        line = " ".join((shown or "(no answer)").split()) or "(empty)"
+        line, context = answer_words(report, run)
         answers.append(f"  {run.spec.label}: ", style="bold")
         answers.append(line + "\n")  # whole: it carries what was read ("pages 3-4 were cut")
-        if run.row:
-            context = context_line(run.row, empty_note("answer", is_embedded_model(report.model)))
+        if context is not None:
             answers.append(f"    {context}\n", style="bold red" if context.startswith("LOW") else "dim")
     out.append(answers)
     run = report.focus_run
