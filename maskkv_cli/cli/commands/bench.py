@@ -377,9 +377,7 @@ def reuse(
              human_size(row["separate_peak_bytes"], binary=True)],
             ["document reused", f"{row['reused_s']:.2f}", f"{row['reused_prefill_s']:.2f}",
              human_size(row["reused_peak_bytes"], binary=True)]]
-    from maskkv_cli.policies.base import get_policy
-
-    label = f"{policy}@{budget}" if get_policy(policy).evicts else policy  # (none and full keep no budget)
+    label = policy if row["budget"] is None else f"{policy}@{budget}"  # (the row has none for none and full)
     _print_table(f"maskkv bench reuse ({config}, {case.doc_tokens}-token document, {questions} questions, "
                  f"{label})", head, body)
     typer.echo(f"speed-up {row['speedup']:.2f}x (prefills {row['prefill_speedup']:.2f}x); stored prefix "
